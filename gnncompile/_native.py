@@ -1,0 +1,42 @@
+"""Loads the compiled extension ``gnncompile._C``, or explains why it is not used.
+
+The op schemas are defined in :mod:`gnncompile.ops._library` before this module is imported,
+so loading ``_C`` only adds kernels. When the extension is missing or fails to load, every op
+still works through its pure-torch reference, and one warning says so.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+_C = None
+LOAD_ERROR: str | None = None
+
+if os.environ.get("GNNCOMPILE_DISABLE_NATIVE", "") not in ("", "0"):
+    LOAD_ERROR = "disabled by GNNCOMPILE_DISABLE_NATIVE"
+else:
+    try:
+        from gnncompile import _C  # type: ignore[attr-defined,no-redef]  # noqa: F811
+    except Exception as exc:  # ImportError, or an OSError from a broken link
+        LOAD_ERROR = f"{type(exc).__name__}: {exc}"
+
+if _C is None:
+    warnings.warn(
+        "gnncompile: native kernels are not available "
+        f"({LOAD_ERROR}); every op falls back to its pure-torch reference implementation. "
+        "Build them with `pip install --no-build-isolation .` (see README).",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def native_loaded() -> bool:
+    return _C is not None
+
+
+def cuda_kernels() -> bool:
+    return _C is not None and bool(_C.cuda_kernels())
+
+
+def build_info() -> dict:
+    return dict(_C.build_info()) if _C is not None else {}

@@ -1,0 +1,127 @@
+"""Pure-torch reference implementations of every gnncompile op.
+
+They are the fallback when the native build is missing (registered for
+CompositeExplicitAutograd, so a native CPU/CUDA kernel takes precedence when loaded) and the
+oracle in tests. They favour clarity over speed and materialise E x F tensors freely.
+16-bit inputs are computed in float32 and rounded once, like the kernels.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+_REDUCES = ("sum", "mean", "max", "min")
+
+
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def _rows(rowptr: torch.Tensor) -> torch.Tensor:
+    """Destination row of every CSR slot."""
+    deg = (rowptr[1:] - rowptr[:-1]).long()
+    return torch.repeat_interleave(torch.arange(deg.numel(), device=rowptr.device), deg)
+
+
+def check_range(idx: torch.Tensor, bound: int, what: str) -> None:
+    if idx.numel() == 0:
+        return
+    lo, hi = torch.aminmax(idx)
+    lo, hi = int(lo), int(hi)
+    if lo < 0:
+        raise IndexError(f"{what} holds the negative index {lo}; node indices must be >= 0")
+    if hi >= bound:
+        raise IndexError(f"{what} holds index {hi}, out of range for {bound} nodes")
+
+
+def build_csr(dst: torch.Tensor, src: torch.Tensor, num_dst: int, num_src: int):
+    check_range(dst, num_dst, "edge_index[1] (destination)")
+    check_range(src, num_src, "edge_index[0] (source)")
+    counts = torch.bincount(dst.long(), minlength=num_dst)[:num_dst]
+    rowptr = torch.zeros(num_dst + 1, dtype=dst.dtype, device=dst.device)
+    rowptr[1:] = torch.cumsum(counts, 0)
+    perm = torch.sort(dst, stable=True).indices.to(dst.dtype)
+    col = src[perm.long()]
+    return rowptr, col, perm
+
+
+def _weight_view(weight: torch.Tensor, x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """weight in CSR order, shaped to broadcast against x[col]."""
+    w = _acc(weight)[perm.long()]
+    if w.dim() == 2 and w.size(1) > 1:  # per head: x is [N, H, C]
+        return w.unsqueeze(-1)
+    return w.reshape(w.size(0), *([1] * (x.dim() - 1)))
+
+
+def spmm(rowptr, col, perm, weight: Optional[torch.Tensor], x: torch.Tensor, reduce: str,
+         knobs: Sequence[int] = (), rowptr_t=None, col_t=None, perm_t=None):
+    if reduce not in _REDUCES:
+        raise ValueError(f"gnncompile.spmm: unknown reduce '{reduce}' (expected sum, mean, max or min)")
+    M = rowptr.numel() - 1
+    check_range(col, x.size(0), "col")
+    rows = _rows(rowptr)
+    msg = _acc(x).index_select(0, col.long())
+    if weight is not None:
+        msg = msg * _weight_view(weight, x, perm)
+    shape = (M,) + tuple(x.shape[1:])
+    idx = rows.view(-1, *([1] * (x.dim() - 1))).expand_as(msg)
+    arg = torch.empty(0, dtype=torch.long, device=x.device)
+    if reduce in ("sum", "mean"):
+        out = torch.zeros(shape, dtype=msg.dtype, device=x.device).index_add_(0, rows, msg)
+        if reduce == "mean":
+            deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(msg.dtype)
+            out = out / deg.view(-1, *([1] * (x.dim() - 1)))
+    else:
+        op = "amax" if reduce == "max" else "amin"
+        out = torch.zeros(shape, dtype=msg.dtype, device=x.device).scatter_reduce_(
+            0, idx, msg, op, include_self=False)
+        E = col.numel()
+        slot = torch.arange(E, device=x.device).view(-1, *([1] * (x.dim() - 1))).expand_as(msg)
+        cand = torch.where(msg == out.index_select(0, rows), slot, torch.full_like(slot, E))
+        arg = torch.full(shape, E, dtype=torch.long, device=x.device).scatter_reduce_(
+            0, idx, cand, "amin", include_self=True)
+        arg = torch.where(arg == E, torch.full_like(arg, -1), arg)
+    return out.to(x.dtype), arg
+
+
+def edge_dot(rowptr, col, perm, x, g, heads: int, knobs: Sequence[int] = ()):
+    E = col.numel()
+    rows = _rows(rowptr)
+    xe = _acc(x).index_select(0, col.long()).reshape(E, heads, -1)
+    ge = _acc(g).index_select(0, rows).reshape(E, heads, -1)
+    out = torch.empty(E, heads, dtype=x.dtype, device=x.device)
+    out[perm.long()] = (xe * ge).sum(-1).to(x.dtype)
+    return out
+
+
+def edge_softmax(rowptr, perm, scores, knobs: Sequence[int] = ()):
+    E = perm.numel()
+    M = rowptr.numel() - 1
+    p = perm.long()
+    rows = _rows(rowptr)
+    s = _acc(scores).reshape(E, -1)[p]
+    idx = rows.view(-1, 1).expand_as(s)
+    smax = torch.full((M, s.size(1)), float("-inf"), dtype=s.dtype, device=s.device)
+    smax = smax.scatter_reduce(0, idx, s, "amax", include_self=True)
+    smax = torch.where(torch.isinf(smax) & (smax < 0), torch.zeros_like(smax), smax)
+    ex = (s - smax.index_select(0, rows)).exp()
+    den = torch.zeros_like(smax).index_add_(0, rows, ex) + 1e-16
+    y = ex / den.index_select(0, rows)
+    out = torch.empty_like(y)
+    out[p] = y
+    return out.reshape(scores.shape).to(scores.dtype)
+
+
+def edge_softmax_backward(rowptr, perm, out, grad, knobs: Sequence[int] = ()):
+    E = perm.numel()
+    M = rowptr.numel() - 1
+    p = perm.long()
+    rows = _rows(rowptr)
+    y = _acc(out).reshape(E, -1)[p]
+    g = _acc(grad).reshape(E, -1)[p]
+    s = torch.zeros(M, y.size(1), dtype=y.dtype, device=y.device).index_add_(0, rows, y * g)
+    gs = y * (g - s.index_select(0, rows))
+    res = torch.empty_like(gs)
+    res[p] = gs
+    return res.reshape(out.shape).to(out.dtype)

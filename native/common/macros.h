@@ -1,0 +1,26 @@
+// Portable qualifiers shared by the CPU and CUDA kernel cores. No torch headers here.
+#pragma once
+
+#if defined(__CUDACC__)
+#define GNN_HD __host__ __device__ __forceinline__
+#else
+#define GNN_HD inline
+#endif
+
+namespace gnncompile {
+
+// Reductions understood by every spmm kernel. The integer values are part of the ABI between
+// the Python layer (gnncompile/ops/_library.py, REDUCE_CODES) and the kernels.
+enum class Reduce : int { Sum = 0, Mean = 1, Max = 2, Min = 3 };
+
+// How a per-edge weight multiplies the gathered feature row.
+//   None:   no weight, message = x[src]
+//   Scalar: one weight per edge, broadcast over every feature
+//   Head:   weight [E, H], x viewed as [N, H, C]; head h scales features [h*C, (h+1)*C)
+enum class WeightMode : int { None = 0, Scalar = 1, Head = 2 };
+
+// Status codes returned by the torch-free cores that validate input; the glue turns them into
+// Python exceptions with the offending value.
+enum class Status : int { Ok = 0, DstOutOfRange = 1, SrcOutOfRange = 2 };
+
+}  // namespace gnncompile

@@ -1,0 +1,96 @@
+// Per-edge kernels over a CSR-by-destination structure, on the host. Torch-free.
+//   edge_dot:      out[e, h] = <x[src_e, h, :], g[dst_e, h, :]>   (the gradient of an edge weight)
+//   edge_softmax:  softmax of scores[e, h] over the edges that share a destination
+//   edge_softmax_backward: grad_s = y * (g - sum_seg(g * y))
+// Edges are read and written in their original order through perm, so callers never permute.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "../common/dtype.h"
+
+namespace gnncompile {
+namespace cpu {
+
+constexpr int kLanes = 16;  // independent partial sums: lets the compiler vectorise a dot product
+
+template <typename scalar_t, typename acc_t>
+inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t n) {
+  acc_t lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += acc_t(to_float(a[i + l])) * acc_t(to_float(b[i + l]));
+  acc_t s = 0;
+  for (; i < n; ++i) s += acc_t(to_float(a[i])) * acc_t(to_float(b[i]));
+  for (int l = 0; l < kLanes; ++l) s += lane[l];
+  return s;
+}
+
+// x: [N, H*C], g: [M, H*C], out: [E, H] in original edge order.
+template <typename scalar_t, typename index_t>
+void edge_dot_rows(const index_t* rowptr, const index_t* col, const index_t* perm,
+                   const scalar_t* x, const scalar_t* g, scalar_t* out, int64_t H, int64_t C,
+                   int64_t row_begin, int64_t row_end) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  const int64_t F = H * C;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const scalar_t* gr = g + row * F;
+    for (int64_t j = rowptr[row]; j < rowptr[row + 1]; ++j) {
+      const scalar_t* xr = x + static_cast<int64_t>(col[j]) * F;
+      scalar_t* o = out + static_cast<int64_t>(perm[j]) * H;
+      for (int64_t h = 0; h < H; ++h)
+        o[h] = from_acc<scalar_t>(dot<scalar_t, acc_t>(xr + h * C, gr + h * C, C));
+    }
+  }
+}
+
+// scores, out: [E, H] in original edge order.
+template <typename scalar_t, typename index_t>
+void edge_softmax_rows(const index_t* rowptr, const index_t* perm, const scalar_t* scores,
+                       scalar_t* out, int64_t H, int64_t row_begin, int64_t row_end) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t begin = rowptr[row], end = rowptr[row + 1];
+    for (int64_t h = 0; h < H; ++h) {
+      acc_t m = -std::numeric_limits<acc_t>::infinity();
+      for (int64_t j = begin; j < end; ++j)
+        m = std::max<acc_t>(m, to_float(scores[static_cast<int64_t>(perm[j]) * H + h]));
+      if (std::isinf(m) && m < 0) m = 0;  // every score -inf: keep exp finite-free of NaN
+      acc_t s = 0;
+      for (int64_t j = begin; j < end; ++j)
+        s += std::exp(acc_t(to_float(scores[static_cast<int64_t>(perm[j]) * H + h])) - m);
+      // Same guard as PyG's softmax: divide by (sum + 1e-16).
+      const acc_t inv = acc_t(1) / (s + acc_t(1e-16));
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t e = static_cast<int64_t>(perm[j]) * H + h;
+        out[e] = from_acc<scalar_t>(std::exp(acc_t(to_float(scores[e])) - m) * inv);
+      }
+    }
+  }
+}
+
+template <typename scalar_t, typename index_t>
+void edge_softmax_backward_rows(const index_t* rowptr, const index_t* perm, const scalar_t* y,
+                                const scalar_t* g, scalar_t* grad, int64_t H, int64_t row_begin,
+                                int64_t row_end) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    const int64_t begin = rowptr[row], end = rowptr[row + 1];
+    for (int64_t h = 0; h < H; ++h) {
+      acc_t s = 0;
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t e = static_cast<int64_t>(perm[j]) * H + h;
+        s += acc_t(to_float(y[e])) * acc_t(to_float(g[e]));
+      }
+      for (int64_t j = begin; j < end; ++j) {
+        const int64_t e = static_cast<int64_t>(perm[j]) * H + h;
+        grad[e] = from_acc<scalar_t>(acc_t(to_float(y[e])) * (acc_t(to_float(g[e])) - s));
+      }
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace gnncompile

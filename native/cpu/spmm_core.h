@@ -1,0 +1,155 @@
+// Fused gather -> (weight) -> segment-reduce over a CSR-by-destination structure, on the host.
+// Torch-free. One destination row is produced by exactly one thread, in a fixed edge order, so
+// results are deterministic and no atomics are needed. Features are processed in tiles of TILE
+// accumulators held in registers; each gathered row is prefetched PF edges ahead.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "../common/dtype.h"
+#include "../common/macros.h"
+
+namespace gnncompile {
+namespace cpu {
+
+template <typename scalar_t, typename index_t>
+struct SpmmArgs {
+  const index_t* rowptr;   // [M + 1]
+  const index_t* col;      // [E] source node of CSR slot j
+  const index_t* perm;     // [E] original edge id of CSR slot j (to read the weight)
+  const scalar_t* weight;  // [E] or [E, H] in original edge order, or nullptr
+  const scalar_t* x;       // [N, F]
+  scalar_t* out;           // [M, F]
+  int64_t* arg;            // [M, F] CSR slot of the chosen edge (max/min only), -1 when empty
+  int64_t F;               // features per node (all heads)
+  int64_t H;               // heads (1 unless WeightMode::Head)
+  int64_t C;               // features per head, F = H * C
+};
+
+constexpr int kPrefetchDistance = 4;
+
+template <Reduce R, typename acc_t>
+inline acc_t reduce_init() {
+  if (R == Reduce::Max) return -std::numeric_limits<acc_t>::infinity();
+  if (R == Reduce::Min) return std::numeric_limits<acc_t>::infinity();
+  return acc_t(0);
+}
+
+// One tile of one row: features [f0, f0 + n) with a single weight column `h`.
+// FULL means n == TILE, a compile-time bound the compiler can unroll and keep in registers.
+template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE, bool FULL>
+inline void spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64_t h, int64_t f0,
+                      int n_rt) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  const int n = FULL ? TILE : n_rt;
+  const int64_t begin = static_cast<int64_t>(a.rowptr[row]);
+  const int64_t end = static_cast<int64_t>(a.rowptr[row + 1]);
+  constexpr bool kArg = (R == Reduce::Max || R == Reduce::Min);
+
+  acc_t acc[TILE];
+  int64_t best[kArg ? TILE : 1];
+  for (int t = 0; t < n; ++t) acc[t] = reduce_init<R, acc_t>();
+  if (kArg)
+    for (int t = 0; t < n; ++t) best[t] = -1;
+
+  const scalar_t* xbase = a.x + f0;
+  for (int64_t j = begin; j < end; ++j) {
+    if (j + kPrefetchDistance < end) {
+      const char* p = reinterpret_cast<const char*>(
+          xbase + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * a.F);
+      for (int b = 0; b < static_cast<int>(TILE * sizeof(scalar_t)); b += 64)
+        __builtin_prefetch(p + b, 0, 0);
+    }
+    const scalar_t* xr = xbase + static_cast<int64_t>(a.col[j]) * a.F;
+    acc_t w = acc_t(1);
+    if (W == WeightMode::Scalar) w = to_float(a.weight[a.perm[j]]);
+    if (W == WeightMode::Head) w = to_float(a.weight[static_cast<int64_t>(a.perm[j]) * a.H + h]);
+    if (R == Reduce::Sum || R == Reduce::Mean) {
+      if (W == WeightMode::None) {
+        for (int t = 0; t < n; ++t) acc[t] += to_float(xr[t]);
+      } else {
+        for (int t = 0; t < n; ++t) acc[t] += w * to_float(xr[t]);
+      }
+    } else {
+      for (int t = 0; t < n; ++t) {
+        const acc_t v = (W == WeightMode::None) ? acc_t(to_float(xr[t])) : w * to_float(xr[t]);
+        const bool take = (R == Reduce::Max) ? (v > acc[t]) : (v < acc[t]);
+        acc[t] = take ? v : acc[t];
+        best[t] = take ? j : best[t];
+      }
+    }
+  }
+
+  scalar_t* o = a.out + row * a.F + f0;
+  const int64_t deg = end - begin;
+  if (R == Reduce::Mean) {
+    const acc_t scale = acc_t(1) / static_cast<acc_t>(deg > 0 ? deg : 1);
+    for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t] * scale);
+  } else if (kArg) {
+    int64_t* ar = a.arg + row * a.F + f0;
+    if (deg == 0) {
+      for (int t = 0; t < n; ++t) { o[t] = from_acc<scalar_t>(acc_t(0)); ar[t] = -1; }
+    } else {
+      // A row whose every message is NaN keeps best = -1; pick the first edge so that the
+      // output is that NaN, as torch's scatter_reduce would propagate it.
+      for (int t = 0; t < n; ++t) {
+        if (best[t] < 0) {
+          best[t] = begin;
+          const scalar_t* xr = xbase + static_cast<int64_t>(a.col[begin]) * a.F;
+          acc_t w = acc_t(1);
+          if (W == WeightMode::Scalar) w = to_float(a.weight[a.perm[begin]]);
+          if (W == WeightMode::Head)
+            w = to_float(a.weight[static_cast<int64_t>(a.perm[begin]) * a.H + h]);
+          acc[t] = w * to_float(xr[t]);
+        }
+        o[t] = from_acc<scalar_t>(acc[t]);
+        ar[t] = best[t];
+      }
+    }
+  } else {
+    for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t]);
+  }
+}
+
+// Rows [row_begin, row_end). Heads are walked outermost so one weight covers a whole tile.
+template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE>
+void spmm_rows(const SpmmArgs<scalar_t, index_t>& a, int64_t row_begin, int64_t row_end) {
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    for (int64_t h = 0; h < a.H; ++h) {
+      const int64_t head0 = h * a.C;
+      int64_t c = 0;
+      for (; c + TILE <= a.C; c += TILE)
+        spmm_tile<scalar_t, index_t, R, W, TILE, true>(a, row, h, head0 + c, TILE);
+      if (c < a.C)
+        spmm_tile<scalar_t, index_t, R, W, TILE, false>(a, row, h, head0 + c,
+                                                        static_cast<int>(a.C - c));
+    }
+  }
+}
+
+// Balanced work split for skewed (power-law) graphs: chunk k covers the rows whose cost
+// (one unit per row plus one per edge) falls in [k, k + 1) / num_chunks of the total.
+// bounds has num_chunks + 1 entries.
+template <typename index_t>
+void balanced_row_split(const index_t* rowptr, int64_t num_rows, int64_t num_chunks,
+                        int64_t* bounds) {
+  const int64_t total = num_rows + static_cast<int64_t>(rowptr[num_rows]);
+  bounds[0] = 0;
+  int64_t row = 0;
+  for (int64_t k = 1; k < num_chunks; ++k) {
+    const int64_t target = total * k / num_chunks;
+    // smallest row with row + rowptr[row] >= target (the cost function is increasing)
+    int64_t lo = row, hi = num_rows;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (mid + static_cast<int64_t>(rowptr[mid]) < target) lo = mid + 1; else hi = mid;
+    }
+    row = lo;
+    bounds[k] = row;
+  }
+  bounds[num_chunks] = num_rows;
+}
+
+}  // namespace cpu
+}  // namespace gnncompile

@@ -1,0 +1,27 @@
+// The Python extension gnncompile._C. Loading it runs the TORCH_LIBRARY_IMPL registrations of
+// every kernel file linked into it; the module itself only reports how it was built.
+#include <pybind11/pybind11.h>
+
+#ifndef GNNCOMPILE_WITH_CUDA
+#define GNNCOMPILE_WITH_CUDA 0
+#endif
+#ifndef GNNCOMPILE_CUDA_ARCHS
+#define GNNCOMPILE_CUDA_ARCHS ""
+#endif
+#ifndef GNNCOMPILE_CXX_FLAGS
+#define GNNCOMPILE_CXX_FLAGS ""
+#endif
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "gnncompile native kernels (CPU, and CUDA when built with it)";
+  m.def("cuda_kernels", [] { return static_cast<bool>(GNNCOMPILE_WITH_CUDA); },
+        "True when the CUDA kernels were compiled into this module");
+  m.def("build_info", [] {
+    pybind11::dict d;
+    d["cuda"] = static_cast<bool>(GNNCOMPILE_WITH_CUDA);
+    d["cuda_archs"] = GNNCOMPILE_CUDA_ARCHS;
+    d["cxx_flags"] = GNNCOMPILE_CXX_FLAGS;
+    d["compiler"] = __VERSION__;
+    return d;
+  });
+}
