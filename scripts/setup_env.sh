@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Creates the project's virtual environment and installs gnncompile into it.
+#   - torch: the one already installed for $PYTHON if there is one (the venv then sees the
+#     system site-packages); otherwise a CPU build (torch==$TORCH_CPU_VERSION) on a machine
+#     with no NVIDIA GPU, or the default (CUDA) build where `nvidia-smi` finds a GPU.
+#   - the native module is compiled against that torch (--no-build-isolation), never a second one.
+set -euo pipefail
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_CPU_VERSION=${TORCH_CPU_VERSION:-2.13.0}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+    echo "setup: using the torch installed for $PYTHON ($("$PYTHON" -c 'import torch; print(torch.__version__)'))"
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install -q --upgrade pip
+
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: GPU found, installing torch (CUDA build)"
+    "$PY" -m pip install -q torch
+  else
+    echo "setup: no GPU, installing the CPU build torch==$TORCH_CPU_VERSION"
+    "$PY" -m pip install -q "torch==$TORCH_CPU_VERSION"
+  fi
+fi
+
+# Build tools and the packages the tests and benchmarks use. None of these depends on torch,
+# so none of them can replace the torch chosen above.
+"$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy \
+  "torch_geometric>=2.5" "pytest>=7" "hypothesis>=6" matplotlib
+
+"$PY" -m pip install -q --no-build-isolation --no-deps .
+"$PY" -c "import gnncompile, json; print(json.dumps(gnncompile.info(), indent=1))"
