@@ -74,6 +74,7 @@ def machine() -> dict:
     info = gnncompile.info()
     return {
         "device": info["device"],
+        "native": info["native"],
         "torch": info["torch"],
         "gnncompile": info["version"],
         "threads": torch.get_num_threads(),

@@ -240,6 +240,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.nodes, args.edges, args.features, args.repeats = 20_000, 200_000, [64], 5
 
+    if not gnncompile.info()["native"]:
+        print("WARNING: gnncompile's native kernels are not loaded: timing the pure-torch fallback", flush=True)
     copy_gbs = _common.copy_bandwidth_gbs()
     print(f"{_common.machine()['device']}; copy bandwidth {copy_gbs:.1f} GB/s", flush=True)
     results = []

@@ -19,6 +19,10 @@ else:
         from gnncompile import _C  # type: ignore[attr-defined,no-redef]  # noqa: F811
     except Exception as exc:  # ImportError, or an OSError from a broken link
         LOAD_ERROR = f"{type(exc).__name__}: {exc}"
+        _pkg = os.path.dirname(os.path.abspath(__file__))
+        if os.path.exists(os.path.join(os.path.dirname(_pkg), "CMakeLists.txt")):
+            LOAD_ERROR += (f"; this is the source tree at {_pkg}, which holds no compiled module: "
+                           "run from another directory so that the installed package is imported")
 
 if _C is None:
     warnings.warn(

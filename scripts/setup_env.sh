@@ -36,4 +36,7 @@ fi
   "torch_geometric>=2.5" "pytest>=7" "hypothesis>=6" matplotlib
 
 "$PY" -m pip install -q --no-build-isolation --no-deps .
-"$PY" -c "import gnncompile, json; print(json.dumps(gnncompile.info(), indent=1))"
+# Run the check from outside the repository: from its root, `python -c` would import the
+# source tree (which has no compiled module) instead of the installed package.
+PY_ABS="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+(cd / && "$PY_ABS" -c "import gnncompile, json; i = gnncompile.info(); print(json.dumps(i, indent=1)); raise SystemExit(0 if i['native'] else 'setup: the native module did not load')")
