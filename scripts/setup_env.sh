@@ -40,3 +40,9 @@ fi
 # source tree (which has no compiled module) instead of the installed package.
 PY_ABS="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 (cd / && "$PY_ABS" -c "import gnncompile, json; i = gnncompile.info(); print(json.dumps(i, indent=1)); raise SystemExit(0 if i['native'] else 'setup: the native module did not load')")
+
+# Also place the compiled module in the source tree (git ignores it), so that Python started
+# from the repository root, where ./gnncompile shadows the installed package, still has the
+# native kernels: `python -m pytest`, `python -c "import gnncompile"` behave like the install.
+SO=$(cd / && "$PY_ABS" -c "import gnncompile._C as c; print(c.__file__)")
+cp -f "$SO" gnncompile/

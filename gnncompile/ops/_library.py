@@ -128,6 +128,10 @@ def _spmm_backward(ctx, grad_out, grad_arg):
         # max / min: only the chosen edge of each (row, feature) receives gradient. These are
         # [M, F] tensors, not [E, F].
         M = grad_out.shape[0]
+        if col.numel() == 0:  # no edge: every output is the constant 0
+            gx = torch.zeros(ctx.x_shape, dtype=grad_out.dtype, device=grad_out.device) if need_x else None
+            gw = torch.zeros_like(weight) if need_w else None
+            return None, None, None, gw, gx, None, None, None, None, None
         valid = arg >= 0
         slot = arg.clamp(min=0)
         src = col.long()[slot]
@@ -167,4 +171,48 @@ def _softmax_backward(ctx, grad):
 
 torch.library.register_autograd(
     "gnncompile::edge_softmax", _softmax_backward, setup_context=_softmax_setup
+)
+
+
+# edge_dot is differentiable too, so that a double backward through spmm is exact:
+#   out[e, h] = <x[src_e, h, :], g[dst_e, h, :]>
+#   d x[s]  = sum over edges e leaving s   of G[e, h] * g[dst_e, h, :]   (spmm over the CSC)
+#   d g[d]  = sum over edges e entering d  of G[e, h] * x[src_e, h, :]   (spmm over the CSR)
+def _edge_dot_setup(ctx, inputs, output):
+    rowptr, col, perm, x, g, heads, knobs = inputs
+    ctx.heads, ctx.knobs = heads, knobs
+    ctx.save_for_backward(rowptr, col, perm, x, g)
+
+
+def _edge_dot_backward(ctx, grad):
+    rowptr, col, perm, x, g = ctx.saved_tensors
+    H = ctx.heads
+    weight = grad.reshape(-1) if H == 1 else grad
+    gx = gg = None
+    if ctx.needs_input_grad[3]:
+        t = transpose_structure(rowptr, col, perm, x.shape[0])
+        src = g.reshape(g.shape[0], H, -1) if H > 1 else g
+        gx = ops.spmm(*t, weight, src.contiguous(), "sum", ctx.knobs)[0].reshape(x.shape)
+    if ctx.needs_input_grad[4]:
+        src = x.reshape(x.shape[0], H, -1) if H > 1 else x
+        gg = ops.spmm(rowptr, col, perm, weight, src.contiguous(), "sum", ctx.knobs)[0].reshape(g.shape)
+    return None, None, None, gx, gg, None, None
+
+
+torch.library.register_autograd("gnncompile::edge_dot", _edge_dot_backward, setup_context=_edge_dot_setup)
+
+
+def _softmax_double_backward(ctx, grad):
+    raise RuntimeError(
+        "gnncompile: double backward through edge_softmax is not supported "
+        "(differentiate the attention scores once, or use torch_geometric.utils.softmax)"
+    )
+
+
+def _softmax_bwd_setup(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd(
+    "gnncompile::edge_softmax_backward", _softmax_double_backward, setup_context=_softmax_bwd_setup
 )

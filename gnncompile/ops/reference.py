@@ -35,7 +35,38 @@ def check_range(idx: torch.Tensor, bound: int, what: str) -> None:
         raise IndexError(f"{what} holds index {hi}, out of range for {bound} nodes")
 
 
+def check_structure(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int,
+                    op: str) -> None:
+    """The checks the native kernels make before reading through a structure they were handed."""
+    E = col.numel()
+    M = rowptr.numel() - 1
+    if rowptr.dim() != 1 or M < 0 or col.dim() != 1 or perm.dim() != 1 or perm.numel() != E:
+        raise ValueError(f"{op}: rowptr, col and perm must be 1-D, col and perm of one length")
+    if int(rowptr[0]) != 0 or int(rowptr[-1]) != E:
+        raise ValueError(f"{op}: rowptr must start at 0 and end at the number of edges ({E})")
+    if M > 0 and not bool((rowptr[1:] >= rowptr[:-1]).all()):
+        raise ValueError(f"{op}: rowptr must be non-decreasing")
+    if E == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(col))
+    if lo < 0 or hi >= num_src:
+        raise IndexError(f"{op}: source index out of range [{lo}, {hi}] for {num_src} source nodes")
+    lo, hi = (int(v) for v in torch.aminmax(perm))
+    if lo < 0 or hi >= E:
+        raise IndexError(f"{op}: perm holds an edge id outside [0, {E})")
+
+
+def _features(t: torch.Tensor) -> int:
+    """Number of features per row (product of the trailing dims), valid for zero rows too."""
+    n = 1
+    for d in t.shape[1:]:
+        n *= d
+    return n
+
+
 def build_csr(dst: torch.Tensor, src: torch.Tensor, num_dst: int, num_src: int):
+    if dst.dtype == torch.int32 and max(dst.numel(), num_dst) > 2**31 - 1:
+        raise ValueError("gnncompile.build_csr: graph too large for int32 indices; use int64 edge_index")
     check_range(dst, num_dst, "edge_index[1] (destination)")
     check_range(src, num_src, "edge_index[0] (source)")
     counts = torch.bincount(dst.long(), minlength=num_dst)[:num_dst]
@@ -59,7 +90,7 @@ def spmm(rowptr, col, perm, weight: Optional[torch.Tensor], x: torch.Tensor, red
     if reduce not in _REDUCES:
         raise ValueError(f"gnncompile.spmm: unknown reduce '{reduce}' (expected sum, mean, max or min)")
     M = rowptr.numel() - 1
-    check_range(col, x.size(0), "col")
+    check_structure(rowptr, col, perm, x.size(0), "gnncompile.spmm")
     rows = _rows(rowptr)
     msg = _acc(x).index_select(0, col.long())
     if weight is not None:
@@ -87,9 +118,11 @@ def spmm(rowptr, col, perm, weight: Optional[torch.Tensor], x: torch.Tensor, red
 
 def edge_dot(rowptr, col, perm, x, g, heads: int, knobs: Sequence[int] = ()):
     E = col.numel()
+    check_structure(rowptr, col, perm, x.size(0), "gnncompile.edge_dot")
+    C = _features(x) // heads
     rows = _rows(rowptr)
-    xe = _acc(x).index_select(0, col.long()).reshape(E, heads, -1)
-    ge = _acc(g).index_select(0, rows).reshape(E, heads, -1)
+    xe = _acc(x).index_select(0, col.long()).reshape(E, heads, C)
+    ge = _acc(g).index_select(0, rows).reshape(E, heads, C)
     out = torch.empty(E, heads, dtype=x.dtype, device=x.device)
     out[perm.long()] = (xe * ge).sum(-1).to(x.dtype)
     return out
@@ -98,9 +131,10 @@ def edge_dot(rowptr, col, perm, x, g, heads: int, knobs: Sequence[int] = ()):
 def edge_softmax(rowptr, perm, scores, knobs: Sequence[int] = ()):
     E = perm.numel()
     M = rowptr.numel() - 1
+    check_structure(rowptr, perm, perm, E, "gnncompile.edge_softmax")
     p = perm.long()
     rows = _rows(rowptr)
-    s = _acc(scores).reshape(E, -1)[p]
+    s = _acc(scores).reshape(E, _features(scores))[p]
     idx = rows.view(-1, 1).expand_as(s)
     smax = torch.full((M, s.size(1)), float("-inf"), dtype=s.dtype, device=s.device)
     smax = smax.scatter_reduce(0, idx, s, "amax", include_self=True)
@@ -116,10 +150,12 @@ def edge_softmax(rowptr, perm, scores, knobs: Sequence[int] = ()):
 def edge_softmax_backward(rowptr, perm, out, grad, knobs: Sequence[int] = ()):
     E = perm.numel()
     M = rowptr.numel() - 1
+    check_structure(rowptr, perm, perm, E, "gnncompile.edge_softmax_backward")
     p = perm.long()
     rows = _rows(rowptr)
-    y = _acc(out).reshape(E, -1)[p]
-    g = _acc(grad).reshape(E, -1)[p]
+    H = _features(out)
+    y = _acc(out).reshape(E, H)[p]
+    g = _acc(grad).reshape(E, H)[p]
     s = torch.zeros(M, y.size(1), dtype=y.dtype, device=y.device).index_add_(0, rows, y * g)
     gs = y * (g - s.index_select(0, rows))
     res = torch.empty_like(gs)

@@ -21,8 +21,15 @@ void check_perm(const at::Tensor& rowptr, const at::Tensor& perm, const char* op
   TORCH_CHECK_TYPE(rowptr.scalar_type() == perm.scalar_type(), op,
                    ": rowptr and perm must share one index dtype");
   check_cpu(rowptr, op, "rowptr");
-  // col is not used here: perm stands in for it so the range checks still cover every read.
-  check_indices(rowptr, perm, perm, perm.numel(), op);
+  check_cpu(perm, op, "perm");
+  const int64_t E = perm.numel();
+  if (E > 0) {
+    auto p = at::aminmax(perm);
+    TORCH_CHECK_INDEX(std::get<0>(p).item<int64_t>() >= 0 && std::get<1>(p).item<int64_t>() < E, op,
+                      ": perm holds an edge id outside [0, ", E, ")");
+  }
+  // col is not read here: perm stands in for it in the shared rowptr checks.
+  check_indices(rowptr, perm, perm, E, op);
 }
 
 at::Tensor edge_softmax_cpu(const at::Tensor& rowptr_in, const at::Tensor& perm_in,

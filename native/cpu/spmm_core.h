@@ -74,7 +74,11 @@ inline void spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64_t
     } else {
       for (int t = 0; t < n; ++t) {
         const acc_t v = (W == WeightMode::None) ? acc_t(to_float(xr[t])) : w * to_float(xr[t]);
-        const bool take = (R == Reduce::Max) ? (v > acc[t]) : (v < acc[t]);
+        // The first edge always enters; after it a NaN message wins and then stays (v != v is
+        // the NaN test), as in torch's scatter_reduce; otherwise the first strictly better
+        // value wins, so ties go to the earliest edge.
+        const bool better = (R == Reduce::Max) ? (v > acc[t]) : (v < acc[t]);
+        const bool take = better || (v != v && acc[t] == acc[t]) || best[t] < 0;
         acc[t] = take ? v : acc[t];
         best[t] = take ? j : best[t];
       }
@@ -91,21 +95,7 @@ inline void spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64_t
     if (deg == 0) {
       for (int t = 0; t < n; ++t) { o[t] = from_acc<scalar_t>(acc_t(0)); ar[t] = -1; }
     } else {
-      // A row whose every message is NaN keeps best = -1; pick the first edge so that the
-      // output is that NaN, as torch's scatter_reduce would propagate it.
-      for (int t = 0; t < n; ++t) {
-        if (best[t] < 0) {
-          best[t] = begin;
-          const scalar_t* xr = xbase + static_cast<int64_t>(a.col[begin]) * a.F;
-          acc_t w = acc_t(1);
-          if (W == WeightMode::Scalar) w = to_float(a.weight[a.perm[begin]]);
-          if (W == WeightMode::Head)
-            w = to_float(a.weight[static_cast<int64_t>(a.perm[begin]) * a.H + h]);
-          acc[t] = w * to_float(xr[t]);
-        }
-        o[t] = from_acc<scalar_t>(acc[t]);
-        ar[t] = best[t];
-      }
+      for (int t = 0; t < n; ++t) { o[t] = from_acc<scalar_t>(acc[t]); ar[t] = best[t]; }
     }
   } else {
     for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t]);
