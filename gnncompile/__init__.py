@@ -22,4 +22,6 @@ def info() -> dict:
     }
 
 
-__all__ = ["info", "ops", "graph", "device", "__version__"]
+__all__ = ["info", "ops", "graph", "device", "__version__", "compile", "explain"]
+from .compile import compile, explain  # noqa: E402
+from . import backend  # noqa: E402,F401

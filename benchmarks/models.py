@@ -1,0 +1,299 @@
+"""Training step of 2-layer PyG models: gnncompile vs PyG eager vs PyG CSR adjacency vs inductor.
+
+    python benchmarks/models.py                 # 10k and 100k nodes (avg degree 10, F=128) + Cora
+    python benchmarks/models.py --quick         # a small graph, a few seconds per model
+    python benchmarks/models.py --inners        # also gnncompile with each inner compiler
+
+One step = forward, cross-entropy loss, backward, Adam step. Models: GCN, GraphSAGE, GIN, GAT
+from torch_geometric.nn.models, hidden 128, 2 layers (GAT: 4 heads of 32). Graphs: generated
+power-law graphs (gnncompile.synthetic.power_law_graph) and, when present, Cora from
+../shared/data (copied into a temporary root first).
+
+Variants:
+  eager        PyG as written, plain edge_index
+  csr          PyG with a torch.sparse CSR adjacency (adj_t) passed instead of edge_index, for
+               the layers whose message_and_aggregate accepts one (GCN: normalisation done
+               once beforehand, as gcn_norm would with cached=True; GraphSAGE: the mean as
+               weights 1/in-degree with reduce sum, since the power-law graphs hold duplicate
+               edges that a coalesced adjacency merges; GIN). GATConv
+               has no fused sparse path: not run.
+  inductor     torch.compile(model) (inductor, default settings)
+  gnncompile   gnncompile.compile(model) (default inner compiler)
+Every variant runs in its own subprocess (fresh allocator, peak memory measured with
+_common.read_peak_rss_delta over one step after warm-up) and its first-step loss and output
+are checked against eager in that process before timing. Reports the median step time over
+--repeats steps, the ratio to eager / csr / inductor, first-step latency (includes
+compilation) and peak step memory. Writes benchmarks/results/models[_quick].{json,md,png}.
+Timings on a shared machine are noisy: compare ratios from the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+import gnncompile  # noqa: E402,F401  (the installed package; imported before anything else)
+
+MODELS = ("GCN", "GraphSAGE", "GIN", "GAT")
+CORA_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "Cora" / "raw"
+
+
+# ----------------------------------------------------------------------------- one run (child)
+def _load_graph(spec: str, F: int):
+    import torch
+
+    from gnncompile.synthetic import power_law_graph
+
+    if spec == "cora":
+        from torch_geometric.datasets import Planetoid
+
+        root = Path(tempfile.mkdtemp())
+        shutil.copytree(CORA_RAW, root / "Cora" / "raw")
+        data = Planetoid(str(root), "Cora")[0]
+        shutil.rmtree(root, ignore_errors=True)
+        return data.x, data.edge_index, data.y, int(data.y.max()) + 1
+    N = int(spec)
+    ei = power_law_graph(N, 10 * N, seed=0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N, F, generator=g)
+    y = torch.randint(0, 16, (N,), generator=g)
+    return x, ei, y, 16
+
+
+def _model(name: str, F: int, C: int):
+    from torch_geometric.nn import models
+
+    if name == "GAT":
+        return models.GAT(F, 128, 2, C, heads=4)
+    return getattr(models, name)(F, 128, 2, C)
+
+
+def _csr_adj(name: str, ei, N: int):
+    """The sparse adjacency PyG's message_and_aggregate consumes (transposed: row = target)."""
+    import torch
+
+    if name == "GAT":
+        return None
+    if name == "GCN":
+        from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+        ei2, w = gcn_norm(ei, None, N, add_self_loops=True)
+    else:
+        ei2, w = ei, torch.ones(ei.size(1))
+        if name == "GraphSAGE":  # mean over edges with multiplicity: weights 1/in-degree, reduce sum
+            deg = torch.zeros(N).index_add_(0, ei[1], w)
+            w = w / deg.clamp(min=1)[ei[1]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adj = torch.sparse_coo_tensor(ei2.flip(0), w, (N, N)).coalesce().to_sparse_csr()
+    return adj
+
+
+def child(args) -> dict:
+    import torch
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(args.threads)
+    import gnncompile
+
+    x, ei, y, C = _load_graph(args.graph, args.features)
+    N = x.size(0)
+    torch.manual_seed(0)
+    model = _model(args.model, x.size(1), C)
+    if args.variant == "csr" and args.model in ("GCN", "GraphSAGE"):
+        for conv in model.convs:  # normalisation / the mean is folded into the adjacency
+            if args.model == "GCN":
+                conv.normalize = False
+            else:
+                conv.aggr = "sum"  # read by SAGEConv.message_and_aggregate only
+    ref_model = _model(args.model, x.size(1), C)
+    ref_model.load_state_dict(model.state_dict())
+    if args.variant == "csr":
+        adj = _csr_adj(args.model, ei, N)
+        if adj is None:
+            return {"skipped": "layer has no sparse-adjacency path"}
+        graph_arg = adj
+        run = model
+    elif args.variant == "eager":
+        graph_arg, run = ei, model
+    elif args.variant == "inductor":
+        graph_arg, run = ei, torch.compile(model)
+    elif args.variant.startswith("gnncompile"):
+        inner = args.variant.split(":", 1)[1] if ":" in args.variant else "auto"
+        graph_arg, run = ei, gnncompile.compile(model, inner=inner)
+    else:
+        raise ValueError(args.variant)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = run(x, graph_arg)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        return out, loss
+
+    # agreement check against eager (same parameters, before any optimizer step)
+    with torch.no_grad():
+        expect = ref_model(x, ei)
+    t0 = time.perf_counter()
+    out, loss = step()
+    first = time.perf_counter() - t0
+    scale = max(expect.abs().max().item(), 1e-12)
+    err = (out.detach() - expect).abs().max().item() / scale
+    if err > 1e-3:
+        raise AssertionError(f"{args.variant} disagrees with eager: relative error {err:.2e}")
+    for _ in range(args.warmup):
+        step()
+    peak = _common.read_peak_rss_delta(step)
+    t = _common.timeit(step, args.repeats, warmup=0)
+    return {"median_s": t["median"], "min_s": t["min"], "first_step_s": first,
+            "peak_bytes": peak, "rel_err": err, "N": N, "E": int(ei.size(1))}
+
+
+# ----------------------------------------------------------------------------- driver
+def run_one(model: str, graph: str, variant: str, opts) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--model", model, "--graph", graph, "--variant",
+           variant, "--repeats", str(opts.repeats), "--warmup", str(opts.warmup), "--threads",
+           str(opts.threads), "--features", str(opts.features)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_common.isolated_env(),
+                       timeout=opts.timeout)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        return {"error": (p.stderr or p.stdout).strip().splitlines()[-1:] or ["failed"]}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--inners", action="store_true", help="also gnncompile with each inner compiler")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--graphs", default=None, help="comma list of node counts and/or 'cora'")
+    ap.add_argument("--variants", default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--features", type=int, default=128)
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--out", default=None)
+    # child mode
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--graph", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    opts = ap.parse_args()
+    if opts.child:
+        print("RESULT " + json.dumps(child(opts)), flush=True)
+        return
+
+    graphs = opts.graphs.split(",") if opts.graphs else (["2000"] if opts.quick else ["10000", "100000", "cora"])
+    if "cora" in graphs:
+        import importlib.util
+
+        if not CORA_RAW.is_dir() or importlib.util.find_spec("scipy") is None:
+            print("skipping cora: raw files or scipy (needed by PyG's Planetoid reader) missing")
+            graphs.remove("cora")
+    if opts.repeats is None:
+        opts.repeats = 3 if opts.quick else 7
+    variants = opts.variants.split(",") if opts.variants else ["eager", "csr", "inductor", "gnncompile"]
+    if opts.inners:
+        variants += ["gnncompile:eager", "gnncompile:aot_eager", "gnncompile:inductor"]
+    rows = []
+    for graph in graphs:
+        for model in opts.models.split(","):
+            row = {"graph": graph, "model": model, "results": {}}
+            for v in variants:
+                r = run_one(model, graph, v, opts)
+                row["results"][v] = r
+                print(f"{graph:>7} {model:<10} {v:<22} "
+                      + (f"{r['median_s'] * 1e3:9.1f} ms  first {r['first_step_s']:.2f} s  "
+                         f"peak {r['peak_bytes'] / 2**20:8.1f} MiB" if "median_s" in r else str(r)),
+                      flush=True)
+            rows.append(row)
+    payload = {"machine": _common.machine(), "variants": variants, "repeats": opts.repeats,
+               "threads": opts.threads, "features": opts.features, "rows": rows,
+               "command": " ".join(["python", "benchmarks/models.py"] + sys.argv[1:])}
+    name = opts.out or ("models_quick" if opts.quick else "models")
+    _common.write_json(_common.RESULTS / f"{name}.json", payload)
+    md = markdown(payload)
+    (_common.RESULTS / f"{name}.md").write_text(md)
+    print(md)
+    try:
+        plot(payload, _common.RESULTS / f"{name}.png")
+    except Exception as e:  # matplotlib missing: the table is the result
+        print(f"(no plot: {e})")
+
+
+def _ms(r):
+    return f"{r['median_s'] * 1e3:.1f}" if "median_s" in r else ("n/a" if "skipped" in r else "error")
+
+
+def markdown(p: dict) -> str:
+    vs = p["variants"]
+    head = ["graph", "model"] + [f"{v} ms" for v in vs] + ["vs eager", "vs csr", "vs inductor",
+                                                            "first step s (gnncompile)",
+                                                            "peak MiB eager / gnncompile"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in p["rows"]:
+        R = row["results"]
+        g = R.get("gnncompile", {})
+
+        def ratio(v):
+            r = R.get(v, {})
+            if "median_s" in r and "median_s" in g:
+                return f"{r['median_s'] / g['median_s']:.2f}x"
+            return "n/a"
+
+        peak = (f"{R['eager']['peak_bytes'] / 2**20:.0f} / {g['peak_bytes'] / 2**20:.0f} "
+                f"({g['peak_bytes'] / max(R['eager']['peak_bytes'], 1):.2f}x)"
+                if "peak_bytes" in R.get("eager", {}) and "peak_bytes" in g else "n/a")
+        cells = [row["graph"], row["model"]] + [_ms(R.get(v, {})) for v in vs] + [
+            ratio("eager"), ratio("csr"), ratio("inductor"),
+            f"{g['first_step_s']:.2f}" if "first_step_s" in g else "n/a", peak]
+        lines.append("| " + " | ".join(cells) + " |")
+    m = p["machine"]
+    lines.append("")
+    lines.append(f"Median training-step time over {p['repeats']} steps, {p['threads']} threads, "
+                 f"F = {p['features']}, torch {m['torch']}. Ratios: peer time / gnncompile time "
+                 f"(> 1 means gnncompile is faster). Command: `{p['command']}`")
+    return "\n".join(lines) + "\n"
+
+
+def plot(p: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    vs = p["variants"]
+    labels = [f"{r['model']}\n{r['graph']}" for r in p["rows"]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(labels)), 4))
+    w = 0.8 / len(vs)
+    for i, v in enumerate(vs):
+        ys = []
+        for r in p["rows"]:
+            e, x = r["results"].get("eager", {}), r["results"].get(v, {})
+            ys.append(e["median_s"] / x["median_s"] if "median_s" in e and "median_s" in x else 0)
+        ax.bar([j + i * w for j in range(len(labels))], ys, w, label=v)
+    ax.set_xticks([j + 0.4 - w / 2 for j in range(len(labels))])
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("speed-up over PyG eager (training step)")
+    ax.axhline(1, color="k", lw=0.5)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

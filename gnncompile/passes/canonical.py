@@ -1,0 +1,138 @@
+"""Canonical view of the torch-level FX graph that Dynamo captures.
+
+The same operation reaches the graph in several spellings: a method (``x.index_select``), a
+function (``torch.index_select``), an unbound method (``torch.Tensor.index_select``), an
+operator (``operator.mul``, ``operator.getitem``). :func:`opname` maps all of them to one name,
+and :func:`arg` reads an argument by position (with ``self`` at position 0 for methods, which
+is the same position the function spelling uses) or by keyword. Matching code therefore never
+looks at ``node.op`` / ``node.target`` directly.
+
+Shapes come from the fake values Dynamo records in ``node.meta["example_value"]``. Symbolic
+sizes are compared by their printed expression (:func:`same`), never with ``==`` (which would
+add a guard to the shape environment after tracing has finished).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import torch
+from torch.fx import Node
+
+_OPERATORS = {
+    operator.mul: "mul", operator.imul: "mul_",
+    operator.add: "add", operator.iadd: "add_",
+    operator.sub: "sub",
+    operator.truediv: "div",
+    operator.getitem: "getitem",
+    operator.neg: "neg",
+}
+_ALIASES = {
+    "multiply": "mul", "true_divide": "div", "divide": "div", "subtract": "sub",
+    "__getitem__": "getitem", "__mul__": "mul", "__rmul__": "mul", "__add__": "add",
+    "__radd__": "add", "__sub__": "sub", "__truediv__": "div",
+}
+
+# Ops whose result may be dropped when nothing uses it (no side effect, no randomness).
+PURE = {
+    "getitem", "view", "reshape", "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze",
+    "contiguous", "index_select", "mul", "add", "sub", "div", "exp", "neg", "new_zeros", "zeros",
+    "zeros_like", "new_ones", "ones", "ones_like", "new_full", "full", "detach", "clamp",
+    "leaky_relu", "size", "to", "float", "select",
+}
+
+SCATTERS = ("scatter_add_", "scatter_add", "scatter_reduce_", "scatter_reduce", "index_add_",
+            "index_add")
+
+
+def opname(n: Any) -> Optional[str]:
+    """Canonical name of the operation a node performs (None for placeholders, outputs...)."""
+    if not isinstance(n, Node):
+        return None
+    if n.op == "call_method":
+        return _ALIASES.get(n.target, n.target)
+    if n.op != "call_function":
+        return None
+    t = n.target
+    if t in _OPERATORS:
+        return _OPERATORS[t]
+    name = getattr(t, "__name__", None)
+    if name is None:
+        return None
+    if (getattr(torch, name, None) is t or getattr(torch.Tensor, name, None) is t
+            or getattr(torch._C._VariableFunctions, name, None) is t
+            or getattr(torch.nn.functional, name, None) is t):
+        return _ALIASES.get(name, name)
+    return None
+
+
+def arg(n: Node, pos: int, kw: Optional[str] = None, default: Any = None) -> Any:
+    """Argument ``pos`` (self = 0) or keyword ``kw`` of a call node."""
+    if pos < len(n.args):
+        return n.args[pos]
+    if kw is not None and kw in n.kwargs:
+        return n.kwargs[kw]
+    return default
+
+
+def val(n: Any):
+    """The fake value Dynamo recorded for a node (or the constant itself)."""
+    if isinstance(n, Node):
+        return n.meta.get("example_value")
+    return n
+
+
+def tensor_val(n: Any) -> Optional[torch.Tensor]:
+    v = val(n)
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def key(size: Any) -> str:
+    """Printable identity of a (possibly symbolic) size."""
+    return str(size)
+
+
+def same(a: Any, b: Any) -> bool:
+    return key(a) == key(b)
+
+
+def shape_key(t: torch.Tensor) -> tuple:
+    return tuple(key(s) for s in t.shape)
+
+
+def is_one(s: Any) -> bool:
+    return key(s) == "1"
+
+
+def layer_of(n: Node) -> str:
+    """'conv1 (GCNConv)': the innermost module the node was traced in."""
+    stack = n.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "<model>"
+    entries = list(stack.values())
+    def is_aggr(c) -> bool:
+        if isinstance(c, str):
+            return c.endswith("Aggregation")
+        return any(b.__name__ == "Aggregation" for b in getattr(c, "__mro__", ()))
+
+    path, cls = "", None
+    for p_, c_ in reversed(entries):  # the conv layer, not its aggregation module
+        if not is_aggr(c_):
+            path, cls = p_, c_
+            break
+    if cls is None:
+        return "<model>"
+    path = str(path)
+    for prefix in ("L['self'].", "L['self']", "self."):
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+            break
+    path = path.replace("_modules['", "").replace("']", "")
+    name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
+    return f"{path or '<model>'} ({name})"
+
+
+def index_dim(n: Node, d: Any, ndim: int) -> Optional[int]:
+    if not isinstance(d, int):
+        return None
+    return d % ndim if -ndim <= d < ndim else None
