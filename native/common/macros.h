@@ -21,6 +21,13 @@ enum class WeightMode : int { None = 0, Scalar = 1, Head = 2 };
 
 // Status codes returned by the torch-free cores that validate input; the glue turns them into
 // Python exceptions with the offending value.
-enum class Status : int { Ok = 0, DstOutOfRange = 1, SrcOutOfRange = 2 };
+enum class Status : int {
+  Ok = 0,
+  DstOutOfRange = 1,  // build_csr: a destination index outside [0, num_dst)
+  SrcOutOfRange = 2,  // build_csr: a source index outside [0, num_src)
+  BadRowptr = 3,      // a structure handed to an op: rowptr decreasing or outside [0, E]
+  BadCol = 4,         // ... a col entry outside [0, num_src)
+  BadPerm = 5,        // ... a perm entry outside [0, E)
+};
 
 }  // namespace gnncompile

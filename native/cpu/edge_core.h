@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "../common/dtype.h"
+#include "spmm_core.h"  // row_ok, in_range
 
 namespace gnncompile {
 namespace cpu {
@@ -30,28 +31,46 @@ inline acc_t dot(const scalar_t* a, const scalar_t* b, int64_t n) {
 
 // x: [N, H*C], g: [M, H*C], out: [E, H] in original edge order.
 template <typename scalar_t, typename index_t>
-void edge_dot_rows(const index_t* rowptr, const index_t* col, const index_t* perm,
-                   const scalar_t* x, const scalar_t* g, scalar_t* out, int64_t H, int64_t C,
-                   int64_t row_begin, int64_t row_end) {
+Status edge_dot_rows(const index_t* rowptr, const index_t* col, const index_t* perm,
+                     const scalar_t* x, const scalar_t* g, scalar_t* out, int64_t H, int64_t C,
+                     int64_t num_src, int64_t num_edges, int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int64_t F = H * C;
   for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(rowptr, row, num_edges)) return Status::BadRowptr;
     const scalar_t* gr = g + row * F;
     for (int64_t j = rowptr[row]; j < rowptr[row + 1]; ++j) {
-      const scalar_t* xr = x + static_cast<int64_t>(col[j]) * F;
-      scalar_t* o = out + static_cast<int64_t>(perm[j]) * H;
+      const int64_t s = static_cast<int64_t>(col[j]), e = static_cast<int64_t>(perm[j]);
+      if (!in_range(s, num_src)) return Status::BadCol;
+      if (!in_range(e, num_edges)) return Status::BadPerm;
+      const scalar_t* xr = x + s * F;
+      scalar_t* o = out + e * H;
       for (int64_t h = 0; h < H; ++h)
         o[h] = from_acc<scalar_t>(dot<scalar_t, acc_t>(xr + h * C, gr + h * C, C));
     }
   }
+  return Status::Ok;
+}
+
+// Softmax kernels read perm only: validate a whole row's slice before touching scores.
+template <typename index_t>
+inline Status check_perm_row(const index_t* rowptr, const index_t* perm, int64_t row,
+                             int64_t num_edges) {
+  if (!row_ok(rowptr, row, num_edges)) return Status::BadRowptr;
+  for (int64_t j = rowptr[row]; j < rowptr[row + 1]; ++j)
+    if (!in_range(static_cast<int64_t>(perm[j]), num_edges)) return Status::BadPerm;
+  return Status::Ok;
 }
 
 // scores, out: [E, H] in original edge order.
 template <typename scalar_t, typename index_t>
-void edge_softmax_rows(const index_t* rowptr, const index_t* perm, const scalar_t* scores,
-                       scalar_t* out, int64_t H, int64_t row_begin, int64_t row_end) {
+Status edge_softmax_rows(const index_t* rowptr, const index_t* perm, const scalar_t* scores,
+                         scalar_t* out, int64_t H, int64_t num_edges, int64_t row_begin,
+                         int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
   for (int64_t row = row_begin; row < row_end; ++row) {
+    const Status st = check_perm_row(rowptr, perm, row, num_edges);
+    if (st != Status::Ok) return st;
     const int64_t begin = rowptr[row], end = rowptr[row + 1];
     for (int64_t h = 0; h < H; ++h) {
       acc_t m = -std::numeric_limits<acc_t>::infinity();
@@ -69,14 +88,17 @@ void edge_softmax_rows(const index_t* rowptr, const index_t* perm, const scalar_
       }
     }
   }
+  return Status::Ok;
 }
 
 template <typename scalar_t, typename index_t>
-void edge_softmax_backward_rows(const index_t* rowptr, const index_t* perm, const scalar_t* y,
-                                const scalar_t* g, scalar_t* grad, int64_t H, int64_t row_begin,
-                                int64_t row_end) {
+Status edge_softmax_backward_rows(const index_t* rowptr, const index_t* perm, const scalar_t* y,
+                                  const scalar_t* g, scalar_t* grad, int64_t H, int64_t num_edges,
+                                  int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
   for (int64_t row = row_begin; row < row_end; ++row) {
+    const Status st = check_perm_row(rowptr, perm, row, num_edges);
+    if (st != Status::Ok) return st;
     const int64_t begin = rowptr[row], end = rowptr[row + 1];
     for (int64_t h = 0; h < H; ++h) {
       acc_t s = 0;
@@ -90,6 +112,7 @@ void edge_softmax_backward_rows(const index_t* rowptr, const index_t* perm, cons
       }
     }
   }
+  return Status::Ok;
 }
 
 }  // namespace cpu

@@ -26,10 +26,11 @@ at::Tensor edge_dot_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in,
                     op, ": g must be [", M, ", ...] with as many features as x");
   TORCH_CHECK_VALUE(heads >= 1 && F % heads == 0, op, ": heads (", heads,
                     ") must divide the feature count (", F, ")");
-  check_indices(rowptr, col, perm, x.size(0), op);
+  check_rowptr_ends(rowptr, E, op);
   at::Tensor out = at::empty({E, heads}, x.options());
   if (E == 0) return out;
   if (F == 0) return out.zero_();
+  Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
       using core_t = typename core_type<scalar_t>::type;
@@ -39,11 +40,13 @@ at::Tensor edge_dot_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in,
       const core_t* xp = core_ptr<scalar_t>(x);
       const core_t* gp = core_ptr<scalar_t>(g);
       core_t* op_ = core_ptr<scalar_t>(out);
-      parallel_rows(rp, M, knobs, [&](int64_t r0, int64_t r1) {
-        edge_dot_rows<core_t, index_t>(rp, cl, pm, xp, gp, op_, heads, F / heads, r0, r1);
+      const int64_t N = x.size(0);
+      st = parallel_rows(rp, M, knobs, [&](int64_t r0, int64_t r1) {
+        return edge_dot_rows<core_t, index_t>(rp, cl, pm, xp, gp, op_, heads, F / heads, N, E, r0, r1);
       });
     });
   });
+  raise_status(st, op, x.size(0), E);
   return out;
 }
 

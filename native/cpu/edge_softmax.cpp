@@ -22,14 +22,7 @@ void check_perm(const at::Tensor& rowptr, const at::Tensor& perm, const char* op
                    ": rowptr and perm must share one index dtype");
   check_cpu(rowptr, op, "rowptr");
   check_cpu(perm, op, "perm");
-  const int64_t E = perm.numel();
-  if (E > 0) {
-    auto p = at::aminmax(perm);
-    TORCH_CHECK_INDEX(std::get<0>(p).item<int64_t>() >= 0 && std::get<1>(p).item<int64_t>() < E, op,
-                      ": perm holds an edge id outside [0, ", E, ")");
-  }
-  // col is not read here: perm stands in for it in the shared rowptr checks.
-  check_indices(rowptr, perm, perm, E, op);
+  check_rowptr_ends(rowptr, perm.numel(), op);
 }
 
 at::Tensor edge_softmax_cpu(const at::Tensor& rowptr_in, const at::Tensor& perm_in,
@@ -44,6 +37,7 @@ at::Tensor edge_softmax_cpu(const at::Tensor& rowptr_in, const at::Tensor& perm_
   const int64_t H = c10::multiply_integers(scores.sizes().slice(1));
   if (E == 0 || H == 0) return out;
   const int64_t M = rowptr.numel() - 1;
+  Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     GNN_DISPATCH_FLOAT(scores.scalar_type(), op, [&] {
       using core_t = typename core_type<scalar_t>::type;
@@ -51,11 +45,12 @@ at::Tensor edge_softmax_cpu(const at::Tensor& rowptr_in, const at::Tensor& perm_
       const index_t* pm = perm.const_data_ptr<index_t>();
       const core_t* sp = core_ptr<scalar_t>(scores);
       core_t* o = core_ptr<scalar_t>(out);
-      parallel_rows(rp, M, knobs, [&](int64_t r0, int64_t r1) {
-        edge_softmax_rows<core_t, index_t>(rp, pm, sp, o, H, r0, r1);
+      st = parallel_rows(rp, M, knobs, [&](int64_t r0, int64_t r1) {
+        return edge_softmax_rows<core_t, index_t>(rp, pm, sp, o, H, E, r0, r1);
       });
     });
   });
+  raise_status(st, op, E, E);
   return out;
 }
 
@@ -75,18 +70,20 @@ at::Tensor edge_softmax_backward_cpu(const at::Tensor& rowptr_in, const at::Tens
   const int64_t H = c10::multiply_integers(y.sizes().slice(1));
   if (E == 0 || H == 0) return grad;
   const int64_t M = rowptr.numel() - 1;
+  Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     GNN_DISPATCH_FLOAT(y.scalar_type(), op, [&] {
       using core_t = typename core_type<scalar_t>::type;
       const index_t* rp = rowptr.const_data_ptr<index_t>();
       const index_t* pm = perm.const_data_ptr<index_t>();
-      parallel_rows(rp, M, knobs, [&](int64_t r0, int64_t r1) {
-        edge_softmax_backward_rows<core_t, index_t>(rp, pm, core_ptr<scalar_t>(y),
-                                                    core_ptr<scalar_t>(g),
-                                                    core_ptr<scalar_t>(grad), H, r0, r1);
+      st = parallel_rows(rp, M, knobs, [&](int64_t r0, int64_t r1) {
+        return edge_softmax_backward_rows<core_t, index_t>(rp, pm, core_ptr<scalar_t>(y),
+                                                           core_ptr<scalar_t>(g),
+                                                           core_ptr<scalar_t>(grad), H, E, r0, r1);
       });
     });
   });
+  raise_status(st, op, E, E);
   return grad;
 }
 

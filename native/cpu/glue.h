@@ -5,10 +5,12 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
 #include "../common/dtype.h"
+#include "spmm_core.h"
 
 namespace gnncompile {
 namespace cpu {
@@ -67,27 +69,29 @@ inline void check_structure(const at::Tensor& rowptr, const at::Tensor& col,
                    op, ": rowptr, col and perm must share one index dtype");
 }
 
-// A structure handed straight to an op (not built by build_csr) is checked before any kernel
-// reads through it: rowptr spans [0, E], every col is a valid source row, every perm an edge.
-inline void check_indices(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
-                          int64_t num_src, const char* op) {
-  const int64_t E = col.numel();
+// A structure handed straight to an op (not built by build_csr) must not make a kernel read
+// out of bounds. The ends of rowptr are checked here; every other index is checked by the
+// kernels as they read it (see row_ok / in_range in spmm_core.h), and a failure comes back as
+// a Status that raise_status turns into a Python exception.
+inline void check_rowptr_ends(const at::Tensor& rowptr, int64_t num_edges, const char* op) {
   const int64_t M = rowptr.numel() - 1;
-  TORCH_CHECK_VALUE(rowptr[0].item<int64_t>() == 0 && rowptr[M].item<int64_t>() == E, op,
-                    ": rowptr must start at 0 and end at the number of edges (", E, ")");
-  if (M > 0) {
-    TORCH_CHECK_VALUE(
-        at::all(rowptr.slice(0, 1) >= rowptr.slice(0, 0, M)).item<bool>(), op,
-        ": rowptr must be non-decreasing");
+  TORCH_CHECK_VALUE(rowptr[0].item<int64_t>() == 0 && rowptr[M].item<int64_t>() == num_edges, op,
+                    ": rowptr must start at 0 and end at the number of edges (", num_edges, ")");
+}
+
+inline void raise_status(Status st, const char* op, int64_t num_src, int64_t num_edges) {
+  switch (st) {
+    case Status::Ok: return;
+    case Status::BadRowptr:
+      TORCH_CHECK_VALUE(false, op, ": rowptr must be non-decreasing and within [0, ", num_edges, "]");
+    case Status::BadCol:
+      TORCH_CHECK_INDEX(false, op, ": source index out of range (an entry of col lies outside [0, ",
+                        num_src, ")) for ", num_src, " source nodes");
+    case Status::BadPerm:
+      TORCH_CHECK_INDEX(false, op, ": perm holds an edge id outside [0, ", num_edges, ")");
+    default:
+      TORCH_CHECK(false, op, ": invalid structure (status ", static_cast<int>(st), ")");
   }
-  if (E == 0) return;
-  auto c = at::aminmax(col);
-  const int64_t cmin = std::get<0>(c).item<int64_t>(), cmax = std::get<1>(c).item<int64_t>();
-  TORCH_CHECK_INDEX(cmin >= 0 && cmax < num_src, op, ": source index out of range [", cmin, ", ",
-                    cmax, "] for ", num_src, " source nodes");
-  auto p = at::aminmax(perm);
-  TORCH_CHECK_INDEX(std::get<0>(p).item<int64_t>() >= 0 && std::get<1>(p).item<int64_t>() < E, op,
-                    ": perm holds an edge id outside [0, ", E, ")");
 }
 
 // CPU knobs (explicit kernel arguments, filled from the device profile):
@@ -96,33 +100,38 @@ inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
   return (knobs.size() > 0 && knobs[0] > 0) ? knobs[0] : 4;
 }
 
-// Runs fn(row_begin, row_end) over rows split into edge-balanced chunks, in parallel.
+// Runs fn(row_begin, row_end) -> Status over rows split into edge-balanced chunks, in
+// parallel; returns the first non-Ok status (chunks after a failure are skipped).
 template <typename index_t, typename Fn>
-void parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn);
-
-}  // namespace cpu
-}  // namespace gnncompile
-
-#include "spmm_core.h"
-
-namespace gnncompile {
-namespace cpu {
+Status parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn);
 
 template <typename index_t, typename Fn>
-void parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn) {
-  if (num_rows == 0) return;
+Status parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn) {
+  if (num_rows == 0) return Status::Ok;
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t chunks = std::min<int64_t>(num_rows, threads == 1 ? 1 : threads * chunks_per_thread(knobs));
-  if (chunks <= 1) {
-    fn(0, num_rows);
-    return;
-  }
+  if (chunks <= 1) return fn(0, num_rows);
+  // The split reads rowptr through a binary search: only valid for a non-decreasing rowptr
+  // inside [0, E], so check that here (O(M), far less than the kernel's O(E * F)).
+  const int64_t E = static_cast<int64_t>(rowptr[num_rows]);
+  for (int64_t r = 0; r < num_rows; ++r)
+    if (!row_ok(rowptr, r, E)) return Status::BadRowptr;
   std::vector<int64_t> bounds(chunks + 1);
   balanced_row_split(rowptr, num_rows, chunks, bounds.data());
+  std::atomic<int> status{static_cast<int>(Status::Ok)};
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c)
-      if (bounds[c] < bounds[c + 1]) fn(bounds[c], bounds[c + 1]);
+    for (int64_t c = c0; c < c1; ++c) {
+      if (status.load(std::memory_order_relaxed) != static_cast<int>(Status::Ok)) return;
+      if (bounds[c] < bounds[c + 1]) {
+        const Status st = fn(bounds[c], bounds[c + 1]);
+        if (st != Status::Ok) {
+          int expected = static_cast<int>(Status::Ok);
+          status.compare_exchange_strong(expected, static_cast<int>(st));
+        }
+      }
+    }
   });
+  return static_cast<Status>(status.load());
 }
 
 }  // namespace cpu

@@ -22,21 +22,22 @@ template <typename scalar_t> struct Tile { static constexpr int value = 128; };
 template <> struct Tile<double> { static constexpr int value = 64; };
 
 template <typename scalar_t, typename index_t, Reduce R, WeightMode W>
-void run(const SpmmArgs<scalar_t, index_t>& a, int64_t M, c10::IntArrayRef knobs) {
+Status run(const SpmmArgs<scalar_t, index_t>& a, int64_t M, c10::IntArrayRef knobs) {
   constexpr int TILE = Tile<scalar_t>::value;
-  parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
-    spmm_rows<scalar_t, index_t, R, W, TILE>(a, r0, r1);
+  return parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
+    return spmm_rows<scalar_t, index_t, R, W, TILE>(a, r0, r1);
   });
 }
 
 template <typename scalar_t, typename index_t, Reduce R>
-void run_weight(const SpmmArgs<scalar_t, index_t>& a, int64_t M, WeightMode w,
+Status run_weight(const SpmmArgs<scalar_t, index_t>& a, int64_t M, WeightMode w,
                 c10::IntArrayRef knobs) {
   switch (w) {
     case WeightMode::None: return run<scalar_t, index_t, R, WeightMode::None>(a, M, knobs);
     case WeightMode::Scalar: return run<scalar_t, index_t, R, WeightMode::Scalar>(a, M, knobs);
     case WeightMode::Head: return run<scalar_t, index_t, R, WeightMode::Head>(a, M, knobs);
   }
+  return Status::Ok;
 }
 
 std::tuple<at::Tensor, at::Tensor> spmm_cpu(
@@ -57,7 +58,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
   const int64_t M = rowptr.numel() - 1;
   const int64_t E = col.numel();
   const int64_t Fx = c10::multiply_integers(x.sizes().slice(1));
-  check_indices(rowptr, col, perm, x.size(0), op);
+  check_rowptr_ends(rowptr, col.numel(), op);
 
   WeightMode wmode = WeightMode::None;
   int64_t H = 1;
@@ -93,6 +94,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
     return {out, arg};
   }
 
+  Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
       using core_t = typename core_type<scalar_t>::type;
@@ -107,14 +109,17 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
       a.F = Fx;
       a.H = H;
       a.C = Fx / H;
+      a.num_src = x.size(0);
+      a.num_edges = E;
       switch (reduce) {
-        case Reduce::Sum: return run_weight<core_t, index_t, Reduce::Sum>(a, M, wmode, knobs);
-        case Reduce::Mean: return run_weight<core_t, index_t, Reduce::Mean>(a, M, wmode, knobs);
-        case Reduce::Max: return run_weight<core_t, index_t, Reduce::Max>(a, M, wmode, knobs);
-        case Reduce::Min: return run_weight<core_t, index_t, Reduce::Min>(a, M, wmode, knobs);
+        case Reduce::Sum: st = run_weight<core_t, index_t, Reduce::Sum>(a, M, wmode, knobs); break;
+        case Reduce::Mean: st = run_weight<core_t, index_t, Reduce::Mean>(a, M, wmode, knobs); break;
+        case Reduce::Max: st = run_weight<core_t, index_t, Reduce::Max>(a, M, wmode, knobs); break;
+        case Reduce::Min: st = run_weight<core_t, index_t, Reduce::Min>(a, M, wmode, knobs); break;
       }
     });
   });
+  raise_status(st, op, x.size(0), E);
   return {out, arg};
 }
 

@@ -25,7 +25,21 @@ struct SpmmArgs {
   int64_t F;               // features per node (all heads)
   int64_t H;               // heads (1 unless WeightMode::Head)
   int64_t C;               // features per head, F = H * C
+  int64_t num_src;         // rows of x: every col entry is checked against it
+  int64_t num_edges;       // E: every rowptr and perm entry is checked against it
 };
+
+// The kernels validate a structure while they walk it (one predictable compare per index
+// read), so a structure handed straight to an op can never make them read out of bounds, and
+// a trusted one costs no extra pass over memory.
+template <typename index_t>
+inline bool row_ok(const index_t* rowptr, int64_t row, int64_t num_edges) {
+  const int64_t b = static_cast<int64_t>(rowptr[row]), e = static_cast<int64_t>(rowptr[row + 1]);
+  return b >= 0 && b <= e && e <= num_edges;
+}
+inline bool in_range(int64_t v, int64_t bound) {
+  return static_cast<uint64_t>(v) < static_cast<uint64_t>(bound);
+}
 
 constexpr int kPrefetchDistance = 4;
 
@@ -39,7 +53,7 @@ inline acc_t reduce_init() {
 // One tile of one row: features [f0, f0 + n) with a single weight column `h`.
 // FULL means n == TILE, a compile-time bound the compiler can unroll and keep in registers.
 template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE, bool FULL>
-inline void spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64_t h, int64_t f0,
+inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64_t h, int64_t f0,
                       int n_rt) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int n = FULL ? TILE : n_rt;
@@ -61,10 +75,15 @@ inline void spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64_t
       for (int b = 0; b < static_cast<int>(TILE * sizeof(scalar_t)); b += 64)
         __builtin_prefetch(p + b, 0, 0);
     }
-    const scalar_t* xr = xbase + static_cast<int64_t>(a.col[j]) * a.F;
+    const int64_t src = static_cast<int64_t>(a.col[j]);
+    if (!in_range(src, a.num_src)) return Status::BadCol;
+    const scalar_t* xr = xbase + src * a.F;
     acc_t w = acc_t(1);
-    if (W == WeightMode::Scalar) w = to_float(a.weight[a.perm[j]]);
-    if (W == WeightMode::Head) w = to_float(a.weight[static_cast<int64_t>(a.perm[j]) * a.H + h]);
+    if (W != WeightMode::None) {
+      const int64_t e = static_cast<int64_t>(a.perm[j]);
+      if (!in_range(e, a.num_edges)) return Status::BadPerm;
+      w = to_float(a.weight[W == WeightMode::Head ? e * a.H + h : e]);
+    }
     if (R == Reduce::Sum || R == Reduce::Mean) {
       if (W == WeightMode::None) {
         for (int t = 0; t < n; ++t) acc[t] += to_float(xr[t]);
@@ -100,22 +119,27 @@ inline void spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64_t
   } else {
     for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t]);
   }
+  return Status::Ok;
 }
 
 // Rows [row_begin, row_end). Heads are walked outermost so one weight covers a whole tile.
 template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE>
-void spmm_rows(const SpmmArgs<scalar_t, index_t>& a, int64_t row_begin, int64_t row_end) {
+Status spmm_rows(const SpmmArgs<scalar_t, index_t>& a, int64_t row_begin, int64_t row_end) {
   for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t head0 = h * a.C;
       int64_t c = 0;
-      for (; c + TILE <= a.C; c += TILE)
-        spmm_tile<scalar_t, index_t, R, W, TILE, true>(a, row, h, head0 + c, TILE);
-      if (c < a.C)
-        spmm_tile<scalar_t, index_t, R, W, TILE, false>(a, row, h, head0 + c,
-                                                        static_cast<int>(a.C - c));
+      Status st = Status::Ok;
+      for (; c + TILE <= a.C && st == Status::Ok; c += TILE)
+        st = spmm_tile<scalar_t, index_t, R, W, TILE, true>(a, row, h, head0 + c, TILE);
+      if (st == Status::Ok && c < a.C)
+        st = spmm_tile<scalar_t, index_t, R, W, TILE, false>(a, row, h, head0 + c,
+                                                             static_cast<int>(a.C - c));
+      if (st != Status::Ok) return st;
     }
   }
+  return Status::Ok;
 }
 
 // Balanced work split for skewed (power-law) graphs: chunk k covers the rows whose cost

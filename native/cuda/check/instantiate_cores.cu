@@ -1,0 +1,47 @@
+// Torch-free instantiation of every CUDA kernel core, for `make cuda-check` (scripts/cuda_check.sh):
+// compiles each template combination the glue can reach (storage type x index type x reduce
+// kind x weight x vector width) for every target architecture without any torch header, so a
+// machine with nvcc but no CUDA build of torch still proves the cores build. Not part of the
+// extension (CMake globs native/cuda/*.cu, not this folder).
+#include "../csr.cuh"
+#include "../edge.cuh"
+#include "../knobs.h"
+#include "../spmm.cuh"
+#include "../validate.cuh"
+
+namespace gnncompile {
+namespace gpu {
+
+#define GNN_INSTANTIATE_FLOAT_INDEX(T, I)                                                                   \
+  template cudaError_t spmm_launch<T, I>(const SpmmParams<T, I>&, const SpmmConfig&, cudaStream_t);       \
+  template cudaError_t edge_dot_launch<T, I>(const EdgeDotParams<T, I>&, const EdgeConfig&, cudaStream_t); \
+  template cudaError_t edge_seg_launch<false, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);            \
+  template cudaError_t edge_seg_launch<true, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);
+
+#define GNN_INSTANTIATE_INDEX(I)                                                                            \
+  GNN_INSTANTIATE_FLOAT_INDEX(float, I)                                                                     \
+  GNN_INSTANTIATE_FLOAT_INDEX(double, I)                                                                    \
+  GNN_INSTANTIATE_FLOAT_INDEX(__half, I)                                                                    \
+  GNN_INSTANTIATE_FLOAT_INDEX(__nv_bfloat16, I)                                                             \
+  template cudaError_t structure_stats_launch<I>(const I*, int64_t, const I*, const I*, int64_t, long long*, \
+                                                 int, cudaStream_t);                                        \
+  template cudaError_t edge_minmax_launch<I>(const I*, const I*, int64_t, long long*, int, cudaStream_t);   \
+  template cudaError_t first_bad_edge_launch<I>(const I*, const I*, int64_t, int64_t, int64_t, long long*,  \
+                                                int, cudaStream_t);                                         \
+  template cudaError_t radix_hist_launch<I>(const I*, int64_t, int, int*, cudaStream_t);                    \
+  template cudaError_t radix_scatter_launch<I>(const I*, const I*, I*, I*, const I*, I*, int64_t, int,       \
+                                               const int64_t*, const int*, cudaStream_t);                   \
+  template cudaError_t rowptr_from_sorted_launch<I>(const I*, int64_t, int64_t, I*, int, cudaStream_t);     \
+  template cudaError_t identity_perm_launch<I>(const I*, int64_t, I*, I*, int, cudaStream_t);
+
+GNN_INSTANTIATE_INDEX(int32_t)
+GNN_INSTANTIATE_INDEX(int64_t)
+
+// The host-side knob rule compiles here too (it is also exercised from Python in
+// tests/test_cuda_knobs.py).
+LaunchKnobs check_knobs_compile(const DeviceProps& d) {
+  return spmm_knobs(d, nullptr, 0, 1000, 10000, 128, 128, 4, 4, false, 16);
+}
+
+}  // namespace gpu
+}  // namespace gnncompile

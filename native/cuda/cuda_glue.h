@@ -1,0 +1,143 @@
+// Shared helpers for the thin files that bind the torch-free CUDA cores to torch's dispatcher:
+// dtype mapping, device checks, the structure validation every op runs before launching, and
+// the device properties the default knobs are derived from. Host-only.
+//
+// Only light torch headers: ATen/ATen.h and c10/cuda (not ATen/cuda/CUDAContext.h, which pulls
+// in cuBLAS / cuSPARSE headers).
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "knobs.h"
+#include "validate.cuh"
+
+namespace gnncompile {
+namespace gpu {
+
+// Maps torch's storage types onto CUDA's (same bit layout).
+template <typename T> struct cuda_type { using type = T; };
+template <> struct cuda_type<at::Half> { using type = __half; };
+template <> struct cuda_type<at::BFloat16> { using type = __nv_bfloat16; };
+
+template <typename T>
+inline typename cuda_type<T>::type* dev_ptr(at::Tensor& t) {
+  return reinterpret_cast<typename cuda_type<T>::type*>(t.data_ptr<T>());
+}
+template <typename T>
+inline const typename cuda_type<T>::type* dev_ptr(const at::Tensor& t) {
+  return reinterpret_cast<const typename cuda_type<T>::type*>(t.const_data_ptr<T>());
+}
+
+#define GNN_CUDA_DISPATCH_FLOAT(dtype, NAME, ...)                                  \
+  [&] {                                                                           \
+    switch (dtype) {                                                              \
+      case at::kFloat: { using scalar_t = float; return __VA_ARGS__(); }          \
+      case at::kDouble: { using scalar_t = double; return __VA_ARGS__(); }        \
+      case at::kHalf: { using scalar_t = at::Half; return __VA_ARGS__(); }        \
+      case at::kBFloat16: { using scalar_t = at::BFloat16; return __VA_ARGS__(); } \
+      default:                                                                    \
+        TORCH_CHECK_TYPE(false, NAME, ": unsupported feature dtype ", dtype,      \
+                         " (expected float32, float64, float16 or bfloat16)");    \
+    }                                                                             \
+  }()
+
+#define GNN_CUDA_DISPATCH_INDEX(dtype, NAME, ...)                                 \
+  [&] {                                                                           \
+    switch (dtype) {                                                              \
+      case at::kInt: { using index_t = int32_t; return __VA_ARGS__(); }           \
+      case at::kLong: { using index_t = int64_t; return __VA_ARGS__(); }          \
+      default:                                                                    \
+        TORCH_CHECK_TYPE(false, NAME, ": unsupported index dtype ", dtype,        \
+                         " (expected int32 or int64)");                           \
+    }                                                                             \
+  }()
+
+inline void check_on(const at::Tensor& t, const at::Device& dev, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.device() == dev, op, ": ", name, " is on ", t.device(),
+                    " but the other inputs are on ", dev);
+}
+
+inline void check_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
+                            const char* op) {
+  TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1, op,
+                    ": rowptr must be 1-D with num_rows + 1 entries");
+  TORCH_CHECK_VALUE(col.dim() == 1 && perm.dim() == 1 && col.numel() == perm.numel(), op,
+                    ": col and perm must be 1-D of the same length");
+  TORCH_CHECK_TYPE(rowptr.scalar_type() == col.scalar_type() && col.scalar_type() == perm.scalar_type(),
+                   op, ": rowptr, col and perm must share one index dtype");
+}
+
+// Properties the default knobs depend on, read once per device.
+inline DeviceProps device_props(c10::DeviceIndex index) {
+  static std::mutex mu;
+  static std::unordered_map<int, DeviceProps> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(index);
+  if (it != cache.end()) return it->second;
+  DeviceProps d;
+  int v = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, index));
+  d.sm_count = v;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, index));
+  d.l2_bytes = v;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, index));
+  d.cc_major = v;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMinor, index));
+  d.cc_minor = v;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxThreadsPerMultiProcessor, index));
+  d.max_threads_per_sm = v;
+  cache.emplace(index, d);
+  return d;
+}
+
+// Largest power of two (at most 16) dividing the address: what vector loads may assume.
+inline int64_t ptr_align(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 16;
+  const uintptr_t low = a & (~a + 1);
+  return static_cast<int64_t>(low < 16 ? low : 16);
+}
+
+// A structure handed to an op (not necessarily built by build_csr) is checked on the device
+// before any kernel reads through it: rowptr spans [0, E] and never decreases, every col is a
+// valid source row (col may be undefined: not read by the op), every perm an edge id. One
+// fused reduction and one small device-to-host copy.
+inline void validate_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
+                               int64_t num_src, const char* op) {
+  const int64_t M = rowptr.numel() - 1;
+  const int64_t E = perm.numel();
+  at::Tensor stats = at::empty({kNumStructStats}, rowptr.options().dtype(at::kLong));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int sms = device_props(rowptr.device().index()).sm_count;
+  GNN_CUDA_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    C10_CUDA_CHECK(structure_stats_launch<index_t>(
+        rowptr.const_data_ptr<index_t>(), M, col.defined() ? col.const_data_ptr<index_t>() : nullptr,
+        perm.const_data_ptr<index_t>(), E, reinterpret_cast<long long*>(stats.data_ptr<int64_t>()), sms,
+        stream));
+  });
+  const at::Tensor h = stats.cpu();  // synchronises with the stream
+  const int64_t* s = h.const_data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(s[kRowptrFirst] == 0 && s[kRowptrLast] == E, op,
+                    ": rowptr must start at 0 and end at the number of edges (", E, ")");
+  TORCH_CHECK_VALUE(s[kFirstDecrease] == LLONG_MAX, op, ": rowptr must be non-decreasing");
+  if (E == 0) return;
+  if (col.defined()) {
+    TORCH_CHECK_INDEX(s[kColMin] >= 0 && s[kColMax] < num_src, op, ": source index out of range [",
+                      s[kColMin], ", ", s[kColMax], "] for ", num_src, " source nodes");
+  }
+  TORCH_CHECK_INDEX(s[kPermMin] >= 0 && s[kPermMax] < E, op, ": perm holds an edge id outside [0, ", E,
+                    ")");
+}
+
+}  // namespace gpu
+}  // namespace gnncompile

@@ -1,0 +1,129 @@
+// gnncompile::spmm on CUDA: fused gather -> weight -> segment reduce (sum, mean, max, min),
+// no E x F tensor, no atomics (see spmm.cuh for the work split).
+#include <torch/library.h>
+
+#include "cuda_glue.h"
+#include "spmm.cuh"
+
+namespace gnncompile {
+namespace gpu {
+namespace {
+
+Reduce parse_reduce(c10::string_view reduce) {
+  if (reduce == "sum" || reduce == "add") return Reduce::Sum;
+  if (reduce == "mean") return Reduce::Mean;
+  if (reduce == "max" || reduce == "amax") return Reduce::Max;
+  if (reduce == "min" || reduce == "amin") return Reduce::Min;
+  TORCH_CHECK_VALUE(false, "gnncompile.spmm: unknown reduce '", std::string(reduce),
+                    "' (expected sum, mean, max or min)");
+}
+
+std::tuple<at::Tensor, at::Tensor> spmm_cuda(
+    const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
+    const std::optional<at::Tensor>& weight_in, const at::Tensor& x_in, c10::string_view reduce_s,
+    c10::IntArrayRef knobs, const std::optional<at::Tensor>& /*rowptr_t*/,
+    const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/) {
+  const char* op = "gnncompile.spmm";
+  const Reduce reduce = parse_reduce(reduce_s);
+  check_structure(rowptr_in, col_in, perm_in, op);
+  TORCH_CHECK_VALUE(x_in.dim() >= 1, op, ": x must have a node dimension");
+  const at::Device dev = x_in.device();
+  check_on(rowptr_in, dev, op, "rowptr");
+  check_on(col_in, dev, op, "col");
+  check_on(perm_in, dev, op, "perm");
+  const bool has_weight = weight_in.has_value() && weight_in->defined();
+  if (has_weight) check_on(*weight_in, dev, op, "weight");
+  const c10::cuda::CUDAGuard guard(dev);
+
+  const at::Tensor rowptr = rowptr_in.contiguous();
+  const at::Tensor col = col_in.contiguous();
+  const at::Tensor perm = perm_in.contiguous();
+  const at::Tensor x = x_in.contiguous();
+  const int64_t M = rowptr.numel() - 1;
+  const int64_t E = col.numel();
+  const int64_t Fx = c10::multiply_integers(x.sizes().slice(1));
+
+  WeightMode wmode = WeightMode::None;
+  int64_t H = 1;
+  at::Tensor weight;
+  if (has_weight) {
+    weight = weight_in->contiguous();
+    TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), op, ": weight dtype ", weight.scalar_type(),
+                     " does not match x dtype ", x.scalar_type());
+    TORCH_CHECK_VALUE(weight.dim() >= 1 && weight.size(0) == E && (weight.dim() == 1 || weight.dim() == 2),
+                      op, ": weight must be [E] or [E, H] with E = ", E, ", got ", weight.sizes());
+    if (weight.dim() == 2 && weight.size(1) != 1) {
+      wmode = WeightMode::Head;
+      H = weight.size(1);
+      TORCH_CHECK_VALUE(x.dim() == 3 && x.size(1) == H, op, ": a weight of shape [E, ", H,
+                        "] needs x of shape [N, ", H, ", C], got ", x.sizes());
+    } else {
+      wmode = WeightMode::Scalar;
+    }
+  }
+  validate_structure(rowptr, col, perm, x.size(0), op);
+
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape[0] = M;
+  at::Tensor out = at::empty(out_shape, x.options());
+  const bool need_arg = reduce == Reduce::Max || reduce == Reduce::Min;
+  at::Tensor arg = need_arg ? at::empty(out_shape, x.options().dtype(at::kLong))
+                            : at::empty({0}, x.options().dtype(at::kLong));
+  if (M == 0 || Fx == 0) return {out, arg};
+  if (E == 0) {
+    out.zero_();
+    if (need_arg) arg.fill_(-1);
+    return {out, arg};
+  }
+
+  const DeviceProps props = device_props(dev.index());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  GNN_CUDA_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    GNN_CUDA_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+      using T = typename cuda_type<scalar_t>::type;
+      using A = acc_t<T>;
+      const int64_t C = Fx / H;
+      const int64_t align = std::min(ptr_align(x.const_data_ptr()), ptr_align(out.const_data_ptr()));
+      const LaunchKnobs k = spmm_knobs(props, knobs.data(), static_cast<int64_t>(knobs.size()), M, E, Fx, C,
+                                       static_cast<int>(sizeof(T)), static_cast<int>(sizeof(A)), need_arg,
+                                       align);
+      const int64_t groups = ceil_div(M + E, k.items);
+      const at::ScalarType acc_dtype = std::is_same<A, double>::value ? at::kDouble : at::kFloat;
+      at::Tensor part = at::empty({2 * groups * Fx}, x.options().dtype(acc_dtype));
+      at::Tensor part_arg = at::empty({need_arg ? 2 * groups * Fx : 0}, x.options().dtype(at::kLong));
+      at::Tensor head_row = at::empty({groups}, x.options().dtype(at::kLong));
+
+      SpmmParams<T, index_t> p;
+      p.rowptr = rowptr.const_data_ptr<index_t>();
+      p.col = col.const_data_ptr<index_t>();
+      p.perm = perm.const_data_ptr<index_t>();
+      p.weight = weight.defined() ? dev_ptr<scalar_t>(static_cast<const at::Tensor&>(weight)) : nullptr;
+      p.x = dev_ptr<scalar_t>(x);
+      p.out = dev_ptr<scalar_t>(out);
+      p.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;
+      p.part = reinterpret_cast<A*>(part.data_ptr());
+      p.part_arg = need_arg ? part_arg.data_ptr<int64_t>() : nullptr;
+      p.head_row = head_row.data_ptr<int64_t>();
+      p.M = M;
+      p.E = E;
+      p.F = Fx;
+      p.H = H;
+      p.C = C;
+      p.items = k.items;
+      p.groups = groups;
+      p.lanes = k.lanes;
+      p.reduce = static_cast<int>(reduce);
+      (void)wmode;  // Scalar and Head weights share one kernel: Scalar is Head with H = 1
+      const SpmmConfig cfg{k.lanes, k.rows_per_block, k.vec, k.items};
+      C10_CUDA_CHECK((spmm_launch<T, index_t>(p, cfg, stream)));
+    });
+  });
+  return {out, arg};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(gnncompile, CUDA, m) { m.impl("spmm", &spmm_cuda); }
+
+}  // namespace gpu
+}  // namespace gnncompile
