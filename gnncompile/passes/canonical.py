@@ -136,3 +136,23 @@ def index_dim(n: Node, d: Any, ndim: int) -> Optional[int]:
     if not isinstance(d, int):
         return None
     return d % ndim if -ndim <= d < ndim else None
+
+
+def drop_identity_dropout(graph) -> int:
+    """Removes ``dropout`` nodes that are the identity: ``p`` a literal 0 or ``training`` a
+    literal False (PyG's models call ``F.dropout(x, p=0.0, training=self.training)`` between
+    layers by default). AOTAutograd would otherwise turn each into a full copy of its input.
+    Returns how many were removed."""
+    removed = 0
+    for n in list(graph.nodes):
+        if opname(n) != "dropout" or not n.args:
+            continue
+        p = arg(n, 1, "p", 0.5)
+        training = arg(n, 2, "training" if n.target is not torch.dropout else "train", True)
+        if isinstance(p, Node) or isinstance(training, Node):
+            continue
+        if p == 0 or training is False:
+            n.replace_all_uses_with(n.args[0])
+            graph.erase_node(n)
+            removed += 1
+    return removed
