@@ -16,8 +16,10 @@ $(STAMP): $(SOURCES)
 
 env install: $(STAMP)
 
-# The main job, on a graph the project generates itself.
+# The main job, on graphs the project generates itself: train a model eagerly and compiled
+# (speedup + explain report), then the fused ops against their peers.
 demo: $(STAMP)
+	$(PY) -m gnncompile.demo
 	$(PY) benchmarks/ops.py --quick
 
 # Tests run against the installed package (pytest's entry point does not put the repository
