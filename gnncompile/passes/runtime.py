@@ -10,7 +10,7 @@ that the backward of sum/mean needs. Both consult :data:`STRUCTURES`, a small ca
 
 * first matches by tensor identity + version counter + data pointer (the identity survives
   through Dynamo, AOTAutograd and inductor: the compiled graph receives the caller's tensor
-  object; see tests/test_compile_structure.py),
+  object; tests/test_compile.py checks the identity hits),
 * then by content: a tensor of the same shape, dtype and device that is ``torch.equal`` to a
   cached one (an O(E) sequential compare, ~1 ms for 1M edges on this CPU, against ~30 ms for
   the counting sort + transpose). This is what shares one structure between layers that each
