@@ -27,6 +27,7 @@ _lib.define(
     "edge_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor g, int heads, int[] knobs) -> Tensor"
 )
 _lib.define("edge_softmax(Tensor rowptr, Tensor perm, Tensor scores, int[] knobs) -> Tensor")
+_lib.define("gather(Tensor x, Tensor index, Tensor rowptr, Tensor perm, int[] knobs) -> Tensor")
 _lib.define(
     "edge_softmax_backward(Tensor rowptr, Tensor perm, Tensor out, Tensor grad, int[] knobs) -> Tensor"
 )
@@ -40,6 +41,16 @@ for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_bac
 
 ops = torch.ops.gnncompile
 
+
+def _gather_impl(x, index, rowptr, perm, knobs):
+    return x.index_select(0, index)
+
+
+# gather: x.index_select(0, index) whose gradient is a segment sum over a structure that groups
+# the edges by `index` (the CSR when index is the destination row, the CSC when it is the source
+# row): deterministic and parallel, where index_select's own backward is a serial index_add of
+# the E x * gradient. The forward is plain index_select on every backend.
+_lib.impl("gather", _gather_impl, "CompositeExplicitAutograd")
 
 # ----------------------------------------------------------------------------- fake kernels
 @torch.library.register_fake("gnncompile::build_csr")
@@ -62,6 +73,11 @@ def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t
 @torch.library.register_fake("gnncompile::edge_dot")
 def _edge_dot_fake(rowptr, col, perm, x, g, heads, knobs):
     return x.new_empty((col.shape[0], heads))
+
+
+@torch.library.register_fake("gnncompile::gather")
+def _gather_fake(x, index, rowptr, perm, knobs):
+    return x.new_empty((index.shape[0],) + tuple(x.shape[1:]))
 
 
 @torch.library.register_fake("gnncompile::edge_softmax")
@@ -216,3 +232,22 @@ def _softmax_bwd_setup(ctx, inputs, output):
 torch.library.register_autograd(
     "gnncompile::edge_softmax_backward", _softmax_double_backward, setup_context=_softmax_bwd_setup
 )
+
+
+def _gather_setup(ctx, inputs, output):
+    x, index, rowptr, perm, knobs = inputs
+    ctx.knobs = knobs
+    ctx.x_shape = x.shape
+    ctx.save_for_backward(rowptr, perm)
+
+
+def _gather_backward(ctx, grad):
+    rowptr, perm = ctx.saved_tensors
+    # Segment sum of the per-edge gradient: spmm over (rowptr, perm) that reads grad through
+    # perm (col = perm), i.e. out[r] = sum of grad[perm[j]] over the slots j of row r.
+    g = grad.contiguous()
+    gx = ops.spmm(rowptr, perm, perm, None, g, "sum", ctx.knobs)[0]
+    return gx.reshape(ctx.x_shape), None, None, None, None
+
+
+torch.library.register_autograd("gnncompile::gather", _gather_backward, setup_context=_gather_setup)

@@ -77,6 +77,7 @@ class PassReport:
     unfused: List[Unfused] = field(default_factory=list)
     structures: int = 0
     transposed: int = 0
+    gathers: int = 0  # per-edge gathers given a segment-sum gradient
 
     @property
     def num_fused(self) -> int:
@@ -530,6 +531,7 @@ def fuse(gm: GraphModule, knobs_for=None, copy_structures: bool = False) -> Pass
     for n, why in reasons.items():
         report.unfused.append(Unfused(opname(n), layer_of(n), why, n.name))
     _dce(graph, set(claimed))
+    report.gathers = _rewrite_edge_gathers(graph, groups, knobs_for)
     graph.lint()
     gm.recompile()
     return report
@@ -574,3 +576,81 @@ def _dce(graph, scatters=()) -> None:
                 scatters.discard(n)
                 graph.erase_node(n)
                 changed = True
+
+
+def _rewrite_edge_gathers(graph, groups: Dict[Tuple, dict], knobs_for) -> int:
+    """Per-edge gathers of a row of edge_index that are still in the graph after the fusion
+    (GAT's attention logits ``alpha_src[j] + alpha_dst[i]``, GATv2's ``x[j]``) become
+    ``gnncompile::gather``, whose gradient is a parallel segment sum over the structure already
+    built for that edge_index instead of a serial E-row index_add. Only where the gathered
+    tensor needs a gradient and a structure grouping the edges by that index exists."""
+    done = 0
+    for n in list(graph.nodes):
+        g = _gather(n)
+        if g is None:
+            continue
+        x, idx = g
+        xv = tensor_val(x)
+        if xv is None or not xv.requires_grad or xv.dtype not in _FLOAT_DTYPES:
+            continue
+        ik = _index_key(idx)
+        if ik[0] != "row":
+            continue
+        nkey = key(xv.shape[0])
+        structure = None
+        for gk, grp in groups.items():
+            if gk[0] != "ei" or gk[1] is not ik[1] or "csr" not in grp:
+                continue
+            if ik[2] == 1 and gk[2] == nkey:            # grouped by destination: the CSR
+                structure = (grp["csr"][0], grp["csr"][2])
+            elif ik[2] == 0 and nkey in grp["csc"]:    # grouped by source: the CSC
+                structure = (grp["csc"][nkey][0], grp["csc"][nkey][2])
+            if structure is not None:
+                break
+        if structure is None:
+            continue
+        # the structure nodes must come before the gather in the graph: move them up if their
+        # inputs allow it (else leave this gather as it is)
+        if not _hoist_structure(graph, structure[0].args[0], n):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(torch.ops.gnncompile.gather.default,
+                                      (x, idx, structure[0], structure[1], list(knobs_for(xv.device))))
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        done += 1
+    return done
+
+
+def _hoist_structure(graph, call: Node, before: Node) -> bool:
+    """Moves a structure op ``call`` (and its getitem outputs) before ``before`` when it comes
+    later. Its size arguments may be size nodes of tensors defined after ``before``: they are
+    replaced by the size of an earlier tensor with the same (possibly symbolic) dim 0."""
+    order = _node_index(graph)
+    if order[call] < order[before]:
+        return True
+    new_args = list(call.args)
+    for i, a in enumerate(call.args):
+        if not isinstance(a, Node) or order[a] < order[before]:
+            continue
+        if opname(a) != "size":
+            return False
+        want = key(tensor_val(a.args[0]).shape[0]) if tensor_val(a.args[0]) is not None else None
+        sub = None
+        for m in graph.nodes:
+            if m is before:
+                break
+            mv = tensor_val(m)
+            if isinstance(mv, torch.Tensor) and mv.dim() >= 1 and key(mv.shape[0]) == want:
+                sub = m
+                break
+        if sub is None:
+            return False
+        with graph.inserting_before(before):
+            new_args[i] = graph.call_method("size", (sub, 0))
+    call.args = tuple(new_args)
+    outs = sorted((u for u in call.users if opname(u) == "getitem"), key=lambda u: order[u])
+    before.prepend(call)
+    for u in outs:
+        before.prepend(u)
+    return True
