@@ -22,6 +22,7 @@ def info() -> dict:
     }
 
 
-__all__ = ["info", "ops", "graph", "device", "__version__", "compile", "explain"]
+__all__ = ["info", "ops", "graph", "device", "__version__", "compile", "explain", "export"]
 from .compile import compile, explain  # noqa: E402
 from . import backend  # noqa: E402,F401
+from .export import export  # noqa: E402

@@ -33,7 +33,7 @@ fi
 # Build tools and the packages the tests and benchmarks use. None of these depends on torch,
 # so none of them can replace the torch chosen above.
 "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy \
-  "torch_geometric>=2.5" scipy "pytest>=7" "hypothesis>=6" matplotlib
+  "torch_geometric>=2.5" scipy "pytest>=7" "hypothesis>=6" matplotlib "optuna>=3.5" tqdm onnx onnxruntime onnxscript
 
 "$PY" -m pip install -q --no-build-isolation --no-deps .
 # Run the check from outside the repository: from its root, `python -c` would import the

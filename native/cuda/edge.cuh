@@ -61,59 +61,62 @@ __global__ void __launch_bounds__(kMaxBlockThreads, 2) edge_dot_kernel(const Edg
   const int sub = lane & (P - 1);  // its place among the head's P lanes
 
   const MergeRange mr = merge_range(grp, p.items, p.rowptr, p.M, p.E);
+  if (mr.slot0 >= mr.slot1) return;  // only row ends in this run: nothing to write
+  // The run's slots as one stream across rows (a row has no reduction here), so short rows
+  // still leave kDotUnroll edges in flight; `row` follows the slots through rowptr.
   int64_t row = mr.row0;
-  int64_t j = mr.slot0;
-  while (j < mr.slot1) {
-    while (static_cast<int64_t>(p.rowptr[row + 1]) <= j) ++row;  // skip rows with no edge here
-    const int64_t row_end = static_cast<int64_t>(p.rowptr[row + 1]);
-    const int64_t seg_end = row_end < mr.slot1 ? row_end : mr.slot1;
-    const T* grow = p.g + row * p.F;
-    for (int64_t base = j; base < seg_end; base += L) {
-      const int n = static_cast<int>(seg_end - base < L ? seg_end - base : L);
-      I my_col = 0, my_perm = 0;
-      if (lane < n) {
-        my_col = __ldg(p.col + base + lane);
-        my_perm = __ldg(p.perm + base + lane);
-      }
-      for (int t = 0; t < n; t += kDotUnroll) {
-        int64_t src[kDotUnroll], eid[kDotUnroll];
+  int64_t row_end = static_cast<int64_t>(p.rowptr[row + 1]);
+  for (int64_t base = mr.slot0; base < mr.slot1; base += L) {
+    const int n = static_cast<int>(mr.slot1 - base < L ? mr.slot1 - base : L);
+    I my_col = 0, my_perm = 0;
+    if (lane < n) {
+      my_col = __ldg(p.col + base + lane);
+      my_perm = __ldg(p.perm + base + lane);
+    }
+    for (int t = 0; t < n; t += kDotUnroll) {
+      int64_t src[kDotUnroll], eid[kDotUnroll], dst_row[kDotUnroll];
 #pragma unroll
-        for (int u = 0; u < kDotUnroll; ++u) {
-          src[u] = static_cast<int64_t>(__shfl_sync(mask, my_col, t + u, L));
-          eid[u] = static_cast<int64_t>(__shfl_sync(mask, my_perm, t + u, L));
+      for (int u = 0; u < kDotUnroll; ++u) {
+        src[u] = static_cast<int64_t>(__shfl_sync(mask, my_col, t + u, L));
+        eid[u] = static_cast<int64_t>(__shfl_sync(mask, my_perm, t + u, L));
+        if (t + u < n) {  // group-uniform; slots < E always lie in a row < M
+          while (base + t + u >= row_end) row_end = static_cast<int64_t>(p.rowptr[++row + 1]);
         }
-        for (int64_t h0 = 0; h0 < p.H; h0 += heads_per_pass) {
-          const int64_t h = h0 + head_off;
-          A part[kDotUnroll];
+        dst_row[u] = row;
+      }
+      for (int64_t h0 = 0; h0 < p.H; h0 += heads_per_pass) {
+        const int64_t h = h0 + head_off;
+        A part[kDotUnroll];
 #pragma unroll
-          for (int u = 0; u < kDotUnroll; ++u) part[u] = 0;
-          if (h < p.H) {
-            for (int64_t cc = static_cast<int64_t>(sub) * V; cc < p.C; cc += static_cast<int64_t>(P) * V) {
-              const int64_t off = h * p.C + cc;
-              const Pack<T, V> gv = load_pack<T, V>(grow + off);
-              Pack<T, V> xv[kDotUnroll];
+        for (int u = 0; u < kDotUnroll; ++u) part[u] = 0;
+        if (h < p.H) {
+          for (int64_t cc = static_cast<int64_t>(sub) * V; cc < p.C; cc += static_cast<int64_t>(P) * V) {
+            const int64_t off = h * p.C + cc;
+            Pack<T, V> xv[kDotUnroll], gv[kDotUnroll];
 #pragma unroll
-              for (int u = 0; u < kDotUnroll; ++u)
-                if (t + u < n) xv[u] = load_pack<T, V>(p.x + src[u] * p.F + off);
-#pragma unroll
-              for (int u = 0; u < kDotUnroll; ++u)
-                if (t + u < n) part[u] += dot_pack<T, V>(xv[u], gv);
+            for (int u = 0; u < kDotUnroll; ++u) {
+              if (t + u < n) {
+                xv[u] = load_pack<T, V>(p.x + src[u] * p.F + off);
+                gv[u] = load_pack<T, V>(p.g + dst_row[u] * p.F + off);  // same row: an L1 hit
+              }
             }
-          }
-          // Butterfly over the P lanes of each head: every lane ends with the same sum.
-          for (int o = P >> 1; o > 0; o >>= 1) {
-#pragma unroll
-            for (int u = 0; u < kDotUnroll; ++u) part[u] += __shfl_xor_sync(mask, part[u], o, L);
-          }
-          if (sub == 0 && h < p.H) {
 #pragma unroll
             for (int u = 0; u < kDotUnroll; ++u)
-              if (t + u < n) p.out[eid[u] * p.H + h] = from_acc<T>(part[u]);
+              if (t + u < n) part[u] += dot_pack<T, V>(xv[u], gv[u]);
           }
+        }
+        // Butterfly over the P lanes of each head: every lane ends with the same sum.
+        for (int o = P >> 1; o > 0; o >>= 1) {
+#pragma unroll
+          for (int u = 0; u < kDotUnroll; ++u) part[u] += __shfl_xor_sync(mask, part[u], o, L);
+        }
+        if (sub == 0 && h < p.H) {
+#pragma unroll
+          for (int u = 0; u < kDotUnroll; ++u)
+            if (t + u < n) p.out[eid[u] * p.H + h] = from_acc<T>(part[u]);
         }
       }
     }
-    j = seg_end;
   }
 }
 

@@ -69,51 +69,21 @@ __device__ __forceinline__ void spmm_init(const SpmmLane& c, acc_t<T> (&acc)[V],
   }
 }
 
-// Folds CSR slots [jb, je) of one row into the lane's accumulators, in slot order. The group
-// loads L column indices (and edge ids) with one coalesced read and broadcasts them by shuffle;
-// kSpmmUnroll gathered vectors are issued before any is consumed.
-template <typename T, typename I, bool ARG, bool W, int V>
-__device__ __forceinline__ void spmm_accumulate(const SpmmParams<T, I>& p, const SpmmLane& c,
-                                                int64_t jb, int64_t je, acc_t<T> (&acc)[V],
-                                                int64_t (&best)[V]) {
+// Folds one gathered message (CSR slot `slot`) into the lane's accumulators.
+template <typename T, bool ARG, bool W, int V>
+__device__ __forceinline__ void spmm_fold(const SpmmLane& c, const Pack<T, V>& xv, acc_t<T> w, int64_t slot,
+                                          acc_t<T> (&acc)[V], int64_t (&best)[V]) {
   using A = acc_t<T>;
-  for (int64_t base = jb; base < je; base += c.L) {
-    const int n = static_cast<int>(je - base < c.L ? je - base : c.L);
-    I my_col = 0, my_perm = 0;
-    if (c.lane < n) {
-      my_col = __ldg(p.col + base + c.lane);
-      if (W) my_perm = __ldg(p.perm + base + c.lane);
-    }
-    for (int t = 0; t < n; t += kSpmmUnroll) {
-      Pack<T, V> xv[kSpmmUnroll];
-      A wv[kSpmmUnroll];
 #pragma unroll
-      for (int u = 0; u < kSpmmUnroll; ++u) {
-        const int64_t src = static_cast<int64_t>(__shfl_sync(c.mask, my_col, t + u, c.L));
-        const int64_t eid = W ? static_cast<int64_t>(__shfl_sync(c.mask, my_perm, t + u, c.L)) : 0;
-        if (c.active && t + u < n) {
-          xv[u] = load_pack<T, V>(p.x + src * p.F + c.f);
-          if (W) wv[u] = load_acc(p.weight + eid * p.H + c.h);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kSpmmUnroll; ++u) {
-        if (c.active && t + u < n) {
-          const int64_t slot = base + t + u;
-#pragma unroll
-          for (int k = 0; k < V; ++k) {
-            A v = to_acc(xv[u].v[k]);
-            if (W) v = wv[u] * v;
-            if (!ARG) {
-              acc[k] += v;
-            } else {
-              const bool take = c.is_min ? (v < acc[k]) : (v > acc[k]);
-              acc[k] = take ? v : acc[k];
-              best[k] = take ? slot : best[k];
-            }
-          }
-        }
-      }
+  for (int k = 0; k < V; ++k) {
+    A v = to_acc(xv.v[k]);
+    if (W) v = w * v;
+    if (!ARG) {
+      acc[k] += v;
+    } else {
+      const bool take = c.is_min ? (v < acc[k]) : (v > acc[k]);
+      acc[k] = take ? v : acc[k];
+      best[k] = take ? slot : best[k];
     }
   }
 }
@@ -186,9 +156,10 @@ __device__ __forceinline__ void spmm_store_partial(const SpmmParams<T, I>& p, co
 
 // Pass 1. Block = (blockDim.x / L) groups; gridDim.y = feature tiles of L * V features.
 // Bounds: at least two resident blocks of 256 threads per SM, i.e. at most 128 registers a
-// thread. ptxas then keeps every variant spill-free at 76-100 registers (2-3 blocks a SM,
-// each lane with kSpmmUnroll vector loads in flight, ~48 KB in flight per SM for float4);
-// a bound of 4 blocks (64 registers) makes the max/min and 16-bit variants spill.
+// thread. ptxas (CUDA 13, sm_90) then keeps the variants at 59-122 registers, the float4 sum
+// at 78 (3 blocks a SM, each lane with kSpmmUnroll 16-byte gathers in flight: ~48 KB in
+// flight per SM); a bound of 4 blocks (64 registers) made the max/min and 16-bit variants
+// spill. Not measured on a GPU yet: rows_per_block and this bound are the knobs to tune.
 template <typename T, typename I, bool ARG, bool W, int V>
 __global__ void __launch_bounds__(kMaxBlockThreads, 2) spmm_kernel(const SpmmParams<T, I> p) {
   using A = acc_t<T>;
@@ -205,28 +176,73 @@ __global__ void __launch_bounds__(kMaxBlockThreads, 2) spmm_kernel(const SpmmPar
   c.is_mean = p.reduce == static_cast<int>(Reduce::Mean);
 
   const MergeRange mr = merge_range(g, p.items, p.rowptr, p.M, p.E);
-  const bool first_started_here = mr.slot0 == static_cast<int64_t>(p.rowptr[mr.row0]);
+  int64_t row = mr.row0;  // < M: a non-empty run never starts at the end of the merge
+  int64_t row_begin = static_cast<int64_t>(p.rowptr[row]);
+  int64_t row_end = static_cast<int64_t>(p.rowptr[row + 1]);
+  const bool first_started_here = mr.slot0 == row_begin;
   if (blockIdx.y == 0 && c.lane == 0)
     p.head_row[g] = (mr.row1 > mr.row0 && !first_started_here) ? mr.row0 : -1;
 
   A acc[V];
   int64_t best[V];
-  int64_t j = mr.slot0;
-  for (int64_t row = mr.row0; row < mr.row1; ++row) {
-    const int64_t end = static_cast<int64_t>(p.rowptr[row + 1]);
-    spmm_init<T, ARG, V>(c, acc, best);
-    spmm_accumulate<T, I, ARG, W, V>(p, c, j, end, acc, best);
+  spmm_init<T, ARG, V>(c, acc, best);
+  // All edges of `row` in this run are folded: write it (or, for a first row begun by an
+  // earlier group, leave the head partial) and move on to the next row.
+  auto finish_row = [&]() {
     if (row > mr.row0 || first_started_here)
-      spmm_write_row<T, I, ARG, V>(p, c, row, j, end, acc, best);  // j == rowptr[row] here
+      spmm_write_row<T, I, ARG, V>(p, c, row, row_begin, row_end, acc, best);
     else
       spmm_store_partial<T, I, ARG, V>(p, c, head_slot(g), acc, best);
-    j = end;
-  }
-  if (mr.row1 < p.M && j < mr.slot1) {  // row continues in the next group(s)
     spmm_init<T, ARG, V>(c, acc, best);
-    spmm_accumulate<T, I, ARG, W, V>(p, c, j, mr.slot1, acc, best);
-    spmm_store_partial<T, I, ARG, V>(p, c, tail_slot(g), acc, best);
+    ++row;
+    row_begin = row_end;
+    if (row < p.M) row_end = static_cast<int64_t>(p.rowptr[row + 1]);
+  };
+
+  // The run's edge slots as one stream, across row boundaries: the group reads L column
+  // indices (and edge ids) with one coalesced load and broadcasts them by shuffle, and each
+  // lane issues kSpmmUnroll vector gathers before consuming any, so short rows (most rows of
+  // a power-law graph) still keep several gathers in flight.
+  for (int64_t base = mr.slot0; base < mr.slot1; base += c.L) {
+    const int n = static_cast<int>(mr.slot1 - base < c.L ? mr.slot1 - base : c.L);
+    I my_col = 0, my_perm = 0;
+    if (c.lane < n) {
+      my_col = __ldg(p.col + base + c.lane);
+      if (W) my_perm = __ldg(p.perm + base + c.lane);
+    }
+    for (int t = 0; t < n; t += kSpmmUnroll) {
+      Pack<T, V> xv[kSpmmUnroll];
+      A wv[kSpmmUnroll];
+#pragma unroll
+      for (int u = 0; u < kSpmmUnroll; ++u) {
+        const int64_t src = static_cast<int64_t>(__shfl_sync(c.mask, my_col, t + u, c.L));
+        const int64_t eid = W ? static_cast<int64_t>(__shfl_sync(c.mask, my_perm, t + u, c.L)) : 0;
+        wv[u] = A(1);
+        if (c.active && t + u < n) {
+          xv[u] = load_pack<T, V>(p.x + src * p.F + c.f);
+          if (W) wv[u] = load_acc(p.weight + eid * p.H + c.h);
+        }
+      }
+      // Consume in slot order. The loop stays rolled (one inlined copy of finish_row) and
+      // reads its operand from xv[0], shifting the others down: constant indices only, so the
+      // gathered vectors stay in registers.
+#pragma unroll 1
+      for (int u = 0; u < kSpmmUnroll && t + u < n; ++u) {  // group-uniform bounds
+        const int64_t slot = base + t + u;
+        while (slot >= row_end) finish_row();  // also steps over rows with no edge
+        if (c.active) spmm_fold<T, ARG, W, V>(c, xv[0], wv[0], slot, acc, best);
+#pragma unroll
+        for (int k = 0; k + 1 < kSpmmUnroll; ++k) {
+          xv[k] = xv[k + 1];
+          wv[k] = wv[k + 1];
+        }
+      }
+    }
   }
+  while (row < mr.row1) finish_row();  // rows whose end (or emptiness) closes the run
+  const int64_t tail_begin = row_begin > mr.slot0 ? row_begin : mr.slot0;
+  if (mr.row1 < p.M && mr.slot1 > tail_begin)  // row1 continues in the next group(s)
+    spmm_store_partial<T, I, ARG, V>(p, c, tail_slot(g), acc, best);
 }
 
 // Pass 2. One warp per (group, 32 features); only groups that finish a cut row do work.

@@ -1,0 +1,487 @@
+"""CUDA kernels of every gnncompile op: parity with the pure-torch reference (run on CUDA) and
+with the CPU kernels, opcheck, gradcheck in float64, edge cases, bad input, determinism, and
+the knob space (lanes, vector widths, items per group small enough to cut every row).
+
+Skipped unless a GPU is visible and the extension was built with its CUDA kernels."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import gnncompile
+from gnncompile.ops import reference
+from gnncompile.ops._library import ops
+
+HAS_CUDA_KERNELS = torch.cuda.is_available() and bool(gnncompile.info()["cuda_kernels"])
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not HAS_CUDA_KERNELS, reason="needs a CUDA device and gnncompile built with CUDA kernels"),
+]
+
+DEV = "cuda"
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INDEX = [torch.int64, torch.int32]
+REDUCES = ["sum", "mean", "max", "min"]
+# Knob sets: defaults; one lane per row with scalar loads and one item per group (every row
+# with an edge is cut, every fix-up path runs); a mid layout; wide groups with big runs.
+KNOBS = [[], [1, 32, 1, 1], [8, 4, 2, 3], [32, 8, 8, 4096], [4, 8, 4, 17]]
+
+
+def tol(dtype):
+    return {
+        torch.float32: dict(rtol=1e-5, atol=1e-5),
+        torch.float64: dict(rtol=1e-12, atol=1e-12),
+        torch.float16: dict(rtol=2e-3, atol=2e-3),
+        torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2),
+    }[dtype]
+
+
+def close(a, b, dtype, scale=1.0):
+    t = tol(dtype)
+    torch.testing.assert_close(a.double(), b.double(), rtol=t["rtol"], atol=t["atol"] * scale, equal_nan=True)
+
+
+def graph(num_src, num_dst, num_edges, *, seed=0, hub=False, self_loops=False, dup=False, isolated=0,
+          index=torch.int64):
+    """An unsorted random edge_index (CPU) with optional hub, self loops, duplicates and
+    destination rows that receive nothing."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, num_src, (num_edges,), generator=g)
+    hi = max(num_dst - isolated, 1)
+    dst = torch.randint(0, hi, (num_edges,), generator=g)
+    if hub and num_edges:
+        dst[torch.rand(num_edges, generator=g) < 0.4] = 0
+    if self_loops:
+        n = min(num_src, num_dst)
+        loops = torch.arange(n)
+        src, dst = torch.cat([src, loops]), torch.cat([dst, loops])
+    if dup and src.numel():
+        k = max(src.numel() // 5, 1)
+        src, dst = torch.cat([src, src[:k]]), torch.cat([dst, dst[:k]])
+    return torch.stack([src, dst]).to(index)
+
+
+def structure(ei, num_dst, device=DEV):
+    ei = ei.to(device)
+    return ops.build_csr(ei[1], ei[0], num_dst, int(ei[0].max()) + 1 if ei.numel() else 0)
+
+
+def cpu(*ts):
+    return [t.cpu() if isinstance(t, torch.Tensor) else t for t in ts]
+
+
+# =============================================================================== build_csr
+@pytest.mark.parametrize("index", INDEX)
+@pytest.mark.parametrize("num_dst,num_edges", [(1, 50), (7, 0), (200, 3000), (300, 9000), (70_000, 20_000),
+                                               (5000, 100_000)])
+def test_build_csr_matches_cpu_and_reference(index, num_dst, num_edges):
+    ei = graph(40, num_dst, num_edges, seed=num_dst, hub=True, dup=True, index=index)
+    num_src = 40
+    got = ops.build_csr(ei[1].to(DEV), ei[0].to(DEV), num_dst, num_src)
+    want = ops.build_csr(ei[1], ei[0], num_dst, num_src)  # CPU kernel
+    ref = reference.build_csr(ei[1].to(DEV), ei[0].to(DEV), num_dst, num_src)
+    for g, w, r in zip(got, want, ref):
+        assert g.dtype == index and g.device.type == "cuda"
+        assert torch.equal(g.cpu(), w)  # stable: identical slot order, not just the same set
+        assert torch.equal(g.cpu(), r.cpu())
+
+
+def test_build_csr_is_stable_with_one_hub():
+    E = 50_000
+    dst = torch.zeros(E, dtype=torch.long)
+    dst[::7] = 3
+    src = torch.arange(E) % 11
+    rowptr, col, perm = ops.build_csr(dst.to(DEV), src.to(DEV), 300, 11)
+    p = perm.cpu()
+    for r in range(300):
+        seg = p[rowptr[r]:rowptr[r + 1]]
+        assert torch.all(seg[1:] > seg[:-1])
+    assert torch.equal(col.cpu(), src[p])
+
+
+@pytest.mark.parametrize("index", INDEX)
+@pytest.mark.parametrize("where,value,match", [
+    (1, 10, r"edge_index\[1\] \(destination\) holds index 10 at edge 5"),
+    (1, -1, r"edge_index\[1\] \(destination\) holds the negative index -1 at edge 5"),
+    (0, 9, r"edge_index\[0\] \(source\) holds index 9 at edge 5"),
+    (0, -3, r"edge_index\[0\] \(source\) holds the negative index -3 at edge 5"),
+])
+def test_build_csr_bad_index_raises_and_cuda_survives(index, where, value, match):
+    ei = graph(9, 10, 40, index=index)
+    ei[where, 5] = value
+    ei[where, 20] = value  # the first offending edge is named
+    ei = ei.to(DEV)
+    with pytest.raises(IndexError, match=match):
+        ops.build_csr(ei[1], ei[0], 10, 9)
+    torch.cuda.synchronize()
+    # The context is intact: a following op runs and is right.
+    good = graph(9, 10, 40, index=index)
+    x = torch.randn(9, 4, device=DEV)
+    s = structure(good, 10)
+    out, _ = ops.spmm(*s, None, x, "sum", [])
+    ref, _ = reference.spmm(*s, None, x, "sum")
+    close(out, ref, torch.float32)
+
+
+# =============================================================================== spmm
+def spmm_inputs(dtype, index, *, wmode, heads=2, C=8, N=30, M=25, E=400, seed=0, hub=True):
+    ei = graph(N, M, E, seed=seed, hub=hub, self_loops=True, dup=True, isolated=3, index=index)
+    s = structure(ei, M)
+    Et = s[1].numel()
+    g = torch.Generator().manual_seed(seed + 1)
+    if wmode == "head":
+        x = torch.randn(N, heads, C, generator=g)
+        w = torch.randn(Et, heads, generator=g)
+    else:
+        x = torch.randn(N, C, generator=g)
+        w = {"none": None, "scalar": torch.randn(Et, generator=g), "col": torch.randn(Et, 1, generator=g)}[wmode]
+    x = x.to(DEV, dtype)
+    w = w.to(DEV, dtype) if w is not None else None
+    return s, w, x
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("reduce", REDUCES)
+@pytest.mark.parametrize("index", INDEX)
+@pytest.mark.parametrize("wmode", ["none", "scalar", "col", "head"])
+def test_spmm_parity(dtype, reduce, index, wmode):
+    for C in (1, 7, 16, 130):
+        s, w, x = spmm_inputs(dtype, index, wmode=wmode, C=C, seed=C)
+        out, arg = ops.spmm(*s, w, x, reduce, [])
+        ref, ref_arg = reference.spmm(*s, w, x, reduce)
+        assert out.shape == ref.shape and out.dtype == dtype
+        close(out, ref, dtype, scale=4.0)
+        cout, carg = ops.spmm(*cpu(*s, w, x), reduce, [])  # the CPU kernel
+        close(out.cpu(), cout, dtype, scale=4.0)
+        if reduce in ("max", "min"):
+            assert torch.equal(arg, ref_arg), "arg must name the first CSR slot reaching the extremum"
+            assert torch.equal(arg.cpu(), carg)
+        else:
+            assert arg.numel() == 0
+
+
+@pytest.mark.parametrize("knobs", KNOBS)
+@pytest.mark.parametrize("reduce", REDUCES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_spmm_knob_space_and_cut_rows(knobs, reduce, dtype):
+    # A hub row spanning many groups plus many small rows, widths that hit every vector width.
+    for C, wmode in ((128, "none"), (24, "scalar"), (6, "head"), (3, "none")):
+        s, w, x = spmm_inputs(dtype, torch.int64, wmode=wmode, C=C, N=64, M=40, E=3000, seed=C)
+        out, arg = ops.spmm(*s, w, x, reduce, knobs)
+        ref, ref_arg = reference.spmm(*s, w, x, reduce)
+        close(out, ref, dtype, scale=8.0)
+        if reduce in ("max", "min"):
+            assert torch.equal(arg, ref_arg)
+
+
+@pytest.mark.parametrize("knobs", KNOBS[:3])
+def test_spmm_is_deterministic(knobs):
+    from gnncompile.synthetic import power_law_graph
+
+    ei = power_law_graph(5000, 200_000, seed=3)
+    s = structure(ei, 5000)
+    x = torch.randn(5000, 64, device=DEV)
+    w = torch.randn(s[1].numel(), device=DEV)
+    for reduce in ("sum", "max"):
+        a = ops.spmm(*s, w, x, reduce, knobs)
+        b = ops.spmm(*s, w, x, reduce, knobs)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])  # bit for bit
+        ref = reference.spmm(*s, w, x, reduce)
+        torch.testing.assert_close(a[0], ref[0], rtol=1e-4, atol=1e-3)
+
+
+def test_spmm_power_law_hub_matches_reference():
+    from gnncompile.synthetic import power_law_graph
+
+    N, E = 20_000, 300_000
+    ei = power_law_graph(N, E, seed=1)
+    s = structure(ei, N)
+    deg = (s[0][1:] - s[0][:-1])
+    assert int(deg.max()) > 2000  # a hub that many groups share
+    x = torch.randn(N, 64, device=DEV)
+    for reduce in REDUCES:
+        out, arg = ops.spmm(*s, None, x, reduce, [])
+        ref, ref_arg = reference.spmm(*s, None, x, reduce)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-3)
+        if reduce in ("max", "min"):
+            assert torch.equal(arg, ref_arg)
+
+
+@pytest.mark.parametrize("index", INDEX)
+def test_spmm_edge_cases(index):
+    x = torch.randn(6, 5, device=DEV)
+    # no edges: zeros, arg -1
+    s = structure(torch.empty(2, 0, dtype=index), 4)
+    for reduce in REDUCES:
+        out, arg = ops.spmm(*s, None, x, reduce, [])
+        assert torch.equal(out, torch.zeros(4, 5, device=DEV))
+        if reduce in ("max", "min"):
+            assert torch.equal(arg, torch.full((4, 5), -1, device=DEV))
+    # no destination rows
+    s = structure(torch.empty(2, 0, dtype=index), 0)
+    assert ops.spmm(*s, None, x, "sum", [])[0].shape == (0, 5)
+    # zero features
+    ei = graph(6, 4, 10, index=index)
+    s = structure(ei, 4)
+    assert ops.spmm(*s, None, torch.randn(6, 0, device=DEV), "max", [])[0].shape == (4, 0)
+    # 1-D x, bipartite (num_dst != num_src), isolated rows, self loops, duplicates
+    ei = graph(6, 9, 30, self_loops=True, dup=True, isolated=4, index=index)
+    s = structure(ei, 9)
+    x1 = torch.randn(6, device=DEV)
+    for reduce in REDUCES:
+        out, arg = ops.spmm(*s, None, x1, reduce, [])
+        ref, ref_arg = reference.spmm(*s, None, x1, reduce)
+        close(out, ref, torch.float32)
+        if reduce in ("max", "min"):
+            assert torch.equal(arg, ref_arg)
+
+
+def test_spmm_nan_and_inf_rows_match_cpu():
+    ei = torch.tensor([[0, 1, 2, 3, 0], [0, 0, 1, 1, 2]])
+    x = torch.tensor([[float("nan"), 1.0], [float("nan"), -float("inf")], [1.0, -float("inf")],
+                      [float("nan"), -float("inf")]])
+    for reduce in ("max", "min", "sum"):
+        s_cpu = ops.build_csr(ei[1], ei[0], 3, 4)
+        want = ops.spmm(*s_cpu, None, x, reduce, [])
+        got = ops.spmm(*structure(ei, 3), None, x.to(DEV), reduce, [])
+        torch.testing.assert_close(got[0].cpu(), want[0], equal_nan=True)
+        assert torch.equal(got[1].cpu(), want[1])
+
+
+def test_spmm_misaligned_input_falls_back_to_narrow_loads():
+    ei = graph(20, 10, 200)
+    s = structure(ei, 10)
+    base = torch.randn(20 * 16 + 1, device=DEV)
+    x = base[1:].view(20, 16)  # 4-byte aligned only: no float4 / float2 loads
+    assert x.data_ptr() % 16 != 0
+    out, _ = ops.spmm(*s, None, x, "sum", [])
+    close(out, reference.spmm(*s, None, x, "sum")[0], torch.float32)
+
+
+# =============================================================================== edge_dot
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("index", INDEX)
+@pytest.mark.parametrize("heads,C", [(1, 1), (1, 7), (1, 128), (2, 8), (4, 3), (8, 8), (3, 40), (40, 2)])
+def test_edge_dot_parity(dtype, index, heads, C):
+    N, M = 30, 25
+    ei = graph(N, M, 500, hub=True, self_loops=True, dup=True, isolated=3, index=index, seed=heads * C)
+    s = structure(ei, M)
+    x = torch.randn(N, heads * C, device=DEV, dtype=dtype)
+    g = torch.randn(M, heads * C, device=DEV, dtype=dtype)
+    for knobs in ([], [1, 32, 1, 1], [8, 4, 2, 5]):
+        out = ops.edge_dot(*s, x, g, heads, knobs)
+        ref = reference.edge_dot(*s, x, g, heads)
+        close(out, ref, dtype, scale=4.0 * max(C, 1) ** 0.5)
+    close(out.cpu(), ops.edge_dot(*cpu(*s, x, g), heads, []), dtype, scale=4.0 * max(C, 1) ** 0.5)
+
+
+def test_edge_dot_no_edges():
+    s = structure(torch.empty(2, 0, dtype=torch.long), 3)
+    out = ops.edge_dot(*s, torch.randn(4, 6, device=DEV), torch.randn(3, 6, device=DEV), 2, [])
+    assert out.shape == (0, 2)
+
+
+# =============================================================================== edge_softmax
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("index", INDEX)
+@pytest.mark.parametrize("shape", [(), (1,), (4,), (3,), (40,), (2, 3)])
+def test_edge_softmax_and_backward_parity(dtype, index, shape):
+    N, M = 30, 25
+    ei = graph(N, M, 600, hub=True, self_loops=True, dup=True, isolated=3, index=index, seed=len(shape))
+    s = structure(ei, M)
+    rowptr, perm = s[0], s[2]
+    E = perm.numel()
+    scores = (torch.randn(E, *shape, device=DEV) * 3).to(dtype)
+    scores[:5] = float("-inf")  # rows whose every score is -inf must not produce NaN
+    grad = torch.randn(E, *shape, device=DEV).to(dtype)
+    for knobs in ([], [0, 0, 0, 1], [0, 0, 0, 7], [0, 0, 0, 4096]):
+        y = ops.edge_softmax(rowptr, perm, scores, knobs)
+        close(y, reference.edge_softmax(rowptr, perm, scores), dtype)
+        gs = ops.edge_softmax_backward(rowptr, perm, y, grad, knobs)
+        close(gs, reference.edge_softmax_backward(rowptr, perm, y, grad), dtype, scale=4.0)
+    close(y.cpu(), ops.edge_softmax(*cpu(rowptr, perm, scores), []), dtype)
+    close(gs.cpu(), ops.edge_softmax_backward(*cpu(rowptr, perm, y, grad), []), dtype, scale=4.0)
+
+
+def test_edge_softmax_all_neg_inf_row_is_zero_not_nan():
+    ei = torch.tensor([[0, 1, 2], [0, 0, 1]])
+    s = structure(ei, 2)
+    scores = torch.tensor([-float("inf"), -float("inf"), 1.0], device=DEV)
+    y = ops.edge_softmax(s[0], s[2], scores, [])
+    assert torch.equal(y.cpu(), torch.tensor([0.0, 0.0, 1.0]) / (1 + 1e-16))
+
+
+def test_edge_softmax_power_law_hub():
+    from gnncompile.synthetic import power_law_graph
+
+    N, E = 20_000, 300_000
+    ei = power_law_graph(N, E, seed=2)
+    s = structure(ei, N)
+    scores = torch.randn(E, 4, device=DEV) * 4
+    y = ops.edge_softmax(s[0], s[2], scores, [])
+    torch.testing.assert_close(y, reference.edge_softmax(s[0], s[2], scores), rtol=1e-5, atol=1e-6)
+    g = torch.randn(E, 4, device=DEV)
+    torch.testing.assert_close(ops.edge_softmax_backward(s[0], s[2], y, g, []),
+                               reference.edge_softmax_backward(s[0], s[2], y, g), rtol=1e-4, atol=1e-6)
+
+
+# =============================================================================== bad input
+def test_bad_structure_raises_and_cuda_survives():
+    ei = graph(10, 8, 60)
+    rowptr, col, perm = structure(ei, 8)
+    x = torch.randn(10, 4, device=DEV)
+    bad_col = col.clone()
+    bad_col[3] = 10
+    with pytest.raises(IndexError, match="source index out of range"):
+        ops.spmm(rowptr, bad_col, perm, None, x, "sum", [])
+    bad_col[3] = -2
+    with pytest.raises(IndexError, match="source index out of range"):
+        ops.edge_dot(rowptr, bad_col, perm, x, torch.randn(8, 4, device=DEV), 1, [])
+    bad_perm = perm.clone()
+    bad_perm[0] = perm.numel()
+    with pytest.raises(IndexError, match="perm holds an edge id"):
+        ops.edge_softmax(rowptr, bad_perm, torch.randn(perm.numel(), device=DEV), [])
+    bad_rowptr = rowptr.clone()
+    bad_rowptr[-1] += 5
+    with pytest.raises(ValueError, match="rowptr must start at 0 and end"):
+        ops.spmm(bad_rowptr, col, perm, None, x, "max", [])
+    bad_rowptr = rowptr.clone()
+    bad_rowptr[2], bad_rowptr[3] = rowptr[3] + 1, rowptr[2]
+    with pytest.raises(ValueError, match="non-decreasing"):
+        ops.spmm(bad_rowptr, col, perm, None, x, "sum", [])
+    with pytest.raises(ValueError, match="unknown reduce"):
+        ops.spmm(rowptr, col, perm, None, x, "prod", [])
+    with pytest.raises(ValueError, match="is on cpu"):
+        ops.spmm(rowptr.cpu(), col, perm, None, x, "sum", [])
+    with pytest.raises(TypeError, match="does not match x dtype"):
+        ops.spmm(rowptr, col, perm, torch.randn(perm.numel(), device=DEV, dtype=torch.float64), x, "sum", [])
+    torch.cuda.synchronize()
+    out, _ = ops.spmm(rowptr, col, perm, None, x, "mean", [])
+    close(out, reference.spmm(rowptr, col, perm, None, x, "mean")[0], torch.float32)
+
+
+def test_public_api_on_cuda():
+    ei = graph(50, 50, 400).to(DEV)
+    x = torch.randn(50, 16, device=DEV)
+    w = torch.rand(400, device=DEV)
+    import torch_geometric.utils as pyg
+
+    for reduce in REDUCES:
+        got = gnncompile.ops.spmm(ei, x, w, reduce)
+        want = pyg.scatter(x[ei[0]] * w.view(-1, 1), ei[1], dim=0, dim_size=50, reduce=reduce)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    sc = torch.randn(400, 2, device=DEV)
+    torch.testing.assert_close(gnncompile.ops.edge_softmax(ei, sc, 50), pyg.softmax(sc, ei[1], num_nodes=50),
+                               rtol=1e-5, atol=1e-6)
+
+
+# =============================================================================== opcheck
+def _opcheck_cases():
+    ei = graph(12, 10, 80, self_loops=True, dup=True, isolated=2)
+    s = structure(ei, 10)
+    E = s[1].numel()
+    x = torch.randn(12, 6, device=DEV, requires_grad=True)
+    xh = torch.randn(12, 2, 3, device=DEV, requires_grad=True)
+    w = torch.rand(E, device=DEV, requires_grad=True)
+    wh = torch.rand(E, 2, device=DEV, requires_grad=True)
+    cases = [
+        (ops.build_csr, (ei[1].to(DEV), ei[0].to(DEV), 10, 12)),
+        (ops.edge_dot, (*s, x.detach(), torch.randn(10, 6, device=DEV), 2, [])),
+        (ops.edge_softmax, (s[0], s[2], torch.randn(E, 2, device=DEV, requires_grad=True), [])),
+        (ops.edge_softmax_backward, (s[0], s[2], torch.rand(E, 2, device=DEV), torch.randn(E, 2, device=DEV), [])),
+    ]
+    for reduce in REDUCES:
+        cases.append((ops.spmm, (*s, w, x, reduce, [])))
+    cases.append((ops.spmm, (*s, wh, xh, "sum", [8, 4, 1, 5])))
+    cases.append((ops.spmm, (*s, None, x, "max", [1, 32, 1, 1])))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_opcheck(case):
+    op, args = _opcheck_cases()[case]
+    torch.library.opcheck(op, args)
+
+
+# =============================================================================== gradcheck
+@pytest.mark.parametrize("reduce", REDUCES)
+@pytest.mark.parametrize("wmode", ["none", "scalar", "head"])
+def test_spmm_gradcheck_float64(reduce, wmode):
+    ei = graph(9, 7, 30, self_loops=True, isolated=1, seed=5)
+    s = structure(ei, 7)
+    E = s[1].numel()
+    if wmode == "head":
+        x = torch.randn(9, 2, 3, device=DEV, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(E, 2, device=DEV, dtype=torch.float64, requires_grad=True)
+    else:
+        x = torch.randn(9, 4, device=DEV, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(E, device=DEV, dtype=torch.float64, requires_grad=True) if wmode == "scalar" else None
+    inputs = (x, w) if w is not None else (x,)
+
+    def fn(*t):
+        return ops.spmm(*s, t[1] if len(t) > 1 else None, t[0], reduce, [4, 8, 0, 3])[0]
+
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-6)
+
+
+def test_edge_softmax_gradcheck_float64():
+    ei = graph(9, 7, 40, self_loops=True, isolated=1, seed=6)
+    s = structure(ei, 7)
+    sc = torch.randn(s[1].numel(), 3, device=DEV, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ops.edge_softmax(s[0], s[2], t, [0, 0, 0, 2]), (sc,))
+
+
+def test_public_spmm_gradcheck_float64():
+    ei = graph(9, 9, 40, self_loops=True, seed=7).to(DEV)
+    x = torch.randn(9, 3, device=DEV, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(40 + 9, device=DEV, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: gnncompile.ops.spmm(ei, a, b, "mean"), (x, w))
+
+
+def test_every_index_float_combination_runs():
+    # Touch every (index, dtype) instantiation once with a wide row (feature tiles > 1).
+    for index, dtype in itertools.product(INDEX, FLOATS):
+        s, w, x = spmm_inputs(dtype, index, wmode="scalar", C=300, N=12, M=9, E=60)
+        close(ops.spmm(*s, w, x, "sum", [])[0], reference.spmm(*s, w, x, "sum")[0], dtype, scale=8.0)
+
+
+# =============================================================================== fuzzing
+try:
+    from hypothesis import given, settings, strategies as st
+
+    HAVE_HYPOTHESIS = True
+except ImportError:  # pragma: no cover
+    HAVE_HYPOTHESIS = False
+
+if HAVE_HYPOTHESIS:
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        num_src=st.integers(1, 40), num_dst=st.integers(1, 40), num_edges=st.integers(0, 300),
+        feats=st.integers(1, 70), reduce=st.sampled_from(REDUCES), weighted=st.booleans(),
+        lanes=st.sampled_from([0, 1, 2, 8, 32]), vec=st.sampled_from([0, 1, 2, 4]),
+        items=st.sampled_from([0, 1, 2, 5, 64]), seed=st.integers(0, 2**16), hub=st.booleans(),
+        index=st.sampled_from(INDEX),
+    )
+    def test_fuzz_spmm_and_softmax_against_reference(num_src, num_dst, num_edges, feats, reduce, weighted,
+                                                     lanes, vec, items, seed, hub, index):
+        ei = graph(num_src, num_dst, num_edges, seed=seed, hub=hub, index=index)
+        s = ops.build_csr(ei[1].to(DEV), ei[0].to(DEV), num_dst, num_src)
+        assert torch.equal(s[2].cpu(), ops.build_csr(ei[1], ei[0], num_dst, num_src)[2])
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(num_src, feats, generator=g).to(DEV)
+        w = torch.randn(num_edges, generator=g).to(DEV) if weighted else None
+        knobs = [lanes, 0, vec, items]
+        out, arg = ops.spmm(*s, w, x, reduce, knobs)
+        ref, ref_arg = reference.spmm(*s, w, x, reduce)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        if reduce in ("max", "min"):
+            assert torch.equal(arg, ref_arg)
+        sc = torch.randn(num_edges, 2, generator=g).to(DEV)
+        torch.testing.assert_close(ops.edge_softmax(s[0], s[2], sc, knobs), reference.edge_softmax(s[0], s[2], sc),
+                                   rtol=1e-5, atol=1e-6)
+        gd = torch.randn(num_dst, feats, generator=g).to(DEV)
+        torch.testing.assert_close(ops.edge_dot(*s, x, gd, 1, knobs), reference.edge_dot(*s, x, gd, 1),
+                                   rtol=1e-5, atol=1e-4)
