@@ -50,15 +50,22 @@ class CompiledModule(torch.nn.Module):
         return f"inner={getattr(self._compiled, '_gnncompile_inner', '?')}"
 
 
-def compile(model, *, profile: str = "auto", inner: str = "auto", dynamic: Optional[bool] = None,
-            fullgraph: bool = False):
+def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optional[bool] = None,
+            fullgraph: bool = False, workload: Optional[dict] = None):
     """Compiles a PyG model (or any callable) with the gnncompile backend.
 
     Args:
         model: an ``nn.Module`` (returned wrapped in :class:`CompiledModule`, sharing its
             parameters and state) or a function (returned as ``torch.compile`` returns it).
-        profile: device profile to take kernel knobs from. Accepted and ignored for now (the
-            kernels' defaults are used); a later issue adds device profiles.
+        profile: the device profile whose kernel knobs the fused ops use
+            (:mod:`gnncompile.profiles`): 'auto' (default) loads the profile for the detected
+            device from the cache folder, the one nearest to ``workload`` when there is no
+            exact match, else the defaults; a path loads that file (or the nearest in that
+            folder); None uses the defaults of :func:`gnncompile.device.default_settings`. A
+            corrupt, foreign or stale profile warns and falls back to the defaults. The
+            profile used is recorded as ``.gnncompile_profile`` on the returned module
+            (its loader settings: ``.gnncompile_profile.loader_kwargs()``). Knobs are set per
+            device type and read when a graph is compiled, so the last ``compile`` wins.
         inner: compiler for the rest of the graph: 'auto' (the measured default,
             :data:`gnncompile.backend.DEFAULT_INNER`), 'eager', 'aot_eager' or 'inductor'.
         dynamic: passed to ``torch.compile``. ``None`` (automatic dynamic shapes): the first call
@@ -66,8 +73,15 @@ def compile(model, *, profile: str = "auto", inner: str = "auto", dynamic: Optio
             recompiles it once with symbolic sizes, after which changing N and E (mini-batches)
             recompiles nothing. ``True`` compiles symbolic from the start.
         fullgraph: passed to ``torch.compile`` (raise on graph breaks).
+        workload: optional description used to pick the nearest profile, e.g.
+            ``{"kind": "graphs", "model": "gin"}``; by default the model's class name.
     """
-    del profile  # accepted for API stability; device profiles are not wired in yet
+    from . import profiles as _profiles
+
+    if workload is None and isinstance(model, torch.nn.Module):
+        workload = {"model": type(model).__name__.lower()}
+    prof = _profiles.resolve(profile, workload=workload)
+    prof.apply()
     be = _backend.make_backend(inner)
     compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
@@ -75,7 +89,13 @@ def compile(model, *, profile: str = "auto", inner: str = "auto", dynamic: Optio
             object.__setattr__(compiled, "_gnncompile_inner", inner)
         except Exception:
             pass
-        return CompiledModule(model, compiled)
+        out = CompiledModule(model, compiled)
+        object.__setattr__(out, "gnncompile_profile", prof)
+        return out
+    try:
+        compiled.gnncompile_profile = prof
+    except Exception:
+        pass
     return compiled
 
 

@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--classes", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--model", choices=("GCN", "GraphSAGE", "GIN", "GAT"), default="GraphSAGE")
-    p.add_argument("--out", default="demo_output", help="folder for the exported model")
+    p.add_argument("--out", default="demo_output", help="folder for the profile and the exported model")
+    p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the short tuning run")
     args = p.parse_args(argv)
 
     import torch
@@ -67,10 +68,11 @@ def main(argv=None) -> int:
             return models.GAT(F, 64, 2, C, heads=4)
         return getattr(models, args.model)(F, 64, 2, C)
 
+    profile = _tune(args) if args.tune else None
     eager_model = make()
     eager_losses, eager_times = _train(eager_model, eager_model, x, edge_index, y, args.steps)
     model = make()
-    compiled = gnncompile.compile(model)
+    compiled = gnncompile.compile(model, profile=profile)
     losses, times = _train(model, compiled, x, edge_index, y, args.steps)
 
     worst = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(eager_losses, losses))
@@ -87,6 +89,42 @@ def main(argv=None) -> int:
           f"speedup {te / tc:.2f}x   (first compiled step, with compilation: {times[0]:.2f} s)\n")
     print(gnncompile.explain(make(), x, edge_index))
     return _export_and_check(model, x, edge_index, args.out)
+
+
+def _tune(args):
+    """A short tuning run (well under a minute) of this workload on this device; returns the
+    path of the profile it wrote, which compile() then applies. The tuner is optional: without
+    optuna this step is skipped."""
+    import glob
+    import json
+    import os
+    import subprocess
+
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        print("(optuna not installed: tuning step skipped, compile uses the device defaults)\n")
+        return None
+    out = os.path.join(args.out, "profiles")
+    os.makedirs(out, exist_ok=True)
+    cmd = [sys.executable, "-m", "gnncompile.cli", "tune", "--workload", "fullgraph",
+           "--model", {"GraphSAGE": "sage"}.get(args.model, args.model.lower()),
+           "--trials", "4", "--timeout", "45", "--num-nodes", str(args.nodes // 4),
+           "--num-edges", str(args.nodes // 4 * args.degree), "--num-features", str(args.features),
+           "--steps", "5", "--warmup", "2", "--no-progress", "--out", out,
+           "--storage", "sqlite:///" + os.path.abspath(os.path.join(out, "demo_study.db"))]
+    print("tuning: " + " ".join(cmd[1:]))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"tuning failed (exit {r.returncode}); compile uses the device defaults\n{r.stderr[-2000:]}")
+        return None
+    summary = json.loads(r.stdout[r.stdout.index("{"):])
+    path = summary["profile"]
+    doc = json.load(open(path))
+    print(f"profile written: {path}")
+    print(f"  settings: {doc['settings']}")
+    print(f"  chosen: {doc.get('study', {}).get('chosen')}; measured {doc.get('throughput')}\n")
+    return path
 
 
 def _export_and_check(model, x, edge_index, out_dir: str) -> int:

@@ -1,0 +1,158 @@
+"""The ``gnncompile tune`` and ``gnncompile profile list|show`` subcommands.
+
+Kept apart from cli.py so that the commands of other features are added there independently.
+``tune`` imports :mod:`gnncompile.tuner` (the optional extra) only when it runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def add_parsers(sub) -> None:
+    t = sub.add_parser("tune", help="tune settings for this device and write a profile",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t.add_argument("--workload", choices=("fullgraph", "graphs"), default="graphs")
+    t.add_argument("--model", choices=("gcn", "sage", "gin", "gat"), default="gin")
+    t.add_argument("--trials", type=int, default=20, help="finished trials the study should hold")
+    t.add_argument("--timeout", type=float, default=None, help="wall-clock seconds for this run")
+    t.add_argument("--storage", default=None, help="Optuna storage URL (default: SQLite in the cache dir)")
+    t.add_argument("--study-name", default=None, help="default: <device key>__<workload signature>")
+    t.add_argument("--out", default=None, help="folder for the profile JSON (default: the profile dir)")
+    t.add_argument("--batch-size", type=int, default=128, help="fixed batch size (graphs)")
+    t.add_argument("--batch-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None,
+                   help="search the batch size in [MIN, MAX] instead")
+    t.add_argument("--memory-budget-mb", type=float, default=None, help="peak memory constraint")
+    t.add_argument("--max-workers", type=int, default=None, help="largest num_workers tried")
+    t.add_argument("--no-compile", action="store_true", help="train the eager model (no kernel knob)")
+    t.add_argument("--hidden", type=int, default=64)
+    t.add_argument("--layers", type=int, default=3)
+    t.add_argument("--num-features", type=int, default=16)
+    t.add_argument("--num-nodes", type=int, default=20000, help="fullgraph")
+    t.add_argument("--num-edges", type=int, default=200000, help="fullgraph")
+    t.add_argument("--num-graphs", type=int, default=20000, help="graphs")
+    t.add_argument("--min-nodes", type=int, default=10, help="graphs")
+    t.add_argument("--max-nodes", type=int, default=40, help="graphs")
+    t.add_argument("--warmup", type=int, default=10, help="steps before timing")
+    t.add_argument("--steps", type=int, default=40, help="timed steps per trial")
+    t.add_argument("--seed", type=int, default=None, help="sampler seed")
+    t.add_argument("--no-defaults", action="store_true", help="do not measure the defaults")
+    t.add_argument("--no-progress", action="store_true")
+
+    p = sub.add_parser("profile", help="list or show device profiles")
+    psub = p.add_subparsers(dest="profile_cmd", required=True)
+    pl = psub.add_parser("list", help="profiles in the profile folder")
+    pl.add_argument("--dir", default=None)
+    ps = psub.add_parser("show", help="print a profile (a path, or 'auto' for this device)")
+    ps.add_argument("what", nargs="?", default="auto")
+    ps.add_argument("--dir", default=None)
+
+
+def _progress(total: int, enabled: bool):
+    """An Optuna callback drawing a progress bar: trial, best so far, elapsed."""
+    start = time.monotonic()
+    bar = None
+    if enabled:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="trial", dynamic_ncols=True, file=sys.stderr)
+        except ImportError:
+            bar = None
+
+    def callback(study, trial):
+        try:
+            best = f"{study.best_value:.4g}"
+        except ValueError:
+            best = "-"
+        state = trial.state.name.lower()
+        if bar is not None:
+            bar.set_postfix_str(f"trial {trial.number} {state}, best {best}")
+            bar.update(1)
+        elif enabled:
+            print(f"trial {trial.number} {state}: best {best}, {time.monotonic() - start:.0f}s elapsed",
+                  file=sys.stderr)
+
+    callback.close = lambda: bar.close() if bar is not None else None
+    return callback
+
+
+def run(args) -> int:
+    if args.cmd == "tune":
+        return _tune(args)
+    return _profile(args)
+
+
+def _tune(args) -> int:
+    try:
+        from gnncompile.tuner import Workload, tune
+    except ImportError as e:
+        print(f"gnncompile tune: {e}", file=sys.stderr)
+        return 2
+    w = Workload(kind=args.workload, model=args.model, hidden=args.hidden, layers=args.layers,
+                 num_features=args.num_features, compiled=not args.no_compile, num_nodes=args.num_nodes,
+                 num_edges=args.num_edges, num_graphs=args.num_graphs, min_nodes=args.min_nodes,
+                 max_nodes=args.max_nodes, warmup=args.warmup, steps=args.steps)
+    budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
+    cb = _progress(args.trials, not args.no_progress)
+    try:
+        res = tune(w, trials=args.trials, timeout=args.timeout, storage=args.storage, out=args.out,
+                   name=args.study_name, batch_size=args.batch_size,
+                   batch_range=tuple(args.batch_range) if args.batch_range else None,
+                   memory_budget=budget, max_workers=args.max_workers, seed=args.seed,
+                   measure_defaults=not args.no_defaults, callbacks=[cb])
+    except KeyboardInterrupt:
+        cb.close()
+        print("gnncompile tune: interrupted; completed trials are kept in the study; run the same "
+              "command again to resume", file=sys.stderr)
+        return 130
+    finally:
+        cb.close()
+    study = res["study"]
+    states = {}
+    for t in study.get_trials(deepcopy=False):
+        states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+    summary = {"study": res["name"], "storage": res["storage"], "trials": states, "best": res["best"],
+               "tuned": res["tuned"], "default": res["default"], "unit": w.unit,
+               "profile": str(res["profile_path"]) if res["profile_path"] else None,
+               "plots": [str(p) for p in res["plots"]]}
+    if res["tuned"] and res["default"]:
+        summary["speedup"] = res["tuned"] / res["default"]
+    print(json.dumps(summary, indent=2))
+    return 0 if res["profile_path"] else 1
+
+
+def _profile(args) -> int:
+    import warnings
+
+    from gnncompile import device, profiles
+
+    if args.profile_cmd == "list":
+        key = device.device_key()
+        paths = profiles.list_profiles(args.dir)
+        if not paths:
+            print(f"no profiles in {args.dir or profiles.profile_dir()}")
+        for p in paths:
+            try:
+                doc = profiles.read(p)
+                wl = doc.get("workload", {})
+                tp = doc.get("throughput", {})
+                mark = "*" if doc.get("device_key") == key else " "
+                sp = f"{tp['speedup']:.2f}x" if tp.get("speedup") else "-"
+                print(f"{mark} {p}  {wl.get('kind', '?')}/{wl.get('model', '?')}  speedup {sp}")
+            except profiles.ProfileError as e:
+                print(f"! {p}  {e}")
+        print(f"(* = this device: {key})")
+        return 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prof = profiles.resolve(args.what, directory=args.dir) if args.what == "auto" else \
+            profiles.resolve(args.what)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    doc = prof.raw or {"source": "defaults (gnncompile.device.default_settings)",
+                       "device_key": prof.device_key, "device": prof.device, "settings": prof.settings}
+    print(json.dumps(doc, indent=2))
+    return 0

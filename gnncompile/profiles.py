@@ -1,0 +1,375 @@
+"""Device profiles: the settings a tuning run chose for one device and one workload.
+
+A profile is a versioned JSON file::
+
+    {
+      "format": "gnncompile-profile", "schema_version": 1,
+      "gnncompile_version": "0.1.0", "torch_version": "2.13.0",
+      "created": "2026-...Z",
+      "device_key": "cpu-amd-epyc-2c-avx512bf16",
+      "device": {... gnncompile.device.detect() ...},
+      "workload": {"kind": "graphs", "model": "gin", ...},
+      "workload_signature": "graphs-gin-3f2a9c1d",
+      "settings": {"knobs": [8], "threads": 2, "batch_size": 128, "pool_size": 4,
+                   "num_workers": 1, "pin_memory": false, "persistent_workers": true},
+      "throughput": {"tuned": 5210.0, "default": 3900.0, "unit": "graphs/s", "speedup": 1.34},
+      "study": {"name": ..., "storage": ..., "trials": ...}
+    }
+
+Files live in :func:`profile_dir` (``$GNNCOMPILE_CACHE_DIR/profiles``, else
+``$XDG_CACHE_HOME/gnncompile/profiles``, else ``~/.cache/gnncompile/profiles``), named
+``<device_key>__<workload_signature>.json``, and are written atomically (a temporary file in
+the same folder, fsync, ``os.replace``): a crash leaves the old file or the new one, never half
+of one.
+
+Loading never crashes: a corrupt file (bad JSON, wrong format, missing or ill-typed settings),
+a foreign one (another device key) or a stale one (another schema version, another gnncompile
+version, another torch major.minor) gives a :class:`ProfileWarning` and the defaults of
+:func:`gnncompile.device.default_settings`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+import torch
+
+from . import __version__
+from . import device as _device
+
+FORMAT = "gnncompile-profile"
+SCHEMA_VERSION = 1
+SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "pin_memory",
+                "persistent_workers")
+
+
+class ProfileWarning(UserWarning):
+    """A profile could not be used; gnncompile fell back to the defaults."""
+
+
+class ProfileError(ValueError):
+    """Raised by :func:`validate` (and turned into a warning by the loaders)."""
+
+
+# ------------------------------------------------------------------------------ locations
+def cache_dir() -> Path:
+    """gnncompile's cache folder: $GNNCOMPILE_CACHE_DIR, else $XDG_CACHE_HOME/gnncompile,
+    else ~/.cache/gnncompile."""
+    explicit = os.environ.get("GNNCOMPILE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "gnncompile"
+
+
+def profile_dir() -> Path:
+    return cache_dir() / "profiles"
+
+
+# ------------------------------------------------------------------------------ workloads
+def workload_signature(workload: Mapping[str, Any]) -> str:
+    """``<kind>-<model>-<8 hex digits of the workload's canonical JSON>``."""
+    blob = json.dumps(dict(workload), sort_keys=True, separators=(",", ":"), default=str)
+    h = hashlib.sha1(blob.encode()).hexdigest()[:8]
+    kind = str(workload.get("kind", "any"))
+    model = str(workload.get("model", "any"))
+    return f"{kind}-{model}-{h}"
+
+
+def workload_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """How far apart two workloads are: 100 for another kind, 10 for another model, plus
+    ``|log2 x - log2 y|`` summed over the numeric fields both have (sizes, features, ...)."""
+    d = 0.0
+    if a.get("kind") and b.get("kind") and a["kind"] != b["kind"]:
+        d += 100.0
+    if a.get("model") and b.get("model") and a["model"] != b["model"]:
+        d += 10.0
+    for k, va in a.items():
+        vb = b.get(k)
+        if isinstance(va, bool) or isinstance(vb, bool):
+            continue
+        if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and va > 0 and vb > 0:
+            d += abs(math.log2(va) - math.log2(vb))
+    return d
+
+
+# ------------------------------------------------------------------------------ the object
+@dataclass
+class Profile:
+    """A loaded (or default) profile. ``settings`` always holds every key of SETTING_KEYS."""
+
+    settings: Dict[str, Any]
+    device: Dict[str, Any]
+    device_key: str
+    workload: Dict[str, Any] = field(default_factory=dict)
+    throughput: Dict[str, Any] = field(default_factory=dict)
+    path: Optional[str] = None
+    source: str = "default"  # 'file' or 'default'
+    raw: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_default(self) -> bool:
+        return self.source == "default"
+
+    @property
+    def knobs(self) -> List[int]:
+        return list(self.settings.get("knobs") or [])
+
+    def loader_kwargs(self) -> Dict[str, Any]:
+        """Keyword arguments for :class:`gnncompile.data.PooledLoader` (those that are set)."""
+        keys = ("batch_size", "pool_size", "num_workers", "pin_memory", "persistent_workers")
+        return {k: self.settings[k] for k in keys if self.settings.get(k) is not None}
+
+    def apply(self, threads: bool = False) -> None:
+        """Sets the kernel knobs for this profile's device type (and, if ``threads``, torch's
+        intra-op thread count)."""
+        from .ops import set_knobs
+
+        set_knobs(self.device.get("type", "cpu"), self.knobs)
+        if threads and self.settings.get("threads"):
+            torch.set_num_threads(int(self.settings["threads"]))
+
+    def summary(self) -> str:
+        tp = self.throughput
+        speed = ""
+        if tp.get("tuned") and tp.get("default"):
+            speed = f", tuned {tp['tuned']:.4g} vs default {tp['default']:.4g} {tp.get('unit', '')}"
+        where = self.path or "(defaults)"
+        return f"{self.device_key} {self.workload.get('kind', '-')}/{self.workload.get('model', '-')}{speed}: {where}"
+
+
+def default_profile(props: Optional[Dict[str, Any]] = None) -> Profile:
+    p = _device.detect() if props is None else props
+    return Profile(settings=_complete(_device.default_settings(p), p), device=p,
+                   device_key=_device.device_key(p), source="default")
+
+
+def _complete(settings: Mapping[str, Any], props: Mapping[str, Any]) -> Dict[str, Any]:
+    out = dict(_device.default_settings(dict(props)))
+    out.update({k: v for k, v in settings.items() if k in SETTING_KEYS})
+    return out
+
+
+# ------------------------------------------------------------------------------ writing
+def make(device_props: Mapping[str, Any], workload: Mapping[str, Any], settings: Mapping[str, Any],
+         tuned: Optional[float] = None, default: Optional[float] = None, unit: str = "",
+         study: Optional[Mapping[str, Any]] = None, extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The JSON document of a profile."""
+    tp: Dict[str, Any] = {"tuned": tuned, "default": default, "unit": unit}
+    if tuned and default:
+        tp["speedup"] = tuned / default
+    doc = {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "gnncompile_version": __version__,
+        "torch_version": torch.__version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device_key": _device.device_key(dict(device_props)),
+        "device": dict(device_props),
+        "workload": dict(workload),
+        "workload_signature": workload_signature(workload),
+        "settings": {k: settings.get(k) for k in SETTING_KEYS},
+        "throughput": tp,
+        "study": dict(study or {}),
+    }
+    if extra:
+        doc.update(extra)
+    return doc
+
+
+def default_filename(doc: Mapping[str, Any]) -> str:
+    return f"{doc['device_key']}__{doc['workload_signature']}.json"
+
+
+def save(doc: Mapping[str, Any], path: Union[str, os.PathLike, None] = None) -> Path:
+    """Writes a profile atomically. ``path``: a file, a folder (the default file name goes into
+    it) or None (:func:`profile_dir`). Returns the file written."""
+    validate(doc, check_device=False, check_versions=False)
+    target = Path(path) if path is not None else profile_dir()
+    if target.suffix != ".json":
+        target = target / default_filename(doc)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return target
+
+
+# ------------------------------------------------------------------------------ reading
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate(doc: Any, device_props: Optional[Mapping[str, Any]] = None, check_device: bool = True,
+             check_versions: bool = True) -> None:
+    """Raises :class:`ProfileError` saying why ``doc`` cannot be used on this device."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ProfileError("corrupt: not a gnncompile profile (no 'format': 'gnncompile-profile')")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise ProfileError(f"stale: schema version {doc.get('schema_version')!r}, this gnncompile "
+                           f"reads {SCHEMA_VERSION}")
+    s = doc.get("settings")
+    if not isinstance(s, dict):
+        raise ProfileError("corrupt: 'settings' is missing or not an object")
+    knobs = s.get("knobs")
+    if knobs is not None and (not isinstance(knobs, list) or not all(_is_int(k) and k >= 0 for k in knobs)):
+        raise ProfileError(f"corrupt: settings.knobs must be a list of non-negative ints, got {knobs!r}")
+    for k in ("threads", "batch_size", "pool_size"):
+        if s.get(k) is not None and not (_is_int(s[k]) and s[k] >= 1):
+            raise ProfileError(f"corrupt: settings.{k} must be a positive int, got {s[k]!r}")
+    if s.get("num_workers") is not None and not (_is_int(s["num_workers"]) and s["num_workers"] >= 0):
+        raise ProfileError(f"corrupt: settings.num_workers must be an int >= 0, got {s['num_workers']!r}")
+    for k in ("pin_memory", "persistent_workers"):
+        if s.get(k) is not None and not isinstance(s[k], bool):
+            raise ProfileError(f"corrupt: settings.{k} must be true or false, got {s[k]!r}")
+    if not isinstance(doc.get("device"), dict) or not isinstance(doc.get("device_key"), str):
+        raise ProfileError("corrupt: 'device' / 'device_key' missing")
+    if not isinstance(doc.get("workload", {}), dict):
+        raise ProfileError("corrupt: 'workload' is not an object")
+    if check_versions:
+        if doc.get("gnncompile_version") != __version__:
+            raise ProfileError(f"stale: written by gnncompile {doc.get('gnncompile_version')!r}, "
+                               f"this is {__version__}")
+        mine = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+        theirs = ".".join(str(doc.get("torch_version", "")).split("+")[0].split(".")[:2])
+        if mine != theirs:
+            raise ProfileError(f"stale: written with torch {doc.get('torch_version')!r}, this is "
+                               f"{torch.__version__}")
+    if check_device:
+        props = _device.detect() if device_props is None else dict(device_props)
+        key = _device.device_key(props)
+        if doc["device_key"] != key:
+            raise ProfileError(f"foreign: profile for device {doc['device_key']!r}, this is {key!r}")
+
+
+def read(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """The JSON document of a profile file (raises ProfileError when it is not JSON)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ProfileError(f"corrupt: cannot read {path}: {e}") from None
+
+
+def _from_doc(doc: Dict[str, Any], path: Optional[str], props: Mapping[str, Any]) -> Profile:
+    return Profile(settings=_complete(doc["settings"], props), device=dict(doc["device"]),
+                   device_key=doc["device_key"], workload=dict(doc.get("workload") or {}),
+                   throughput=dict(doc.get("throughput") or {}), path=path, source="file", raw=doc)
+
+
+def load_file(path: Union[str, os.PathLike], device_props: Optional[Mapping[str, Any]] = None) -> Profile:
+    """The profile in ``path``, or the defaults (with a ProfileWarning) when it cannot be used."""
+    props = _device.detect() if device_props is None else dict(device_props)
+    try:
+        doc = read(path)
+        validate(doc, props)
+        return _from_doc(doc, str(path), props)
+    except ProfileError as e:
+        warnings.warn(f"gnncompile: ignoring profile {path}: {e}; using the defaults",
+                      ProfileWarning, stacklevel=2)
+    except Exception as e:  # never crash on a profile
+        warnings.warn(f"gnncompile: ignoring profile {path}: unexpected {type(e).__name__}: {e}; "
+                      "using the defaults", ProfileWarning, stacklevel=2)
+    return default_profile(props)
+
+
+def list_profiles(directory: Union[str, os.PathLike, None] = None) -> List[Path]:
+    d = Path(directory) if directory is not None else profile_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.glob("*.json") if not p.name.startswith("."))
+
+
+def find(workload: Optional[Mapping[str, Any]] = None, device_props: Optional[Mapping[str, Any]] = None,
+         directory: Union[str, os.PathLike, None] = None) -> Optional[Profile]:
+    """The usable profile for this device whose workload is nearest to ``workload`` (an exact
+    signature wins; ties go to the newest file). Unusable files are skipped with a warning."""
+    props = _device.detect() if device_props is None else dict(device_props)
+    key = _device.device_key(props)
+    best, best_d = None, None
+    for path in list_profiles(directory):
+        if not path.name.startswith(key + "__"):
+            continue
+        try:
+            doc = read(path)
+            validate(doc, props)
+        except ProfileError as e:
+            warnings.warn(f"gnncompile: skipping profile {path}: {e}", ProfileWarning, stacklevel=2)
+            continue
+        wl = doc.get("workload") or {}
+        if workload is None:
+            d = 0.0
+        elif doc.get("workload_signature") == workload_signature(workload):
+            d = -1.0
+        else:
+            d = workload_distance(dict(workload), wl)
+        mtime = path.stat().st_mtime
+        if best is None or d < best_d[0] or (d == best_d[0] and mtime > best_d[1]):
+            best, best_d = (doc, path), (d, mtime)
+    if best is None:
+        return None
+    return _from_doc(best[0], str(best[1]), props)
+
+
+def resolve(profile: Any = "auto", workload: Optional[Mapping[str, Any]] = None,
+            device: Any = None, directory: Union[str, os.PathLike, None] = None) -> Profile:
+    """What ``compile(profile=...)`` uses: 'auto' (the nearest profile for the detected device,
+    else the defaults), a path, a :class:`Profile`, a profile document (dict) or None (the
+    defaults). Never raises for a bad profile: warns and returns the defaults."""
+    try:
+        props = _device.detect(device)
+    except Exception as e:  # pragma: no cover - detection must not break compile
+        warnings.warn(f"gnncompile: device detection failed ({e}); using CPU defaults", ProfileWarning)
+        props = {"type": "cpu", "model": "unknown", "logical_cpus": os.cpu_count() or 1, "isa": []}
+    if profile is None:
+        return default_profile(props)
+    if isinstance(profile, Profile):
+        return profile
+    if isinstance(profile, dict):
+        try:
+            validate(profile, props)
+            return _from_doc(profile, None, props)
+        except ProfileError as e:
+            warnings.warn(f"gnncompile: ignoring the profile given: {e}; using the defaults",
+                          ProfileWarning, stacklevel=2)
+            return default_profile(props)
+    if isinstance(profile, str) and profile == "auto":
+        found = find(workload, props, directory)
+        return found if found is not None else default_profile(props)
+    if isinstance(profile, (str, os.PathLike)):
+        p = Path(profile)
+        if p.is_dir():
+            found = find(workload, props, p)
+            if found is None:
+                warnings.warn(f"gnncompile: no usable profile for {_device.device_key(props)} in {p}; "
+                              "using the defaults", ProfileWarning, stacklevel=2)
+                return default_profile(props)
+            return found
+        return load_file(p, props)
+    raise TypeError(f"gnncompile: profile must be 'auto', a path, a Profile, a dict or None; got "
+                    f"{type(profile).__name__}")
+
+
+__all__ = ["Profile", "ProfileWarning", "ProfileError", "cache_dir", "profile_dir", "make", "save",
+           "read", "validate", "load_file", "find", "resolve", "list_profiles", "default_profile",
+           "workload_signature", "workload_distance", "SCHEMA_VERSION", "SETTING_KEYS"]

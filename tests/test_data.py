@@ -1,0 +1,127 @@
+"""gnncompile.data.PooledLoader: the same batches as torch_geometric.loader.DataLoader for the
+same seed, buffers reused, workers. (The CUDA path, pinned buffers and the side-stream copy,
+needs a GPU and is not exercised here.)"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from gnncompile.data import PooledLoader
+from gnncompile.synthetic import graph_dataset
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from torch_geometric.data import Data
+    from torch_geometric.loader import DataLoader
+
+DS = graph_dataset(300, 3, 12, num_features=5, seed=3)
+
+
+def _same(a, b, keys=("x", "edge_index", "y", "batch", "ptr")):
+    assert a.num_graphs == b.num_graphs
+    assert a.num_nodes == b.num_nodes
+    for k in keys:
+        assert a[k].dtype == b[k].dtype, k
+        assert torch.equal(a[k], b[k]), k
+
+
+def _compare(ds, epochs=2, seed=0, pyg_kw=None, **kw):
+    pyg_kw = dict(pyg_kw or {})
+    loader = PooledLoader(ds, **kw)
+    try:
+        for ep in range(epochs):
+            torch.manual_seed(seed + ep)
+            expected = list(DataLoader(ds, **pyg_kw))
+            torch.manual_seed(seed + ep)
+            got = 0
+            for a, b in zip(loader, expected):
+                _same(a, b, keys=[k for k in b.keys() if isinstance(b[k], torch.Tensor)])
+                got += 1
+            assert got == len(expected) == len(loader)
+            # the global RNG advanced exactly as PyG's loader advances it
+            torch.manual_seed(seed + ep)
+            list(DataLoader(ds, **pyg_kw))
+            r1 = torch.rand(1)
+            torch.manual_seed(seed + ep)
+            list(loader)
+            assert torch.equal(torch.rand(1), r1)
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_same_batches_as_pyg(shuffle, drop_last):
+    kw = dict(batch_size=32, shuffle=shuffle, drop_last=drop_last)
+    _compare(DS, pyg_kw=kw, pool_size=3, **kw)
+
+
+def test_same_batches_with_generator():
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    loader = PooledLoader(DS, batch_size=50, shuffle=True, generator=g1, pool_size=6)  # 6 batches
+    pyg = DataLoader(DS, batch_size=50, shuffle=True, generator=g2)
+    for _ in range(3):
+        got, expected = list(loader), list(pyg)  # each a full epoch
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):  # a pool of 6 slots keeps a whole epoch valid
+            _same(a, b)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_same_batches(persistent):
+    kw = dict(batch_size=40, shuffle=True)
+    _compare(DS, pyg_kw=kw, pool_size=3, num_workers=2, persistent_workers=persistent, **kw)
+
+
+def test_abandoned_epoch_then_full_epoch():
+    loader = PooledLoader(DS, batch_size=16, shuffle=True, pool_size=4, num_workers=2,
+                          persistent_workers=True)
+    try:
+        it = iter(loader)
+        next(it)
+        next(it)
+        del it
+        torch.manual_seed(1)
+        expected = list(DataLoader(DS, batch_size=16, shuffle=True))
+        torch.manual_seed(1)
+        for a, b in zip(loader, expected):
+            _same(a, b)
+    finally:
+        loader.close()
+
+
+def test_buffers_are_reused():
+    loader = PooledLoader(DS, batch_size=30, shuffle=True, pool_size=2)
+    ptrs = [b.x.data_ptr() for b in loader]
+    assert len(set(ptrs)) == 2  # two slots, reused in turn
+    assert ptrs[0] == ptrs[2] and ptrs[1] == ptrs[3]
+
+
+def test_other_attributes_follow_batch_and_scalars():
+    g = torch.Generator().manual_seed(0)
+    ds = []
+    for i in range(40):
+        n = 2 + i % 5
+        ds.append(Data(x=torch.randn(n, 3, generator=g), edge_index=torch.randint(0, n, (2, 2 * n), generator=g),
+                       edge_attr=torch.randn(2 * n, 2, generator=g), y=i % 3, w=float(i),
+                       pos=torch.randn(n, 2, generator=g), graph_feat=torch.randn(1, 4, generator=g)))
+    kw = dict(batch_size=7, shuffle=True, follow_batch=["edge_attr"])
+    _compare(ds, epochs=1, pyg_kw=kw, **kw)
+
+
+def test_unsupported_attributes_fall_back_to_pyg_collate():
+    ds = [Data(x=torch.randn(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]]), name=f"g{i}") for i in range(10)]
+    with pytest.warns(UserWarning, match="no pooling"):
+        loader = PooledLoader(ds, batch_size=4)
+    expected = list(DataLoader(ds, batch_size=4))
+    for a, b in zip(loader, expected):
+        _same(a, b, keys=("x", "edge_index", "batch"))
+        assert a.name == b.name
+
+
+def test_bad_arguments():
+    for kw in ({"batch_size": 0}, {"pool_size": 0}, {"num_workers": -1}):
+        with pytest.raises(ValueError):
+            PooledLoader(DS, **kw)

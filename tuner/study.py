@@ -1,0 +1,302 @@
+"""The Optuna study: search, storage, resume, and the profile it writes.
+
+``tune(workload, trials=..., timeout=..., storage=..., out=...)``:
+
+* storage: any Optuna storage URL; default ``sqlite:///<cache dir>/tuner/studies.db``
+  (:func:`gnncompile.profiles.cache_dir`). The study is named after the device key and the
+  workload signature and opened with ``load_if_exists``: a run that was interrupted (Ctrl-C,
+  kill) resumes with every completed trial kept, and several processes (or machines, given an
+  RDB URL) can work on one study at once. ``trials`` is the number of finished (complete or
+  pruned) trials the study should hold: a resumed or parallel run only adds what is missing.
+* search space: batch size (``batch_size`` fixed, or a ``batch_range`` searched on a log
+  scale), pool size, num_workers, persistent workers, pin memory (CUDA only), threads, and the
+  kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) when
+  the workload is compiled.
+* objective: training throughput after warm-up (:func:`tuner.workloads.measure`), reported
+  per chunk so that the median pruner stops hopeless trials. Peak memory above
+  ``memory_budget`` makes a trial infeasible (Optuna constraint, and the trial fails). A trial
+  that raises (out of memory, a crash) is recorded as failed and the study goes on.
+* the defaults (:func:`tuner.workloads.default_settings`) are measured in the same run, and
+  the profile records tuned vs default throughput. The profile JSON goes to ``out`` (default
+  :func:`gnncompile.profiles.profile_dir`) with the optimisation history and parameter
+  importance plots as PNG next to it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from gnncompile import device as _device
+from gnncompile import profiles as _profiles
+
+from .workloads import MemoryBudgetExceeded, Workload, default_settings, measure
+
+
+def default_storage() -> str:
+    d = _profiles.cache_dir() / "tuner"
+    d.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{d / 'studies.db'}"
+
+
+def workload_dict(w: Workload, batch_size: Optional[int] = 128,
+                  batch_range: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
+    """The workload as recorded in the study and the profile (with the batch-size search)."""
+    d = w.signature_dict()
+    if w.kind == "graphs":
+        if batch_range is not None:
+            d["batch_range"] = [int(batch_range[0]), int(batch_range[1])]
+        else:
+            d["batch_size"] = int(batch_size or 128)
+    return d
+
+
+def study_name(w: Workload, props: Optional[dict] = None, batch_size: Optional[int] = 128,
+               batch_range: Optional[Tuple[int, int]] = None) -> str:
+    p = _device.detect() if props is None else props
+    sig = _profiles.workload_signature(workload_dict(w, batch_size, batch_range))
+    return f"{_device.device_key(p)}__{sig}"
+
+
+def _optuna():
+    try:
+        import optuna
+    except ImportError as e:  # pragma: no cover
+        raise ImportError("the tuner needs optuna: pip install 'gnncompile[tune]'") from e
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
+            batch_range: Optional[Tuple[int, int]], max_workers: int) -> Dict[str, Any]:
+    """The settings of one trial."""
+    cuda = props.get("type") == "cuda"
+    cpus = int(props.get("logical_cpus") or props.get("host_logical_cpus") or os.cpu_count() or 1)
+    s: Dict[str, Any] = {"loader": "pooled"}
+    if w.kind == "graphs":
+        if batch_range is not None:
+            s["batch_size"] = trial.suggest_int("batch_size", batch_range[0], batch_range[1], log=True)
+        else:
+            s["batch_size"] = int(batch_size or 128)
+        s["pool_size"] = trial.suggest_int("pool_size", 1, 6)
+        s["num_workers"] = trial.suggest_int("num_workers", 0, max_workers)
+        s["persistent_workers"] = (trial.suggest_categorical("persistent_workers", [True, False])
+                                   if s["num_workers"] > 0 else False)
+        s["pin_memory"] = trial.suggest_categorical("pin_memory", [True, False]) if cuda else False
+    else:
+        s.update(batch_size=None, pool_size=None, num_workers=0, persistent_workers=False,
+                 pin_memory=False)
+    s["threads"] = None if cuda else trial.suggest_int("threads", 1, cpus)
+    default_knobs = _device.default_settings(props)["knobs"]
+    if w.compiled:
+        if cuda:
+            lanes = trial.suggest_categorical("lanes_per_row", [0, 4, 8, 16, 32])
+            items = trial.suggest_categorical("items_per_group", [0, 64, 256, 1024])
+            s["knobs"] = [lanes, 0, 0, items]
+        else:
+            s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16])]
+    else:
+        s["knobs"] = default_knobs
+    return s
+
+
+HEARTBEAT_S = 15
+
+
+def _open_study(optuna, name, storage, sampler, pruner, attempts: int = 6):
+    """create_study(load_if_exists=True), retried: processes that open a new SQLite file at the
+    same moment race to create its tables, and the loser sees 'table ... already exists'."""
+    import random
+
+    if isinstance(storage, str) and storage.startswith("sqlite:///"):
+        # a SQLite file in a folder that does not exist yet: create the folder, as the default does
+        path = storage[len("sqlite:///"):]
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    for i in range(attempts):
+        try:
+            if isinstance(storage, str) and storage.split(":", 1)[0].split("+", 1)[0] in (
+                    "sqlite", "postgresql", "mysql"):
+                # heartbeats: a trial whose process was killed is marked failed by the next run
+                # (instead of staying RUNNING forever)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    storage = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S,
+                                                         grace_period=4 * HEARTBEAT_S)
+            return optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                                       sampler=sampler, pruner=pruner, load_if_exists=True)
+        except Exception:
+            if i == attempts - 1:
+                raise
+            time.sleep(0.2 * (i + 1) + random.random() * 0.3)
+
+
+def _settings_of(trial: Any) -> Dict[str, Any]:
+    return dict(trial.user_attrs.get("settings") or {})
+
+
+def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage: Optional[str] = None,
+         out: Optional[os.PathLike] = None, name: Optional[str] = None,
+         batch_size: Optional[int] = 128, batch_range: Optional[Tuple[int, int]] = None,
+         memory_budget: Optional[int] = None, max_workers: Optional[int] = None, seed: Optional[int] = None,
+         measure_defaults: bool = True, write_profile: bool = True, plots: bool = True,
+         callbacks: Sequence[Callable] = (), device: Optional[str] = None) -> Dict[str, Any]:
+    """Runs (or resumes) the study for ``w`` and writes its profile. Returns a dict with
+    ``study`` (the Optuna study), ``profile_path``, ``best`` (settings), ``tuned``,
+    ``default`` (throughputs), ``plots``."""
+    optuna = _optuna()
+    props = _device.detect(device)
+    storage = storage or default_storage()
+    name = name or study_name(w, props, batch_size, batch_range)
+    wl = workload_dict(w, batch_size, batch_range)
+    cpus = int(props.get("logical_cpus") or props.get("host_logical_cpus") or 1)
+    if max_workers is None:
+        max_workers = min(4, cpus)
+
+    # Peak memory is a constraint (<= 0 feasible). Optuna >= 5 takes it from the trial
+    # (Trial.set_constraint); older versions from the sampler's constraints_func.
+    new_api = hasattr(optuna.trial.Trial, "set_constraint")
+    skw = {} if new_api else {"constraints_func": lambda t: [float(t.user_attrs.get("memory_excess", 0.0))]}
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(trials // 3, 1)), **skw)
+
+    def constrain(trial, excess: float) -> None:
+        trial.set_user_attr("memory_excess", excess)
+        if new_api:
+            trial.set_constraint("peak_memory_over_budget", excess)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
+    study = _open_study(optuna, name, storage, sampler, pruner)
+    study.set_user_attr("workload", wl)
+    study.set_user_attr("device_key", _device.device_key(props))
+    study.set_user_attr("unit", w.unit)
+
+    def objective(trial):
+        s = suggest(trial, w, props, batch_size, batch_range, max_workers)
+        trial.set_user_attr("settings", s)
+        constrain(trial, 0.0)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+
+        def report(step, value):
+            trial.report(value, step)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+
+        try:
+            value, peak = measure(w, s, report=report, device=device, memory_budget=memory_budget)
+        except MemoryBudgetExceeded as e:
+            constrain(trial, 1.0)
+            trial.set_user_attr("error", str(e))
+            raise
+        except (torch.OutOfMemoryError, MemoryError) as e:
+            constrain(trial, 1.0)
+            trial.set_user_attr("error", f"out of memory: {e}")
+            raise
+        except optuna.TrialPruned:
+            raise
+        except Exception as e:
+            trial.set_user_attr("error", f"{type(e).__name__}: {e}")
+            raise
+        trial.set_user_attr("peak_memory", int(peak))
+        return value
+
+    def finished():
+        return [t for t in study.get_trials(deepcopy=False)
+                if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+
+    remaining = max(trials - len(finished()), 0)
+    cbs = [optuna.study.MaxTrialsCallback(trials, states=(optuna.trial.TrialState.COMPLETE,
+                                                          optuna.trial.TrialState.PRUNED))]
+    cbs += list(callbacks)
+    if remaining > 0 and (timeout is None or timeout > 0):
+        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(Exception,),
+                       callbacks=cbs, gc_after_trial=True)
+
+    result: Dict[str, Any] = {"study": study, "profile_path": None, "plots": [], "best": None,
+                              "tuned": None, "default": None, "name": name, "storage": storage}
+    complete = [t for t in study.get_trials(deepcopy=False)
+                if t.state == optuna.trial.TrialState.COMPLETE
+                and float(t.user_attrs.get("memory_excess", 0.0)) <= 0]
+    if not complete:
+        warnings.warn("gnncompile tune: no trial completed; no profile written")
+        return result
+    best = max(complete, key=lambda t: t.value)
+    result["best"], result["tuned"] = _settings_of(best), float(best.value)
+    d = None
+    if measure_defaults:
+        d = default_settings(w, props, batch_size=int(batch_size or 128))
+        try:
+            result["default"], _ = measure(w, d, device=device)
+        except Exception as e:  # the defaults failing must not lose the study's result
+            warnings.warn(f"gnncompile tune: measuring the defaults failed: {e}")
+    if not write_profile:
+        return result
+    # The profile holds what was measured fastest: the best trial, or the defaults when they beat
+    # every trial of this run (short measurements on a noisy machine can do that).
+    chosen = "best trial"
+    s = dict(result["best"])
+    if d is not None and result["default"] is not None and result["default"] > result["tuned"]:
+        chosen = "defaults (faster than every trial in this run)"
+        s = dict(d)
+    result["chosen"] = chosen
+    s.pop("loader", None)
+    counts = {st.name.lower(): 0 for st in optuna.trial.TrialState}
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name.lower()] += 1
+    doc = _profiles.make(props, wl, s, tuned=result["tuned"], default=result["default"],
+                         unit=w.unit, study={"name": name, "storage": _redact(storage),
+                                             "best_trial": best.number, "trials": counts,
+                                             "chosen": chosen,
+                                             "default_settings": "torch_geometric.loader.DataLoader"
+                                             if w.kind == "graphs" else "kernel defaults"})
+    out_dir = Path(out) if out is not None else _profiles.profile_dir()
+    path = _profiles.save(doc, out_dir)
+    result["profile_path"] = path
+    if plots:
+        result["plots"] = save_plots(study, path.with_suffix(""))
+    return result
+
+
+def _redact(url: str) -> str:
+    """A storage URL without its password."""
+    if "://" in url and "@" in url.split("://", 1)[1]:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+def save_plots(study, stem: Path) -> list:
+    """Optimisation history and parameter importances as PNG (``<stem>.history.png``,
+    ``<stem>.importance.png``); a plot that cannot be made (too few trials) is skipped."""
+    written = []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+        from optuna.visualization import matplotlib as ovm
+    except Exception as e:  # pragma: no cover
+        warnings.warn(f"gnncompile tune: no plots ({e})")
+        return written
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for suffix, fn in (("history", ovm.plot_optimization_history),
+                           ("importance", ovm.plot_param_importances)):
+            try:
+                ax = fn(study)
+                fig = ax.figure if hasattr(ax, "figure") else ax[0].figure
+                p = Path(f"{stem}.{suffix}.png")
+                fig.savefig(p, dpi=90, bbox_inches="tight")
+                plt.close(fig)
+                written.append(p)
+            except Exception:
+                pass
+    return written
+
+
+__all__ = ["tune", "default_storage", "study_name", "workload_dict", "suggest", "save_plots"]

@@ -1,0 +1,278 @@
+"""Workloads the tuner measures: what is trained, and how throughput is measured.
+
+Two kinds:
+
+* ``fullgraph``: one generated power-law graph (:func:`gnncompile.synthetic.power_law_graph`),
+  node classification, one optimizer step per epoch; throughput in epochs/s.
+* ``graphs``: mini-batch graph classification over a generated dataset of many small graphs
+  (:func:`gnncompile.synthetic.graph_dataset`), a pooled readout; throughput in graphs/s.
+
+:func:`measure` runs ``warmup`` steps (compilation, allocator, worker start-up), then times
+``steps`` steps in ``chunks`` pieces, calling ``report(step, throughput_so_far)`` after each
+(the tuner prunes on it), and returns the throughput and the peak memory of the run.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import torch_geometric.nn as gnn
+    from torch_geometric.nn import models as pyg_models
+
+MODELS = ("gcn", "sage", "gin", "gat")
+KINDS = ("fullgraph", "graphs")
+
+
+@dataclass
+class Workload:
+    kind: str = "graphs"
+    model: str = "gin"
+    hidden: int = 64
+    layers: int = 3
+    num_features: int = 16
+    num_classes: int = 2
+    compiled: bool = True
+    # fullgraph
+    num_nodes: int = 20000
+    num_edges: int = 200000
+    # graphs
+    num_graphs: int = 20000
+    min_nodes: int = 10
+    max_nodes: int = 40
+    seed: int = 0
+    # measurement
+    warmup: int = 10
+    steps: int = 40
+    chunks: int = 4
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"workload kind must be one of {KINDS}, got {self.kind!r}")
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+
+    def signature_dict(self) -> Dict[str, Any]:
+        """What identifies the workload in a profile (not the measurement lengths)."""
+        d = {"kind": self.kind, "model": self.model, "hidden": self.hidden, "layers": self.layers,
+             "num_features": self.num_features, "num_classes": self.num_classes,
+             "compiled": self.compiled}
+        if self.kind == "fullgraph":
+            d.update(num_nodes=self.num_nodes, num_edges=self.num_edges)
+        else:
+            d.update(num_graphs=self.num_graphs, min_nodes=self.min_nodes, max_nodes=self.max_nodes)
+        return d
+
+    @property
+    def unit(self) -> str:
+        return "epochs/s" if self.kind == "fullgraph" else "graphs/s"
+
+
+class GraphClassifier(torch.nn.Module):
+    """A PyG model from ``torch_geometric.nn.models``, a sum readout and a linear head."""
+
+    def __init__(self, body: torch.nn.Module, hidden: int, num_classes: int) -> None:
+        super().__init__()
+        self.body = body
+        self.head = torch.nn.Linear(hidden, num_classes)
+
+    def forward(self, x, edge_index, batch):
+        h = self.body(x, edge_index)
+        return self.head(gnn.global_add_pool(h, batch))
+
+
+def build_model(w: Workload) -> torch.nn.Module:
+    out = w.hidden if w.kind == "graphs" else w.num_classes
+    cls = {"gcn": pyg_models.GCN, "sage": pyg_models.GraphSAGE, "gin": pyg_models.GIN,
+           "gat": pyg_models.GAT}[w.model]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        body = cls(w.num_features, w.hidden, w.layers, out)
+    return GraphClassifier(body, w.hidden, w.num_classes) if w.kind == "graphs" else body
+
+
+@lru_cache(maxsize=2)
+def _dataset(num_graphs, min_nodes, max_nodes, num_features, num_classes, seed):
+    from gnncompile.synthetic import graph_dataset
+
+    return graph_dataset(num_graphs, min_nodes, max_nodes, num_features, num_classes, seed=seed)
+
+
+def dataset_for(w: Workload):
+    return _dataset(w.num_graphs, w.min_nodes, w.max_nodes, w.num_features, w.num_classes, w.seed)
+
+
+@lru_cache(maxsize=2)
+def _graph(num_nodes, num_edges, num_features, num_classes, seed):
+    from gnncompile.synthetic import power_law_graph
+
+    g = torch.Generator().manual_seed(seed)
+    ei = power_law_graph(num_nodes, num_edges, seed=seed)
+    x = torch.randn(num_nodes, num_features, generator=g)
+    y = torch.randint(0, num_classes, (num_nodes,), generator=g)
+    return x, ei, y
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def default_settings(w: Workload, device_props: Optional[dict] = None, batch_size: int = 128) -> Dict[str, Any]:
+    """The baseline a tuned profile is compared with: PyG's DataLoader with its defaults, torch's
+    thread count as it is, the kernels' default knobs."""
+    from gnncompile import device as _device
+
+    p = _device.detect() if device_props is None else device_props
+    return {"loader": "pyg", "batch_size": batch_size if w.kind == "graphs" else None,
+            "pool_size": None, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
+            "threads": torch.get_num_threads(), "knobs": _device.default_settings(p)["knobs"]}
+
+
+class MemoryBudgetExceeded(RuntimeError):
+    pass
+
+
+def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[int, float], None]] = None,
+            device: Optional[str] = None, memory_budget: Optional[int] = None) -> Tuple[float, int]:
+    """Trains ``w`` with ``settings``; returns (throughput in ``w.unit``, peak memory in bytes).
+
+    settings: ``loader`` ('pooled' or 'pyg', graphs only), ``batch_size``, ``pool_size``,
+    ``num_workers``, ``pin_memory``, ``persistent_workers``, ``threads``, ``knobs``.
+    Peak memory: on CUDA the peak allocated bytes; on CPU the growth of this process's
+    resident set over the run (workers not included). Raises MemoryBudgetExceeded when it
+    passes ``memory_budget``.
+    """
+    from gnncompile.ops import set_knobs
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    old_threads = torch.get_num_threads()
+    from gnncompile.ops import get_knobs
+
+    old_knobs = get_knobs(dev) or None
+    if settings.get("threads"):
+        torch.set_num_threads(int(settings["threads"]))
+    set_knobs(dev.type, settings.get("knobs"))
+    loader = None
+    try:
+        torch.manual_seed(w.seed)
+        model = build_model(w).to(dev)
+        if w.compiled:
+            fwd = _compile_with(model, settings, dev)
+        else:
+            fwd = model
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        rss0 = _rss_bytes()
+        peak = 0
+
+        def check_memory():
+            nonlocal peak
+            used = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
+                    else max(_rss_bytes() - rss0, 0))
+            peak = max(peak, used)
+            if memory_budget is not None and peak > memory_budget:
+                raise MemoryBudgetExceeded(f"peak memory {peak} > budget {memory_budget}")
+
+        if w.kind == "fullgraph":
+            x, ei, y = (t.to(dev) for t in _graph(w.num_nodes, w.num_edges, w.num_features,
+                                                  w.num_classes, w.seed))
+
+            def steps():
+                while True:
+                    yield 1, (x, ei, None, y)
+        else:
+            ds = dataset_for(w)
+            bs = int(settings["batch_size"])
+            if settings.get("loader", "pooled") == "pyg":
+                from torch_geometric.loader import DataLoader
+
+                loader = DataLoader(ds, batch_size=bs, shuffle=True,
+                                    num_workers=int(settings.get("num_workers") or 0),
+                                    pin_memory=bool(settings.get("pin_memory")) and dev.type == "cuda",
+                                    persistent_workers=bool(settings.get("persistent_workers"))
+                                    and int(settings.get("num_workers") or 0) > 0)
+            else:
+                from gnncompile.data import PooledLoader
+
+                loader = PooledLoader(ds, batch_size=bs, shuffle=True,
+                                      pool_size=int(settings.get("pool_size") or 2),
+                                      num_workers=int(settings.get("num_workers") or 0),
+                                      pin_memory=bool(settings.get("pin_memory")),
+                                      persistent_workers=bool(settings.get("persistent_workers")),
+                                      device=dev if dev.type == "cuda" else None)
+
+            def steps():
+                while True:
+                    for b in loader:
+                        if dev.type == "cuda" and b.x.device != dev:
+                            b = b.to(dev, non_blocking=True)
+                        yield b.num_graphs, (b.x, b.edge_index, b.batch, b.y)
+
+        def step(inp):
+            xx, ee, bb, yy = inp
+            opt.zero_grad(set_to_none=True)
+            out = fwd(xx, ee) if bb is None else fwd(xx, ee, bb)
+            loss = torch.nn.functional.cross_entropy(out, yy)
+            loss.backward()
+            opt.step()
+
+        it = steps()
+        for _ in range(w.warmup):
+            _, inp = next(it)
+            step(inp)
+        check_memory()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        per_chunk = max(1, math.ceil(w.steps / max(w.chunks, 1)))
+        done, units, t0 = 0, 0, time.perf_counter()
+        rate = 0.0
+        for c in range(max(w.chunks, 1)):
+            for _ in range(per_chunk):
+                n, inp = next(it)
+                step(inp)
+                units += n
+                done += 1
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            check_memory()
+            rate = units / (time.perf_counter() - t0)
+            if report is not None:
+                report(c, rate)
+        return rate, peak
+    finally:
+        if loader is not None and hasattr(loader, "close"):
+            loader.close()
+        torch.set_num_threads(old_threads)
+        set_knobs(dev.type, old_knobs)
+
+
+def _compile_with(model, settings, dev):
+    import gnncompile
+    from gnncompile.ops import set_knobs
+
+    torch._dynamo.reset()
+    fwd = gnncompile.compile(model, profile=None)
+    set_knobs(dev.type, settings.get("knobs"))  # the knobs under test, read when graphs compile
+    return fwd
+
+
+def workload_from_dict(d: Dict[str, Any]) -> Workload:
+    fields = set(Workload.__dataclass_fields__)
+    return Workload(**{k: v for k, v in d.items() if k in fields})
+
+
+__all__ = ["Workload", "measure", "build_model", "default_settings", "dataset_for", "MODELS", "KINDS",
+           "MemoryBudgetExceeded", "workload_from_dict"]
