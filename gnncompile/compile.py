@@ -67,7 +67,8 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
             (its loader settings: ``.gnncompile_profile.loader_kwargs()``). Knobs are set per
             device type and read when a graph is compiled, so the last ``compile`` wins.
         inner: compiler for the rest of the graph: 'auto' (the measured default,
-            :data:`gnncompile.backend.DEFAULT_INNER`), 'eager', 'aot_eager' or 'inductor'.
+            :data:`gnncompile.backend.DEFAULT_INNER`: inductor, or ``$GNNCOMPILE_INNER``),
+            'eager', 'aot_eager' or 'inductor'.
         dynamic: passed to ``torch.compile``. ``None`` (automatic dynamic shapes): the first call
             compiles each graph piece for its exact sizes, and the first call with other sizes
             recompiles it once with symbolic sizes, after which changing N and E (mini-batches)
