@@ -33,8 +33,10 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/ops.py --memory
 
-cuda-check:
-	bash scripts/cuda_check.sh
+# Compiles every CUDA kernel with nvcc (no GPU needed); the glue files need torch's headers,
+# taken from the project's environment.
+cuda-check: $(STAMP)
+	PYTHON=$(PY) bash scripts/cuda_check.sh
 
 clean:
 	rm -rf build $(VENV) .pytest_cache .hypothesis
