@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../common/dtype.h"
+#include "../common/torch_glue.h"
 #include "spmm_core.h"
 
 namespace gnncompile {
@@ -29,29 +30,7 @@ inline const typename core_type<T>::type* core_ptr(const at::Tensor& t) {
   return reinterpret_cast<const typename core_type<T>::type*>(t.const_data_ptr<T>());
 }
 
-#define GNN_DISPATCH_FLOAT(dtype, NAME, ...)                                      \
-  [&] {                                                                           \
-    switch (dtype) {                                                              \
-      case at::kFloat: { using scalar_t = float; return __VA_ARGS__(); }          \
-      case at::kDouble: { using scalar_t = double; return __VA_ARGS__(); }        \
-      case at::kHalf: { using scalar_t = at::Half; return __VA_ARGS__(); }        \
-      case at::kBFloat16: { using scalar_t = at::BFloat16; return __VA_ARGS__(); } \
-      default:                                                                    \
-        TORCH_CHECK_TYPE(false, NAME, ": unsupported feature dtype ", dtype,      \
-                         " (expected float32, float64, float16 or bfloat16)");    \
-    }                                                                             \
-  }()
 
-#define GNN_DISPATCH_INDEX(dtype, NAME, ...)                                      \
-  [&] {                                                                           \
-    switch (dtype) {                                                              \
-      case at::kInt: { using index_t = int32_t; return __VA_ARGS__(); }           \
-      case at::kLong: { using index_t = int64_t; return __VA_ARGS__(); }          \
-      default:                                                                    \
-        TORCH_CHECK_TYPE(false, NAME, ": unsupported index dtype ", dtype,        \
-                         " (expected int32 or int64)");                           \
-    }                                                                             \
-  }()
 
 inline void check_cpu(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got ",

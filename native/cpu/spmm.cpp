@@ -7,15 +7,6 @@ namespace gnncompile {
 namespace cpu {
 namespace {
 
-Reduce parse_reduce(c10::string_view reduce) {
-  if (reduce == "sum" || reduce == "add") return Reduce::Sum;
-  if (reduce == "mean") return Reduce::Mean;
-  if (reduce == "max" || reduce == "amax") return Reduce::Max;
-  if (reduce == "min" || reduce == "amin") return Reduce::Min;
-  TORCH_CHECK_VALUE(false, "gnncompile.spmm: unknown reduce '", std::string(reduce),
-                    "' (expected sum, mean, max or min)");
-}
-
 // Feature tile (accumulators per pass over a row's edges): wide enough to cover a 128-float
 // row in one pass, which the 32 vector registers of AVX-512 hold.
 template <typename scalar_t> struct Tile { static constexpr int value = 128; };

@@ -62,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_csr_cuda(const at::Tensor& 
   }
   const int sms = device_props(dev.index()).sm_count;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  GNN_CUDA_DISPATCH_INDEX(dst.scalar_type(), op, [&] {
+  GNN_DISPATCH_INDEX(dst.scalar_type(), op, [&] {
     const index_t* d = dst.const_data_ptr<index_t>();
     const index_t* s = src.const_data_ptr<index_t>();
     // 1. range check on the device, decided on the host before anything indexes with them.

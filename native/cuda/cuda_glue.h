@@ -18,6 +18,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "../common/torch_glue.h"
 #include "knobs.h"
 #include "validate.cuh"
 
@@ -38,29 +39,7 @@ inline const typename cuda_type<T>::type* dev_ptr(const at::Tensor& t) {
   return reinterpret_cast<const typename cuda_type<T>::type*>(t.const_data_ptr<T>());
 }
 
-#define GNN_CUDA_DISPATCH_FLOAT(dtype, NAME, ...)                                  \
-  [&] {                                                                           \
-    switch (dtype) {                                                              \
-      case at::kFloat: { using scalar_t = float; return __VA_ARGS__(); }          \
-      case at::kDouble: { using scalar_t = double; return __VA_ARGS__(); }        \
-      case at::kHalf: { using scalar_t = at::Half; return __VA_ARGS__(); }        \
-      case at::kBFloat16: { using scalar_t = at::BFloat16; return __VA_ARGS__(); } \
-      default:                                                                    \
-        TORCH_CHECK_TYPE(false, NAME, ": unsupported feature dtype ", dtype,      \
-                         " (expected float32, float64, float16 or bfloat16)");    \
-    }                                                                             \
-  }()
 
-#define GNN_CUDA_DISPATCH_INDEX(dtype, NAME, ...)                                 \
-  [&] {                                                                           \
-    switch (dtype) {                                                              \
-      case at::kInt: { using index_t = int32_t; return __VA_ARGS__(); }           \
-      case at::kLong: { using index_t = int64_t; return __VA_ARGS__(); }          \
-      default:                                                                    \
-        TORCH_CHECK_TYPE(false, NAME, ": unsupported index dtype ", dtype,        \
-                         " (expected int32 or int64)");                           \
-    }                                                                             \
-  }()
 
 inline void check_on(const at::Tensor& t, const at::Device& dev, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.device() == dev, op, ": ", name, " is on ", t.device(),
@@ -119,7 +98,7 @@ inline void validate_structure(const at::Tensor& rowptr, const at::Tensor& col, 
   at::Tensor stats = at::empty({kNumStructStats}, rowptr.options().dtype(at::kLong));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int sms = device_props(rowptr.device().index()).sm_count;
-  GNN_CUDA_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     C10_CUDA_CHECK(structure_stats_launch<index_t>(
         rowptr.const_data_ptr<index_t>(), M, col.defined() ? col.const_data_ptr<index_t>() : nullptr,
         perm.const_data_ptr<index_t>(), E, reinterpret_cast<long long*>(stats.data_ptr<int64_t>()), sms,

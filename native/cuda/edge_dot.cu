@@ -37,8 +37,8 @@ at::Tensor edge_dot_cuda(const at::Tensor& rowptr_in, const at::Tensor& col_in, 
 
   const DeviceProps props = device_props(dev.index());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  GNN_CUDA_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
-    GNN_CUDA_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
       using T = typename cuda_type<scalar_t>::type;
       const int64_t C = F / heads;
       const int64_t align = std::min(ptr_align(x.const_data_ptr()), ptr_align(g.const_data_ptr()));

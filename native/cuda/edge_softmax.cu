@@ -49,8 +49,8 @@ at::Tensor run(const at::Tensor& rowptr_in, const at::Tensor& perm_in, const at:
 
   const DeviceProps props = device_props(dev.index());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  GNN_CUDA_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
-    GNN_CUDA_DISPATCH_FLOAT(a.scalar_type(), op, [&] {
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    GNN_DISPATCH_FLOAT(a.scalar_type(), op, [&] {
       using T = typename cuda_type<scalar_t>::type;
       using A = acc_t<T>;
       const LaunchKnobs k = edge_softmax_knobs(props, knobs.data(), static_cast<int64_t>(knobs.size()), M, E, H,

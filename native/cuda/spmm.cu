@@ -9,15 +9,6 @@ namespace gnncompile {
 namespace gpu {
 namespace {
 
-Reduce parse_reduce(c10::string_view reduce) {
-  if (reduce == "sum" || reduce == "add") return Reduce::Sum;
-  if (reduce == "mean") return Reduce::Mean;
-  if (reduce == "max" || reduce == "amax") return Reduce::Max;
-  if (reduce == "min" || reduce == "amin") return Reduce::Min;
-  TORCH_CHECK_VALUE(false, "gnncompile.spmm: unknown reduce '", std::string(reduce),
-                    "' (expected sum, mean, max or min)");
-}
-
 std::tuple<at::Tensor, at::Tensor> spmm_cuda(
     const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
     const std::optional<at::Tensor>& weight_in, const at::Tensor& x_in, c10::string_view reduce_s,
@@ -81,8 +72,8 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
                     int64_t{65535} * 32, ")");
   const DeviceProps props = device_props(dev.index());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  GNN_CUDA_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
-    GNN_CUDA_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
       using T = typename cuda_type<scalar_t>::type;
       using A = acc_t<T>;
       const int64_t C = Fx / H;
