@@ -124,13 +124,9 @@ def _layer_of_node(n: Node) -> str:
         return "<model>"
     path, cls = list(stack.values())[-1]
     name = cls if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
-    path = str(path)
-    for prefix in ("L['self'].", "L['self']", "self."):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-            break
-    path = path.replace("_modules['", "").replace("']", "")
-    return f"{path or '<model>'} ({str(name).rsplit('.', 1)[-1]})"
+    from .passes.canonical import module_label
+
+    return module_label(path, str(name).rsplit(".", 1)[-1])
 
 
 def _short(msg: str, limit: int = 600) -> str:

@@ -122,13 +122,18 @@ def layer_of(n: Node) -> str:
             break
     if cls is None:
         return "<model>"
+    name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
+    return module_label(path, name)
+
+
+def module_label(path: Any, name: str) -> str:
+    """'convs.0 (SAGEConv)' from a Dynamo module path such as "L['self'].convs._modules['0']"."""
     path = str(path)
     for prefix in ("L['self'].", "L['self']", "self."):
         if path.startswith(prefix):
             path = path[len(prefix):]
             break
     path = path.replace("_modules['", "").replace("']", "")
-    name = getattr(cls, "__name__", None) or str(cls).rsplit(".", 1)[-1].rstrip("'>")
     return f"{path or '<model>'} ({name})"
 
 

@@ -34,38 +34,16 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
   const int64_t E = col.numel();
   const int64_t Fx = c10::multiply_integers(x.sizes().slice(1));
 
-  WeightMode wmode = WeightMode::None;
-  int64_t H = 1;
-  at::Tensor weight;
-  if (has_weight) {
-    weight = weight_in->contiguous();
-    TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), op, ": weight dtype ", weight.scalar_type(),
-                     " does not match x dtype ", x.scalar_type());
-    TORCH_CHECK_VALUE(weight.dim() >= 1 && weight.size(0) == E && (weight.dim() == 1 || weight.dim() == 2),
-                      op, ": weight must be [E] or [E, H] with E = ", E, ", got ", weight.sizes());
-    if (weight.dim() == 2 && weight.size(1) != 1) {
-      wmode = WeightMode::Head;
-      H = weight.size(1);
-      TORCH_CHECK_VALUE(x.dim() == 3 && x.size(1) == H, op, ": a weight of shape [E, ", H,
-                        "] needs x of shape [N, ", H, ", C], got ", x.sizes());
-    } else {
-      wmode = WeightMode::Scalar;
-    }
-  }
+  const SpmmWeight w = parse_weight(weight_in, x, E, op);
+  const at::Tensor& weight = w.weight;
+  const WeightMode wmode = w.mode;
+  const int64_t H = w.heads;
   validate_structure(rowptr, col, perm, x.size(0), op);
 
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape[0] = M;
-  at::Tensor out = at::empty(out_shape, x.options());
-  const bool need_arg = reduce == Reduce::Max || reduce == Reduce::Min;
-  at::Tensor arg = need_arg ? at::empty(out_shape, x.options().dtype(at::kLong))
-                            : at::empty({0}, x.options().dtype(at::kLong));
-  if (M == 0 || Fx == 0) return {out, arg};
-  if (E == 0) {
-    out.zero_();
-    if (need_arg) arg.fill_(-1);
-    return {out, arg};
-  }
+  SpmmOutputs o = spmm_outputs(x, M, E, Fx, reduce);
+  at::Tensor out = o.out, arg = o.arg;
+  const bool need_arg = o.need_arg;
+  if (o.done) return {out, arg};
 
   // Feature tiles and fix-up chunks go on gridDim.y (at most 65535 of 32+ features each).
   TORCH_CHECK_VALUE(Fx <= int64_t{65535} * 32, op, ": ", Fx, " features per node is more than the CUDA kernel supports (",
