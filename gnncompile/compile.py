@@ -66,9 +66,9 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
             profile used is recorded as ``.gnncompile_profile`` on the returned module
             (its loader settings: ``.gnncompile_profile.loader_kwargs()``). Knobs are set per
             device type and read when a graph is compiled, so the last ``compile`` wins.
-        inner: compiler for the rest of the graph: 'auto' (the measured default,
-            :data:`gnncompile.backend.DEFAULT_INNER`: inductor, or ``$GNNCOMPILE_INNER``),
-            'eager', 'aot_eager' or 'inductor'.
+        inner: compiler for the rest of the graph: 'auto' (the profile's ``inner`` when the
+            profile has one, else the measured default :data:`gnncompile.backend.DEFAULT_INNER`:
+            inductor, or ``$GNNCOMPILE_INNER``), 'eager', 'aot_eager' or 'inductor'.
         dynamic: passed to ``torch.compile``. ``None`` (automatic dynamic shapes): the first call
             compiles each graph piece for its exact sizes, and the first call with other sizes
             recompiles it once with symbolic sizes, after which changing N and E (mini-batches)
@@ -83,6 +83,8 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
         workload = {"model": type(model).__name__.lower()}
     prof = _profiles.resolve(profile, workload=workload)
     prof.apply()
+    if inner == "auto" and prof.inner:
+        inner = prof.inner  # what the tuning run measured fastest for this device and workload
     be = _backend.make_backend(inner)
     compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):

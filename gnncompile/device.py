@@ -191,19 +191,22 @@ def default_settings(props: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
       ``pin_memory`` on (the side-stream copy overlaps compute only from pinned memory),
       ``persistent_workers`` when there are workers.
 
-    ``batch_size`` is a workload setting and is not chosen here (None).
+    ``batch_size`` is a workload setting and is not chosen here (None); so is ``inner``, the
+    compiler for the graph around the fused ops (None: :data:`gnncompile.backend.DEFAULT_INNER`),
+    which depends on the graph sizes more than on the device (a tuning run measures it).
     """
     p = detect() if props is None else props
     if p.get("type") == "cuda":
         workers = min(8, max(int(p.get("host_logical_cpus", 2)) // 2, 0))
         return {"threads": None, "knobs": [0, 0, 0, 0], "batch_size": None,
                 "num_workers": workers, "pool_size": workers + 2, "pin_memory": True,
-                "persistent_workers": workers > 0}
+                "persistent_workers": workers > 0, "inner": None}
     cores = max(int(p.get("physical_cores") or p.get("logical_cpus") or 1), 1)
     chunks = max(2, min(8, 32 // cores))
     workers = 0 if cores < 4 else min(4, cores // 4)
     return {"threads": cores, "knobs": [chunks], "batch_size": None, "num_workers": workers,
-            "pool_size": workers + 2, "pin_memory": False, "persistent_workers": workers > 0}
+            "pool_size": workers + 2, "pin_memory": False, "persistent_workers": workers > 0,
+            "inner": None}
 
 
 __all__ = ["detect", "device_key", "describe", "cpu_isa", "default_settings"]

@@ -11,7 +11,8 @@ A profile is a versioned JSON file::
       "workload": {"kind": "graphs", "model": "gin", ...},
       "workload_signature": "graphs-gin-3f2a9c1d",
       "settings": {"knobs": [8], "threads": 2, "batch_size": 128, "pool_size": 4,
-                   "num_workers": 1, "pin_memory": false, "persistent_workers": true},
+                   "num_workers": 1, "pin_memory": false, "persistent_workers": true,
+                   "inner": "aot_eager"},
       "throughput": {"tuned": 5210.0, "default": 3900.0, "unit": "graphs/s", "speedup": 1.34},
       "study": {"name": ..., "storage": ..., "trials": ...}
     }
@@ -48,7 +49,9 @@ from . import device as _device
 FORMAT = "gnncompile-profile"
 SCHEMA_VERSION = 1
 SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "pin_memory",
-                "persistent_workers")
+                "persistent_workers", "inner")
+# what settings.inner may hold (the compiler for the graph around the fused ops; None: the default)
+INNERS = ("eager", "aot_eager", "inductor")
 
 
 class ProfileWarning(UserWarning):
@@ -128,6 +131,11 @@ class Profile:
         """Keyword arguments for :class:`gnncompile.data.PooledLoader` (those that are set)."""
         keys = ("batch_size", "pool_size", "num_workers", "pin_memory", "persistent_workers")
         return {k: self.settings[k] for k in keys if self.settings.get(k) is not None}
+
+    @property
+    def inner(self) -> Optional[str]:
+        """The inner compiler the tuning run chose (None: gnncompile's default)."""
+        return self.settings.get("inner")
 
     def apply(self, threads: bool = False) -> None:
         """Sets the kernel knobs for this profile's device type (and, if ``threads``, torch's
@@ -242,6 +250,8 @@ def validate(doc: Any, device_props: Optional[Mapping[str, Any]] = None, check_d
     for k in ("pin_memory", "persistent_workers"):
         if s.get(k) is not None and not isinstance(s[k], bool):
             raise ProfileError(f"corrupt: settings.{k} must be true or false, got {s[k]!r}")
+    if s.get("inner") is not None and s["inner"] not in INNERS:
+        raise ProfileError(f"corrupt: settings.inner must be one of {INNERS} or null, got {s['inner']!r}")
     if not isinstance(doc.get("device"), dict) or not isinstance(doc.get("device_key"), str):
         raise ProfileError("corrupt: 'device' / 'device_key' missing")
     if not isinstance(doc.get("workload", {}), dict):

@@ -141,7 +141,8 @@ def test_corrupt_profile_warns(tmp_path, content):
 
 
 @pytest.mark.parametrize("bad", [{"knobs": "fast"}, {"knobs": [-1]}, {"threads": 0},
-                                 {"batch_size": 1.5}, {"pin_memory": "yes"}, {"num_workers": -2}])
+                                 {"batch_size": 1.5}, {"pin_memory": "yes"}, {"num_workers": -2},
+                                 {"inner": "turbo"}, {"inner": 3}])
 def test_ill_typed_settings_warn(tmp_path, bad):
     p = tmp_path / "bad.json"
     doc = _doc()
@@ -203,6 +204,20 @@ def test_compile_applies_profile_from_path(tmp_path):
     m = gnncompile.compile(_Lin(), profile=str(path))
     assert m.gnncompile_profile.path == str(path)
     assert get_knobs(torch.device("cpu")) == [5]
+
+
+def test_compile_uses_the_profiles_inner_compiler(tmp_path):
+    path = profiles.save(_doc(settings={"inner": "aot_eager"}), tmp_path)
+    assert profiles.load_file(path).inner == "aot_eager"
+    m = gnncompile.compile(_Lin(), profile=str(path))
+    assert m._compiled._gnncompile_inner == "aot_eager" and "inner=aot_eager" in repr(m)
+    x = torch.randn(3, 4)
+    torch._dynamo.reset()
+    assert torch.allclose(m(x), m.model(x))
+    # an explicit inner wins over the profile's; a profile without one leaves the default
+    assert gnncompile.compile(_Lin(), profile=str(path), inner="eager")._compiled._gnncompile_inner == "eager"
+    p2 = profiles.save(_doc(settings={"inner": None}), tmp_path / "other")
+    assert gnncompile.compile(_Lin(), profile=str(p2))._compiled._gnncompile_inner == "auto"
 
 
 def test_compile_auto_and_none():

@@ -10,8 +10,8 @@
   pruned) trials the study should hold: a resumed or parallel run only adds what is missing.
 * search space: batch size (``batch_size`` fixed, or a ``batch_range`` searched on a log
   scale), pool size, num_workers, persistent workers, pin memory (CUDA only), threads, and the
-  kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) when
-  the workload is compiled.
+  kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) and
+  the inner compiler (``aot_eager`` or ``inductor``) when the workload is compiled.
 * objective: training throughput after warm-up (:func:`tuner.workloads.measure`), reported
   per chunk so that the median pruner stops hopeless trials. Peak memory above
   ``memory_budget`` makes a trial infeasible (Optuna constraint, and the trial fails). A trial
@@ -101,6 +101,9 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             s["knobs"] = [lanes, 0, 0, items]
         else:
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16])]
+        # the compiler for the rest of the graph: inductor's generated code wins on large graphs,
+        # its per-call overhead can lose on the small ones of mini-batch training
+        s["inner"] = trial.suggest_categorical("inner", ["aot_eager", "inductor"])
     else:
         s["knobs"] = default_knobs
     return s
