@@ -88,6 +88,7 @@ def run(args) -> int:
 def _tune(args) -> int:
     try:
         from gnncompile.tuner import Workload, tune
+        from gnncompile.tuner.study import StorageError, _redact
     except ImportError as e:
         print(f"gnncompile tune: {e}", file=sys.stderr)
         return 2
@@ -103,6 +104,9 @@ def _tune(args) -> int:
                    batch_range=tuple(args.batch_range) if args.batch_range else None,
                    memory_budget=budget, max_workers=args.max_workers, seed=args.seed,
                    measure_defaults=not args.no_defaults, callbacks=[cb])
+    except StorageError as e:
+        print(f"gnncompile tune: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         cb.close()
         print("gnncompile tune: interrupted; completed trials are kept in the study; run the same "
@@ -114,7 +118,7 @@ def _tune(args) -> int:
     states = {}
     for t in study.get_trials(deepcopy=False):
         states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
-    summary = {"study": res["name"], "storage": res["storage"], "trials": states, "best": res["best"],
+    summary = {"study": res["name"], "storage": _redact(res["storage"]), "trials": states, "best": res["best"],
                "tuned": res["tuned"], "default": res["default"], "unit": w.unit,
                "profile": str(res["profile_path"]) if res["profile_path"] else None,
                "plots": [str(p) for p in res["plots"]]}

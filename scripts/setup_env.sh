@@ -30,10 +30,13 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 
-# Build tools and the packages the tests and benchmarks use. None of these depends on torch,
+# Build tools and the packages the tests and benchmarks use (optuna-dashboard, psycopg2-binary
+# and pgserver, whose PostgreSQL binaries tests/test_tuner_storage.py runs, are for the tuner's
+# storage tests). None of these depends on torch,
 # so none of them can replace the torch chosen above.
 "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy \
-  "torch_geometric>=2.5" scipy "pytest>=7" "hypothesis>=6" matplotlib "optuna>=3.5" tqdm onnx onnxruntime onnxscript
+  "torch_geometric>=2.5" scipy "pytest>=7" "hypothesis>=6" matplotlib "optuna>=3.5" tqdm onnx onnxruntime onnxscript \
+  optuna-dashboard psycopg2-binary pgserver
 
 "$PY" -m pip install -q --no-build-isolation --no-deps .
 # Run the check from outside the repository: from its root, `python -c` would import the

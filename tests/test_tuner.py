@@ -170,8 +170,23 @@ def test_suggest_respects_fixed_and_ranged_batch_size():
     assert s["batch_size"] == 200 and s["persistent_workers"] and s["knobs"] == gnncompile.device.default_settings(props)["knobs"]
     wc = _tiny()
     wc.compiled = True
-    t = optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0, "threads": 1, "chunks_per_thread": 16})
-    assert study_mod.suggest(t, wc, props, 64, None, 2)["knobs"] == [16]
+    t = optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0, "threads": 1, "chunks_per_thread": 16,
+                                 "inner": "aot_eager"})
+    s = study_mod.suggest(t, wc, props, 64, None, 2)
+    assert s["knobs"] == [16] and s["inner"] == "aot_eager"
+    assert "inner" not in study_mod.suggest(optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0,
+                                                                    "threads": 1}), w, props, 64, None, 2)
+
+
+def test_bad_storage_is_one_clear_error(tmp_path):
+    # an unreachable server / unknown scheme: one line naming the storage, without its password
+    p = _cli(["tune", *TINY, "--trials", "1", "--storage", "postgresql://me:s3cret@127.0.0.1:1/db"])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    assert "cannot open" in err and "Traceback" not in err and "s3cret" not in err and "me:***@" in err
+    p = _cli(["tune", *TINY, "--trials", "1", "--storage", "nosuchdb://x"])
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 2 and "Traceback" not in err and "nosuchdb" in err
 
 
 @pytest.mark.parametrize("compiled", [False, True])

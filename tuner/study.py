@@ -103,7 +103,7 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16])]
         # the compiler for the rest of the graph: inductor's generated code wins on large graphs,
         # its per-call overhead can lose on the small ones of mini-batch training
-        s["inner"] = trial.suggest_categorical("inner", ["aot_eager", "inductor"])
+        s["inner"] = trial.suggest_categorical("inner", ["eager", "aot_eager", "inductor"])
     else:
         s["knobs"] = default_knobs
     return s
@@ -112,32 +112,68 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
 HEARTBEAT_S = 15
 
 
+def _rdb_backend(storage) -> Optional[str]:
+    """The database behind an RDB storage URL ('sqlite', 'postgresql', ...), None otherwise."""
+    if not isinstance(storage, str) or "://" not in storage:
+        return None
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(storage).get_backend_name()
+    except Exception:
+        return None
+
+
+class StorageError(RuntimeError):
+    """The study's storage cannot be opened (bad URL, unreachable server, missing driver)."""
+
+
 def _open_study(optuna, name, storage, sampler, pruner, attempts: int = 6):
-    """create_study(load_if_exists=True), retried: processes that open a new SQLite file at the
-    same moment race to create its tables, and the loser sees 'table ... already exists'."""
+    """create_study(load_if_exists=True), retried: processes that open a new database at the
+    same moment race to create its tables, and the loser sees 'table ... already exists'. Other
+    errors (a bad URL, a server that does not answer, a missing driver) raise StorageError at
+    once, with the URL's password left out."""
     import random
 
-    if isinstance(storage, str) and storage.startswith("sqlite:///"):
+    backend = _rdb_backend(storage)
+    if backend == "sqlite":
         # a SQLite file in a folder that does not exist yet: create the folder, as the default does
-        path = storage[len("sqlite:///"):]
+        path = storage[len("sqlite:///"):] if storage.startswith("sqlite:///") else ""
         if path and path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+        racy: tuple = (IntegrityError, OperationalError, ProgrammingError)
+    except ImportError:  # pragma: no cover - optuna's RDB storage needs sqlalchemy
+        racy = ()
     for i in range(attempts):
         try:
-            if isinstance(storage, str) and storage.split(":", 1)[0].split("+", 1)[0] in (
-                    "sqlite", "postgresql", "mysql"):
+            st = storage
+            if backend is not None:
                 # heartbeats: a trial whose process was killed is marked failed by the next run
                 # (instead of staying RUNNING forever)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    storage = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S,
-                                                         grace_period=4 * HEARTBEAT_S)
-            return optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                    st = optuna.storages.RDBStorage(storage, heartbeat_interval=HEARTBEAT_S,
+                                                    grace_period=4 * HEARTBEAT_S,
+                                                    engine_kwargs={"pool_pre_ping": True}
+                                                    if backend != "sqlite" else None)
+            return optuna.create_study(study_name=name, storage=st, direction="maximize",
                                        sampler=sampler, pruner=pruner, load_if_exists=True)
-        except Exception:
+        except racy as e:
+            # the table-creation race, or a server still starting: retry a few times
             if i == attempts - 1:
-                raise
+                raise StorageError(f"cannot open the study in {_redact(str(storage))}: "
+                                   f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
             time.sleep(0.2 * (i + 1) + random.random() * 0.3)
+        except (ImportError, ModuleNotFoundError) as e:
+            raise StorageError(f"cannot open {_redact(str(storage))}: {e} (install the database "
+                               "driver, e.g. psycopg2-binary for PostgreSQL)") from None
+        except Exception as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise StorageError(f"cannot open the study in {_redact(str(storage))}: "
+                               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
 def _settings_of(trial: Any) -> Dict[str, Any]:
@@ -308,12 +344,25 @@ def save_plots(study, stem: Path) -> list:
                 ax = fn(study)
                 fig = ax.figure if hasattr(ax, "figure") else ax[0].figure
                 p = Path(f"{stem}.{suffix}.png")
-                fig.savefig(p, dpi=90, bbox_inches="tight")
-                plt.close(fig)
+                # through a temporary file: processes sharing a study finish together and write
+                # the same PNG; os.replace leaves one whole file, never a mix
+                import tempfile
+
+                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        fig.savefig(f, format="png", dpi=90, bbox_inches="tight")
+                    os.replace(tmp, p)
+                except BaseException:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                    raise
+                finally:
+                    plt.close(fig)
                 written.append(p)
             except Exception:
                 pass
     return written
 
 
-__all__ = ["tune", "default_storage", "study_name", "workload_dict", "suggest", "save_plots"]
+__all__ = ["tune", "default_storage", "study_name", "workload_dict", "suggest", "save_plots", "StorageError"]

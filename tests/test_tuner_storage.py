@@ -1,0 +1,310 @@
+"""The tuner's shared storage: several `gnncompile tune` processes work on one study in a
+PostgreSQL database at once (what several machines do given an RDB URL), a study in PostgreSQL
+resumes, and the study opens in optuna-dashboard.
+
+Optional packages; each test skips, with the reason, when its package is absent:
+
+* PostgreSQL tests: ``pgserver`` (ships the PostgreSQL server binaries; only its binaries are
+  used here) and ``psycopg2-binary`` (the SQLAlchemy driver).
+* dashboard tests: ``optuna-dashboard`` (its WSGI app is called in-process; no server, no
+  network).
+
+PostgreSQL refuses to run as root. Run as root (CI, containers), the throwaway server runs as
+the unprivileged ``nobody`` user: its folder is a fresh ``mkdtemp`` folder chowned to
+``nobody`` (pytest's ``tmp_path`` sits under a 0700 root folder that ``nobody`` cannot enter),
+and when ``nobody`` cannot execute the binaries where they are installed, they are copied there
+too. Nothing else on the system is touched (pgserver's own ``get_server`` would ``useradd`` a
+user and open up the permissions of every parent folder). The server listens on 127.0.0.1 only,
+on a free port, and is stopped and deleted by the fixture even when the test fails.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from wsgiref.util import setup_testing_defaults
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+# the helpers and the TINY workload of the tuner's own tests (same folder)
+sys.path.insert(0, os.path.dirname(__file__))
+from test_tuner import TINY, _cli, _isolated_cache  # noqa: E402,F401  (_isolated_cache: autouse)
+
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+def _pg_bin() -> Path:
+    pytest.importorskip("psycopg2", reason="PostgreSQL tests need psycopg2-binary")
+    # find pgserver's binaries without importing it (its import sets up runtime folders and
+    # lock files that are not needed here)
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or spec.origin is None:
+        pytest.skip("PostgreSQL tests need pgserver (it ships the PostgreSQL binaries)")
+    b = Path(spec.origin).parent / "pginstall" / "bin"
+    if not (b / "initdb").is_file() or not (b / "pg_ctl").is_file():
+        pytest.skip(f"pgserver has no PostgreSQL binaries in {b}")
+    return b
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Postgres:
+    """A throwaway PostgreSQL server: ``url`` is its SQLAlchemy URL (psycopg2 driver)."""
+
+    def __init__(self, bindir: Path):
+        self.base = Path(tempfile.mkdtemp(prefix="gncpg-"))
+        self.data = self.base / "data"
+        self.log = self.base / "server.log"
+        self.kw = {}
+        self.url = None
+        if os.geteuid() == 0:
+            import pwd
+
+            try:
+                nobody = pwd.getpwnam("nobody")
+            except KeyError:
+                shutil.rmtree(self.base, ignore_errors=True)
+                pytest.skip("running as root (PostgreSQL refuses root) and there is no "
+                            "'nobody' user to run the server as")
+            self.kw = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
+            os.chown(self.base, nobody.pw_uid, nobody.pw_gid)
+            if not self._runs(bindir):
+                # the install folder is not open to 'nobody' (e.g. a venv under /root): use a
+                # copy, laid out as installed (the binaries find libpq in ../../../pgserver.libs)
+                pkg = bindir.parent.parent
+                copy = self.base / "pgserver" / "pginstall"
+                shutil.copytree(bindir.parent, copy, symlinks=True)
+                if (pkg.parent / "pgserver.libs").is_dir():
+                    shutil.copytree(pkg.parent / "pgserver.libs", self.base / "pgserver.libs",
+                                    symlinks=True)
+                for root, dirs, files in os.walk(self.base):
+                    for n in [root, *(os.path.join(root, f) for f in files)]:
+                        os.lchown(n, nobody.pw_uid, nobody.pw_gid)
+                bindir = copy / "bin"
+                if not self._runs(bindir):
+                    shutil.rmtree(self.base, ignore_errors=True)
+                    pytest.fail(f"the PostgreSQL binaries in {bindir} do not run as 'nobody'")
+        self.bin = bindir
+
+    def _runs(self, bindir: Path) -> bool:
+        try:
+            return all(subprocess.run([str(bindir / exe), "--version"], capture_output=True,
+                                      timeout=30, **self.kw).returncode == 0
+                       for exe in ("postgres", "initdb", "pg_ctl"))
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+    def _run(self, exe, *args, timeout=120):
+        return subprocess.run([str(self.bin / exe), *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=self.base, **self.kw)
+
+    def start(self, password: str = "") -> str:
+        r = self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                      "--encoding=UTF8", "--no-locale", "--no-sync")
+        if r.returncode != 0:
+            pytest.fail(f"initdb failed:\n{r.stdout}\n{r.stderr}")
+        for _ in range(3):  # a free port can be taken between choosing it and the server binding it
+            port = _free_port()
+            r = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
+                          "-o", f"-h 127.0.0.1 -p {port} -k '' -c fsync=off -c max_connections=60",
+                          "start")  # TCP on 127.0.0.1 only (-k '': no Unix socket)
+            if r.returncode == 0:
+                # trust authentication ignores the password: it is there to check that the
+                # tuner never writes it out
+                creds = f"postgres:{password}" if password else "postgres"
+                self.url = f"postgresql+psycopg2://{creds}@127.0.0.1:{port}/postgres"
+                return self.url
+        log = self.log.read_text() if self.log.exists() else ""
+        pytest.fail(f"PostgreSQL did not start:\n{r.stdout}\n{r.stderr}\n{log[-3000:]}")
+
+    def stop(self) -> None:
+        try:
+            if (self.data / "postmaster.pid").exists():
+                r = self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "30",
+                              "stop", timeout=60)
+                pidfile = self.data / "postmaster.pid"
+                if r.returncode != 0 and pidfile.exists():  # did not stop: kill the postmaster
+                    try:
+                        os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+                    except (OSError, ValueError, IndexError):
+                        pass
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres():
+    """Starts a throwaway PostgreSQL server and yields it; stops and deletes it afterwards."""
+    server = _Postgres(_pg_bin())
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# ----------------------------------------------------------------------------- helpers
+def _finished(study):
+    return [t for t in study.get_trials() if t.state in FINISHED]
+
+
+def _run_ok(args, timeout=240):
+    p = _cli(args)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    assert p.returncode == 0, err
+    return json.loads(out), p
+
+
+# ----------------------------------------------------------------------------- tests
+def test_two_processes_share_one_postgresql_study(postgres, tmp_path):
+    url = postgres.start(password="s3cret-pw")
+    name, trials = "pg-shared", 8
+    out = tmp_path / "out"
+    args = ["tune", *TINY, "--storage", url, "--study-name", name, "--out", str(out),
+            "--no-defaults", "--trials", str(trials)]
+    procs = [_cli(args), _cli(args)]
+    results = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=300)
+            results.append((p.returncode, stdout, stderr))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+    for rc, stdout, stderr in results:
+        assert rc == 0, stderr
+        assert "Traceback" not in stderr, stderr
+        assert "s3cret-pw" not in stdout + stderr  # the summary names the storage without its password
+
+    study = optuna.load_study(study_name=name, storage=url)
+    all_trials = study.get_trials()
+    finished = [t for t in all_trials if t.state in FINISHED]
+    # the shared budget: each process may finish the one trial it had in flight when the other
+    # finished the last one
+    assert trials <= len(finished) <= trials + 1, [t.state for t in all_trials]
+    # no trial lost: every trial the study ever started ran to an end, none failed or hangs, and
+    # the numbers have no gaps
+    assert [t.state for t in all_trials if t.state not in FINISHED] == []
+    assert sorted(t.number for t in all_trials) == list(range(len(all_trials)))
+    assert all(t.value is not None and t.value > 0 for t in all_trials
+               if t.state == optuna.trial.TrialState.COMPLETE)
+    # both processes ran trials: the tuner records '<host>:<pid>' of the process running each
+    by_worker = {}
+    for t in all_trials:
+        by_worker.setdefault(t.user_attrs.get("worker"), []).append(t)
+    expected = {f"{socket.gethostname()}:{p.pid}" for p in procs}
+    assert set(by_worker) == expected, set(by_worker)
+    # ... at the same time: some trials of the two processes overlap in time
+    a, b = (by_worker[w] for w in sorted(expected))
+    assert any(x.datetime_start < y.datetime_complete and y.datetime_start < x.datetime_complete
+               for x in a for y in b), "the two processes never ran trials at the same time"
+
+    # each process wrote the profile (atomically, to the same file); it names the PostgreSQL
+    # study and does not leak the password
+    paths = {json.loads(stdout)["profile"] for _, stdout, _ in results}
+    assert len(paths) == 1
+    path = Path(paths.pop())
+    assert path.parent == out and path.is_file()
+    text = path.read_text()
+    doc = json.loads(text)
+    assert doc["study"]["name"] == name
+    assert doc["study"]["storage"].startswith("postgresql+psycopg2://postgres:***@127.0.0.1:")
+    assert "s3cret-pw" not in text
+    assert sum(doc["study"]["trials"][s] for s in ("complete", "pruned")) >= trials
+
+
+def test_resume_postgresql_study_keeps_completed_trials(postgres, tmp_path):
+    url = postgres.start()
+    name = "pg-resume"
+    args = ["tune", *TINY, "--storage", url, "--study-name", name, "--out", str(tmp_path),
+            "--no-defaults"]
+    _run_ok([*args, "--trials", "2"])
+    before = optuna.load_study(study_name=name, storage=url)
+    first = {t.number: (t.state, t.value, t.params) for t in _finished(before)}
+    assert len(first) == 2
+
+    _, p = _run_ok([*args, "--trials", "4"])
+    after = optuna.load_study(study_name=name, storage=url)
+    now = {t.number: (t.state, t.value, t.params) for t in _finished(after)}
+    assert len(now) == 4 and len(after.get_trials()) == 4
+    for k, v in first.items():  # the first run's trials are still there, unchanged
+        assert now[k] == v
+    workers = {t.number: t.user_attrs["worker"] for t in after.get_trials()}
+    assert {workers[k] for k in now if k not in first} == {f"{socket.gethostname()}:{p.pid}"}
+    # a third run asking for what the study already holds adds nothing
+    _run_ok([*args, "--trials", "4"])
+    assert len(optuna.load_study(study_name=name, storage=url).get_trials()) == 4
+
+
+# ----------------------------------------------------------------------------- optuna-dashboard
+def _wsgi_get(app, path):
+    environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET"}
+    setup_testing_defaults(environ)
+    status = {}
+
+    def start_response(s, headers, exc_info=None):
+        status["status"], status["headers"] = s, dict(headers)
+
+    body = b"".join(app(environ, start_response))
+    return int(status["status"].split()[0]), status["headers"], body
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_optuna_dashboard_opens_the_study(backend, tmp_path, request):
+    optuna_dashboard = pytest.importorskip("optuna_dashboard")
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'studies.db'}"
+    else:
+        url = request.getfixturevalue("postgres").start()
+    name = f"dash-{backend}"
+    summary, _ = _run_ok(["tune", *TINY, "--storage", url, "--study-name", name,
+                          "--out", str(tmp_path), "--no-defaults", "--trials", "3"])
+    study = optuna.load_study(study_name=name, storage=url)
+    trials = study.get_trials()
+    assert len(_finished(study)) == 3
+
+    # what `optuna-dashboard <url>` serves, without the server
+    app = optuna_dashboard.wsgi(url)
+    code, headers, body = _wsgi_get(app, "/api/studies")
+    assert code == 200 and headers["Content-Type"].startswith("application/json")
+    listed = {s["study_name"]: s for s in json.loads(body)["study_summaries"]}
+    assert name in listed, list(listed)
+    assert listed[name]["directions"] == ["maximize"]
+
+    code, _, body = _wsgi_get(app, f"/api/studies/{listed[name]['study_id']}")
+    assert code == 200
+    detail = json.loads(body)
+    assert detail["name"] == name
+    assert len(detail["trials"]) == len(trials) == sum(summary["trials"].values())
+    assert [t["number"] for t in detail["trials"]] == [t.number for t in trials]
+    assert [t["state"].upper() for t in detail["trials"]] == [t.state.name for t in trials]
+    assert {p["name"] for p in detail["trials"][0]["params"]} == set(trials[0].params)
+    assert {a["key"] for a in detail["user_attrs"]} >= {"workload", "device_key", "unit"}
+    assert {a["key"] for a in detail["trials"][0]["user_attrs"]} >= {"settings", "worker"}
+    best = max((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE),
+               key=lambda t: t.value)
+    assert [t["number"] for t in detail["best_trials"]] == [best.number]
+
+    code, headers, body = _wsgi_get(app, "/dashboard")  # the web page itself
+    assert code == 200 and headers["Content-Type"].startswith("text/html") and body
