@@ -38,7 +38,11 @@ def add_parsers(sub) -> None:
     t.add_argument("--warmup", type=int, default=10, help="steps before timing")
     t.add_argument("--steps", type=int, default=40, help="timed steps per trial")
     t.add_argument("--seed", type=int, default=None, help="sampler seed")
-    t.add_argument("--no-defaults", action="store_true", help="do not measure the defaults")
+    t.add_argument("--no-defaults", action="store_true",
+                   help="do not measure the defaults (nor re-measure the best trials)")
+    t.add_argument("--confirm-top", type=int, default=3,
+                   help="best trials re-measured against each other and the defaults")
+    t.add_argument("--confirm-rounds", type=int, default=3, help="rounds of those re-measurements")
     t.add_argument("--no-progress", action="store_true")
 
     p = sub.add_parser("profile", help="list or show device profiles")
@@ -103,7 +107,8 @@ def _tune(args) -> int:
                    name=args.study_name, batch_size=args.batch_size,
                    batch_range=tuple(args.batch_range) if args.batch_range else None,
                    memory_budget=budget, max_workers=args.max_workers, seed=args.seed,
-                   measure_defaults=not args.no_defaults, callbacks=[cb])
+                   measure_defaults=not args.no_defaults, callbacks=[cb],
+                   confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds)
     except StorageError as e:
         print(f"gnncompile tune: {e}", file=sys.stderr)
         return 2

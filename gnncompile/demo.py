@@ -111,7 +111,7 @@ def _tune(args):
            "--model", {"GraphSAGE": "sage"}.get(args.model, args.model.lower()),
            "--trials", "4", "--timeout", "45", "--num-nodes", str(args.nodes // 4),
            "--num-edges", str(args.nodes // 4 * args.degree), "--num-features", str(args.features),
-           "--steps", "5", "--warmup", "2", "--no-progress", "--out", out,
+           "--steps", "5", "--warmup", "2", "--confirm-top", "1", "--no-progress", "--out", out,
            "--storage", "sqlite:///" + os.path.abspath(os.path.join(out, "demo_study.db"))]
     print("tuning: " + " ".join(cmd[1:]))
     r = subprocess.run(cmd, capture_output=True, text=True)

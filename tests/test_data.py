@@ -125,3 +125,72 @@ def test_bad_arguments():
     for kw in ({"batch_size": 0}, {"pool_size": 0}, {"num_workers": -1}):
         with pytest.raises(ValueError):
             PooledLoader(DS, **kw)
+
+
+# ------------------------------------------------------------- the collation kernels
+from gnncompile import _native  # noqa: E402
+from gnncompile.ops import reference  # noqa: E402
+from gnncompile.ops._library import ops  # noqa: E402
+
+native_only = pytest.mark.skipif(not _native.native_loaded(), reason="native module not built")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8,
+                                   torch.bool, torch.float16])
+@pytest.mark.parametrize("shape", [(), (3,), (2, 4)])
+@pytest.mark.parametrize("with_inc", [False, True])
+def test_collate_rows_matches_reference(dtype, shape, with_inc):
+    if with_inc and dtype in (torch.bool, torch.float16):
+        pytest.skip("the loader adds increments only to the dtypes the kernel covers")
+    g = torch.Generator().manual_seed(1)
+    sizes = torch.randint(0, 6, (40,), generator=g)  # includes empty graphs
+    starts = torch.cumsum(sizes, 0) - sizes
+    values = (torch.randn(int(sizes.sum()), *shape, generator=g) * 50).to(dtype)
+    incs = torch.randint(0, 9, (40,), generator=g) if with_inc else None
+    idx = torch.randperm(40, generator=g)[:17]
+    cap = int(sizes[idx].sum()) + 3
+    a = torch.full((cap, *shape), 7).to(dtype)
+    b = a.clone()
+    ops.collate_rows(values, starts, sizes, idx, a, incs)
+    reference.collate_rows(values, starts, sizes, idx, b, incs)
+    assert torch.equal(a, b)
+    assert torch.equal(a[-3:], torch.full((3, *shape), 7).to(dtype))  # nothing past the batch written
+
+
+def test_segment_ids_matches_reference():
+    sizes = torch.tensor([3, 0, 2, 5, 1])
+    idx = torch.tensor([3, 1, 0, 4])
+    out, ptr = torch.full((12,), -1), torch.full((6,), -1)
+    ops.segment_ids(sizes, idx, out, ptr)
+    assert out[:9].tolist() == [0] * 5 + [2] * 3 + [3]
+    assert ptr[:5].tolist() == [0, 5, 5, 8, 9]
+    out2, ptr2 = torch.full((12,), -1), torch.full((6,), -1)
+    reference.segment_ids(sizes, idx, out2, ptr2)
+    assert torch.equal(out, out2) and torch.equal(ptr, ptr2)
+
+
+@native_only
+def test_collation_kernels_reject_bad_input_without_writing():
+    sizes = torch.tensor([2, 3])
+    starts = torch.tensor([0, 2])
+    values = torch.arange(5.0)
+    out = torch.full((5,), -1.0)
+    with pytest.raises(IndexError, match="out of range"):
+        ops.collate_rows(values, starts, sizes, torch.tensor([0, 2]), out)
+    with pytest.raises(IndexError, match="spans rows"):
+        ops.collate_rows(values, torch.tensor([0, 3]), sizes, torch.tensor([1]), out)
+    with pytest.raises(ValueError, match="out holds"):
+        ops.collate_rows(values, starts, sizes, torch.tensor([0, 1, 1]), out)
+    with pytest.raises(TypeError, match="dtype"):
+        ops.collate_rows(values, starts, sizes, torch.tensor([0]), out.long())
+    with pytest.raises(IndexError, match="out of range"):
+        ops.segment_ids(sizes, torch.tensor([-1]), torch.empty(5, dtype=torch.long), torch.empty(3, dtype=torch.long))
+    assert torch.equal(out, torch.full((5,), -1.0))  # every check ran before any write
+
+
+def test_loader_without_native_kernels_gives_same_batches(monkeypatch):
+    # the torch reference path (what runs when the native module is missing) collates the same
+    monkeypatch.setattr(ops, "collate_rows", reference.collate_rows, raising=False)
+    monkeypatch.setattr(ops, "segment_ids", reference.segment_ids, raising=False)
+    kw = dict(batch_size=32, shuffle=True)
+    _compare(DS, epochs=1, pyg_kw=kw, **kw)

@@ -99,6 +99,45 @@ def test_in_process_tune_records_failures_and_goes_on(tmp_path, monkeypatch):
     assert prof.source == "file"
 
 
+def test_profile_holds_the_candidate_that_remeasures_fastest(tmp_path, monkeypatch):
+    # A stand-in measurement. Inside the study (the first 6 calls) the values rank pool sizes
+    # 6 > 5 > 2 > 4 > 3 > 1; re-measured afterwards, pool size 2 is the fastest, the other
+    # candidates tie, the defaults are slowest. The profile must hold what the re-measurement found.
+    in_study = {6: 106.0, 5: 105.0, 2: 104.0, 4: 103.0, 3: 102.0, 1: 101.0}
+    calls = {"n": 0}
+
+    def fake(w, s, report=None, **kw):
+        calls["n"] += 1
+        if s.get("loader") == "pyg":
+            return 50.0, 0
+        v = in_study[s["pool_size"]] if calls["n"] <= 6 else (200.0 if s["pool_size"] == 2 else 120.0)
+        if report is not None:
+            report(0, v)
+        return v, 0
+
+    monkeypatch.setattr(study_mod, "measure", fake)
+    pools = iter([6, 5, 2, 4, 3, 1])
+
+    class Sampler(optuna.samplers.RandomSampler):
+        def sample_independent(self, study, trial, name, dist):
+            if name == "pool_size":
+                return next(pools)
+            return super().sample_independent(study, trial, name, dist)
+
+    monkeypatch.setattr(optuna.samplers, "TPESampler", lambda **kw: Sampler(seed=0))
+    monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **kw: optuna.pruners.NopPruner())
+    res = tune(_tiny(), trials=6, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
+               confirm_top=3, confirm_rounds=2)
+    cands = res["confirm"]["candidates"]
+    assert [c["trial_value"] for c in cands] == [106.0, 105.0, 104.0]  # the study's top 3
+    assert [c["median"] for c in cands] == [120.0, 120.0, 200.0]
+    assert res["best"]["pool_size"] == 2 and res["tuned"] == 200.0 and res["default"] == 50.0
+    doc = json.loads(res["profile_path"].read_text())
+    assert doc["settings"]["pool_size"] == 2 and doc["study"]["best_trial"] == 2
+    assert doc["throughput"]["tuned"] == 200.0 and doc["throughput"]["default"] == 50.0
+    assert doc["study"]["confirm_runs"]["candidates"] == cands
+
+
 def _wait_for(pred, timeout, proc=None):
     end = time.time() + timeout
     while time.time() < end:

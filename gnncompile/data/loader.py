@@ -9,7 +9,8 @@ How it is faster:
 
 * **Columnar store.** At construction the dataset is read once into one tensor per attribute
   (graphs concatenated, as ``InMemoryDataset`` stores them) plus per-graph sizes and
-  increments. A batch is then a handful of vectorised ``index_select`` calls, instead of
+  increments. A batch is then one native call per attribute (``gnncompile::collate_rows``: a
+  memcpy per graph, node offsets added to edge_index; native/cpu/collate.cpp), instead of
   ``dataset[i]`` and ``Batch.from_data_list`` over a Python list of ``Data`` objects.
 * **Pool of buffers.** ``pool_size`` slots of pre-allocated buffers (sized for the largest
   possible batch) are reused; nothing is allocated per batch. Up to ``pool_size`` batches are
@@ -62,6 +63,8 @@ class _Column:
 
 
 _SERIAL_ELEMS = 16384  # at::internal::GRAIN_SIZE is 32768
+# dtypes the collate_rows kernel can add an increment to
+_ADDABLE = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.float32, torch.float64)
 
 
 def _exclusive_cumsum(t: torch.Tensor) -> torch.Tensor:
@@ -173,51 +176,62 @@ class _Store:
         return bufs
 
     def collate_into(self, idx: torch.Tensor, bufs: Dict[str, torch.Tensor]) -> Dict[str, int]:
-        """Writes the batch of graphs ``idx`` into ``bufs``; returns the used length per buffer."""
+        """Writes the batch of graphs ``idx`` into ``bufs``; returns the used length per buffer.
+
+        Attributes concatenated along dim 0 (x, y, ...), and the rows of a [k, E] attribute
+        (edge_index), are whole-graph copies: one ``gnncompile::collate_rows`` call each (a
+        memcpy per graph in the native kernel, with the node offsets added to edge_index).
+        Other layouts take vectorised torch ops."""
+        from ..ops._library import ops
+
         B = idx.numel()
         used: Dict[str, int] = {}
-        arangeB = torch.arange(B)
+        arangeB = None
         for c in self.columns:
             sizes = c.sizes[idx]
             total = int(sizes.sum())
-            out = bufs[c.key].narrow(c.cat_dim, 0, total)
-            offs = _exclusive_cumsum(sizes)
-            rows = torch.arange(total) + _repeat(c.starts[idx] - offs, sizes, total)
-            if c.cat_dim == 1 and c.values.dim() == 2 and c.values.size(0) <= 8:
+            buf = bufs[c.key]
+            incs = c.incs if c.has_inc else None
+            native = c.values.is_contiguous() and (incs is None or c.values.dtype in _ADDABLE)
+            if native and c.cat_dim == 0:
+                ops.collate_rows(c.values, c.starts, c.sizes, idx, buf, incs)
+            elif native and c.cat_dim == 1 and c.values.dim() == 2 and c.values.size(0) <= 8:
                 for r in range(c.values.size(0)):  # e.g. edge_index: one contiguous row at a time
-                    torch.index_select(c.values[r], 0, rows, out=out[r])
-            elif c.cat_dim == 0:
-                # in pieces below torch's parallel grain: collation is many small ops, and a
-                # parallel region costs more than it saves (far more on a loaded machine)
-                row = max(1, c.values[0].numel()) if c.values.size(0) else 1
-                step = max(1, _SERIAL_ELEMS // row)
-                for a in range(0, total, step):
-                    torch.index_select(c.values, 0, rows[a:a + step], out=out[a:a + step])
+                    ops.collate_rows(c.values[r], c.starts, c.sizes, idx, buf[r], incs)
             else:
-                torch.index_select(c.values, c.cat_dim, rows, out=out)
-            if c.has_inc:
-                add = _repeat(_exclusive_cumsum(c.incs[idx]), sizes, total)
-                shape = [1] * out.dim()
-                shape[c.cat_dim] = total
-                out.add_(add.view(shape).to(out.dtype))
+                self._collate_torch(c, idx, sizes, total, buf)
             used[c.key] = total
             if c.key in self.follow_batch:
-                bufs[c.key + "_batch"][:total] = _repeat(arangeB, sizes, total)
-                p = bufs[c.key + "_ptr"]
-                p[0] = 0
-                torch.cumsum(sizes, 0, out=p[1:B + 1])
+                ops.segment_ids(c.sizes, idx, bufs[c.key + "_batch"], bufs[c.key + "_ptr"])
                 used[c.key + "_batch"] = total
                 used[c.key + "_ptr"] = B + 1
-        nn = self.num_nodes[idx]
-        total = int(nn.sum())
-        bufs["batch"][:total] = _repeat(arangeB, nn, total)
-        p = bufs["ptr"]
-        p[0] = 0
-        torch.cumsum(nn, 0, out=p[1:B + 1])
+        total = int(self.num_nodes[idx].sum())
+        ops.segment_ids(self.num_nodes, idx, bufs["batch"], bufs["ptr"])
         used["batch"] = total
         used["ptr"] = B + 1
         used["_num_nodes"] = total
         return used
+
+    @staticmethod
+    def _collate_torch(c: "_Column", idx: torch.Tensor, sizes: torch.Tensor, total: int,
+                       buf: torch.Tensor) -> None:
+        out = buf.narrow(c.cat_dim, 0, total)
+        offs = _exclusive_cumsum(sizes)
+        rows = torch.arange(total) + _repeat(c.starts[idx] - offs, sizes, total)
+        if c.cat_dim == 0:
+            # in pieces below torch's parallel grain: collation is many small ops, and a
+            # parallel region costs more than it saves (far more on a loaded machine)
+            row = max(1, c.values[0].numel()) if c.values.size(0) else 1
+            step = max(1, _SERIAL_ELEMS // row)
+            for a in range(0, total, step):
+                torch.index_select(c.values, 0, rows[a:a + step], out=out[a:a + step])
+        else:
+            torch.index_select(c.values, c.cat_dim, rows, out=out)
+        if c.has_inc:
+            add = _repeat(_exclusive_cumsum(c.incs[idx]), sizes, total)
+            shape = [1] * out.dim()
+            shape[c.cat_dim] = total
+            out.add_(add.view(shape).to(out.dtype))
 
     def make_batch(self, idx: torch.Tensor, bufs: Dict[str, torch.Tensor], used: Dict[str, int]) -> Batch:
         out = Batch(_base_cls=self.data_cls)

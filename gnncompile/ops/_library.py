@@ -32,11 +32,17 @@ _lib.define(
     "edge_softmax_backward(Tensor rowptr, Tensor perm, Tensor out, Tensor grad, int[] knobs) -> Tensor"
 )
 
+# The pooled loader's collation (gnncompile.data): copies of whole graphs into a batch buffer.
+_lib.define("collate_rows(Tensor values, Tensor starts, Tensor sizes, Tensor idx, Tensor(a!) out, "
+            "Tensor? incs=None) -> ()")
+_lib.define("segment_ids(Tensor sizes, Tensor idx, Tensor(a!) out, Tensor(b!) ptr) -> ()")
+
 # Kernels: the native module registers CPU (and CUDA) implementations when it loads; the
 # references fill every other backend, and all of them when the native module is missing.
 from .. import _native  # noqa: E402  (must come after the schemas are defined)
 
-for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward"):
+for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
+              "segment_ids"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile

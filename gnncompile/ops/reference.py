@@ -161,3 +161,42 @@ def edge_softmax_backward(rowptr, perm, out, grad, knobs: Sequence[int] = ()):
     res = torch.empty_like(gs)
     res[p] = gs
     return res.reshape(out.shape).to(out.dtype)
+
+
+# ----------------------------------------------------------------------------- collation
+def _segment_offsets(sizes: torch.Tensor, idx: torch.Tensor):
+    sel = sizes[idx]
+    return sel, torch.cumsum(sel, 0) - sel
+
+
+def _check_graphs(idx: torch.Tensor, num_graphs: int, op: str) -> None:
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= num_graphs):
+        raise IndexError(f"{op}: graph index out of range for {num_graphs} graphs")
+
+
+def collate_rows(values, starts, sizes, idx, out, incs=None) -> None:
+    """``out[o_b : o_b + n_b] = values[starts[g] : starts[g] + n_b] (+ inc_b)`` for the graphs
+    ``g = idx[b]`` in turn (``n_b = sizes[g]``, ``o_b`` and ``inc_b`` the running sums of the sizes
+    and of ``incs`` over the graphs before ``b``). The native CPU kernel is native/cpu/collate.cpp."""
+    _check_graphs(idx, starts.numel(), "gnncompile.collate_rows")
+    sel, offs = _segment_offsets(sizes, idx)
+    total = int(sel.sum())
+    if total > out.shape[0]:
+        raise ValueError(f"gnncompile.collate_rows: the batch needs {total} rows, out holds {out.shape[0]}")
+    seg = torch.repeat_interleave(torch.arange(idx.numel()), sel)
+    rows = starts[idx][seg] + (torch.arange(total) - offs[seg])
+    res = values.index_select(0, rows)
+    if incs is not None:
+        add = (torch.cumsum(incs[idx], 0) - incs[idx])[seg]
+        res = res + add.view([-1] + [1] * (res.dim() - 1)).to(res.dtype)
+    out[:total].copy_(res)
+
+
+def segment_ids(sizes, idx, out, ptr) -> None:
+    """``out[o_b : o_b + sizes[idx[b]]] = b`` (PyG's ``batch`` vector) and ``ptr = [0, o_1, ...]``."""
+    _check_graphs(idx, sizes.numel(), "gnncompile.segment_ids")
+    sel = sizes[idx]
+    total = int(sel.sum())
+    out[:total] = torch.repeat_interleave(torch.arange(idx.numel()), sel)
+    ptr[0] = 0
+    torch.cumsum(sel, 0, out=ptr[1:idx.numel() + 1])
