@@ -13,7 +13,9 @@ On a generated dataset of --num-graphs graphs of 10-40 nodes (gnncompile.synthet
 The tuned pipeline trains ``gnncompile.compile(model)`` (the tuner also picks the inner compiler
 and the kernel knob); ``--eager`` tunes the loader and threads only, for the eager model.
 
-Writes benchmarks/results/tuning.json and tuning.md (and the two profiles with their plots).
+Writes benchmarks/results/tuning.{json,md,png}, and the two profiles with their optimisation
+history and parameter importance plots in benchmarks/results/tuning_profiles/. The studies go
+to a new SQLite file unless --storage is given, so every trial reported ran in this run.
 Throughput is graphs per second of training (forward, backward, Adam step) after warm-up.
 
     python benchmarks/tuning.py                     # the full run (20k graphs)
@@ -51,11 +53,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=150, help="timed steps per measurement")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--eager", action="store_true", help="tune for PyG's eager model (no gnncompile.compile)")
-    ap.add_argument("--storage", default=None, help="Optuna storage (default: SQLite under the cache dir)")
+    ap.add_argument("--storage", default=None,
+                    help="Optuna storage (default: a new SQLite file in a temporary folder, so that every "
+                         "trial reported was run by this run of the script)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.storage is None:
+        import tempfile
+
+        args.storage = f"sqlite:///{Path(tempfile.mkdtemp(prefix='gnncompile-tuning-')) / 'studies.db'}"
 
     w = Workload(kind="graphs", model=args.model, num_graphs=args.num_graphs, min_nodes=10, max_nodes=40,
                  compiled=not args.eager, warmup=args.warmup, steps=args.steps, chunks=3)
@@ -67,7 +75,8 @@ def main(argv=None) -> int:
               "torch": torch.__version__, "dataset_seconds": gen_s}
 
     print(f"[1/3] tuning at batch size 128 ({args.trials} trials, timeout {args.timeout}s)", flush=True)
-    fixed = tune(w, trials=args.trials, timeout=args.timeout, storage=args.storage, out=out,
+    prof_dir = out / "tuning_profiles"  # the profiles and their history / importance plots
+    fixed = tune(w, trials=args.trials, timeout=args.timeout, storage=args.storage, out=prof_dir,
                  batch_size=128, seed=0)
     report["fixed"] = {"best": fixed["best"], "tuned": fixed["tuned"], "default": fixed["default"],
                        "profile": str(fixed["profile_path"]), "study": fixed["name"],
@@ -101,7 +110,7 @@ def main(argv=None) -> int:
           f"per-round ratios {pair['tuned']:.2f}x", flush=True)
 
     print(f"[3/3] tuning with batch size in 32-512 ({args.range_trials} trials)", flush=True)
-    rng = tune(w, trials=args.range_trials, timeout=args.timeout, storage=args.storage, out=out,
+    rng = tune(w, trials=args.range_trials, timeout=args.timeout, storage=args.storage, out=prof_dir,
                batch_size=128, batch_range=(32, 512), seed=0)
     report["range"] = {"best": rng["best"], "tuned": rng["tuned"], "default": rng["default"],
                        "profile": str(rng["profile_path"]), "study": rng["name"], "trials": _states(rng["study"])}
@@ -110,8 +119,35 @@ def main(argv=None) -> int:
 
     (out / "tuning.json").write_text(json.dumps(report, indent=2, default=str))
     (out / "tuning.md").write_text(_markdown(report))
+    _plot(report, out / "tuning.png")
     print((out / "tuning.md").read_text())
     return 0
+
+
+def _plot(r, path) -> None:
+    """Bars: median graphs/s per configuration; dots: every round."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    h = r["head_to_head"]
+    keys = [k for k in ("baseline", "tuned_loader_eager", "pyg_loader_compiled", "tuned") if k in h["runs"]]
+    labels = {"baseline": "PyG DataLoader\ndefaults, eager", "tuned_loader_eager": "tuned loader,\neager model",
+              "pyg_loader_compiled": "PyG DataLoader,\ncompiled (tuned)", "tuned": "tuned\n(loader + compile)"}
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, k in enumerate(keys):
+        ax.bar(i, h["median"][k], color="#4C72B0" if k == "tuned" else "#9DB4D6")
+        ax.scatter([i] * len(h["runs"][k]), h["runs"][k], color="k", s=10, zorder=3)
+        ax.text(i, h["median"][k] * 1.02, f"{h['median'][k] / h['median']['baseline']:.2f}x", ha="center")
+    ax.set_xticks(range(len(keys)), [labels[k] for k in keys])
+    ax.set_ylabel("training throughput (graphs/s)")
+    ax.set_title(f"GIN, {r['workload']['num_graphs']} graphs, batch 128, {r['device_key']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _states(study):

@@ -194,6 +194,13 @@ def make(device_props: Mapping[str, Any], workload: Mapping[str, Any], settings:
     return doc
 
 
+def file_mode() -> int:
+    """The mode a newly created file gets under the current umask (0644 under umask 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def default_filename(doc: Mapping[str, Any]) -> str:
     return f"{doc['device_key']}__{doc['workload_signature']}.json"
 
@@ -208,6 +215,7 @@ def save(doc: Mapping[str, Any], path: Union[str, os.PathLike, None] = None) -> 
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
     try:
+        os.fchmod(fd, file_mode())  # mkstemp makes 0600; a profile is an ordinary file
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=2, sort_keys=False)
             f.write("\n")

@@ -91,6 +91,15 @@ def test_round_trip(tmp_path):
         assert k in raw
 
 
+def test_profile_file_mode_follows_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = profiles.save(_doc(), tmp_path)
+    finally:
+        os.umask(old)
+    assert (path.stat().st_mode & 0o777) == 0o644
+
+
 def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
     path = profiles.save(_doc(), tmp_path)
     before = path.read_text()

@@ -370,6 +370,7 @@ def save_plots(study, stem: Path) -> list:
 
                 fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
                 try:
+                    os.fchmod(fd, _profiles.file_mode())
                     with os.fdopen(fd, "wb") as f:
                         fig.savefig(f, format="png", dpi=90, bbox_inches="tight")
                     os.replace(tmp, p)
