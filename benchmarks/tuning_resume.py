@@ -47,6 +47,14 @@ def _completed(optuna, storage):
     return [t for t in s.get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
 
 
+def _running(optuna, storage):
+    try:
+        s = optuna.load_study(study_name="resume-demo", storage=storage)
+    except Exception:
+        return False
+    return any(t.state == optuna.trial.TrialState.RUNNING for t in s.get_trials())
+
+
 def _row(t):
     return {"number": t.number, "value": t.value, "params": t.params,
             "worker": t.user_attrs.get("worker")}
@@ -56,7 +64,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--kill-after", type=int, default=3, help="completed trials before the SIGKILL")
-    ap.add_argument("--kill-delay", type=float, default=2.0, help="seconds after that before the kill")
+    ap.add_argument("--kill-delay", type=float, default=0.5,
+                    help="seconds into the next trial (once it is running) before the kill")
     ap.add_argument("--num-graphs", type=int, default=2000)
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
@@ -80,7 +89,11 @@ def main(argv=None) -> int:
             p.kill()
             raise SystemExit("timeout waiting for completed trials")
         time.sleep(0.5)
-    time.sleep(args.kill_delay)  # into the next trial, so that one is running when the kill comes
+    # into the next trial, so that one is running when the kill comes
+    t1 = time.time()
+    while not _running(optuna, storage) and p.poll() is None and time.time() - t1 < 60:
+        time.sleep(0.1)
+    time.sleep(args.kill_delay)
     p.send_signal(signal.SIGKILL)
     p.wait()
     study = optuna.load_study(study_name="resume-demo", storage=storage)

@@ -176,6 +176,39 @@ def _open_study(optuna, name, storage, sampler, pruner, attempts: int = 6):
                                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def fail_orphans(study) -> list:
+    """Marks FAIL the RUNNING trials whose worker process, on this host, no longer exists (a run
+    killed mid-trial); returns their numbers. Heartbeats do the same for any host, but only once
+    the grace period has passed, so a run resumed at once would otherwise leave the killed trial
+    RUNNING. Trials of other hosts, or of live processes, are left alone."""
+    import optuna
+
+    host = socket.gethostname()
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        worker = str(t.user_attrs.get("worker") or "")
+        h, _, pid = worker.rpartition(":")
+        if h != host or not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "error", f"worker {worker} died mid-trial")
+            if study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL):
+                failed.append(t.number)
+        except Exception:  # another process got there first, or the trial finished meanwhile
+            pass
+    return failed
+
+
 def _settings_of(trial: Any) -> Dict[str, Any]:
     return dict(trial.user_attrs.get("settings") or {})
 
@@ -218,6 +251,7 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
             trial.set_constraint("peak_memory_over_budget", excess)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
     study = _open_study(optuna, name, storage, sampler, pruner)
+    fail_orphans(study)
     study.set_user_attr("workload", wl)
     study.set_user_attr("device_key", _device.device_key(props))
     study.set_user_attr("unit", w.unit)
