@@ -190,7 +190,8 @@ def fail_orphans(study) -> list:
     """Marks FAIL the RUNNING trials whose worker process, on this host, no longer exists (a run
     killed mid-trial); returns their numbers. Heartbeats do the same for any host, but only once
     the grace period has passed, so a run resumed at once would otherwise leave the killed trial
-    RUNNING. Trials of other hosts, or of live processes, are left alone."""
+    RUNNING. Trials of other hosts, or of live processes, are left alone, and so is a trial killed
+    before it recorded its worker (its first statement): the heartbeat fails that one later."""
     import optuna
 
     host = socket.gethostname()
@@ -257,10 +258,11 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
     study.set_user_attr("unit", w.unit)
 
     def objective(trial):
+        # first, so that a run killed mid-trial is recognised by the next one (fail_orphans)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         s = suggest(trial, w, props, batch_size, batch_range, max_workers)
         trial.set_user_attr("settings", s)
         constrain(trial, 0.0)
-        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
 
         def report(step, value):
             trial.report(value, step)
