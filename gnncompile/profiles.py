@@ -45,13 +45,12 @@ import torch
 
 from . import __version__
 from . import device as _device
+from .backend import INNERS  # what settings.inner may hold (None: the default)
 
 FORMAT = "gnncompile-profile"
 SCHEMA_VERSION = 1
 SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "pin_memory",
                 "persistent_workers", "inner")
-# what settings.inner may hold (the compiler for the graph around the fused ops; None: the default)
-INNERS = ("eager", "aot_eager", "inductor")
 
 
 class ProfileWarning(UserWarning):
@@ -213,12 +212,23 @@ def save(doc: Mapping[str, Any], path: Union[str, os.PathLike, None] = None) -> 
     if target.suffix != ".json":
         target = target / default_filename(doc)
     target.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(f):
+        f.write((json.dumps(doc, indent=2, sort_keys=False) + "\n").encode())
+
+    atomic_write(target, write)
+    return target
+
+
+def atomic_write(target: Path, write) -> None:
+    """Writes ``target`` through a temporary file in its folder (``write(binary file)``, fsync,
+    ``os.replace``): a crash, or another process writing the same file, leaves one whole file,
+    never half of one. The file gets the umask's mode (mkstemp alone would make it 0600)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=str(target.parent))
     try:
-        os.fchmod(fd, file_mode())  # mkstemp makes 0600; a profile is an ordinary file
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2, sort_keys=False)
-            f.write("\n")
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -228,7 +238,6 @@ def save(doc: Mapping[str, Any], path: Union[str, os.PathLike, None] = None) -> 
         except OSError:
             pass
         raise
-    return target
 
 
 # ------------------------------------------------------------------------------ reading

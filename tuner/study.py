@@ -11,7 +11,7 @@
 * search space: batch size (``batch_size`` fixed, or a ``batch_range`` searched on a log
   scale), pool size, num_workers, persistent workers, pin memory (CUDA only), threads, and the
   kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) and
-  the inner compiler (``aot_eager`` or ``inductor``) when the workload is compiled.
+  the inner compiler (one of :data:`gnncompile.backend.INNERS`) when the workload is compiled.
 * objective: training throughput after warm-up (:func:`tuner.workloads.measure`), reported
   per chunk so that the median pruner stops hopeless trials. Peak memory above
   ``memory_budget`` makes a trial infeasible (Optuna constraint, and the trial fails). A trial
@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 
 from gnncompile import device as _device
+from gnncompile.backend import INNERS
 from gnncompile import profiles as _profiles
 
 from .workloads import MemoryBudgetExceeded, Workload, default_settings, measure
@@ -101,9 +102,9 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             s["knobs"] = [lanes, 0, 0, items]
         else:
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16])]
-        # the compiler for the rest of the graph: inductor's generated code wins on large graphs,
-        # its per-call overhead can lose on the small ones of mini-batch training
-        s["inner"] = trial.suggest_categorical("inner", ["eager", "aot_eager", "inductor"])
+        # the compiler for the rest of the graph: which one wins depends on the model and the
+        # graph sizes (measurements in docs/ARCHITECTURE.md, "Inner compiler")
+        s["inner"] = trial.suggest_categorical("inner", list(INNERS))
     else:
         s["knobs"] = default_knobs
     return s
@@ -166,12 +167,10 @@ def _open_study(optuna, name, storage, sampler, pruner, attempts: int = 6):
                 raise StorageError(f"cannot open the study in {_redact(str(storage))}: "
                                    f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
             time.sleep(0.2 * (i + 1) + random.random() * 0.3)
-        except (ImportError, ModuleNotFoundError) as e:
+        except ImportError as e:
             raise StorageError(f"cannot open {_redact(str(storage))}: {e} (install the database "
                                "driver, e.g. psycopg2-binary for PostgreSQL)") from None
         except Exception as e:
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
             raise StorageError(f"cannot open the study in {_redact(str(storage))}: "
                                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
@@ -400,20 +399,10 @@ def save_plots(study, stem: Path) -> list:
                 ax = fn(study)
                 fig = ax.figure if hasattr(ax, "figure") else ax[0].figure
                 p = Path(f"{stem}.{suffix}.png")
-                # through a temporary file: processes sharing a study finish together and write
-                # the same PNG; os.replace leaves one whole file, never a mix
-                import tempfile
-
-                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
+                # atomically: processes sharing a study finish together and write the same PNG
                 try:
-                    os.fchmod(fd, _profiles.file_mode())
-                    with os.fdopen(fd, "wb") as f:
-                        fig.savefig(f, format="png", dpi=90, bbox_inches="tight")
-                    os.replace(tmp, p)
-                except BaseException:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
-                    raise
+                    _profiles.atomic_write(p, lambda f: fig.savefig(f, format="png", dpi=90,
+                                                                    bbox_inches="tight"))
                 finally:
                     plt.close(fig)
                 written.append(p)

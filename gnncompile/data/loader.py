@@ -186,7 +186,6 @@ class _Store:
 
         B = idx.numel()
         used: Dict[str, int] = {}
-        arangeB = None
         for c in self.columns:
             sizes = c.sizes[idx]
             total = int(sizes.sum())
