@@ -46,7 +46,7 @@ def _models(F: int):
 def main(argv=None) -> int:
     import onnxruntime as ort
 
-    from gnncompile.synthetic import power_law_graph
+    from gnncompile.data.synthetic import power_law_graph
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=5000)

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_ops.py --out OUTDIR [--nodes 1000000 --edges 10000000 --features 128]
 
-Main case: spmm sum, F = 128 float32, on gnncompile.synthetic.power_law_graph(1M nodes, 10M
+Main case: spmm sum, F = 128 float32, on gnncompile.data.synthetic.power_law_graph(1M nodes, 10M
 edges), side by side with, in the same run,
 
   * torch.sparse.mm on a CSR adjacency built beforehand (cuSPARSE SpMM), and
@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import gnncompile
-    from gnncompile.ops._library import ops
-    from gnncompile.synthetic import power_law_graph
+    from gnncompile.ops.schemas import ops
+    from gnncompile.data.synthetic import power_law_graph
 
     if not torch.cuda.is_available():
         print("gpu_ops: no CUDA device", file=sys.stderr)
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
 
     x = torch.randn(N, F, device=dev)
     knobs = gnncompile.ops.get_knobs(dev)
-    from gnncompile import cuda_knobs
+    from gnncompile.hardware import cuda_knobs
 
     eff = cuda_knobs.spmm_knobs(cuda_knobs.device_props(dev), N, E, F, knobs=knobs)
     say(f"knobs: {knobs or 'defaults'} -> [lanes, rows/block, vec, items] = {eff}")

@@ -6,7 +6,7 @@
 
 One step = forward, cross-entropy loss, backward, Adam step. Models: GCN, GraphSAGE, GIN, GAT
 from torch_geometric.nn.models, hidden 128, 2 layers (GAT: 4 heads of 32). Graphs: generated
-power-law graphs (gnncompile.synthetic.power_law_graph) and, when present, Cora from
+power-law graphs (gnncompile.data.synthetic.power_law_graph) and, when present, Cora from
 ../shared/data (copied into a temporary root first).
 
 Variants:
@@ -52,7 +52,7 @@ CORA_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid"
 def _load_graph(spec: str, F: int):
     import torch
 
-    from gnncompile.synthetic import power_law_graph
+    from gnncompile.data.synthetic import power_law_graph
 
     if spec == "cora":
         from torch_geometric.datasets import Planetoid

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 import gnncompile  # noqa: E402
-from gnncompile.synthetic import power_law_graph  # noqa: E402
+from gnncompile.data.synthetic import power_law_graph  # noqa: E402
 
 
 def make_inputs(N: int, E: int, F: int, seed: int = 0):
@@ -65,8 +65,8 @@ def agree(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4) -> float:
 def bench_features(N: int, E: int, F: int, repeats: int) -> dict:
     ei, x, w = make_inputs(N, E, F)
     res: dict = {"N": N, "E": E, "F": F}
-    res["build_s"] = _common.timeit(lambda: gnncompile.graph.build(ei, N), repeats)["median"]
-    gnncompile.graph.structure(ei, N)  # cached for the timed calls
+    res["build_s"] = _common.timeit(lambda: gnncompile.ops.structure.build(ei, N), repeats)["median"]
+    gnncompile.ops.structure.structure(ei, N)  # cached for the timed calls
     A = sparse_adj(ei, N)
 
     # ---- forward, unweighted sum
@@ -129,7 +129,7 @@ def memory_case(impl: str, N: int, E: int, F: int) -> int:
     xr = x.clone().requires_grad_()
     wr = w.clone().requires_grad_()
     if impl == "gnncompile":
-        gnncompile.graph.structure(ei, N).transposed(N)  # structure as it is across steps
+        gnncompile.ops.structure.structure(ei, N).transposed(N)  # structure as it is across steps
 
         def step():
             gnncompile.ops.spmm(ei, xr, wr).backward(go)

@@ -1,6 +1,6 @@
 """Tuned settings vs PyG's DataLoader defaults: mini-batch graph classification, GIN.
 
-On a generated dataset of --num-graphs graphs of 10-40 nodes (gnncompile.synthetic.graph_dataset):
+On a generated dataset of --num-graphs graphs of 10-40 nodes (gnncompile.data.synthetic.graph_dataset):
 
 1. tunes at a fixed batch size of 128 (--trials / --timeout), which also measures the defaults;
 2. measures, in the same run and interleaved (--rounds rounds, medians), the tuned settings
@@ -35,7 +35,7 @@ warnings.simplefilter("ignore")
 
 import torch  # noqa: E402
 
-from gnncompile import device  # noqa: E402
+from gnncompile.hardware import device  # noqa: E402
 from gnncompile.tuner import Workload, measure, tune  # noqa: E402
 from gnncompile.tuner.workloads import dataset_for, default_settings  # noqa: E402
 

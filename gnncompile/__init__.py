@@ -1,15 +1,33 @@
-"""gnncompile: fused, hardware-aware message passing for PyTorch Geometric."""
+"""gnncompile: fused, hardware-aware message passing for PyTorch Geometric.
+
+    model = gnncompile.compile(model)          # compiler/: the torch.compile backend + passes/
+    gnncompile.explain(model, x, edge_index)   # what fused, what did not, and why
+    gnncompile.export(model, (x, ei), "m.onnx")  # export/: ONNX or torch.export
+
+The fused kernels are in :mod:`gnncompile.ops`, device profiles in :mod:`gnncompile.hardware`,
+loaders in :mod:`gnncompile.data`, the optional Optuna tuner in :mod:`gnncompile.tuner` (never
+imported here), the command line in :mod:`gnncompile.cli`.
+"""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("gnncompile")  # pyproject.toml holds the one version
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 from . import ops  # noqa: E402  (defines the op schemas and loads the native kernels)
-from . import _native, device, graph  # noqa: E402
+from . import hardware  # noqa: E402
+from .compiler import compile, explain  # noqa: E402  (also registers the "gnncompile" backend)
+from .export import export  # noqa: E402
 
 
 def info() -> dict:
     """What this installation has: versions, native kernels, and the detected device."""
     import torch
+
+    from .ops import _native
 
     return {
         "version": __version__,
@@ -17,12 +35,9 @@ def info() -> dict:
         "native": _native.native_loaded(),
         "native_error": _native.LOAD_ERROR,
         "cuda_kernels": _native.cuda_kernels(),
-        "device": device.describe(),
+        "device": hardware.describe(),
         "build": _native.build_info(),
     }
 
 
-__all__ = ["info", "ops", "graph", "device", "__version__", "compile", "explain", "export"]
-from .compile import compile, explain  # noqa: E402
-from . import backend  # noqa: E402,F401
-from .export import export  # noqa: E402
+__all__ = ["info", "ops", "hardware", "compile", "explain", "export", "__version__"]

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Creates the project's virtual environment and installs gnncompile into it.
+# Creates the project's virtual environment and installs gnncompile into it, editable
+# (`pip install --no-build-isolation -e .`): Python sources are imported from the checkout, and
+# importing gnncompile rebuilds the native module when a C++/CUDA source changed.
 #   - torch: the one already installed for $PYTHON if there is one (the venv then sees the
 #     system site-packages); otherwise a CPU build (torch==$TORCH_CPU_VERSION) on a machine
 #     with no NVIDIA GPU, or the default (CUDA) build where `nvidia-smi` finds a GPU.
@@ -34,18 +36,11 @@ fi
 # and pgserver, whose PostgreSQL binaries tests/test_tuner_storage.py runs, are for the tuner's
 # storage tests). None of these depends on torch,
 # so none of them can replace the torch chosen above.
-"$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja numpy \
+"$PY" -m pip install -q "scikit-build-core>=1.0" "pybind11>=2.12" cmake ninja numpy \
   "torch_geometric>=2.5" scipy "pytest>=7" "hypothesis>=6" matplotlib "optuna>=3.5" tqdm onnx onnxruntime onnxscript \
   optuna-dashboard psycopg2-binary pgserver
 
-"$PY" -m pip install -q --no-build-isolation --no-deps .
-# Run the check from outside the repository: from its root, `python -c` would import the
-# source tree (which has no compiled module) instead of the installed package.
+"$PY" -m pip install -q --no-build-isolation --no-deps -e .
+# Check from outside the repository that the installed package loads its native kernels.
 PY_ABS="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 (cd / && "$PY_ABS" -c "import gnncompile, json; i = gnncompile.info(); print(json.dumps(i, indent=1)); raise SystemExit(0 if i['native'] else 'setup: the native module did not load')")
-
-# Also place the compiled module in the source tree (git ignores it), so that Python started
-# from the repository root, where ./gnncompile shadows the installed package, still has the
-# native kernels: `python -m pytest`, `python -c "import gnncompile"` behave like the install.
-SO=$(cd / && "$PY_ABS" -c "import gnncompile._C as c; print(c.__file__)")
-cp -f "$SO" gnncompile/

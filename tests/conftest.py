@@ -167,9 +167,9 @@ def gen() -> torch.Generator:
 @pytest.fixture
 def fresh_cache():
     """An empty structure cache with zeroed counters (restored empty afterwards)."""
-    gnncompile.graph.clear_cache()
-    yield gnncompile.graph.CACHE
-    gnncompile.graph.clear_cache()
+    gnncompile.ops.structure.clear_cache()
+    yield gnncompile.ops.structure.CACHE
+    gnncompile.ops.structure.clear_cache()
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def native():
     info = gnncompile.info()
     if not info["native"]:
         pytest.skip(f"native kernels not loaded: {info['native_error']}")
-    return gnncompile._native._C
+    return gnncompile.ops._native._C
 
 
 def pytest_report_header(config):

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from gnncompile import graph
+from gnncompile.ops import structure as graph
 from gnncompile.ops import edge_softmax, spmm
 
 ops = torch.ops.gnncompile

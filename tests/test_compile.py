@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import gnncompile
-from gnncompile.passes import runtime
+from gnncompile.ops import structure as runtime
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -255,8 +255,8 @@ def test_user_message_passing_unfused_but_correct():
 
 # ----------------------------------------------------------------------------- cases the pass must not rewrite
 def _count_fused(fn, *args):
-    with gnncompile.backend.collect() as reports:
-        out = torch.compile(fn, backend=gnncompile.backend.make_backend("eager"))(*args)
+    with gnncompile.compiler.collect() as reports:
+        out = torch.compile(fn, backend=gnncompile.compiler.make_backend("eager"))(*args)
     return out, sum(r.num_fused for r in reports), [u for r in reports for u in r.unfused]
 
 
@@ -347,9 +347,9 @@ def test_minibatches_bounded_compilations():
     for step in range(6):
         n = 20 + 9 * step
         x, ei, _, _ = _graph(step, n=n, e=3 * n, unique=False)
-        before = gnncompile.backend.STATS["graphs"]
+        before = gnncompile.compiler.STATS["graphs"]
         check_same(model, c, [x, ei])
-        counts.append(gnncompile.backend.STATS["graphs"] - before)
+        counts.append(gnncompile.compiler.STATS["graphs"] - before)
     # first call: static pieces; second: the pieces once more with symbolic sizes (a few more
     # pieces than the first time: the symbolic trace breaks at more places); then none
     assert sum(counts[2:]) == 0, counts
@@ -450,14 +450,14 @@ def test_attention_gathers_get_segment_sum_gradient(conv):
     factory, builder, _ = LAYERS[conv]
     torch.manual_seed(0)
     model = factory()
-    with gnncompile.backend.collect() as reports:
+    with gnncompile.compiler.collect() as reports:
         check_same(model, gnncompile.compile(model), _inputs(builder))
     assert sum(r.gathers for r in reports) == 2, [r.gathers for r in reports]
 
 
 def test_gather_op_gradient_matches_index_select():
     x = torch.randn(N, 3, dtype=torch.float64, requires_grad=True)
-    s = gnncompile.graph.build(EI, N)
+    s = gnncompile.ops.structure.build(EI, N)
     rowptr_t, _, perm_t = s.transposed(N)
     for idx, rowptr, perm in ((EI[1], s.rowptr, s.perm), (EI[0], rowptr_t, perm_t)):
         torch.autograd.gradcheck(
@@ -473,7 +473,7 @@ def test_default_inner_is_inductor_unless_overridden():
     import subprocess
     import sys
 
-    code = "import gnncompile.backend as b; print(b.DEFAULT_INNER)"
+    code = "import gnncompile.compiler as b; print(b.DEFAULT_INNER)"
     env = {k: v for k, v in os.environ.items() if k != "GNNCOMPILE_INNER"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd="/")

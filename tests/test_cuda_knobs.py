@@ -1,4 +1,4 @@
-"""The default launch-knob rule of the CUDA kernels (gnncompile/cuda_knobs.py, mirrored from
+"""The default launch-knob rule of the CUDA kernels (gnncompile/hardware/cuda_knobs.py, mirrored from
 native/cuda/knobs.h). Runs on the CPU: the rule takes a dict of device properties."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gnncompile import cuda_knobs as ck
+from gnncompile.hardware import cuda_knobs as ck
 
 ROOT = Path(__file__).resolve().parents[1]
 

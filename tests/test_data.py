@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gnncompile.data import PooledLoader
-from gnncompile.synthetic import graph_dataset
+from gnncompile.data.synthetic import graph_dataset
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -130,7 +130,7 @@ def test_bad_arguments():
 # ------------------------------------------------------------- the collation kernels
 from gnncompile import _native  # noqa: E402
 from gnncompile.ops import reference  # noqa: E402
-from gnncompile.ops._library import ops  # noqa: E402
+from gnncompile.ops.schemas import ops  # noqa: E402
 
 native_only = pytest.mark.skipif(not _native.native_loaded(), reason="native module not built")
 

@@ -259,7 +259,7 @@ def _call_function(fn, inputs, n_out=1, out_type=onnx.TensorProto.FLOAT, out_ran
     """A one-node ONNX model calling gnncompile::<fn>, run in onnxruntime."""
     from onnx import helper
 
-    from gnncompile import _onnx_functions as OF
+    from gnncompile.export import onnx_functions as OF
 
     names = [f"in{i}" for i in range(len(inputs))]
     out_rank = inputs[-1].dim() if out_rank is None else out_rank
@@ -290,7 +290,7 @@ def _structure(n, e, seed, isolated=3):
 
 @pytest.mark.parametrize("n,e", [(15, 40), (6, 0)])
 def test_onnx_function_build_csr(n, e):
-    from gnncompile import _onnx_functions as OF
+    from gnncompile.export import onnx_functions as OF
 
     x, ei, rowptr, col, perm = _structure(n, e, seed=3)
     got = _call_function(OF.build_csr, [ei[1], ei[0], torch.tensor(n)], n_out=3,
@@ -303,7 +303,7 @@ def test_onnx_function_build_csr(n, e):
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
 @pytest.mark.parametrize("n,e", [(15, 40), (6, 0)])
 def test_onnx_function_spmm(reduce, weighted, n, e):
-    from gnncompile import _onnx_functions as OF
+    from gnncompile.export import onnx_functions as OF
 
     x, ei, rowptr, col, perm = _structure(n, e, seed=4)
     E = ei.size(1)
@@ -325,7 +325,7 @@ def test_onnx_function_spmm(reduce, weighted, n, e):
 
 @pytest.mark.parametrize("heads", [0, 3])
 def test_onnx_function_edge_softmax(heads):
-    from gnncompile import _onnx_functions as OF
+    from gnncompile.export import onnx_functions as OF
 
     x, ei, rowptr, col, perm = _structure(15, 40, seed=5)
     E = ei.size(1)

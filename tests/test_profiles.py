@@ -1,4 +1,4 @@
-"""gnncompile.device / gnncompile.profiles / compile(profile=...): detection, the default rule,
+"""gnncompile.hardware.device / .profiles / compile(profile=...): detection, the default rule,
 profile round-trip, atomic writes, nearest-workload choice, and bad profiles (corrupt, foreign,
 stale) that must warn and fall back, never crash."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gnncompile
-from gnncompile import device, profiles
+from gnncompile.hardware import device, profiles
 from gnncompile.ops import get_knobs, set_knobs
 
 

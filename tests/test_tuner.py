@@ -17,7 +17,7 @@ import torch
 optuna = pytest.importorskip("optuna")
 
 import gnncompile  # noqa: E402
-from gnncompile import profiles  # noqa: E402
+from gnncompile.hardware import profiles  # noqa: E402
 from gnncompile.ops import get_knobs, set_knobs  # noqa: E402
 from gnncompile.tuner import Workload, tune  # noqa: E402
 from gnncompile.tuner import study as study_mod  # noqa: E402
@@ -236,14 +236,14 @@ def test_two_processes_share_one_sqlite_study(tmp_path):
 
 
 def test_suggest_respects_fixed_and_ranged_batch_size():
-    props = gnncompile.device.detect("cpu")
+    props = gnncompile.hardware.detect("cpu")
     w = _tiny()
     t = optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0, "threads": 1})
     assert study_mod.suggest(t, w, props, 128, None, 2)["batch_size"] == 128
     t = optuna.trial.FixedTrial({"batch_size": 200, "pool_size": 2, "num_workers": 1,
                                  "persistent_workers": True, "threads": 1})
     s = study_mod.suggest(t, w, props, None, (32, 512), 2)
-    assert s["batch_size"] == 200 and s["persistent_workers"] and s["knobs"] == gnncompile.device.default_settings(props)["knobs"]
+    assert s["batch_size"] == 200 and s["persistent_workers"] and s["knobs"] == gnncompile.hardware.default_settings(props)["knobs"]
     wc = _tiny()
     wc.compiled = True
     t = optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0, "threads": 1, "chunks_per_thread": 16,

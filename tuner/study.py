@@ -3,7 +3,7 @@
 ``tune(workload, trials=..., timeout=..., storage=..., out=...)``:
 
 * storage: any Optuna storage URL; default ``sqlite:///<cache dir>/tuner/studies.db``
-  (:func:`gnncompile.profiles.cache_dir`). The study is named after the device key and the
+  (:func:`gnncompile.hardware.profiles.cache_dir`). The study is named after the device key and the
   workload signature and opened with ``load_if_exists``: a run that was interrupted (Ctrl-C,
   kill) resumes with every completed trial kept, and several processes (or machines, given an
   RDB URL) can work on one study at once. ``trials`` is the number of finished (complete or
@@ -11,14 +11,14 @@
 * search space: batch size (``batch_size`` fixed, or a ``batch_range`` searched on a log
   scale), pool size, num_workers, persistent workers, pin memory (CUDA only), threads, and the
   kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) and
-  the inner compiler (one of :data:`gnncompile.backend.INNERS`) when the workload is compiled.
+  the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
 * objective: training throughput after warm-up (:func:`tuner.workloads.measure`), reported
   per chunk so that the median pruner stops hopeless trials. Peak memory above
   ``memory_budget`` makes a trial infeasible (Optuna constraint, and the trial fails). A trial
   that raises (out of memory, a crash) is recorded as failed and the study goes on.
 * the defaults (:func:`tuner.workloads.default_settings`) are measured in the same run, and
   the profile records tuned vs default throughput. The profile JSON goes to ``out`` (default
-  :func:`gnncompile.profiles.profile_dir`) with the optimisation history and parameter
+  :func:`gnncompile.hardware.profiles.profile_dir`) with the optimisation history and parameter
   importance plots as PNG next to it.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from gnncompile import device as _device
-from gnncompile.backend import INNERS
-from gnncompile import profiles as _profiles
+from gnncompile.hardware import device as _device
+from gnncompile.compiler import INNERS
+from gnncompile.hardware import profiles as _profiles
 
 from .workloads import MemoryBudgetExceeded, Workload, default_settings, measure
 

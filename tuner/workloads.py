@@ -2,10 +2,10 @@
 
 Two kinds:
 
-* ``fullgraph``: one generated power-law graph (:func:`gnncompile.synthetic.power_law_graph`),
+* ``fullgraph``: one generated power-law graph (:func:`gnncompile.data.synthetic.power_law_graph`),
   node classification, one optimizer step per epoch; throughput in epochs/s.
 * ``graphs``: mini-batch graph classification over a generated dataset of many small graphs
-  (:func:`gnncompile.synthetic.graph_dataset`), a pooled readout; throughput in graphs/s.
+  (:func:`gnncompile.data.synthetic.graph_dataset`), a pooled readout; throughput in graphs/s.
 
 :func:`measure` runs ``warmup`` steps (compilation, allocator, worker start-up), then times
 ``steps`` steps in ``chunks`` pieces, calling ``report(step, throughput_so_far)`` after each
@@ -101,7 +101,7 @@ def build_model(w: Workload) -> torch.nn.Module:
 
 @lru_cache(maxsize=2)
 def _dataset(num_graphs, min_nodes, max_nodes, num_features, num_classes, seed):
-    from gnncompile.synthetic import graph_dataset
+    from gnncompile.data.synthetic import graph_dataset
 
     return graph_dataset(num_graphs, min_nodes, max_nodes, num_features, num_classes, seed=seed)
 
@@ -112,7 +112,7 @@ def dataset_for(w: Workload):
 
 @lru_cache(maxsize=2)
 def _graph(num_nodes, num_edges, num_features, num_classes, seed):
-    from gnncompile.synthetic import power_law_graph
+    from gnncompile.data.synthetic import power_law_graph
 
     g = torch.Generator().manual_seed(seed)
     ei = power_law_graph(num_nodes, num_edges, seed=seed)
@@ -132,7 +132,7 @@ def _rss_bytes() -> int:
 def default_settings(w: Workload, device_props: Optional[dict] = None, batch_size: int = 128) -> Dict[str, Any]:
     """The baseline a tuned profile is compared with: PyG's DataLoader with its defaults, torch's
     thread count as it is, the kernels' default knobs."""
-    from gnncompile import device as _device
+    from gnncompile.hardware import device as _device
 
     p = _device.detect() if device_props is None else device_props
     return {"loader": "pyg", "batch_size": batch_size if w.kind == "graphs" else None,

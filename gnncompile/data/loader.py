@@ -182,7 +182,7 @@ class _Store:
         (edge_index), are whole-graph copies: one ``gnncompile::collate_rows`` call each (a
         memcpy per graph in the native kernel, with the node offsets added to edge_index).
         Other layouts take vectorised torch ops."""
-        from ..ops._library import ops
+        from ..ops import collate_rows, segment_ids
 
         B = idx.numel()
         used: Dict[str, int] = {}
@@ -193,19 +193,19 @@ class _Store:
             incs = c.incs if c.has_inc else None
             native = c.values.is_contiguous() and (incs is None or c.values.dtype in _ADDABLE)
             if native and c.cat_dim == 0:
-                ops.collate_rows(c.values, c.starts, c.sizes, idx, buf, incs)
+                collate_rows(c.values, c.starts, c.sizes, idx, buf, incs)
             elif native and c.cat_dim == 1 and c.values.dim() == 2 and c.values.size(0) <= 8:
                 for r in range(c.values.size(0)):  # e.g. edge_index: one contiguous row at a time
-                    ops.collate_rows(c.values[r], c.starts, c.sizes, idx, buf[r], incs)
+                    collate_rows(c.values[r], c.starts, c.sizes, idx, buf[r], incs)
             else:
                 self._collate_torch(c, idx, sizes, total, buf)
             used[c.key] = total
             if c.key in self.follow_batch:
-                ops.segment_ids(c.sizes, idx, bufs[c.key + "_batch"], bufs[c.key + "_ptr"])
+                segment_ids(c.sizes, idx, bufs[c.key + "_batch"], bufs[c.key + "_ptr"])
                 used[c.key + "_batch"] = total
                 used[c.key + "_ptr"] = B + 1
         total = int(self.num_nodes[idx].sum())
-        ops.segment_ids(self.num_nodes, idx, bufs["batch"], bufs["ptr"])
+        segment_ids(self.num_nodes, idx, bufs["batch"], bufs["ptr"])
         used["batch"] = total
         used["ptr"] = B + 1
         used["_num_nodes"] = total

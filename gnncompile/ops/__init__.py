@@ -1,147 +1,21 @@
-"""Fused message-passing ops with PyG semantics.
+"""Fused message-passing ops with PyG semantics, and the only code that names
+``torch.ops.gnncompile``.
 
-``spmm(edge_index, x, edge_weight, reduce, num_dst)`` equals::
-
-    torch_geometric.utils.scatter(x[edge_index[0]] * w, edge_index[1], dim=0,
-                                  dim_size=num_dst, reduce=reduce)
-
-and ``edge_softmax(edge_index, scores, num_dst)`` equals
-``torch_geometric.utils.softmax(scores, edge_index[1], num_nodes=num_dst)``, without ever
-materialising the ``E x F`` message tensor in the forward or the backward pass (sum, mean and
-weighted sum). Each call looks up the cached graph structure of ``edge_index``
-(:mod:`gnncompile.graph`) and runs a ``torch.ops.gnncompile`` custom op, which has a fake
-kernel and an autograd formula, so ``torch.compile`` and ``torch.export`` see through it.
+* :mod:`.schemas`: the kernel ops' schemas, fake kernels and reference registrations
+  (:mod:`.reference`); loading it loads the native kernels (:mod:`._native`).
+* :mod:`.autograd`: their autograd formulas.
+* :mod:`.structure`: graph structures (CSR / CSC), the one structure cache, and the structure
+  ops that compiled graphs call.
+* :mod:`.functional`: the public functions :func:`spmm` and :func:`edge_softmax`, the kernel
+  knobs (:func:`set_knobs`), and the loader's collation ops.
+* :mod:`.targets`: the op overloads that the passes insert and export translates.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from . import reference, schemas  # noqa: F401  (schemas first: it defines the ops)
+from . import autograd, structure, targets  # noqa: F401
+from .functional import REDUCES, collate_rows, edge_softmax, get_knobs, segment_ids, set_knobs, spmm
+from .structure import cache_info, clear_cache, transpose_structure
 
-import torch
-
-from . import reference
-from ._library import ops, transpose_structure
-
-REDUCES = ("sum", "mean", "max", "min")
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-# Kernel knobs by device type; filled from a device profile (empty = the kernels' defaults).
-_KNOBS: dict = {}
-
-
-def set_knobs(device_type: str, knobs: Optional[Sequence[int]]) -> None:
-    """Sets the kernel knobs used for ``device_type`` ('cpu' or 'cuda'); None restores defaults."""
-    if knobs is None:
-        _KNOBS.pop(device_type, None)
-    else:
-        _KNOBS[device_type] = [int(k) for k in knobs]
-
-
-def get_knobs(device: torch.device) -> List[int]:
-    return list(_KNOBS.get(device.type, ()))
-
-
-def _check_edge_index(edge_index, device: torch.device, fn: str) -> None:
-    if not isinstance(edge_index, torch.Tensor):
-        raise TypeError(f"{fn}: edge_index must be a torch.Tensor, got {type(edge_index).__name__}")
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"{fn}: edge_index must have shape [2, E], got {list(edge_index.shape)}")
-    if edge_index.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{fn}: edge_index must be int64 or int32, got {edge_index.dtype}")
-    if edge_index.device != device:
-        raise ValueError(
-            f"{fn}: edge_index is on {edge_index.device} but the features are on {device}"
-        )
-
-
-def _check_float(t, name: str, fn: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{fn}: {name} must be float32, float64, float16 or bfloat16, got {t.dtype}")
-
-
-def _num_dst(edge_index: torch.Tensor, num_dst: Optional[int], default: int, fn: str) -> int:
-    if num_dst is None:
-        return default
-    if isinstance(num_dst, torch.Tensor):
-        num_dst = int(num_dst)
-    if not isinstance(num_dst, int) or isinstance(num_dst, bool) or num_dst < 0:
-        raise ValueError(f"{fn}: num_dst must be a non-negative int, got {num_dst!r}")
-    return num_dst
-
-
-def spmm(edge_index: torch.Tensor, x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None,
-         reduce: str = "sum", num_dst: Optional[int] = None) -> torch.Tensor:
-    """Fused gather -> (weight) -> scatter-reduce. Returns ``[num_dst, *x.shape[1:]]``.
-
-    Args:
-        edge_index: ``[2, E]`` int64 or int32, row 0 source, row 1 destination.
-        x: ``[N, *]`` node features (float32/64, float16, bfloat16).
-        edge_weight: None, ``[E]`` (one weight per edge, broadcast over all features) or
-            ``[E, H]`` with ``x`` of shape ``[N, H, C]`` (one weight per edge and head).
-        reduce: 'sum', 'mean', 'max' or 'min' ('add' is accepted for 'sum'). Nodes with no
-            incoming edge get 0, as in PyG.
-        num_dst: number of destination nodes (default ``x.size(0)``); may differ from
-            ``x.size(0)`` for bipartite graphs.
-    """
-    fn = "gnncompile.ops.spmm"
-    _check_float(x, "x", fn)
-    if x.dim() < 1:
-        raise ValueError(f"{fn}: x must have a node dimension, got a scalar")
-    _check_edge_index(edge_index, x.device, fn)
-    if reduce == "add":
-        reduce = "sum"
-    if reduce not in REDUCES:
-        raise ValueError(f"{fn}: unknown reduce {reduce!r}; expected one of {', '.join(REDUCES)}")
-    E = edge_index.size(1)
-    if edge_weight is not None:
-        _check_float(edge_weight, "edge_weight", fn)
-        if edge_weight.device != x.device:
-            raise ValueError(f"{fn}: edge_weight is on {edge_weight.device} but x is on {x.device}")
-        if edge_weight.dtype != x.dtype:
-            raise TypeError(f"{fn}: edge_weight dtype {edge_weight.dtype} does not match x dtype {x.dtype}")
-        if edge_weight.dim() not in (1, 2) or edge_weight.size(0) != E:
-            raise ValueError(
-                f"{fn}: edge_weight must have shape [E] or [E, H] with E = {E}, got {list(edge_weight.shape)}"
-            )
-        if edge_weight.dim() == 2 and edge_weight.size(1) != 1 and (
-            x.dim() != 3 or x.size(1) != edge_weight.size(1)
-        ):
-            raise ValueError(
-                f"{fn}: edge_weight of shape {list(edge_weight.shape)} needs x of shape "
-                f"[N, {edge_weight.size(1)}, C], got {list(x.shape)}"
-            )
-    num_dst = _num_dst(edge_index, num_dst, x.size(0), fn)
-    from ..graph import structure
-
-    s = structure(edge_index, num_dst)
-    s.check_sources(x.size(0))
-    t = (None, None, None)
-    if torch.is_grad_enabled() and x.requires_grad and reduce in ("sum", "mean"):
-        t = s.transposed(x.size(0))
-    out, _ = ops.spmm(s.rowptr, s.col, s.perm, edge_weight, x, reduce, get_knobs(x.device), *t)
-    return out
-
-
-def edge_softmax(edge_index: torch.Tensor, scores: torch.Tensor,
-                 num_dst: Optional[int] = None) -> torch.Tensor:
-    """Softmax of per-edge ``scores`` (``[E]`` or ``[E, H]``) over edges sharing a destination."""
-    fn = "gnncompile.ops.edge_softmax"
-    _check_float(scores, "scores", fn)
-    _check_edge_index(edge_index, scores.device, fn)
-    E = edge_index.size(1)
-    if scores.dim() < 1 or scores.size(0) != E:
-        raise ValueError(f"{fn}: scores must have E = {E} rows, got shape {list(scores.shape)}")
-    if num_dst is None:
-        num_dst = int(edge_index[1].max()) + 1 if E > 0 else 0
-    num_dst = _num_dst(edge_index, num_dst, 0, fn)
-    from ..graph import structure
-
-    s = structure(edge_index, num_dst)
-    return ops.edge_softmax(s.rowptr, s.perm, scores.contiguous(), get_knobs(scores.device))
-
-
-__all__ = [
-    "spmm", "edge_softmax", "set_knobs", "get_knobs", "reference", "ops", "transpose_structure", "REDUCES",
-]
+__all__ = ["spmm", "edge_softmax", "set_knobs", "get_knobs", "collate_rows", "segment_ids", "REDUCES",
+           "reference", "structure", "transpose_structure", "cache_info", "clear_cache"]

@@ -11,6 +11,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from .checks import check_range
+
 _REDUCES = ("sum", "mean", "max", "min")
 
 
@@ -22,17 +24,6 @@ def _rows(rowptr: torch.Tensor) -> torch.Tensor:
     """Destination row of every CSR slot."""
     deg = (rowptr[1:] - rowptr[:-1]).long()
     return torch.repeat_interleave(torch.arange(deg.numel(), device=rowptr.device), deg)
-
-
-def check_range(idx: torch.Tensor, bound: int, what: str) -> None:
-    if idx.numel() == 0:
-        return
-    lo, hi = torch.aminmax(idx)
-    lo, hi = int(lo), int(hi)
-    if lo < 0:
-        raise IndexError(f"{what} holds the negative index {lo}; node indices must be >= 0")
-    if hi >= bound:
-        raise IndexError(f"{what} holds index {hi}, out of range for {bound} nodes")
 
 
 def check_structure(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, num_src: int,

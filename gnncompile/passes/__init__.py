@@ -1,24 +1,42 @@
-"""Graph rewrites on the torch-level FX graph that Dynamo captures (before AOTAutograd).
+"""Graph rewrites on the torch-level FX graph that Dynamo captures (before AOTAutograd), one
+module per phase, typed records between them:
 
-``run(gm)`` canonicalizes spellings (:mod:`.canonical`), finds gather -> message -> scatter
-chains, edge softmax and degree counts, and replaces them with the gnncompile custom ops
-(:mod:`.fuse`). Passes never launch kernels; the structure ops they insert live in
-:mod:`.runtime`.
+1. :mod:`.canonical`: one name per operation whatever its spelling, sizes as printable keys;
+   identity dropout removed.
+2. :mod:`.match`: every scatter explained as a fusable chain (:class:`~.match.Aggregate`,
+   :class:`~.match.Softmax`, :class:`~.match.Degree`) or as unfused with a reason.
+3. :mod:`.plan`: the graph structures the chains share (:class:`~.plan.SharedStructure`).
+4. :mod:`.rewrite`: structure ops and fused ops inserted, replaced nodes removed.
+
+:func:`run` does all four and returns a :class:`~.report.PassReport`. Passes never launch
+kernels: they insert calls to the ops of :mod:`gnncompile.ops`, which run with the graph.
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from torch.fx import GraphModule
 
-from . import runtime
 from .canonical import drop_identity_dropout
-from .fuse import Fused, PassReport, Unfused, fuse
+from .match import match
+from .plan import plan
+from .report import Fused, Fusions, PassReport, Unfused
+from .rewrite import node_order, rewrite
 
 
-def run(gm: GraphModule, copy_structures: bool = False) -> PassReport:
-    """Rewrites ``gm`` in place and returns the report of what was fused. ``copy_structures``:
-    the cached graph structure is copied per call (for inner compilers that recycle buffers)."""
-    drop_identity_dropout(gm.graph)
-    return fuse(gm, copy_structures=copy_structures)  # recompiles gm
+def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Callable] = None) -> PassReport:
+    """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
+
+    ``copy_structures``: the cached graph structure is handed out as copies (for inner
+    compilers that recycle buffers). ``knobs_for(device)``: the kernel knobs baked into the
+    fused calls (default :func:`gnncompile.ops.get_knobs`)."""
+    graph = gm.graph
+    drop_identity_dropout(graph)
+    order = node_order(graph)
+    report = rewrite(graph, plan(match(graph, order), order), order, copy_structures, knobs_for)
+    graph.lint()
+    gm.recompile()
+    return report
 
 
-__all__ = ["run", "fuse", "PassReport", "Fused", "Unfused", "runtime"]
+__all__ = ["run", "PassReport", "Fused", "Unfused", "Fusions"]

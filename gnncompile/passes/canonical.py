@@ -3,13 +3,15 @@
 The same operation reaches the graph in several spellings: a method (``x.index_select``), a
 function (``torch.index_select``), an unbound method (``torch.Tensor.index_select``), an
 operator (``operator.mul``, ``operator.getitem``). :func:`opname` maps all of them to one name,
-and :func:`arg` reads an argument by position (with ``self`` at position 0 for methods, which
-is the same position the function spelling uses) or by keyword. Matching code therefore never
+and :func:`argument` reads an argument by position (with ``self`` at position 0 for methods,
+which is the same position the function spelling uses) or by keyword. Matching code therefore never
 looks at ``node.op`` / ``node.target`` directly.
 
 Shapes come from the fake values Dynamo records in ``node.meta["example_value"]``. Symbolic
-sizes are compared by their printed expression (:func:`same`), never with ``==`` (which would
-add a guard to the shape environment after tracing has finished).
+sizes are compared by their printed expression (:func:`size_key`, :func:`same_size`), never with
+``==`` (which would add a guard to the shape environment after tracing has finished).
+
+The graph is also cleaned here before matching: :func:`drop_identity_dropout`.
 """
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ def opname(n: Any) -> Optional[str]:
     return None
 
 
-def arg(n: Node, pos: int, kw: Optional[str] = None, default: Any = None) -> Any:
+def argument(n: Node, pos: int, kw: Optional[str] = None, default: Any = None) -> Any:
     """Argument ``pos`` (self = 0) or keyword ``kw`` of a call node."""
     if pos < len(n.args):
         return n.args[pos]
@@ -75,33 +77,34 @@ def arg(n: Node, pos: int, kw: Optional[str] = None, default: Any = None) -> Any
     return default
 
 
-def val(n: Any):
+def fake_value(n: Any):
     """The fake value Dynamo recorded for a node (or the constant itself)."""
     if isinstance(n, Node):
         return n.meta.get("example_value")
     return n
 
 
-def tensor_val(n: Any) -> Optional[torch.Tensor]:
-    v = val(n)
+def fake_tensor(n: Any) -> Optional[torch.Tensor]:
+    """The fake tensor Dynamo recorded for a node, None when it is not a tensor."""
+    v = fake_value(n)
     return v if isinstance(v, torch.Tensor) else None
 
 
-def key(size: Any) -> str:
+def size_key(size: Any) -> str:
     """Printable identity of a (possibly symbolic) size."""
     return str(size)
 
 
-def same(a: Any, b: Any) -> bool:
-    return key(a) == key(b)
+def same_size(a: Any, b: Any) -> bool:
+    return size_key(a) == size_key(b)
 
 
 def shape_key(t: torch.Tensor) -> tuple:
-    return tuple(key(s) for s in t.shape)
+    return tuple(size_key(s) for s in t.shape)
 
 
 def is_one(s: Any) -> bool:
-    return key(s) == "1"
+    return size_key(s) == "1"
 
 
 def layer_of(n: Node) -> str:
@@ -137,7 +140,9 @@ def module_label(path: Any, name: str) -> str:
     return f"{path or '<model>'} ({name})"
 
 
-def index_dim(n: Node, d: Any, ndim: int) -> Optional[int]:
+def index_dim(d: Any, ndim: int) -> Optional[int]:
+    """A literal dim ``d`` of an ``ndim``-dimensional tensor as a non-negative int (None when
+    ``d`` is not a literal int in range)."""
     if not isinstance(d, int):
         return None
     return d % ndim if -ndim <= d < ndim else None
@@ -152,8 +157,8 @@ def drop_identity_dropout(graph) -> int:
     for n in list(graph.nodes):
         if opname(n) != "dropout" or not n.args:
             continue
-        p = arg(n, 1, "p", 0.5)
-        training = arg(n, 2, "training" if n.target is not torch.dropout else "train", True)
+        p = argument(n, 1, "p", 0.5)
+        training = argument(n, 2, "training" if n.target is not torch.dropout else "train", True)
         if isinstance(p, Node) or isinstance(training, Node):
             continue
         if p == 0 or training is False:

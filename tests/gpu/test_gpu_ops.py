@@ -12,7 +12,7 @@ import torch
 
 import gnncompile
 from gnncompile.ops import reference
-from gnncompile.ops._library import ops
+from gnncompile.ops.schemas import ops
 
 HAS_CUDA_KERNELS = torch.cuda.is_available() and bool(gnncompile.info()["cuda_kernels"])
 pytestmark = [
@@ -178,7 +178,7 @@ def test_spmm_knob_space_and_cut_rows(knobs, reduce, dtype):
 
 @pytest.mark.parametrize("knobs", KNOBS[:3])
 def test_spmm_is_deterministic(knobs):
-    from gnncompile.synthetic import power_law_graph
+    from gnncompile.data.synthetic import power_law_graph
 
     ei = power_law_graph(5000, 200_000, seed=3)
     s = structure(ei, 5000)
@@ -193,7 +193,7 @@ def test_spmm_is_deterministic(knobs):
 
 
 def test_spmm_power_law_hub_matches_reference():
-    from gnncompile.synthetic import power_law_graph
+    from gnncompile.data.synthetic import power_law_graph
 
     N, E = 20_000, 300_000
     ei = power_law_graph(N, E, seed=1)
@@ -314,7 +314,7 @@ def test_edge_softmax_all_neg_inf_row_is_zero_not_nan():
 
 
 def test_edge_softmax_power_law_hub():
-    from gnncompile.synthetic import power_law_graph
+    from gnncompile.data.synthetic import power_law_graph
 
     N, E = 20_000, 300_000
     ei = power_law_graph(N, E, seed=2)

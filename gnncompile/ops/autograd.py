@@ -1,110 +1,17 @@
-"""The one place that names ``torch.ops.gnncompile.*``: schemas, fake kernels, autograd
-formulas and the reference fallbacks.
+"""Autograd formulas of the kernel ops (registered with ``torch.library.register_autograd``).
 
-Structure tensors (``rowptr``, ``col``, ``perm``) describe a graph sorted by destination
-(CSR): ``col[j]`` is the source node of CSR slot ``j`` and ``perm[j]`` its original edge id,
-so per-edge tensors (weights, scores) always stay in the user's original edge order. The
-optional ``*_t`` tensors are the same structure sorted by source (CSC), used by backward.
-``knobs`` are the kernels' tuning arguments (see docs/ARCHITECTURE.md); ``[]`` means defaults.
+* ``spmm``: sum / mean backward is the CSC spmm of the output gradient (for x) and ``edge_dot``
+  (for the weight); max / min route each output gradient to the edge chosen in the forward pass.
+* ``edge_softmax``: ``edge_softmax_backward``; a second derivative is refused with a clear error.
+* ``edge_dot``: two spmm calls, so that a double backward through spmm is exact.
+* ``gather``: a segment sum over the structure that groups the edges by the gathered index.
 """
 from __future__ import annotations
 
 import torch
 
-from . import reference
-
-NAMESPACE = "gnncompile"
-
-_lib = torch.library.Library(NAMESPACE, "FRAGMENT")
-_lib.define(
-    "build_csr(Tensor dst, Tensor src, int num_dst, int num_src) -> (Tensor rowptr, Tensor col, Tensor perm)"
-)
-_lib.define(
-    "spmm(Tensor rowptr, Tensor col, Tensor perm, Tensor? weight, Tensor x, str reduce, int[] knobs, "
-    "Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None) -> (Tensor out, Tensor arg)"
-)
-_lib.define(
-    "edge_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor g, int heads, int[] knobs) -> Tensor"
-)
-_lib.define("edge_softmax(Tensor rowptr, Tensor perm, Tensor scores, int[] knobs) -> Tensor")
-_lib.define("gather(Tensor x, Tensor index, Tensor rowptr, Tensor perm, int[] knobs) -> Tensor")
-_lib.define(
-    "edge_softmax_backward(Tensor rowptr, Tensor perm, Tensor out, Tensor grad, int[] knobs) -> Tensor"
-)
-
-# The pooled loader's collation (gnncompile.data): copies of whole graphs into a batch buffer.
-_lib.define("collate_rows(Tensor values, Tensor starts, Tensor sizes, Tensor idx, Tensor(a!) out, "
-            "Tensor? incs=None) -> ()")
-_lib.define("segment_ids(Tensor sizes, Tensor idx, Tensor(a!) out, Tensor(b!) ptr) -> ()")
-
-# Kernels: the native module registers CPU (and CUDA) implementations when it loads; the
-# references fill every other backend, and all of them when the native module is missing.
-from .. import _native  # noqa: E402  (must come after the schemas are defined)
-
-for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
-              "segment_ids"):
-    _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
-
-ops = torch.ops.gnncompile
-
-
-def _gather_impl(x, index, rowptr, perm, knobs):
-    return x.index_select(0, index)
-
-
-# gather: x.index_select(0, index) whose gradient is a segment sum over a structure that groups
-# the edges by `index` (the CSR when index is the destination row, the CSC when it is the source
-# row): deterministic and parallel, where index_select's own backward is a serial index_add of
-# the E x * gradient. The forward is plain index_select on every backend.
-_lib.impl("gather", _gather_impl, "CompositeExplicitAutograd")
-
-# ----------------------------------------------------------------------------- fake kernels
-@torch.library.register_fake("gnncompile::build_csr")
-def _build_csr_fake(dst, src, num_dst, num_src):
-    E = dst.shape[0]
-    return dst.new_empty(num_dst + 1), dst.new_empty(E), dst.new_empty(E)
-
-
-@torch.library.register_fake("gnncompile::spmm")
-def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t=None, perm_t=None):
-    shape = (rowptr.shape[0] - 1,) + tuple(x.shape[1:])
-    out = x.new_empty(shape)
-    if reduce in ("max", "min"):
-        arg = x.new_empty(shape, dtype=torch.long)
-    else:
-        arg = x.new_empty((0,), dtype=torch.long)
-    return out, arg
-
-
-@torch.library.register_fake("gnncompile::edge_dot")
-def _edge_dot_fake(rowptr, col, perm, x, g, heads, knobs):
-    return x.new_empty((col.shape[0], heads))
-
-
-@torch.library.register_fake("gnncompile::gather")
-def _gather_fake(x, index, rowptr, perm, knobs):
-    return x.new_empty((index.shape[0],) + tuple(x.shape[1:]))
-
-
-@torch.library.register_fake("gnncompile::edge_softmax")
-def _edge_softmax_fake(rowptr, perm, scores, knobs):
-    return torch.empty_like(scores, memory_format=torch.contiguous_format)
-
-
-@torch.library.register_fake("gnncompile::edge_softmax_backward")
-def _edge_softmax_backward_fake(rowptr, perm, out, grad, knobs):
-    return torch.empty_like(out, memory_format=torch.contiguous_format)
-
-
-# ----------------------------------------------------------------------------- autograd
-def transpose_structure(rowptr, col, perm, num_src: int):
-    """CSC (by source) from CSR (by destination), with perm_t in original edge ids."""
-    deg = rowptr[1:] - rowptr[:-1]
-    rows = torch.repeat_interleave(
-        torch.arange(deg.shape[0], device=rowptr.device, dtype=rowptr.dtype), deg.long()
-    )
-    rowptr_t, col_t, slot = ops.build_csr(col, rows, num_src, deg.shape[0])
-    return rowptr_t, col_t, perm[slot.long()]
+from .schemas import ops
+from .structure import transpose_structure
 
 
 def _spmm_setup(ctx, inputs, output):

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, List
 
 import torch
 from torch.fx import GraphModule
 
-from . import passes
+from .. import passes
 
 INNERS = ("eager", "aot_eager", "inductor")
 # Chosen by measurement on the development CPU (2 cores), training step of 2-layer models at

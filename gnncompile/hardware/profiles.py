@@ -7,7 +7,7 @@ A profile is a versioned JSON file::
       "gnncompile_version": "0.1.0", "torch_version": "2.13.0",
       "created": "2026-...Z",
       "device_key": "cpu-amd-epyc-2c-avx512bf16",
-      "device": {... gnncompile.device.detect() ...},
+      "device": {... gnncompile.hardware.detect() ...},
       "workload": {"kind": "graphs", "model": "gin", ...},
       "workload_signature": "graphs-gin-3f2a9c1d",
       "settings": {"knobs": [8], "threads": 2, "batch_size": 128, "pool_size": 4,
@@ -26,7 +26,7 @@ of one.
 Loading never crashes: a corrupt file (bad JSON, wrong format, missing or ill-typed settings),
 a foreign one (another device key) or a stale one (another schema version, another gnncompile
 version, another torch major.minor) gives a :class:`ProfileWarning` and the defaults of
-:func:`gnncompile.device.default_settings`.
+:func:`gnncompile.hardware.default_settings`.
 """
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
 
-from . import __version__
+from .. import __version__
+from ..compiler.backend import INNERS  # what settings.inner may hold (None: the default)
 from . import device as _device
-from .backend import INNERS  # what settings.inner may hold (None: the default)
 
 FORMAT = "gnncompile-profile"
 SCHEMA_VERSION = 1
@@ -139,7 +139,7 @@ class Profile:
     def apply(self, threads: bool = False) -> None:
         """Sets the kernel knobs for this profile's device type (and, if ``threads``, torch's
         intra-op thread count)."""
-        from .ops import set_knobs
+        from ..ops import set_knobs
 
         set_knobs(self.device.get("type", "cpu"), self.knobs)
         if threads and self.settings.get("threads"):

@@ -1,12 +1,11 @@
-"""The main job of `make demo`: train a PyG model on a graph gnncompile generates itself,
-eagerly and compiled, check that both learn the same, and print the speedup and the explain
-report.
+"""``gnncompile demo``, the main job of `make demo`: on a graph gnncompile generates itself, a
+short tuning run, then training a PyG model eagerly and compiled (same losses, the speedup,
+the explain report), then an ONNX export checked in onnxruntime.
 
-    python -m gnncompile.demo [--nodes 20000] [--degree 10] [--features 64] [--steps 10]
+    gnncompile demo [--nodes 20000] [--degree 10] [--features 64] [--steps 10]
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -29,8 +28,9 @@ def _train(model, run, x, edge_index, y, steps: int):
     return losses, times
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="train a model eagerly and compiled on a generated graph, then export it",
+                       description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=20_000)
     p.add_argument("--degree", type=int, default=10, help="average in-degree")
     p.add_argument("--features", type=int, default=64)
@@ -39,16 +39,14 @@ def main(argv=None) -> int:
     p.add_argument("--model", choices=("GCN", "GraphSAGE", "GIN", "GAT"), default="GraphSAGE")
     p.add_argument("--out", default="demo_output", help="folder for the profile and the exported model")
     p.add_argument("--no-tune", dest="tune", action="store_false", help="skip the short tuning run")
-    args = p.parse_args(argv)
 
+
+def _workload(args):
+    """(x, edge_index, y) of the generated graph, after printing what runs on what."""
     import torch
 
     import gnncompile
-    from gnncompile.synthetic import power_law_graph
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torch_geometric.nn import models
+    from gnncompile.data.synthetic import power_law_graph
 
     info = gnncompile.info()
     print(f"gnncompile {info['version']}, torch {info['torch']}, native kernels: {info['native']}, "
@@ -61,9 +59,23 @@ def main(argv=None) -> int:
     y = torch.randint(0, C, (N,), generator=g)
     print(f"workload: 2-layer {args.model}, hidden 64, on a generated power-law graph of "
           f"{N:,} nodes and {E:,} edges, {F} features, {args.steps} training steps\n")
+    return x, edge_index, y
+
+
+def run(args) -> int:
+    import torch
+
+    import gnncompile
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch_geometric.nn import models
+
+    x, edge_index, y = _workload(args)
 
     def make():
         torch.manual_seed(0)
+        F, C = args.features, args.classes
         if args.model == "GAT":
             return models.GAT(F, 64, 2, C, heads=4)
         return getattr(models, args.model)(F, 64, 2, C)
@@ -135,7 +147,7 @@ def _export_and_check(model, x, edge_index, out_dir: str) -> int:
     import torch
 
     import gnncompile
-    from gnncompile.synthetic import power_law_graph
+    from gnncompile.data.synthetic import power_law_graph
 
     try:
         import onnxruntime as ort
@@ -168,7 +180,3 @@ def _export_and_check(model, x, edge_index, out_dir: str) -> int:
         print("ERROR: the exported model disagrees with eager")
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

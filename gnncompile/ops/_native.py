@@ -1,8 +1,8 @@
 """Loads the compiled extension ``gnncompile._C``, or explains why it is not used.
 
-The op schemas are defined in :mod:`gnncompile.ops._library` before this module is imported,
-so loading ``_C`` only adds kernels. When the extension is missing or fails to load, every op
-still works through its pure-torch reference, and one warning says so.
+The op schemas are defined in :mod:`.schemas` before this module is imported, so loading ``_C``
+only adds kernels. When the extension is missing or fails to load, every op still works
+through its pure-torch reference, and one warning says so.
 """
 from __future__ import annotations
 
@@ -19,16 +19,12 @@ else:
         from gnncompile import _C  # type: ignore[attr-defined,no-redef]  # noqa: F811
     except Exception as exc:  # ImportError, or an OSError from a broken link
         LOAD_ERROR = f"{type(exc).__name__}: {exc}"
-        _pkg = os.path.dirname(os.path.abspath(__file__))
-        if os.path.exists(os.path.join(os.path.dirname(_pkg), "CMakeLists.txt")):
-            LOAD_ERROR += (f"; this is the source tree at {_pkg}, which holds no compiled module: "
-                           "run from another directory so that the installed package is imported")
 
 if _C is None:
     warnings.warn(
         "gnncompile: native kernels are not available "
         f"({LOAD_ERROR}); every op falls back to its pure-torch reference implementation. "
-        "Build them with `pip install --no-build-isolation .` (see README).",
+        "Build them with `pip install --no-build-isolation -e .` (see README).",
         RuntimeWarning,
         stacklevel=2,
     )

@@ -116,7 +116,7 @@ def detect(device: torch.device | str | None = None) -> Dict[str, Any]:
             "host_logical_cpus": _logical_cpus(),
         }
     if dev.type != "cpu":
-        raise ValueError(f"gnncompile.device.detect: unsupported device type {dev.type!r}")
+        raise ValueError(f"gnncompile.hardware.detect: unsupported device type {dev.type!r}")
     model, _, physical = _cpu_model_and_flags()
     isa = cpu_isa()
     logical = _logical_cpus()
@@ -185,14 +185,14 @@ def default_settings(props: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 
     CUDA (``knobs = [lanes_per_row, rows_per_block, vec_width, items_per_group]``):
 
-    * ``knobs`` all 0: the kernels apply the rule of :mod:`gnncompile.cuda_knobs` at launch
+    * ``knobs`` all 0: the kernels apply the rule of :mod:`gnncompile.hardware.cuda_knobs` at launch
       (it needs the feature width and the graph size, which are known only then).
     * loader: ``num_workers`` = ``min(8, host cpus // 2)``, ``pool_size`` = ``num_workers + 2``,
       ``pin_memory`` on (the side-stream copy overlaps compute only from pinned memory),
       ``persistent_workers`` when there are workers.
 
     ``batch_size`` is a workload setting and is not chosen here (None); so is ``inner``, the
-    compiler for the graph around the fused ops (None: :data:`gnncompile.backend.DEFAULT_INNER`),
+    compiler for the graph around the fused ops (None: :data:`gnncompile.compiler.DEFAULT_INNER`),
     which depends on the graph sizes more than on the device (a tuning run measures it).
     """
     p = detect() if props is None else props

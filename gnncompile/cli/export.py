@@ -1,4 +1,5 @@
-"""The `gnncompile` command line."""
+"""``gnncompile export MODEL -i DTYPE:SHAPE ... -o FILE``: the optimized graph of a model as
+ONNX or a torch.export program (:func:`gnncompile.export`)."""
 from __future__ import annotations
 
 import argparse
@@ -63,7 +64,7 @@ def _load_model(ref: str):
     return obj
 
 
-def _export(args) -> int:
+def run(args) -> int:
     import gnncompile
     from gnncompile.export import ExportError
 
@@ -84,10 +85,7 @@ def _export(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gnncompile", description="Fused PyG message passing.")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="versions, native kernels and the detected device, as JSON")
+def add_parser(sub) -> None:
     ex = sub.add_parser(
         "export", help="export the optimized graph of a model as ONNX or a torch.export program",
         description="Captures MODEL on random inputs of the given shapes, fuses its message "
@@ -104,20 +102,3 @@ def main(argv=None) -> int:
                     help="default: from the output's extension (.pt2 -> pt2, else onnx)")
     ex.add_argument("--static", action="store_true", help="fix the example's numbers of nodes and edges")
     ex.add_argument("--seed", type=int, default=0, help="seed of the random example inputs")
-    from . import cli_tune  # `tune` and `profile list|show` (issue 5)
-
-    cli_tune.add_parsers(sub)
-    args = p.parse_args(argv)
-    if args.cmd in ("tune", "profile"):
-        return cli_tune.run(args)
-    if args.cmd == "info":
-        import gnncompile
-
-        print(json.dumps(gnncompile.info(), indent=2))
-    elif args.cmd == "export":
-        return _export(args)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

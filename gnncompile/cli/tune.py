@@ -1,7 +1,6 @@
-"""The ``gnncompile tune`` and ``gnncompile profile list|show`` subcommands.
+"""``gnncompile tune``: an Optuna study for this device and a workload, written as a profile.
 
-Kept apart from cli.py so that the commands of other features are added there independently.
-``tune`` imports :mod:`gnncompile.tuner` (the optional extra) only when it runs.
+Imports :mod:`gnncompile.tuner` (the optional extra, needs optuna) only when it runs.
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import sys
 import time
 
 
-def add_parsers(sub) -> None:
+def add_parser(sub) -> None:
     t = sub.add_parser("tune", help="tune settings for this device and write a profile",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     t.add_argument("--workload", choices=("fullgraph", "graphs"), default="graphs")
@@ -45,13 +44,6 @@ def add_parsers(sub) -> None:
     t.add_argument("--confirm-rounds", type=int, default=3, help="rounds of those re-measurements")
     t.add_argument("--no-progress", action="store_true")
 
-    p = sub.add_parser("profile", help="list or show device profiles")
-    psub = p.add_subparsers(dest="profile_cmd", required=True)
-    pl = psub.add_parser("list", help="profiles in the profile folder")
-    pl.add_argument("--dir", default=None)
-    ps = psub.add_parser("show", help="print a profile (a path, or 'auto' for this device)")
-    ps.add_argument("what", nargs="?", default="auto")
-    ps.add_argument("--dir", default=None)
 
 
 def _progress(total: int, enabled: bool):
@@ -84,12 +76,6 @@ def _progress(total: int, enabled: bool):
 
 
 def run(args) -> int:
-    if args.cmd == "tune":
-        return _tune(args)
-    return _profile(args)
-
-
-def _tune(args) -> int:
     try:
         from gnncompile.tuner import Workload, tune
         from gnncompile.tuner.study import StorageError, _redact
@@ -131,37 +117,3 @@ def _tune(args) -> int:
         summary["speedup"] = res["tuned"] / res["default"]
     print(json.dumps(summary, indent=2))
     return 0 if res["profile_path"] else 1
-
-
-def _profile(args) -> int:
-    import warnings
-
-    from gnncompile import device, profiles
-
-    if args.profile_cmd == "list":
-        key = device.device_key()
-        paths = profiles.list_profiles(args.dir)
-        if not paths:
-            print(f"no profiles in {args.dir or profiles.profile_dir()}")
-        for p in paths:
-            try:
-                doc = profiles.read(p)
-                wl = doc.get("workload", {})
-                tp = doc.get("throughput", {})
-                mark = "*" if doc.get("device_key") == key else " "
-                sp = f"{tp['speedup']:.2f}x" if tp.get("speedup") else "-"
-                print(f"{mark} {p}  {wl.get('kind', '?')}/{wl.get('model', '?')}  speedup {sp}")
-            except profiles.ProfileError as e:
-                print(f"! {p}  {e}")
-        print(f"(* = this device: {key})")
-        return 0
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        prof = profiles.resolve(args.what, directory=args.dir) if args.what == "auto" else \
-            profiles.resolve(args.what)
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-    doc = prof.raw or {"source": "defaults (gnncompile.device.default_settings)",
-                       "device_key": prof.device_key, "device": prof.device, "settings": prof.settings}
-    print(json.dumps(doc, indent=2))
-    return 0

@@ -1,0 +1,25 @@
+"""The ``gnncompile`` command line: one module per subcommand, each with ``add_parser(sub)``
+and ``run(args) -> exit status``.
+
+    gnncompile info                      versions, native kernels, the detected device (JSON)
+    gnncompile demo                      the main job of `make demo`
+    gnncompile export MODEL -i ... -o F  ONNX / torch.export of the optimized graph
+    gnncompile tune ...                  an Optuna study, written as a device profile
+    gnncompile profile list|show         the device profiles
+"""
+from __future__ import annotations
+
+import argparse
+
+from . import demo, export, info, profile, tune
+
+COMMANDS = {"info": info, "demo": demo, "export": export, "tune": tune, "profile": profile}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gnncompile", description="Fused PyG message passing.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for module in COMMANDS.values():
+        module.add_parser(sub)
+    args = p.parse_args(argv)
+    return COMMANDS[args.cmd].run(args)

@@ -1,0 +1,6 @@
+"""``python -m gnncompile.cli ...`` runs the ``gnncompile`` command."""
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,10 @@
+"""The compiler: the torch.compile backend ``"gnncompile"`` (:mod:`.backend`),
+:func:`compile` (:mod:`.api`) and :func:`explain` (:mod:`.explainer`)."""
+from __future__ import annotations
+
+from .api import CompiledModule, compile
+from .backend import DEFAULT_INNER, INNERS, STATS, collect, gnncompile_backend, make_backend
+from .explainer import ExplainReport, GraphBreak, explain
+
+__all__ = ["compile", "explain", "CompiledModule", "ExplainReport", "GraphBreak", "make_backend",
+           "gnncompile_backend", "collect", "STATS", "INNERS", "DEFAULT_INNER"]

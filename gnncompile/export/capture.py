@@ -1,0 +1,145 @@
+"""Capture and rewrite for export: the model's graph through Dynamo, the gnncompile passes,
+stateless structure ops, and ``torch.export`` with dynamic numbers of nodes and edges."""
+from __future__ import annotations
+
+import contextlib
+import operator
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch.fx import GraphModule
+
+from .. import passes
+from ..ops import targets
+from ..ops.checks import is_edge_index
+from .diagnose import ExportError, fail
+
+
+def _dynamic_shapes(args: Sequence[Any]):
+    from torch.export import Dim
+
+    spec = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim() >= 1:
+            spec.append({1: Dim.AUTO} if is_edge_index(a) else {0: Dim.AUTO})
+        else:
+            spec.append(None)
+    return tuple(spec)
+
+
+def _check_inputs(args: Sequence[Any], dynamic: bool) -> None:
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            raise ExportError(f"gnncompile.export: example input {i} is a {type(a).__name__}; "
+                              "pass tensors only (x, edge_index, edge weights / attributes)")
+        if dynamic and a.dim() >= 1:
+            d = a.size(1) if is_edge_index(a) else a.size(0)
+            if d < 2:
+                raise ExportError(
+                    f"gnncompile.export: example input {i} has {d} rows: use an example with at "
+                    "least 2 nodes and 2 edges (sizes 0 and 1 are specialized by torch.export)")
+
+
+def _no_duck_shapes():
+    """Without duck sizing, a number of nodes that equals the number of edges in the example
+    does not merge their symbols (which would bake N == E into the program)."""
+    try:
+        from torch.fx.experimental import _config as fx_config
+
+        return fx_config.patch(use_duck_shape=False)
+    except (ImportError, AttributeError):  # pragma: no cover - older torch
+        return contextlib.nullcontext()
+
+
+def _pure_structures(gm: GraphModule) -> None:
+    """Replaces the cached structure op ``cached_csr(edge_index, num_dst)`` with the pure
+    ``pair_csr(edge_index[1], edge_index[0], num_dst)`` (no cache: a counting sort by
+    ``gnncompile::build_csr`` on every call; its schema keeps ``num_dst`` symbolic, which
+    ``build_csr``'s ``int`` arguments would specialize), the degree op with rowptr differences,
+    and drop transposed structures (export is inference)."""
+    graph = gm.graph
+    for n in list(graph.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is targets.SPMM and len(n.args) > 7:
+            n.args = tuple(n.args[:7])
+        elif n.target is targets.CACHED_CSR:
+            ei, num_dst = n.args[0], n.args[1]
+            with graph.inserting_before(n):
+                dst = graph.call_function(operator.getitem, (ei, 1))
+                src = graph.call_function(operator.getitem, (ei, 0))
+                new = graph.call_function(targets.PAIR_CSR, (dst, src, num_dst))
+            new.meta = dict(n.meta)
+            n.replace_all_uses_with(new)
+            graph.erase_node(n)
+        elif n.target is targets.CSR_DEGREE:
+            rowptr, dtype = n.args
+            with graph.inserting_before(n):
+                hi = graph.call_function(operator.getitem, (rowptr, slice(1, None)))
+                lo = graph.call_function(operator.getitem, (rowptr, slice(None, -1)))
+                d = graph.call_function(operator.sub, (hi, lo))
+                new = graph.call_method("to", (d, dtype))
+            new.meta = dict(n.meta)
+            n.replace_all_uses_with(new)
+            graph.erase_node(n)
+    for n in reversed(list(graph.nodes)):  # transposed structures are dead now
+        if n.op == "call_function" and n.target in (targets.CACHED_CSC, targets.PAIR_CSC):
+            for u in list(n.users):
+                if not u.users:
+                    graph.erase_node(u)
+            if not n.users:
+                graph.erase_node(n)
+    # (no graph.eliminate_dead_code(): FX would drop in-place methods whose result is unused,
+    # such as ``count.scatter_add_(...)``, which change the model)
+    graph.lint()
+    gm.recompile()
+
+
+def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True):
+    """Captures ``model`` on ``example_inputs`` and returns ``(exported_program, pass_report)``:
+    a ``torch.export`` program holding the fused gnncompile ops and pure structure ops."""
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    _check_inputs(args, dynamic)
+    was_training = getattr(model, "training", False)
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    try:
+        with torch.no_grad(), _no_duck_shapes(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            try:
+                gm, _guards = torch._dynamo.export(
+                    model, aten_graph=False, assume_static_by_default=not dynamic)(*args)
+            except Exception as e:
+                raise fail(model, "graph capture (torch._dynamo.export)", e) from e
+            report = passes.run(gm)
+            _pure_structures(gm)
+            try:
+                ep = torch.export.export(
+                    gm, args, dynamic_shapes=_dynamic_shapes(args) if dynamic else None, strict=False)
+            except Exception as e:
+                raise fail(model, "torch.export", e) from e
+    finally:
+        if isinstance(model, torch.nn.Module):
+            model.train(was_training)
+    if dynamic:
+        _warn_specialized(ep, args)
+    return ep, report
+
+
+def _warn_specialized(ep, args) -> None:
+    """Dim.AUTO lets torch.export fix a size the model's code depends on: say so."""
+    user = [n for n in ep.graph.nodes if n.op == "placeholder"
+            and n.name in set(ep.graph_signature.user_inputs)]
+    for i, (n, a) in enumerate(zip(user, args)):
+        val = n.meta.get("val")
+        if not isinstance(a, torch.Tensor) or val is None or a.dim() == 0:
+            continue
+        d = 1 if is_edge_index(a) else 0
+        if isinstance(val.shape[d], int):
+            warnings.warn(f"gnncompile.export: input {i} ({n.name}) dim {d} was specialized to "
+                          f"{val.shape[d]} by the model's code; the export only accepts that size",
+                          stacklevel=3)
+
+
+__all__ = ["optimize"]

@@ -1,0 +1,137 @@
+"""ONNX conversion of an exported program: torch.onnx's dynamo exporter with translations
+that turn every fused op into a call of an ONNX function of the ``gnncompile`` domain
+(:mod:`.onnx_functions`, bodies in standard ONNX)."""
+from __future__ import annotations
+
+import re
+from typing import List, Optional, Sequence
+
+import torch
+from torch.fx import Node
+
+from ..ops import targets
+from ..passes.canonical import layer_of
+from ..passes.report import one_line
+from .diagnose import ExportError, chain, fail
+
+OPSET = 18
+
+
+def _translations():
+    from onnxscript import opset18 as op
+
+    from . import onnx_functions as F
+
+    import onnx
+
+    INT64 = onnx.TensorProto.INT64
+    _EMPTY_I64 = onnx.helper.make_tensor("empty", INT64, [0], [])
+
+    def build_csr(dst, src, num_dst, num_src=None):
+        dst = op.Cast(dst, to=INT64)
+        src = op.Cast(src, to=INT64)
+        if isinstance(num_dst, int):
+            num_dst = op.Constant(value_int=num_dst)
+        return F.build_csr(dst, src, op.Cast(num_dst, to=INT64))
+
+    def pair_csr(dst, src, num_dst):
+        return build_csr(dst, src, num_dst)
+
+    def spmm(rowptr, col, perm, weight, x, reduce: str, knobs: Sequence[int],
+             rowptr_t=None, col_t=None, perm_t=None):
+        fn = F.SPMM[(reduce, weight is not None)]
+        if weight is None:
+            out = fn(rowptr, col, perm, x)
+        else:
+            xr, wr = len(x.shape), len(weight.shape)
+            wh = weight.shape[1] if wr == 2 else 1
+            if wr == 2 and wh != 1:  # one weight per edge and head, x: [N, H, C]
+                wb = op.Unsqueeze(weight, op.Constant(value_ints=[-1]))
+            else:
+                wb = op.Reshape(weight, op.Constant(value_ints=[-1] + [1] * (xr - 1)))
+            out = fn(rowptr, col, perm, wb, x)
+        # `arg` (the chosen edge of max / min) only serves the backward pass
+        return out, op.Constant(value=_EMPTY_I64)
+
+    def edge_softmax(rowptr, perm, scores, knobs: Sequence[int]):
+        return F.edge_softmax(rowptr, perm, scores)
+
+    return {targets.BUILD_CSR: build_csr, targets.PAIR_CSR: pair_csr, targets.SPMM: spmm,
+            targets.EDGE_SOFTMAX: edge_softmax}
+
+
+def _unsupported_onnx(ep, exc: BaseException) -> Optional[Node]:
+    """The node of ``ep`` behind an ONNX conversion error. The exporter names the failing node
+    of its *decomposed* copy of the program ("Error when translating node %zeta : ...
+    target=torch.ops.prims.zeta.default"): match by name, else by operator name."""
+
+    text = " ".join(str(e) for e in chain(exc))
+    names = re.findall(r"translating node %(\w+)", text)
+    ops = [t.split(".")[-2] for t in re.findall(r"target=torch\.ops\.([\w\.]+)", text) if "." in t]
+    calls = [n for n in ep.graph.nodes if n.op == "call_function"]
+    for name in names:
+        for n in calls:
+            if n.name == name:
+                return n
+    for opname in ops:
+        for n in calls:
+            t = str(n.target)
+            if re.search(rf"(^|[._]){re.escape(opname)}(\.|$)", t):
+                return n
+    return None
+
+
+def _onnx_program(ep, table):
+    """torch.onnx's dynamo exporter with our translations, at opset 18 and without the version
+    conversion step: ``torch.onnx.export(..., opset_version=...)`` always runs onnxscript's
+    version converter, which inlines every ONNX function (the fused ops would be lost). The
+    lower-level ``_core.export`` (what ``torch.onnx.export`` calls) skips it when no
+    opset_version is given; the public API is the fallback (functions then inlined)."""
+    try:
+        from torch.onnx._internal.exporter import _core, _registration
+    except ImportError:  # pragma: no cover - private layout changed
+        return torch.onnx.export(ep, (), dynamo=True, custom_translation_table=table,
+                                 opset_version=OPSET, optimize=False, verbose=False)
+    import logging
+
+    reg_log = logging.getLogger(_registration.__name__)  # "torchvision is not installed" x5
+    level = reg_log.level
+    reg_log.setLevel(logging.ERROR)
+    try:
+        registry = _registration.ONNXRegistry.from_torchlib(opset_version=OPSET)
+    finally:
+        reg_log.setLevel(level)
+    for target, fn in table.items():
+        registry.register_op(target, fn, is_complex=False)
+    return _core.export(ep, (), registry=registry, optimize=False, verbose=False, opset_version=None)
+
+
+def to_onnx(ep, path: str, model) -> List[str]:
+    import onnx
+
+    table = _translations()
+    try:
+        prog = _onnx_program(ep, table)
+    except Exception as e:
+        node = _unsupported_onnx(ep, e)
+        if node is not None:
+            cause = [c for c in chain(e)][-1]
+            raise ExportError(
+                f"gnncompile.export: cannot export layer {layer_of(node)} to ONNX: operator "
+                f"{node.target} does not convert ({type(cause).__name__}: {one_line(cause, 300)})") from e
+        raise fail(model, "ONNX conversion (torch.onnx.export)", e) from e
+    try:  # drop the constants the exporter left unused (the `arg` output of spmm, ...)
+        from onnx_ir.passes import common as ir_common
+
+        ir_common.RemoveUnusedNodesPass()(prog.model)
+    except Exception:  # pragma: no cover - cosmetic only
+        pass
+    # the exporter records a Python stack trace per node: most of the file for small models
+    for node in prog.model.graph.all_nodes() if hasattr(prog.model.graph, "all_nodes") else prog.model.graph:
+        node.metadata_props.clear()
+    prog.save(path)
+    m = onnx.load(path, load_external_data=False)
+    return [f"{f.domain}::{f.name}" for f in m.functions]
+
+
+__all__ = ["to_onnx", "OPSET"]

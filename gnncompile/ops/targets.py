@@ -1,0 +1,21 @@
+"""The op overloads that graph rewrites insert (:mod:`gnncompile.passes`) and that export
+translates or replaces (:mod:`gnncompile.export`): the rest of the package names the ops
+through this module, never through ``torch.ops.gnncompile``."""
+from __future__ import annotations
+
+from . import autograd  # noqa: F401  (the ops carry their autograd formulas wherever they go)
+from . import structure  # noqa: F401  (defines the structure ops)
+from .schemas import ops
+
+BUILD_CSR = ops.build_csr.default
+SPMM = ops.spmm.default
+EDGE_SOFTMAX = ops.edge_softmax.default
+GATHER = ops.gather.default
+CACHED_CSR = ops.cached_csr.default
+CACHED_CSC = ops.cached_csc.default
+PAIR_CSR = ops.pair_csr.default
+PAIR_CSC = ops.pair_csc.default
+CSR_DEGREE = ops.csr_degree.default
+
+__all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
+           "PAIR_CSC", "CSR_DEGREE"]

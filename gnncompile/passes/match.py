@@ -1,0 +1,381 @@
+"""Phase 1, match (read only): explain every scatter-like node of a Dynamo FX graph either as
+part of a fusable chain or as unfused, with a reason.
+
+Every scatter (:data:`canonical.SCATTERS`, any spelling) is read as a :class:`Scatter`, then
+
+* :class:`Softmax`: PyG's inlined ``softmax(alpha, I)`` (segment max, sub, exp, segment sum,
+  ``+ eps``, divide), anchored at the division -> ``gnncompile::edge_softmax``; it claims its
+  two scatters;
+* :class:`Degree`: ``zeros.scatter_add_(0, I, ones)`` (the count of ``scatter(reduce='mean')``,
+  ``torch_geometric.utils.degree``) -> rowptr differences, when a structure for ``I`` exists
+  anyway (decided by :mod:`.plan`);
+* :class:`Aggregate`: ``zeros.scatter_add_/scatter_reduce_/index_add_(0, I, msg)`` where
+  ``msg = x[J]`` or ``x[J] * w`` (``w`` one scalar per edge, ``[E, 1..]``, or one per edge and
+  head, ``[E, H, 1]`` against ``x: [N, H, C]``), reduce sum / mean / amax / amin
+  (``include_self=False`` where it matters) -> ``gnncompile::spmm``. The attention-weighted
+  aggregation after a softmax is an Aggregate with a per-head weight, so the ``E x F`` message
+  never exists.
+
+Indices are described by :class:`IndexRef` (row r of a ``[2, E]`` edge_index node, or the
+index node itself), sizes by their printed expression (:func:`canonical.size_key`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from torch.fx import Node
+
+from ..ops.checks import FLOAT_DTYPES, INDEX_DTYPES
+from .canonical import (SCATTERS, argument, fake_tensor, index_dim, is_one, opname, same_size,
+                        shape_key, size_key)
+
+_REDUCE = {"sum": "sum", "add": "sum", "mean": "mean", "amax": "max", "amin": "min"}
+_BROADCASTS = ("expand", "expand_as", "broadcast_to", "view", "reshape", "unsqueeze", "contiguous")
+
+
+class NoMatch(Exception):
+    """A scatter that cannot be fused; the message is the reason reported by explain()."""
+
+
+# ----------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class IndexRef:
+    """A 1-D index: row ``row`` (0 = sources, 1 = destinations) of the ``[2, E]`` tensor
+    ``tensor``, or, with ``row`` None, the index node ``tensor`` itself."""
+
+    tensor: Node
+    row: Optional[int] = None
+
+    @staticmethod
+    def of(i: Node) -> "IndexRef":
+        name = opname(i)
+        if name == "getitem" and isinstance(i.args[1], int):
+            p, r = i.args[0], i.args[1]
+        elif name == "select" and argument(i, 1, "dim") == 0 and isinstance(argument(i, 2, "index"), int):
+            p, r = i.args[0], argument(i, 2, "index")
+        else:
+            return IndexRef(i)
+        pv = fake_tensor(p)
+        if pv is not None and pv.dim() == 2 and size_key(pv.shape[0]) == "2":
+            return IndexRef(p, r % 2)
+        return IndexRef(i)
+
+    def is_row(self, row: int, of: Optional[Node] = None) -> bool:
+        return self.row == row and (of is None or self.tensor is of)
+
+
+@dataclass
+class Scatter:
+    """A scatter-like node in canonical form: ``buffer[index[e]] (+)= message[e]``."""
+
+    node: Node
+    buffer: Node
+    index: Node  # the 1-D index under any broadcast
+    message: Any
+    reduce: str
+    inplace: bool
+
+
+@dataclass
+class Match:
+    """What every fusable chain has: the node it replaces, its destination index, and the zeros
+    buffer whose dim 0 is the number of destinations (``num_dst``, as a size key)."""
+
+    anchor: Node
+    dst: IndexRef
+    dst_index: Node
+    num_dst: str
+    buffer: Node
+    inplace: bool = False
+
+
+@dataclass
+class Aggregate(Match):
+    reduce: str = "sum"
+    x: Optional[Node] = None  # gathered node features
+    src: Optional[IndexRef] = None
+    src_index: Optional[Node] = None
+    weight: Optional[Node] = None
+    weight_kind: str = "none"  # 'none' | 'edge' ([E, 1..]) | 'head' ([E, H, 1])
+    needs_csc: bool = False  # a sum/mean gradient of x flows back: the CSC is needed
+
+
+@dataclass
+class Softmax(Match):
+    scores: Optional[Node] = None
+    internals: Tuple[Node, ...] = ()  # the segment-sum and segment-max scatters it replaces
+
+
+@dataclass
+class Degree(Match):
+    pass
+
+
+@dataclass
+class Matches:
+    aggregates: List[Aggregate] = field(default_factory=list)
+    softmaxes: List[Softmax] = field(default_factory=list)
+    degrees: List[Tuple[Degree, Node]] = field(default_factory=list)  # (match, scatter node)
+    unfused: Dict[Node, str] = field(default_factory=dict)  # node -> reason
+    claimed: List[Node] = field(default_factory=list)  # scatters a softmax replaces
+
+
+# ----------------------------------------------------------------------------- helpers
+def _strip_broadcast(idx: Any, like) -> Node:
+    """The 1-D index under view(-1, 1..)/unsqueeze/expand(_as)/broadcast_to of a scatter index."""
+    if not isinstance(idx, Node):
+        raise NoMatch("index is not a tensor of the graph")
+    top = fake_tensor(idx)
+    if top is None or shape_key(top) != shape_key(like):
+        raise NoMatch("index shape differs from the message shape")
+    E = like.shape[0]
+    n = idx
+    while True:
+        v = fake_tensor(n)
+        if v is None or v.dtype not in INDEX_DTYPES:
+            raise NoMatch("index is not an int32/int64 tensor")
+        if not same_size(v.shape[0], E):
+            raise NoMatch("index is not a per-edge index broadcast along dim 0")
+        if v.dim() == 1:
+            return _through_1d_views(n, E)
+        for d in range(1, v.dim()):
+            if not (is_one(v.shape[d]) or (d < like.dim() and same_size(v.shape[d], like.shape[d]))):
+                raise NoMatch("index is not a per-edge index broadcast along dim 0")
+        if opname(n) not in _BROADCASTS:
+            raise NoMatch(f"index built by '{opname(n) or n.op}', not a broadcast of a 1-D index")
+        n = n.args[0]
+        if not isinstance(n, Node):
+            raise NoMatch("index is not a tensor of the graph")
+
+
+def _through_1d_views(n: Node, E) -> Node:
+    """Looks through no-op 1-D views (view(-1), expand_as of an [E] tensor)."""
+    while opname(n) in ("view", "reshape", "expand", "expand_as", "broadcast_to", "contiguous"):
+        inner = n.args[0]
+        iv = fake_tensor(inner)
+        if not isinstance(inner, Node) or iv is None or iv.dim() != 1 or not same_size(iv.shape[0], E):
+            break
+        n = inner
+    return n
+
+
+def gather_of(n: Any) -> Optional[Tuple[Node, Node]]:
+    """(x, j) when ``n`` is x.index_select(0, j) or x[j] with a 1-D integer tensor j."""
+    if not isinstance(n, Node):
+        return None
+    name = opname(n)
+    if name == "index_select":
+        x, d, j = argument(n, 0), argument(n, 1, "dim"), argument(n, 2, "index")
+    elif name == "getitem":
+        x, j, d = n.args[0], n.args[1], 0
+    else:
+        return None
+    xv, jv = fake_tensor(x), fake_tensor(j)
+    if xv is None or jv is None or not isinstance(j, Node) or jv.dim() != 1 or jv.dtype not in INDEX_DTYPES:
+        return None
+    if xv.dim() < 1 or index_dim(d, xv.dim()) != 0:
+        return None
+    return x, j
+
+
+def _fill_value(n: Any) -> Optional[float]:
+    """The fill of a fresh constant tensor (zeros / ones / full spellings), else None."""
+    name = opname(n)
+    if name in ("new_zeros", "zeros", "zeros_like"):
+        return 0
+    if name in ("new_ones", "ones", "ones_like"):
+        return 1
+    if name in ("new_full", "full"):
+        fill = argument(n, 2, "fill_value") if name == "new_full" else argument(n, 1, "fill_value")
+        if isinstance(fill, (int, float)):
+            return fill
+    return None
+
+
+# ----------------------------------------------------------------------------- scatters
+def _scatter_reduce(n: Node, name: str) -> Tuple[Any, Any, str]:
+    """(index, message, reduce) of a scatter node."""
+    if name.startswith("index_add"):
+        if argument(n, 4, "alpha", 1) != 1:
+            raise NoMatch("index_add with alpha != 1")
+        return argument(n, 2, "index"), argument(n, 3, "source"), "sum"
+    index, src = argument(n, 2, "index"), argument(n, 3, "src")
+    if name.startswith("scatter_add"):
+        return index, src, "sum"
+    r = argument(n, 4, "reduce")
+    if r not in _REDUCE:
+        raise NoMatch(f"scatter_reduce with reduce={r!r} (only sum, mean, amax, amin fuse)")
+    if argument(n, 5, "include_self", True) and _REDUCE[r] != "sum":
+        raise NoMatch(f"scatter_reduce '{r}' with include_self=True (the zeros take part)")
+    return index, src, _REDUCE[r]
+
+
+def read_scatter(n: Node, order: Dict[Node, int]) -> Scatter:
+    """``n`` (a scatter-like node) as a :class:`Scatter`; raises NoMatch saying why not."""
+    name = opname(n)
+    base, dim = argument(n, 0), argument(n, 1, "dim")
+    index, src, reduce = _scatter_reduce(n, name)
+    bv, sv = fake_tensor(base), fake_tensor(src)
+    if bv is None or sv is None:
+        raise NoMatch("buffer or message is not a tensor")
+    if bv.dtype not in FLOAT_DTYPES or sv.dtype != bv.dtype:
+        raise NoMatch(f"dtype {sv.dtype} scattered into {bv.dtype} (float buffers of the message dtype fuse)")
+    if index_dim(dim, bv.dim()) != 0:
+        raise NoMatch(f"scatter along dim {dim}, not the node dimension 0")
+    if bv.dim() != sv.dim() or shape_key(bv)[1:] != shape_key(sv)[1:]:
+        raise NoMatch("buffer and message shapes differ beyond dim 0")
+    if _fill_value(base) != 0:
+        raise NoMatch(f"output buffer comes from '{opname(base) or getattr(base, 'op', base)}', not a fresh zeros")
+    if any(u is not n and order[u] < order[n] for u in base.users):
+        raise NoMatch("the zeros buffer is read before the scatter")
+    if name.startswith("index_add"):
+        iv = fake_tensor(index)
+        if iv is None or iv.dim() != 1 or iv.dtype not in INDEX_DTYPES or not same_size(iv.shape[0], sv.shape[0]):
+            raise NoMatch("index_add index is not a 1-D per-edge index")
+        idx1 = index
+    else:
+        idx1 = _strip_broadcast(index, sv)
+    return Scatter(n, base, idx1, src, reduce, name.endswith("_"))
+
+
+def _inplace_result(buf: Node, scatters: Dict[Node, Scatter]) -> Optional[Node]:
+    """For a buffer mutated by an in-place scatter, that scatter node."""
+    for u in getattr(buf, "users", ()):
+        if u in scatters and scatters[u].buffer is buf and scatters[u].inplace:
+            return u
+    return None
+
+
+def _scatter_behind(n: Node, scatters: Dict[Node, Scatter]) -> Optional[Scatter]:
+    """The scatter whose result ``n`` is (the scatter itself, or its in-place buffer)."""
+    return scatters.get(n) or scatters.get(_inplace_result(n, scatters))
+
+
+# ----------------------------------------------------------------------------- chains
+def _weighted_gather(src: Node) -> Tuple[Tuple[Node, Node], Node, str]:
+    """((x, j), weight, weight_kind) of a message ``x[j] * w``; raises NoMatch otherwise."""
+    if opname(src) != "mul" or len(src.args) != 2 or src.kwargs:
+        if _fill_value(src) == 1:
+            raise NoMatch("degree count (scatter of ones): no gather-scatter on this index in this graph piece")
+        raise NoMatch(f"message built by '{opname(src) or getattr(src, 'op', src)}', not x[j] or x[j] * w")
+    a, b = src.args
+    for gathered, weight in ((a, b), (b, a)):
+        g = gather_of(gathered)
+        if g is not None:
+            break
+    else:
+        raise NoMatch("message is a product without a gathered node tensor x[j]")
+    wv, ev, mv = fake_tensor(weight), fake_tensor(gathered), fake_tensor(src)
+    if wv is None or not isinstance(weight, Node):
+        raise NoMatch("message multiplies x[j] by a scalar constant, not a per-edge weight")
+    if wv.dtype != ev.dtype:
+        raise NoMatch(f"edge weight dtype {wv.dtype} differs from the features' {ev.dtype}")
+    per_edge = f"weight of shape {list(wv.shape)} is not one value per edge (or per edge and head)"
+    if wv.dim() != ev.dim() or not same_size(wv.shape[0], ev.shape[0]) or shape_key(mv) != shape_key(ev):
+        raise NoMatch(per_edge)
+    rest = list(wv.shape[1:])
+    if all(is_one(s) for s in rest):
+        return g, weight, "edge"
+    if ev.dim() == 3 and same_size(rest[0], ev.shape[1]) and is_one(rest[1]):
+        return g, weight, "head"
+    raise NoMatch(per_edge)
+
+
+def match_aggregate(sc: Scatter) -> Aggregate:
+    g = gather_of(sc.message)
+    weight, kind = None, "none"
+    if g is None:
+        g, weight, kind = _weighted_gather(sc.message)
+    x, j = g
+    xv = fake_tensor(x)
+    if xv.dtype not in FLOAT_DTYPES:
+        raise NoMatch(f"features of dtype {xv.dtype}")
+    iv, jv = fake_tensor(sc.index), fake_tensor(j)
+    if not same_size(iv.shape[0], jv.shape[0]) or iv.dtype != jv.dtype:
+        raise NoMatch("gather and scatter indices differ in length or dtype")
+    return Aggregate(sc.node, IndexRef.of(sc.index), sc.index, size_key(fake_tensor(sc.buffer).shape[0]),
+                     sc.buffer, sc.inplace, reduce=sc.reduce, x=x, src=IndexRef.of(j), src_index=j,
+                     weight=weight, weight_kind=kind,
+                     needs_csc=sc.reduce in ("sum", "mean") and bool(xv.requires_grad))
+
+
+def match_degree(sc: Scatter) -> Optional[Degree]:
+    bv = fake_tensor(sc.buffer)
+    if bv.dim() != 1 or _fill_value(sc.message) != 1 or sc.reduce != "sum":
+        return None
+    return Degree(sc.node, IndexRef.of(sc.index), sc.index, size_key(bv.shape[0]), sc.buffer, sc.inplace)
+
+
+def _without_eps(sums: Node) -> Node:
+    """``s`` for ``s + eps`` with a literal 0 <= eps <= 1e-10 (PyG's softmax denominator)."""
+    if opname(sums) == "add" and len(sums.args) == 2:
+        s0, s1 = sums.args
+        if isinstance(s1, Node):
+            s0, s1 = s1, s0
+        if isinstance(s0, Node) and isinstance(s1, float) and 0 <= s1 <= 1e-10:
+            return s0
+    return sums
+
+
+def match_softmax(d: Node, scatters: Dict[Node, Scatter]) -> Optional[Softmax]:
+    """PyG's softmax(alpha, I) as inlined by Dynamo, anchored at the final division."""
+    if opname(d) != "div" or len(d.args) != 2 or opname(d.args[0]) != "exp":
+        return None
+    ex, den = d.args
+    g_sum, sub = gather_of(den), ex.args[0]
+    if g_sum is None or opname(sub) != "sub" or len(sub.args) != 2:
+        return None
+    sc_sum = _scatter_behind(_without_eps(g_sum[0]), scatters)
+    if sc_sum is None or sc_sum.reduce != "sum" or sc_sum.message is not ex:
+        return None
+    a, gm = sub.args
+    g_max = gather_of(gm)
+    sc_max = _scatter_behind(g_max[0], scatters) if g_max is not None else None
+    if sc_max is None or sc_max.reduce != "max":
+        return None
+    msrc = sc_max.message.args[0] if opname(sc_max.message) == "detach" else sc_max.message
+    if msrc is not a:
+        return None
+    refs = {IndexRef.of(i) for i in (g_sum[1], g_max[1], sc_sum.index, sc_max.index)}
+    av = fake_tensor(a)
+    if len(refs) != 1 or av is None or av.dim() not in (1, 2) or av.dtype not in FLOAT_DTYPES:
+        return None
+    num_dst = fake_tensor(sc_sum.buffer).shape[0]
+    if not same_size(num_dst, fake_tensor(sc_max.buffer).shape[0]):
+        return None
+    return Softmax(d, refs.pop(), sc_sum.index, size_key(num_dst), sc_sum.buffer, scores=a,
+                   internals=(sc_sum.node, sc_max.node))
+
+
+def match(graph, order: Dict[Node, int]) -> Matches:
+    """Every scatter of ``graph`` explained (``order``: the position of every node)."""
+    m = Matches()
+    scatters: Dict[Node, Scatter] = {}
+    for n in graph.nodes:
+        if opname(n) in SCATTERS:
+            try:
+                scatters[n] = read_scatter(n, order)
+            except NoMatch as e:
+                m.unfused[n] = str(e)
+    for n in graph.nodes:
+        sm = match_softmax(n, scatters)
+        if sm is not None:
+            m.softmaxes.append(sm)
+            m.claimed += list(sm.internals)
+    for n, sc in scatters.items():
+        if n in m.claimed:
+            continue
+        deg = match_degree(sc)
+        if deg is not None:
+            m.degrees.append((deg, n))
+            continue
+        try:
+            m.aggregates.append(match_aggregate(sc))
+        except NoMatch as e:
+            m.unfused[n] = str(e)
+    return m
+
+
+__all__ = ["NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
+           "gather_of", "read_scatter", "match_aggregate", "match_degree", "match_softmax", "match"]

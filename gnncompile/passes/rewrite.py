@@ -1,0 +1,259 @@
+"""Phase 3, rewrite: insert the planned structure ops and the fused ops, redirect the uses of
+the nodes they replace, drop what became dead, and give the per-edge gathers that remain a
+segment-sum gradient.
+
+* Structures go before the first chain that uses them: ``cached_csr`` (or ``pair_csr``), and a
+  ``cached_csc`` (or ``pair_csc``) per number of sources where a sum / mean gradient of the
+  features flows back.
+* Each chain becomes ``spmm``, ``edge_softmax`` or ``csr_degree`` at its anchor; the anchor's
+  uses, and the later readers of an in-place-mutated zeros buffer, read the fused result.
+* Per-edge gathers of a row of an edge_index that has a structure here (GAT's attention logits
+  ``alpha_src[j] + alpha_dst[i]``, GATv2's ``x[j]``) become ``gnncompile::gather``, whose
+  gradient is a parallel segment sum instead of a serial E-row index_add.
+
+Nothing here launches a kernel; the inserted ops run when the compiled graph runs.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.fx import Node
+
+from ..ops import targets
+from ..ops.checks import FLOAT_DTYPES
+from .canonical import PURE, fake_tensor, layer_of, opname, size_key
+from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
+from .plan import Plan, SharedStructure
+from .report import Fused, PassReport, Unfused
+
+Triple = Tuple[Node, Node, Node]
+
+
+@dataclass
+class Built:
+    """The nodes inserted for one :class:`SharedStructure`."""
+
+    shared: SharedStructure
+    csr: Triple  # rowptr, col, perm
+    num_dst: Any  # an int, or the size node of the zeros buffer
+    csc: Dict[str, Triple] = field(default_factory=dict)  # by num_src size key
+
+
+def node_order(graph) -> Dict[Node, int]:
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def _size0(graph, n: Node):
+    v = fake_tensor(n).shape[0]
+    return v if isinstance(v, int) else graph.call_method("size", (n, 0))
+
+
+def _unpack(graph, call: Node) -> Triple:
+    return tuple(graph.call_function(operator.getitem, (call, i)) for i in range(3))  # type: ignore[return-value]
+
+
+def _insert_csc(graph, b: Built, m: Aggregate, copy: bool) -> bool:
+    """The transposed structure ``m`` needs, inserted before it unless it exists already."""
+    nkey = size_key(fake_tensor(m.x).shape[0])
+    if nkey in b.csc:
+        return False
+    with graph.inserting_before(m.anchor):
+        num_src = _size0(graph, m.x)
+        if b.shared.edge_index is not None:
+            call = graph.call_function(targets.CACHED_CSC, (b.shared.edge_index, b.num_dst, num_src, copy))
+        else:
+            call = graph.call_function(targets.PAIR_CSC, (*b.csr, num_src))
+        b.csc[nkey] = _unpack(graph, call)
+    return True
+
+
+def insert_structures(graph, p: Plan, copy: bool, report: PassReport) -> List[Built]:
+    """One structure op per shared structure, before its first member (``copy``: the cached
+    tensors are handed out as clones, for inner compilers that recycle buffers)."""
+    built = []
+    for s in p.structures:
+        first = s.members[0]
+        with graph.inserting_before(first.anchor):
+            num_dst = _size0(graph, first.buffer)
+            if s.edge_index is not None:
+                call = graph.call_function(targets.CACHED_CSR, (s.edge_index, num_dst, copy))
+            else:
+                call = graph.call_function(targets.PAIR_CSR, (first.dst_index, s.pair_src_index(), num_dst))
+            b = Built(s, _unpack(graph, call), num_dst)
+        report.structures += 1
+        for m in s.members:
+            if isinstance(m, Aggregate) and m.needs_csc and _insert_csc(graph, b, m, copy):
+                report.transposed += 1
+        built.append(b)
+    return built
+
+
+def _fused_spmm(graph, m: Aggregate, b: Built, knobs: List[int]) -> Node:
+    xv = fake_tensor(m.x)
+    x = graph.call_method("contiguous", (m.x,))
+    w = None
+    if m.weight is not None:
+        w = graph.call_method("reshape", (m.weight, -1)) if m.weight_kind == "edge" \
+            else graph.call_method("squeeze", (m.weight, -1))
+        w = graph.call_method("contiguous", (w,))
+    t = b.csc.get(size_key(xv.shape[0]), (None, None, None)) if m.needs_csc else (None, None, None)
+    call = graph.call_function(targets.SPMM, (*b.csr, w, x, m.reduce, knobs, *t))
+    return graph.call_function(operator.getitem, (call, 0))
+
+
+def _fused(graph, m: Match, b: Built, knobs_for: Callable) -> Tuple[Node, Fused]:
+    """The fused replacement of chain ``m``, inserted before its anchor, and its report line."""
+    rowptr, _, perm = b.csr
+    layer, at = layer_of(m.anchor), m.anchor.name
+    with graph.inserting_before(m.anchor):
+        if isinstance(m, Aggregate):
+            knobs = list(knobs_for(fake_tensor(m.x).device))
+            return _fused_spmm(graph, m, b, knobs), Fused("spmm", m.reduce, layer, m.weight is not None, at)
+        if isinstance(m, Softmax):
+            knobs = list(knobs_for(fake_tensor(m.scores).device))
+            s = graph.call_method("contiguous", (m.scores,))
+            out = graph.call_function(targets.EDGE_SOFTMAX, (rowptr, perm, s, knobs))
+            return out, Fused("edge_softmax", "softmax", layer, False, at)
+        assert isinstance(m, Degree)
+        out = graph.call_function(targets.CSR_DEGREE, (rowptr, fake_tensor(m.buffer).dtype))
+        return out, Fused("degree", "count", layer, False, at)
+
+
+def _replace(graph, m: Match, out: Node, order: Dict[Node, int]) -> None:
+    anchor = m.anchor
+    if m.inplace:  # later readers of the mutated zeros buffer see the result
+        pos = order[anchor]
+        for u in list(m.buffer.users):
+            if u is not anchor and u in order and order[u] > pos:
+                u.replace_input_with(m.buffer, out)
+    anchor.replace_all_uses_with(out)
+    graph.erase_node(anchor)
+
+
+def drop_dead(graph, claimed=()) -> None:
+    """Drops unused pure nodes, and the claimed scatters (softmax internals) once nothing reads
+    them or the zeros buffer they fill."""
+    claimed = set(claimed)
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(list(graph.nodes)):
+            if n.op not in ("call_function", "call_method") or n.users:
+                continue
+            if opname(n) in PURE:
+                graph.erase_node(n)
+                changed = True
+            elif n in claimed and all(u is n for u in n.args[0].users):
+                claimed.discard(n)
+                graph.erase_node(n)
+                changed = True
+
+
+def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = False,
+            knobs_for: Optional[Callable] = None) -> PassReport:
+    """Applies plan ``p`` to ``graph``; returns what was fused and what was left, with reasons."""
+    from ..ops import get_knobs
+
+    knobs_for = knobs_for or get_knobs
+    report = PassReport()
+    built = insert_structures(graph, p, copy_structures, report)
+    chains = sorted(((m, b) for b in built for m in b.shared.members), key=lambda mb: order[mb[0].anchor])
+    outs = []
+    for m, b in chains:
+        out, line = _fused(graph, m, b, knobs_for)
+        report.fused.append(line)
+        outs.append((m, out))
+    # replace only now: chains may read other chains' anchors (a hop's output feeds the next)
+    new_order = node_order(graph)
+    for m, out in outs:
+        _replace(graph, m, out, new_order)
+    for n, why in p.unfused.items():
+        report.unfused.append(Unfused(opname(n), layer_of(n), why, n.name))
+    drop_dead(graph, p.claimed)
+    report.gathers = rewrite_edge_gathers(graph, built, knobs_for)
+    return report
+
+
+# ----------------------------------------------------------------------------- gathers
+def _grouping_structure(built: List[Built], ref: IndexRef, nkey: str) -> Optional[Tuple[Node, Node]]:
+    """(rowptr, perm) of a structure that groups the edges by ``ref`` (a row of an edge_index)
+    into ``nkey`` rows: the CSR for the destination row, a CSC for the source row."""
+    for b in built:
+        if b.shared.edge_index is not ref.tensor:
+            continue
+        if ref.row == 1 and b.shared.num_dst == nkey:
+            return b.csr[0], b.csr[2]
+        if ref.row == 0 and nkey in b.csc:
+            return b.csc[nkey][0], b.csc[nkey][2]
+    return None
+
+
+def rewrite_edge_gathers(graph, built: List[Built], knobs_for: Callable) -> int:
+    """Per-edge gathers of a row of edge_index still in the graph become ``gnncompile::gather``
+    where the gathered tensor needs a gradient and a structure grouping the edges by that index
+    exists. Returns how many."""
+    done = 0
+    for n in list(graph.nodes):
+        g = gather_of(n)
+        if g is None:
+            continue
+        x, idx = g
+        xv, ref = fake_tensor(x), IndexRef.of(idx)
+        if xv is None or not xv.requires_grad or xv.dtype not in FLOAT_DTYPES or ref.row is None:
+            continue
+        structure = _grouping_structure(built, ref, size_key(xv.shape[0]))
+        # the structure nodes must come before the gather: move them up if their inputs allow
+        if structure is None or not _hoist_structure(graph, structure[0].args[0], n):
+            continue
+        with graph.inserting_before(n):
+            new = graph.call_function(targets.GATHER, (x, idx, *structure, list(knobs_for(xv.device))))
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        done += 1
+    return done
+
+
+def _earlier_size(graph, size: Node, before: Node) -> Optional[Node]:
+    """A ``size(0)`` node before ``before`` equal to ``size`` (the dim 0 of a tensor defined
+    later): the size of the first earlier tensor with the same (possibly symbolic) dim 0."""
+    if opname(size) != "size":
+        return None
+    tv = fake_tensor(size.args[0])
+    want = size_key(tv.shape[0]) if tv is not None else None
+    for m in graph.nodes:
+        if m is before:
+            return None
+        mv = fake_tensor(m)
+        if isinstance(mv, torch.Tensor) and mv.dim() >= 1 and size_key(mv.shape[0]) == want:
+            with graph.inserting_before(before):
+                return graph.call_method("size", (m, 0))
+    return None
+
+
+def _hoist_structure(graph, call: Node, before: Node) -> bool:
+    """Moves a structure op ``call`` (and its getitem outputs) before ``before`` when it comes
+    later. Its size arguments may be size nodes of tensors defined after ``before``: they are
+    replaced by the size of an earlier tensor with the same (possibly symbolic) dim 0."""
+    order = node_order(graph)
+    if order[call] < order[before]:
+        return True
+    new_args = list(call.args)
+    for i, a in enumerate(call.args):
+        if not isinstance(a, Node) or order[a] < order[before]:
+            continue
+        sub = _earlier_size(graph, a, before)
+        if sub is None:
+            return False
+        new_args[i] = sub
+    call.args = tuple(new_args)
+    outs = sorted((u for u in call.users if opname(u) == "getitem"), key=lambda u: order[u])
+    before.prepend(call)
+    for u in outs:
+        before.prepend(u)
+    return True
+
+
+__all__ = ["Built", "node_order", "insert_structures", "rewrite", "drop_dead", "rewrite_edge_gathers"]
