@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -104,7 +103,6 @@ def child(args) -> dict:
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(args.threads)
-    import gnncompile
 
     x, ei, y, C = _load_graph(args.graph, args.features)
     N = x.size(0)

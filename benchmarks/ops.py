@@ -14,7 +14,6 @@ Writes benchmarks/results/ops.{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path

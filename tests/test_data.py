@@ -128,7 +128,7 @@ def test_bad_arguments():
 
 
 # ------------------------------------------------------------- the collation kernels
-from gnncompile import _native  # noqa: E402
+from gnncompile.ops import _native  # noqa: E402
 from gnncompile.ops import reference  # noqa: E402
 from gnncompile.ops.schemas import ops  # noqa: E402
 

@@ -7,7 +7,6 @@ import weakref
 import pytest
 import torch
 
-import gnncompile
 from gnncompile.ops import structure as graph
 from gnncompile.ops import reference, spmm, edge_softmax, transpose_structure
 

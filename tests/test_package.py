@@ -194,3 +194,43 @@ def test_import_is_silent_with_native_kernels(tmp_path):
     if not NATIVE_EXPECTED:
         pytest.skip("the installation has no compiled gnncompile._C")
     _run("import gnncompile, gnncompile.ops, gnncompile.ops.structure", tmp_path, PYTHONWARNINGS="error::RuntimeWarning")
+
+
+def test_import_does_not_import_optuna_or_the_tuner(tmp_path):
+    """The tuner is an optional extra: `import gnncompile` (and compile/export) must work without
+    optuna, so it must not import it."""
+    out = _run("""
+        import json, sys
+        import gnncompile
+        print(json.dumps({m: m in sys.modules for m in ("optuna", "gnncompile.tuner", "onnx")}))
+    """, tmp_path)
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res == {"optuna": False, "gnncompile.tuner": False, "onnx": False}, res
+
+
+def _editable_install() -> bool:
+    try:
+        text = importlib.metadata.distribution("gnncompile").read_text("direct_url.json") or "{}"
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return bool(json.loads(text).get("dir_info", {}).get("editable"))
+
+
+def test_editable_install_imports_the_checkout(tmp_path):
+    """With `pip install -e .`, Python sources are imported from the checkout: a module added or
+    edited there takes effect in the next process, without reinstalling."""
+    if not _editable_install():
+        pytest.skip("gnncompile is not installed editable")
+    pkg = Path(gnncompile.__file__).resolve().parent
+    assert pkg == REPO_ROOT / "gnncompile"
+    probe = pkg / f"_editable_probe_{os.getpid()}.py"
+    code = f"from gnncompile import {probe.stem} as p; print(p.VALUE)"
+    try:
+        probe.write_text("VALUE = 1\n")
+        assert _run(code, tmp_path).strip().splitlines()[-1] == "1"
+        probe.write_text("VALUE = 2\n")
+        assert _run(code, tmp_path).strip().splitlines()[-1] == "2"
+    finally:
+        probe.unlink(missing_ok=True)
+    tuner = _run("import gnncompile.tuner as t; print(t.__file__)", tmp_path).strip().splitlines()[-1]
+    assert Path(tuner).resolve() == REPO_ROOT / "tuner" / "__init__.py"

@@ -1,7 +1,6 @@
 """gnncompile.ops.spmm against PyG's scatter, the reference op, autograd and opcheck."""
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

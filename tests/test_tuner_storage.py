@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
 

@@ -213,34 +213,10 @@ def _settings_of(trial: Any) -> Dict[str, Any]:
     return dict(trial.user_attrs.get("settings") or {})
 
 
-def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage: Optional[str] = None,
-         out: Optional[os.PathLike] = None, name: Optional[str] = None,
-         batch_size: Optional[int] = 128, batch_range: Optional[Tuple[int, int]] = None,
-         memory_budget: Optional[int] = None, max_workers: Optional[int] = None, seed: Optional[int] = None,
-         measure_defaults: bool = True, write_profile: bool = True, plots: bool = True,
-         callbacks: Sequence[Callable] = (), device: Optional[str] = None,
-         confirm_rounds: int = 3, confirm_top: int = 3) -> Dict[str, Any]:
-    """Runs (or resumes) the study for ``w`` and writes its profile. Returns a dict with
-    ``study`` (the Optuna study), ``profile_path``, ``best`` (settings), ``tuned``,
-    ``default`` (throughputs), ``plots``.
-
-    A trial's value is a single, short measurement (identical settings measured 115-155
-    epochs/s in five runs of a 5-step workload here; a loader worker that costs 10% measured
-    faster than none in one study), so the settings the profile holds, and the tuned and default
-    throughputs it records, come from ``confirm_rounds`` rounds that re-measure the
-    ``confirm_top`` best trials (distinct settings) and the defaults in turn: the highest
-    median wins."""
-    optuna = _optuna()
-    props = _device.detect(device)
-    storage = storage or default_storage()
-    name = name or study_name(w, props, batch_size, batch_range)
-    wl = workload_dict(w, batch_size, batch_range)
-    cpus = int(props.get("logical_cpus") or props.get("host_logical_cpus") or 1)
-    if max_workers is None:
-        max_workers = min(4, cpus)
-
-    # Peak memory is a constraint (<= 0 feasible). Optuna >= 5 takes it from the trial
-    # (Trial.set_constraint); older versions from the sampler's constraints_func.
+def _sampler(optuna, trials: int, seed: Optional[int]):
+    """(TPE sampler, constrain(trial, excess)): peak memory is a constraint (<= 0 feasible).
+    Optuna >= 5 takes it from the trial (Trial.set_constraint); older versions from the
+    sampler's constraints_func."""
     new_api = hasattr(optuna.trial.Trial, "set_constraint")
     skw = {} if new_api else {"constraints_func": lambda t: [float(t.user_attrs.get("memory_excess", 0.0))]}
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(trials // 3, 1)), **skw)
@@ -249,12 +225,13 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
         trial.set_user_attr("memory_excess", excess)
         if new_api:
             trial.set_constraint("peak_memory_over_budget", excess)
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
-    study = _open_study(optuna, name, storage, sampler, pruner)
-    fail_orphans(study)
-    study.set_user_attr("workload", wl)
-    study.set_user_attr("device_key", _device.device_key(props))
-    study.set_user_attr("unit", w.unit)
+
+    return sampler, constrain
+
+
+def _objective(optuna, w: Workload, props: dict, constrain, batch_size, batch_range, max_workers: int,
+               memory_budget: Optional[int], device: Optional[str]):
+    """One trial: suggested settings, measured; failures are recorded on the trial."""
 
     def objective(trial):
         # first, so that a run killed mid-trial is recognised by the next one (fail_orphans)
@@ -286,17 +263,119 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
         trial.set_user_attr("peak_memory", int(peak))
         return value
 
-    def finished():
-        return [t for t in study.get_trials(deepcopy=False)
-                if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    return objective
 
-    remaining = max(trials - len(finished()), 0)
-    cbs = [optuna.study.MaxTrialsCallback(trials, states=(optuna.trial.TrialState.COMPLETE,
-                                                          optuna.trial.TrialState.PRUNED))]
-    cbs += list(callbacks)
+
+def _candidates(ranked: list, top: int) -> list:
+    """The best trials with distinct settings, at most ``top``."""
+    cands, seen = [], set()
+    for t in ranked:
+        key = repr(sorted(_settings_of(t).items()))
+        if key not in seen:
+            seen.add(key)
+            cands.append(t)
+        if len(cands) >= max(1, top):
+            break
+    return cands
+
+
+def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, device, result: dict):
+    """Re-measures the candidates and the defaults in turn, ``rounds`` times; the highest median
+    becomes the result's best (returns its trial, None when the re-measurement failed)."""
+    runs: Dict[int, list] = {t.number: [] for t in cands}
+    default_runs: list = []
+    try:
+        for _ in range(max(1, rounds)):
+            for t in cands:
+                runs[t.number].append(measure(w, _settings_of(t), device=device)[0])
+            default_runs.append(measure(w, defaults, device=device)[0])
+    except Exception as e:  # the re-measurement failing must not lose the study's result
+        warnings.warn(f"gnncompile tune: re-measuring the best trials and the defaults failed: {e}")
+        return None
+    med = {n: statistics.median(v) for n, v in runs.items()}
+    top = max(cands, key=lambda t: med[t.number])
+    result["best"], result["tuned"] = _settings_of(top), med[top.number]
+    result["default"] = statistics.median(default_runs)
+    result["confirm"] = {"tuned": runs[top.number], "default": default_runs,
+                         "candidates": [{"trial": t.number, "trial_value": float(t.value),
+                                         "runs": runs[t.number], "median": med[t.number]}
+                                        for t in cands]}
+    return top
+
+
+def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: dict, best,
+                   defaults: Optional[Dict[str, Any]], out, plots: bool) -> None:
+    """The profile holds what was measured fastest: the best trial, or the defaults when they
+    beat every trial of this run (short measurements on a noisy machine can do that)."""
+    chosen = "best trial"
+    s = dict(result["best"])
+    if defaults is not None and result["default"] is not None and result["default"] > result["tuned"]:
+        chosen = "defaults (faster than every trial in this run)"
+        s = dict(defaults)
+    result["chosen"] = chosen
+    s.pop("loader", None)
+    counts = {st.name.lower(): 0 for st in optuna.trial.TrialState}
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name.lower()] += 1
+    doc = _profiles.make(props, wl, s, tuned=result["tuned"], default=result["default"],
+                         unit=w.unit, study={"name": result["name"], "storage": _redact(result["storage"]),
+                                             "best_trial": best.number, "trials": counts,
+                                             "chosen": chosen,
+                                             "confirm_runs": result.get("confirm"),
+                                             "default_settings": "torch_geometric.loader.DataLoader"
+                                             if w.kind == "graphs" else "kernel defaults"})
+    path = _profiles.save(doc, Path(out) if out is not None else _profiles.profile_dir())
+    result["profile_path"] = path
+    if plots:
+        result["plots"] = save_plots(study, path.with_suffix(""))
+
+
+def _run_trials(optuna, study, objective, trials: int, timeout: Optional[float], callbacks) -> None:
+    """Runs what is missing for the study to hold ``trials`` finished trials."""
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    finished = [t for t in study.get_trials(deepcopy=False) if t.state in done]
+    remaining = max(trials - len(finished), 0)
+    cbs = [optuna.study.MaxTrialsCallback(trials, states=done)] + list(callbacks)
     if remaining > 0 and (timeout is None or timeout > 0):
         study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(Exception,),
                        callbacks=cbs, gc_after_trial=True)
+
+
+def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage: Optional[str] = None,
+         out: Optional[os.PathLike] = None, name: Optional[str] = None,
+         batch_size: Optional[int] = 128, batch_range: Optional[Tuple[int, int]] = None,
+         memory_budget: Optional[int] = None, max_workers: Optional[int] = None, seed: Optional[int] = None,
+         measure_defaults: bool = True, write_profile: bool = True, plots: bool = True,
+         callbacks: Sequence[Callable] = (), device: Optional[str] = None,
+         confirm_rounds: int = 3, confirm_top: int = 3) -> Dict[str, Any]:
+    """Runs (or resumes) the study for ``w`` and writes its profile. Returns a dict with
+    ``study`` (the Optuna study), ``profile_path``, ``best`` (settings), ``tuned``,
+    ``default`` (throughputs), ``plots``.
+
+    A trial's value is a single, short measurement (identical settings measured 115-155
+    epochs/s in five runs of a 5-step workload here; a loader worker that costs 10% measured
+    faster than none in one study), so the settings the profile holds, and the tuned and default
+    throughputs it records, come from ``confirm_rounds`` rounds that re-measure the
+    ``confirm_top`` best trials (distinct settings) and the defaults in turn: the highest
+    median wins."""
+    optuna = _optuna()
+    props = _device.detect(device)
+    storage = storage or default_storage()
+    name = name or study_name(w, props, batch_size, batch_range)
+    wl = workload_dict(w, batch_size, batch_range)
+    cpus = int(props.get("logical_cpus") or props.get("host_logical_cpus") or 1)
+    if max_workers is None:
+        max_workers = min(4, cpus)
+    sampler, constrain = _sampler(optuna, trials, seed)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
+    study = _open_study(optuna, name, storage, sampler, pruner)
+    fail_orphans(study)
+    study.set_user_attr("workload", wl)
+    study.set_user_attr("device_key", _device.device_key(props))
+    study.set_user_attr("unit", w.unit)
+    objective = _objective(optuna, w, props, constrain, batch_size, batch_range, max_workers,
+                           memory_budget, device)
+    _run_trials(optuna, study, objective, trials, timeout, callbacks)
 
     result: Dict[str, Any] = {"study": study, "profile_path": None, "plots": [], "best": None,
                               "tuned": None, "default": None, "name": name, "storage": storage}
@@ -309,62 +388,12 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
     ranked = sorted(complete, key=lambda t: t.value, reverse=True)
     best = ranked[0]
     result["best"], result["tuned"] = _settings_of(best), float(best.value)
-    d = None
+    defaults = None
     if measure_defaults:
-        # the candidates: the best trials with distinct settings
-        cands, seen = [], set()
-        for t in ranked:
-            key = repr(sorted(_settings_of(t).items()))
-            if key not in seen:
-                seen.add(key)
-                cands.append(t)
-            if len(cands) >= max(1, confirm_top):
-                break
-        d = default_settings(w, props, batch_size=int(batch_size or 128))
-        runs: Dict[int, list] = {t.number: [] for t in cands}
-        default_runs: list = []
-        try:
-            for _ in range(max(1, confirm_rounds)):
-                for t in cands:
-                    runs[t.number].append(measure(w, _settings_of(t), device=device)[0])
-                default_runs.append(measure(w, d, device=device)[0])
-            med = {n: statistics.median(v) for n, v in runs.items()}
-            top = max(cands, key=lambda t: med[t.number])
-            best = top
-            result["best"], result["tuned"] = _settings_of(top), med[top.number]
-            result["default"] = statistics.median(default_runs)
-            result["confirm"] = {"tuned": runs[top.number], "default": default_runs,
-                                 "candidates": [{"trial": t.number, "trial_value": float(t.value),
-                                                 "runs": runs[t.number], "median": med[t.number]}
-                                                for t in cands]}
-        except Exception as e:  # the re-measurement failing must not lose the study's result
-            warnings.warn(f"gnncompile tune: re-measuring the best trials and the defaults failed: {e}")
-    if not write_profile:
-        return result
-    # The profile holds what was measured fastest: the best trial, or the defaults when they beat
-    # every trial of this run (short measurements on a noisy machine can do that).
-    chosen = "best trial"
-    s = dict(result["best"])
-    if d is not None and result["default"] is not None and result["default"] > result["tuned"]:
-        chosen = "defaults (faster than every trial in this run)"
-        s = dict(d)
-    result["chosen"] = chosen
-    s.pop("loader", None)
-    counts = {st.name.lower(): 0 for st in optuna.trial.TrialState}
-    for t in study.get_trials(deepcopy=False):
-        counts[t.state.name.lower()] += 1
-    doc = _profiles.make(props, wl, s, tuned=result["tuned"], default=result["default"],
-                         unit=w.unit, study={"name": name, "storage": _redact(storage),
-                                             "best_trial": best.number, "trials": counts,
-                                             "chosen": chosen,
-                                             "confirm_runs": result.get("confirm"),
-                                             "default_settings": "torch_geometric.loader.DataLoader"
-                                             if w.kind == "graphs" else "kernel defaults"})
-    out_dir = Path(out) if out is not None else _profiles.profile_dir()
-    path = _profiles.save(doc, out_dir)
-    result["profile_path"] = path
-    if plots:
-        result["plots"] = save_plots(study, path.with_suffix(""))
+        defaults = default_settings(w, props, batch_size=int(batch_size or 128))
+        best = _confirm(w, _candidates(ranked, confirm_top), defaults, confirm_rounds, device, result) or best
+    if write_profile:
+        _write_profile(optuna, study, w, props, wl, result, best, defaults, out, plots)
     return result
 
 

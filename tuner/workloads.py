@@ -145,6 +145,75 @@ class MemoryBudgetExceeded(RuntimeError):
     pass
 
 
+class _MemoryWatch:
+    """Peak memory over a run: on CUDA the peak allocated bytes; on CPU the growth of this
+    process's resident set (workers not included). Raises MemoryBudgetExceeded past ``budget``."""
+
+    def __init__(self, dev: torch.device, budget: Optional[int]) -> None:
+        self.dev, self.budget, self.peak = dev, budget, 0
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        self.rss0 = _rss_bytes()
+
+    def check(self) -> None:
+        used = (torch.cuda.max_memory_allocated(self.dev) if self.dev.type == "cuda"
+                else max(_rss_bytes() - self.rss0, 0))
+        self.peak = max(self.peak, used)
+        if self.budget is not None and self.peak > self.budget:
+            raise MemoryBudgetExceeded(f"peak memory {self.peak} > budget {self.budget}")
+
+
+def _graph_loader(ds, bs: int, settings: Dict[str, Any], dev: torch.device):
+    """PyG's DataLoader (``loader='pyg'``) or the pooled loader, with the settings under test."""
+    workers = int(settings.get("num_workers") or 0)
+    if settings.get("loader", "pooled") == "pyg":
+        from torch_geometric.loader import DataLoader
+
+        return DataLoader(ds, batch_size=bs, shuffle=True, num_workers=workers,
+                          pin_memory=bool(settings.get("pin_memory")) and dev.type == "cuda",
+                          persistent_workers=bool(settings.get("persistent_workers")) and workers > 0)
+    from gnncompile.data import PooledLoader
+
+    return PooledLoader(ds, batch_size=bs, shuffle=True, pool_size=int(settings.get("pool_size") or 2),
+                        num_workers=workers, pin_memory=bool(settings.get("pin_memory")),
+                        persistent_workers=bool(settings.get("persistent_workers")),
+                        device=dev if dev.type == "cuda" else None)
+
+
+def _inputs(w: Workload, loader, dev: torch.device):
+    """Endless (units, (x, edge_index, batch or None, y)): the one graph, or the loader's batches."""
+    if w.kind == "fullgraph":
+        x, ei, y = (t.to(dev) for t in _graph(w.num_nodes, w.num_edges, w.num_features,
+                                              w.num_classes, w.seed))
+        while True:
+            yield 1, (x, ei, None, y)
+    while True:
+        for b in loader:
+            if dev.type == "cuda" and b.x.device != dev:
+                b = b.to(dev, non_blocking=True)
+            yield b.num_graphs, (b.x, b.edge_index, b.batch, b.y)
+
+
+def _timed(w: Workload, it, step, watch: _MemoryWatch, dev, report) -> float:
+    """Throughput over ``w.steps`` steps, reported after each of ``w.chunks`` chunks."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    per_chunk = max(1, math.ceil(w.steps / max(w.chunks, 1)))
+    units, t0, rate = 0, time.perf_counter(), 0.0
+    for c in range(max(w.chunks, 1)):
+        for _ in range(per_chunk):
+            n, inp = next(it)
+            step(inp)
+            units += n
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        watch.check()
+        rate = units / (time.perf_counter() - t0)
+        if report is not None:
+            report(c, rate)
+    return rate
+
+
 def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[int, float], None]] = None,
             device: Optional[str] = None, memory_budget: Optional[int] = None) -> Tuple[float, int]:
     """Trains ``w`` with ``settings``; returns (throughput in ``w.unit``, peak memory in bytes).
@@ -157,13 +226,10 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     resident set over the run (workers not included). Raises MemoryBudgetExceeded when it
     passes ``memory_budget``.
     """
-    from gnncompile.ops import set_knobs
+    from gnncompile.ops import get_knobs, set_knobs
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    old_threads = torch.get_num_threads()
-    from gnncompile.ops import get_knobs
-
-    old_knobs = get_knobs(dev) or None
+    old_threads, old_knobs = torch.get_num_threads(), get_knobs(dev) or None
     if settings.get("threads"):
         torch.set_num_threads(int(settings["threads"]))
     set_knobs(dev.type, settings.get("knobs"))
@@ -171,95 +237,30 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     try:
         torch.manual_seed(w.seed)
         model = build_model(w).to(dev)
-        if settings.get("compiled", w.compiled):
-            fwd = _compile_with(model, settings, dev)
-        else:
-            fwd = model
+        fwd = _compile_with(model, settings, dev) if settings.get("compiled", w.compiled) else model
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
-        rss0 = _rss_bytes()
-        peak = 0
-
-        def check_memory():
-            nonlocal peak
-            used = (torch.cuda.max_memory_allocated(dev) if dev.type == "cuda"
-                    else max(_rss_bytes() - rss0, 0))
-            peak = max(peak, used)
-            if memory_budget is not None and peak > memory_budget:
-                raise MemoryBudgetExceeded(f"peak memory {peak} > budget {memory_budget}")
-
-        if w.kind == "fullgraph":
-            x, ei, y = (t.to(dev) for t in _graph(w.num_nodes, w.num_edges, w.num_features,
-                                                  w.num_classes, w.seed))
-
-            def steps():
-                while True:
-                    yield 1, (x, ei, None, y)
-        else:
-            ds = dataset_for(w)
-            bs = int(settings["batch_size"])
-            if settings.get("loader", "pooled") == "pyg":
-                from torch_geometric.loader import DataLoader
-
-                loader = DataLoader(ds, batch_size=bs, shuffle=True,
-                                    num_workers=int(settings.get("num_workers") or 0),
-                                    pin_memory=bool(settings.get("pin_memory")) and dev.type == "cuda",
-                                    persistent_workers=bool(settings.get("persistent_workers"))
-                                    and int(settings.get("num_workers") or 0) > 0)
-            else:
-                from gnncompile.data import PooledLoader
-
-                loader = PooledLoader(ds, batch_size=bs, shuffle=True,
-                                      pool_size=int(settings.get("pool_size") or 2),
-                                      num_workers=int(settings.get("num_workers") or 0),
-                                      pin_memory=bool(settings.get("pin_memory")),
-                                      persistent_workers=bool(settings.get("persistent_workers")),
-                                      device=dev if dev.type == "cuda" else None)
-
-            def steps():
-                while True:
-                    for b in loader:
-                        if dev.type == "cuda" and b.x.device != dev:
-                            b = b.to(dev, non_blocking=True)
-                        yield b.num_graphs, (b.x, b.edge_index, b.batch, b.y)
+        watch = _MemoryWatch(dev, memory_budget)
+        if w.kind == "graphs":
+            ds, bs = dataset_for(w), int(settings["batch_size"])
+            loader = _graph_loader(ds, bs, settings, dev)
 
         def step(inp):
             xx, ee, bb, yy = inp
             opt.zero_grad(set_to_none=True)
             out = fwd(xx, ee) if bb is None else fwd(xx, ee, bb)
-            loss = torch.nn.functional.cross_entropy(out, yy)
-            loss.backward()
+            torch.nn.functional.cross_entropy(out, yy).backward()
             opt.step()
 
-        it = steps()
+        it = _inputs(w, loader, dev)
         for _ in range(w.warmup):
-            _, inp = next(it)
-            step(inp)
+            step(next(it)[1])
         if w.kind == "graphs" and w.warmup > 0:
             # the last batch of an epoch is smaller: a compiled model sees a new number of graphs
             # there and recompiles once (seconds with inductor), which a long training run pays
             # once per run, not per step; take it here, not in the timed steps
             step(_odd_batch(ds, bs, dev))
-        check_memory()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        per_chunk = max(1, math.ceil(w.steps / max(w.chunks, 1)))
-        done, units, t0 = 0, 0, time.perf_counter()
-        rate = 0.0
-        for c in range(max(w.chunks, 1)):
-            for _ in range(per_chunk):
-                n, inp = next(it)
-                step(inp)
-                units += n
-                done += 1
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            check_memory()
-            rate = units / (time.perf_counter() - t0)
-            if report is not None:
-                report(c, rate)
-        return rate, peak
+        watch.check()
+        return _timed(w, it, step, watch, dev, report), watch.peak
     finally:
         if loader is not None and hasattr(loader, "close"):
             loader.close()

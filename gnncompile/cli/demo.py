@@ -107,7 +107,6 @@ def _tune(args):
     """A short tuning run (well under a minute) of this workload on this device; returns the
     path of the profile it wrote, which compile() then applies. The tuner is optional: without
     optuna this step is skipped."""
-    import glob
     import json
     import os
     import subprocess
@@ -158,7 +157,7 @@ def _export_and_check(model, x, edge_index, out_dir: str) -> int:
     path = os.path.join(out_dir, "demo_model.onnx")
     n_ex = 2000
     ex_ei = power_law_graph(n_ex, n_ex * 5, seed=1)
-    res = gnncompile.export(model, (x[:n_ex], ex_ei), path, format="onnx")
+    gnncompile.export(model, (x[:n_ex], ex_ei), path, format="onnx")
     model.eval()
     n_run = 3000  # another size than the example, with some isolated nodes
     ei = power_law_graph(n_run - 100, (n_run - 100) * 4, seed=2)

@@ -19,7 +19,6 @@ import os
 import threading
 from typing import Callable, List
 
-import torch
 from torch.fx import GraphModule
 
 from .. import passes

@@ -42,7 +42,7 @@ import torch
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from torch_geometric.data import Batch, Data
+    from torch_geometric.data import Batch
 
 
 class _Column:

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 from torch.fx import Node
 
-from .match import Aggregate, IndexRef, Match, Matches, Softmax
+from .match import Aggregate, IndexRef, Match, Matches
 
 DEGREE_LEFT_ALONE = ("degree count (scatter of ones): no gather-scatter on this index in this graph "
                      "piece; left as an O(E) scalar scatter")

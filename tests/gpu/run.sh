@@ -3,11 +3,10 @@
 #
 #   bash tests/gpu/run.sh OUTDIR
 #
-#   1. installs gnncompile against the installed torch with its CUDA kernels required
-#      (pip --no-build-isolation --no-deps, GNNCOMPILE_CUDA=ON, only the local GPU's
-#      architecture unless TORCH_CUDA_ARCH_LIST says otherwise) and copies the compiled module
-#      into gnncompile/ as scripts/setup_env.sh does; if that fails, builds the same sources
-#      with torch.utils.cpp_extension instead;
+#   1. installs gnncompile editable against the installed torch with its CUDA kernels required
+#      (pip install --no-build-isolation --no-deps -e ., as scripts/setup_env.sh does, with
+#      GNNCOMPILE_CUDA=ON and only the local GPU's architecture unless TORCH_CUDA_ARCH_LIST
+#      says otherwise);
 #   2. runs `pytest tests -x` (everything but tests/gpu) and then `pytest tests/gpu`;
 #   3. runs benchmarks/gpu_ops.py (spmm sum, F=128, 1M-node / 10M-edge power-law graph).
 #
@@ -64,49 +63,19 @@ fi
 note "gnncompile GPU run: $(date -u); arch list $TORCH_CUDA_ARCH_LIST; $JOBS jobs; root $ROOT"
 
 # ---------------------------------------------------------------------------- 1. build
-# As scripts/setup_env.sh does: install the package against this torch (no build isolation, no
-# dependency downloads), with the CUDA kernels required, then place the compiled module in the
-# source tree too, so Python started from the repository root (python -m pytest) loads it.
+# As scripts/setup_env.sh does: an editable install against this torch (no build isolation, no
+# dependency downloads), with the CUDA kernels required.
 LOG="$OUT/build.log"
 : > "$LOG"
-rm -f "$ROOT"/gnncompile/_C*.so
 export CMAKE_BUILD_PARALLEL_LEVEL="$JOBS"
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null 2>&1 && export CUDACXX="$(command -v nvcc)"
-build_pip() {
-  "$PY" -m pip install -v --no-build-isolation --no-deps --no-index \
-      --config-settings=cmake.define.GNNCOMPILE_CUDA=ON "$ROOT" &&
-  so="$(cd / && "$PY" -c 'import gnncompile._C as c; print(c.__file__)')" &&
-  cp -f "$so" "$ROOT/gnncompile/"
-}
-build_cpp_extension() {  # fallback: the same sources through torch's own extension builder
-  "$PY" - "$ROOT" "$ROOT/build/gpu-check-ext" <<'PYEOF'
-import glob, os, shutil, sys
-from torch.utils import cpp_extension
-root, bdir = sys.argv[1], sys.argv[2]
-os.makedirs(bdir, exist_ok=True)
-n = os.path.join(root, "native")
-sources = [os.path.join(n, "module.cpp")] + sorted(glob.glob(os.path.join(n, "cpu", "*.cpp"))) \
-    + sorted(glob.glob(os.path.join(n, "cuda", "*.cu")))
-mod = cpp_extension.load(name="_C", sources=sources, extra_include_paths=[n], build_directory=bdir,
-                         extra_cflags=["-O3", "-fopenmp", "-DGNNCOMPILE_WITH_CUDA=1"],
-                         extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
-                         extra_ldflags=["-fopenmp"], verbose=True)
-shutil.copy(mod.__file__, os.path.join(root, "gnncompile", os.path.basename(mod.__file__)))
-print("built", mod.__file__)
-PYEOF
-}
-export ROOT PY
-export -f build_pip build_cpp_extension
-if ! phase build-pip 300 "$LOG" bash -c build_pip; then
-  echo "== pip build failed; trying torch.utils.cpp_extension (tests that check the installed" \
-       "distribution will fail)" >> "$LOG"
-  phase build-ext 240 "$LOG" bash -c build_cpp_extension || STATUS=1
-fi
-echo "== gnncompile.info() after the build (from the repository root)" >> "$OUT/env.txt"
-if ! "$PY" -c 'import json, gnncompile; i = gnncompile.info(); print(json.dumps(i, indent=1, default=str)); raise SystemExit(0 if i["cuda_kernels"] else 1)' >> "$OUT/env.txt" 2>&1; then
+phase build 300 "$LOG" "$PY" -m pip install -v --no-build-isolation --no-deps --no-index \
+    --config-settings=cmake.define.GNNCOMPILE_CUDA=ON -e "$ROOT" || STATUS=1
+echo "== gnncompile.info() after the build" >> "$OUT/env.txt"
+if ! (cd / && "$PY" -c 'import json, gnncompile; i = gnncompile.info(); print(json.dumps(i, indent=1, default=str)); raise SystemExit(0 if i["cuda_kernels"] else 1)') >> "$OUT/env.txt" 2>&1; then
   note "gnncompile does not report CUDA kernels after the build (see env.txt, build.log)"
   STATUS=1
 fi
