@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from gnncompile.ops import structure as graph
+from gnncompile.ops import structure
 from gnncompile.ops import edge_softmax, spmm
 
 ops = torch.ops.gnncompile
@@ -332,7 +332,7 @@ def test_cache_state_is_consistent_after_errors(fresh_cache):
     for bad in (torch.tensor([[0, 1], [1, 9]]), torch.tensor([[0, -1], [1, 0]])):
         with pytest.raises(IndexError):
             spmm(bad, X)
-    assert graph.cache_info()["builds"] == 0
+    assert structure.cache_info()["builds"] == 0
 
 
 REF_CASES = {

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import gnncompile
-from gnncompile.ops import structure as runtime
+from gnncompile.ops import structure
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -360,19 +360,41 @@ def test_structure_built_once_and_shared():
     torch.manual_seed(0)
     model = models.GraphSAGE(F, 16, 3, 5)
     c = gnncompile.compile(model)
-    runtime.clear_cache()
+    structure.clear_cache()
     for _ in range(3):
         c(X, EI).sum().backward()
-    info = runtime.cache_info()
+    info = structure.cache_info()
     assert info["builds"] == 1, info  # 3 layers x 3 steps, one counting sort
     assert info["identity_hits"] > 0, info
     # GCN adds self loops in every layer (a new tensor each time): shared by content
     model = models.GCN(F, 16, 2, 5)
     c = gnncompile.compile(model)
-    runtime.clear_cache()
+    structure.clear_cache()
     for _ in range(2):
         c(X, EI).sum().backward()
-    info = runtime.cache_info()
+    info = structure.cache_info()
+    assert info["builds"] == 1 and info["content_hits"] > 0, info
+
+
+def test_compiled_graphs_do_not_keep_edge_index_alive():
+    """The structure cache holds a private copy for content matching, never the caller's
+    edge_index: freeing it frees it, and an equal new tensor still shares the structure."""
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = models.GraphSAGE(F, 16, 2, 5)
+    c = gnncompile.compile(model)
+    structure.clear_cache()
+    ei = EI.clone()
+    ref = weakref.ref(ei)
+    c(X, ei).sum().backward()
+    del ei
+    gc.collect()
+    assert ref() is None, "the compiled path keeps the caller's edge_index alive"
+    assert structure.cache_info()["entries"] == 0 and structure.cache_info()["shared"] == 1
+    torch.testing.assert_close(c(X, EI.clone()), model(X, EI))
+    info = structure.cache_info()
     assert info["builds"] == 1 and info["content_hits"] > 0, info
 
 

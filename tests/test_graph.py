@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 
-from gnncompile.ops import structure as graph
+from gnncompile.ops import structure
 from gnncompile.ops import reference, spmm, edge_softmax, transpose_structure
 
 INDEX_DTYPES = (torch.int64, torch.int32)
@@ -15,7 +15,7 @@ ops = torch.ops.gnncompile
 
 
 def _counts():
-    info = graph.cache_info()
+    info = structure.cache_info()
     return {k: info[k] for k in ("entries", "builds", "hits")}
 
 
@@ -72,7 +72,7 @@ def test_transpose_structure_is_csr_by_source(h, index_dtype):
 def test_structure_matches_build_csr(fresh_cache, h):
     g = torch.Generator().manual_seed(2)
     ei = h.random_graph(8, 30, generator=g)
-    s = graph.structure(ei, 8)
+    s = structure.structure(ei, 8)
     rowptr, col, perm = _expected_csr(ei[1], ei[0], 8)
     assert torch.equal(s.rowptr, rowptr) and torch.equal(s.col, col) and torch.equal(s.perm, perm)
     assert s.num_dst == 8 and s.num_edges == 30
@@ -85,16 +85,16 @@ def test_cache_builds_once_per_edge_index(fresh_cache, h):
     x = torch.randn(10, 4, generator=g)
     assert _counts() == {"entries": 0, "builds": 0, "hits": 0}
     first = spmm(ei, x)
-    assert graph.cache_info()["builds"] == 1
+    assert structure.cache_info()["builds"] == 1
     for reduce in ("sum", "mean", "max", "min"):
         spmm(ei, x, reduce=reduce)
     edge_softmax(ei, torch.randn(40, generator=g), num_dst=10)
-    info = graph.cache_info()
+    info = structure.cache_info()
     assert info["builds"] == 1 and info["hits"] == 5 and info["entries"] == 1
-    assert graph.structure(ei, 10) is graph.structure(ei, 10)
+    assert structure.structure(ei, 10) is structure.structure(ei, 10)
     # an equal but distinct tensor is a new entry (keys are identities, not contents)
     second = spmm(ei.clone(), x)
-    assert graph.cache_info()["builds"] == 2
+    assert structure.cache_info()["builds"] == 2
     assert torch.equal(first, second)
 
 
@@ -105,10 +105,10 @@ def test_structure_reused_across_layers(fresh_cache, h):
     w = torch.randn(40, generator=g, requires_grad=True)
     out = spmm(ei, spmm(ei, x, w).relu(), w, reduce="mean")
     out.sum().backward()
-    assert graph.cache_info()["builds"] == 1
-    assert graph.cache_info()["hits"] == 1
+    assert structure.cache_info()["builds"] == 1
+    assert structure.cache_info()["hits"] == 1
     # the transposed (by-source) structure is cached on the structure too
-    s = graph.structure(ei, 10)
+    s = structure.structure(ei, 10)
     assert 10 in s.csc
     t = s.csc[10]
     assert s.transposed(10) is t
@@ -121,11 +121,11 @@ def test_different_num_dst_gives_separate_structures(fresh_cache, h):
     b = spmm(ei, x, num_dst=5)
     c = spmm(ei, x)
     assert a.shape == (2, 2) and b.shape == (5, 2) and c.shape == (3, 2)
-    info = graph.cache_info()
+    info = structure.cache_info()
     assert info["builds"] == 3 and info["entries"] == 1
-    s2, s5 = graph.structure(ei, 2), graph.structure(ei, 5)
+    s2, s5 = structure.structure(ei, 2), structure.structure(ei, 5)
     assert s2 is not s5 and s2.rowptr.numel() == 3 and s5.rowptr.numel() == 6
-    assert graph.cache_info()["builds"] == 3
+    assert structure.cache_info()["builds"] == 3
     torch.testing.assert_close(b[:2], a)
     assert torch.equal(b[2:], torch.zeros(3, 2))
 
@@ -135,7 +135,7 @@ def test_in_place_change_is_noticed(fresh_cache, h, how):
     ei = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
     x = torch.arange(4.0).view(4, 1)
     before = spmm(ei, x)
-    assert graph.cache_info()["builds"] == 1
+    assert structure.cache_info()["builds"] == 1
     if how == "setitem":
         ei[0, 0] = 3
     elif how == "add_":
@@ -146,12 +146,12 @@ def test_in_place_change_is_noticed(fresh_cache, h, how):
         row = ei[0]  # a view shares the version counter with its base
         row[0] = 3
     after = spmm(ei, x)
-    assert graph.cache_info()["builds"] == 2
+    assert structure.cache_info()["builds"] == 2
     torch.testing.assert_close(after, h.expected_spmm(ei, x))
     assert not torch.equal(before, after)
     # and then it is cached again
     spmm(ei, x)
-    assert graph.cache_info()["builds"] == 2
+    assert structure.cache_info()["builds"] == 2
 
 
 def test_in_place_change_is_noticed_by_edge_softmax(fresh_cache, h):
@@ -160,7 +160,7 @@ def test_in_place_change_is_noticed_by_edge_softmax(fresh_cache, h):
     edge_softmax(ei, s)
     ei[1, 1] = 1
     torch.testing.assert_close(edge_softmax(ei, s), h.expected_softmax(ei, s))
-    assert graph.cache_info()["builds"] == 2
+    assert structure.cache_info()["builds"] == 2
 
 
 def test_cache_does_not_keep_edge_index_alive(fresh_cache, h):
@@ -174,7 +174,7 @@ def test_cache_does_not_keep_edge_index_alive(fresh_cache, h):
     del ei
     gc.collect()
     assert ref() is None, "edge_index is still referenced after del"
-    assert len(fresh_cache) == 0 and graph.cache_info()["entries"] == 0
+    assert len(fresh_cache) == 0 and structure.cache_info()["entries"] == 0
     (out.sum() + out2.sum()).backward()  # the structure outlives edge_index where it is needed
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
@@ -184,8 +184,8 @@ def test_many_temporary_edge_indices_do_not_accumulate(fresh_cache, h):
     for i in range(50):
         spmm(torch.tensor([[i % 6, 1], [2, (i + 1) % 6]]), x)
     gc.collect()
-    assert graph.cache_info()["entries"] <= 1
-    assert graph.cache_info()["builds"] == 50
+    assert structure.cache_info()["entries"] <= 1
+    assert structure.cache_info()["builds"] == 50
 
 
 def test_id_reuse_does_not_return_a_stale_structure(fresh_cache, h):
@@ -200,8 +200,8 @@ def test_id_reuse_does_not_return_a_stale_structure(fresh_cache, h):
 def test_clear_cache(fresh_cache, h):
     ei = torch.tensor([[0, 1], [1, 0]])
     spmm(ei, torch.randn(2, 2))
-    assert graph.cache_info()["entries"] == 1
-    graph.clear_cache()
+    assert structure.cache_info()["entries"] == 1
+    structure.clear_cache()
     assert _counts() == {"entries": 0, "builds": 0, "hits": 0}
     spmm(ei, torch.randn(2, 2))
-    assert graph.cache_info()["builds"] == 1
+    assert structure.cache_info()["builds"] == 1
