@@ -256,7 +256,8 @@ def _cli_model():
 
 # ----------------------------------------------------------------------------- the ONNX functions
 def _call_function(fn, inputs, n_out=1, out_type=onnx.TensorProto.FLOAT, out_rank=None):
-    """A one-node ONNX model calling gnncompile::<fn>, run in onnxruntime."""
+    """A one-node ONNX model calling gnncompile::<fn> (with the functions it calls), run in
+    onnxruntime."""
     from onnx import helper
 
     from gnncompile.export import onnx_functions as OF
@@ -271,7 +272,7 @@ def _call_function(fn, inputs, n_out=1, out_type=onnx.TensorProto.FLOAT, out_ran
                                        [f"{n}_{d}" for d in range(t.dim())])
          for n, t in zip(names, inputs)],
         [helper.make_tensor_value_info(o, out_type, [f"{o}_{d}" for d in range(out_rank)]) for o in outs])
-    model = helper.make_model(graph, functions=[fn.to_function_proto()],
+    model = helper.make_model(graph, functions=OF.function_protos(fn),
                               opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(OF.DOMAIN, 1)])
     onnx.checker.check_model(model)
     so = ort.SessionOptions()

@@ -1,6 +1,7 @@
 """ONNX conversion of an exported program: torch.onnx's dynamo exporter with translations
 that turn every fused op into a call of an ONNX function of the ``gnncompile`` domain
-(:mod:`.onnx_functions`, bodies in standard ONNX)."""
+(:mod:`.onnx_functions`, bodies in standard ONNX); the helper functions that those bodies call
+are inlined into them before the file is written."""
 from __future__ import annotations
 
 import re
@@ -106,6 +107,30 @@ def _onnx_program(ep, table):
     return _core.export(ep, (), registry=registry, optimize=False, verbose=False, opset_version=None)
 
 
+def _inline_helpers(model) -> None:
+    """The exporter defines in the model the functions that its graph calls (the fused ops),
+    not the helpers that their bodies call (:data:`.onnx_functions.HELPERS`). Add those
+    (:func:`.onnx_functions.function_protos`), then inline them: the file keeps one
+    self-contained function per fused op, the functions its graph calls."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import InlinePass
+
+    from . import onnx_functions as F
+
+    graphs = [model.graph, *model.functions.values()]
+    called = {n.op_type for g in graphs for n in ir.traversal.RecursiveGraphIterator(g)
+              if n.domain == F.DOMAIN and n.op_type in F.BY_NAME}
+    for name in called:
+        for proto in F.function_protos(F.BY_NAME[name]):
+            fn = ir.serde.deserialize_function(proto)
+            model.functions.setdefault(fn.identifier(), fn)
+    helpers = {(F.DOMAIN, h.name) for h in F.HELPERS}
+    InlinePass(criteria=lambda fn: (fn.domain, fn.name) in helpers)(model)
+    for fn in model.functions.values():  # a fused op's body no longer calls the domain
+        if not any(n.domain == F.DOMAIN for n in fn):
+            fn.opset_imports.pop(F.DOMAIN, None)
+
+
 def to_onnx(ep, path: str, model) -> List[str]:
     import onnx
 
@@ -120,6 +145,7 @@ def to_onnx(ep, path: str, model) -> List[str]:
                 f"gnncompile.export: cannot export layer {layer_of(node)} to ONNX: operator "
                 f"{node.target} does not convert ({type(cause).__name__}: {one_line(cause, 300)})") from e
         raise fail(model, "ONNX conversion (torch.onnx.export)", e) from e
+    _inline_helpers(prog.model)
     try:  # drop the constants the exporter left unused (the `arg` output of spmm, ...)
         from onnx_ir.passes import common as ir_common
 

@@ -2,28 +2,45 @@
 
 Each function body uses standard ONNX only (opset 18), so an exported file runs in any ONNX
 runtime as it is; a runtime with a native kernel for ``gnncompile::spmm_sum`` etc. may replace
-the function. Semantics follow :mod:`gnncompile.ops.reference`:
+the function. Semantics follow :mod:`gnncompile.ops.reference`.
+
+The fused ops (:data:`OPS`, the functions the exporter calls):
 
 * ``build_csr(dst, src, num_dst) -> (rowptr, col, perm)``: stable sort of the edges by
   destination (TopK on the unique key ``dst * E + edge_id``), counts by ScatterElements(add),
   CumSum.
-* ``spmm_<reduce>[_weighted](rowptr, col, perm, [weight,] x)``: the destination row of every
-  CSR slot is recovered from ``rowptr`` (ScatterElements(add) of ones at the row starts, CumSum),
-  the message is ``Gather(x, col) [* Gather(weight, perm)]``, reduced with
-  ScatterElements(add | max | min); mean divides by ``max(in-degree, 1)``; max / min start from
-  -inf / +inf and give 0 to a node with no incoming edge (``Where(count > 0, ., 0)``), as PyG.
-  ``weight`` arrives already shaped to broadcast against ``x[col]`` (done by the exporter).
+* ``spmm_<reduce>[_weighted](rowptr, col, perm, [weight,] x)``: the message of every CSR slot,
+  ``Gather(x, col) [* Gather(weight, perm)]``, reduced per destination row by
+  ``segment_<reduce>`` and reshaped to ``[M, *x.shape[1:]]`` (``unflatten``). ``weight``
+  arrives already shaped to broadcast against ``x[col]`` (done by the exporter). The eight are
+  made by :func:`_spmm` from two ONNX Script bodies, one per message kind.
 * ``edge_softmax(rowptr, perm, scores)``: softmax over the edges sharing a destination
-  (segment max by ScatterElements(max), Exp, segment sum, ``+ 1e-16``, division), in the
-  original edge order.
+  (segment max by ``scatter_rows(max)``, Exp, segment sum by ``scatter_rows(add)``,
+  ``+ 1e-16``, division), in the original edge order.
 
-All index inputs are int64 (the exporter casts).
+The helpers they call (:data:`HELPERS`, functions of the same domain; a file written by
+:func:`gnncompile.export.onnx_export.to_onnx` has them inlined into the fused ops):
+
+* ``csr_rows(rowptr, col)``: the destination row of every CSR slot, recovered from ``rowptr``
+  (ScatterElements(add) of ones at the row starts, CumSum);
+* ``scatter_rows(index, msg, num_rows)``, attributes ``reduction`` and ``fill``: ``msg``
+  flattened to ``[E, F]`` and reduced (ScatterElements(reduction)) into the rows ``index`` of
+  a ``[num_rows, F]`` tensor that starts at ``fill``; ``csr_scatter(rowptr, col, msg)``, same
+  attributes: the same into the CSR rows (``csr_rows``);
+* ``segment_<reduce>(rowptr, col, msg) -> [M, F]``: sum; mean divides by
+  ``max(in-degree, 1)`` (``in_degree``: ``rowptr[1:] - rowptr[:-1]``); max / min start from
+  -inf / +inf and give 0 to a node with no incoming edge (``nonempty``:
+  ``Where(in-degree > 0, ., 0)``), as PyG.
+
+:func:`function_protos` gives a function with every function it calls (what a model of its
+own needs). All index inputs are int64 (the exporter casts).
 """
 from __future__ import annotations
 
-from typing import Tuple, TypeVar, Union
+from typing import Dict, List, Tuple, TypeVar, Union
 
-from onnxscript import BFLOAT16, DOUBLE, FLOAT, FLOAT16, INT64
+import onnx
+from onnxscript import BFLOAT16, DOUBLE, FLOAT, FLOAT16, INT64, OnnxFunction
 from onnxscript import opset18 as op
 from onnxscript import script
 from onnxscript.values import Opset
@@ -48,203 +65,123 @@ def build_csr(dst: INT64, src: INT64, num_dst: INT64) -> Tuple[INT64, INT64, INT
     return rowptr, col, perm
 
 
+# ----------------------------------------------------------------------------- helpers
+@script(GNN, default_opset=op)
+def csr_rows(rowptr: INT64, col: INT64) -> INT64:
+    one = op.Constant(value_ints=[1])
+    e = op.Shape(col)
+    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
+    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
+                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
+    return op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
+
+
+@script(GNN, default_opset=op)
+def scatter_rows(index: INT64, msg: TFloat, num_rows: INT64, reduction: str, fill: float) -> TFloat:
+    flat = op.Flatten(msg, axis=1)
+    idx = op.Expand(op.Unsqueeze(index, op.Constant(value_ints=[1])), op.Shape(flat))
+    shape = op.Concat(num_rows, op.Shape(flat, start=1), axis=0)
+    init = op.CastLike(op.Expand(op.Constant(value_float=fill), shape), msg)
+    return op.ScatterElements(init, idx, flat, axis=0, reduction=reduction)
+
+
+@script(GNN, default_opset=op)
+def csr_scatter(rowptr: INT64, col: INT64, msg: TFloat, reduction: str, fill: float) -> TFloat:
+    num_rows = op.Shape(rowptr) - op.Constant(value_ints=[1])
+    return scatter_rows(csr_rows(rowptr, col), msg, num_rows, reduction=reduction, fill=fill)
+
+
+@script(GNN, default_opset=op)
+def in_degree(rowptr: INT64) -> INT64:
+    ends = op.Slice(rowptr, op.Constant(value_ints=[1]), op.Constant(value_ints=[9223372036854775807]))
+    return ends - op.Slice(rowptr, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
+
+
+@script(GNN, default_opset=op)
+def nonempty(rowptr: INT64, out: TFloat) -> TFloat:
+    has = op.Unsqueeze(op.Greater(in_degree(rowptr), op.Constant(value_int=0)), op.Constant(value_ints=[1]))
+    return op.Where(has, out, op.CastLike(op.Constant(value_float=0.0), out))
+
+
+@script(GNN, default_opset=op)
+def segment_sum(rowptr: INT64, col: INT64, msg: TFloat) -> TFloat:
+    return csr_scatter(rowptr, col, msg, reduction="add", fill=0.0)
+
+
+@script(GNN, default_opset=op)
+def segment_mean(rowptr: INT64, col: INT64, msg: TFloat) -> TFloat:
+    den = op.CastLike(op.Max(in_degree(rowptr), op.Constant(value_int=1)), msg)
+    return op.Div(segment_sum(rowptr, col, msg), op.Unsqueeze(den, op.Constant(value_ints=[1])))
+
+
+@script(GNN, default_opset=op)
+def segment_max(rowptr: INT64, col: INT64, msg: TFloat) -> TFloat:
+    return nonempty(rowptr, csr_scatter(rowptr, col, msg, reduction="max", fill=float("-inf")))
+
+
+@script(GNN, default_opset=op)
+def segment_min(rowptr: INT64, col: INT64, msg: TFloat) -> TFloat:
+    return nonempty(rowptr, csr_scatter(rowptr, col, msg, reduction="min", fill=float("inf")))
+
+
+@script(GNN, default_opset=op)
+def unflatten(out: TFloat, x: TFloat) -> TFloat:
+    return op.Reshape(out, op.Concat(op.Shape(out, end=1), op.Shape(x, start=1), axis=0))
+
+
+SEGMENT = {"sum": segment_sum, "mean": segment_mean, "max": segment_max, "min": segment_min}
+
+
 # ----------------------------------------------------------------------------- spmm
-# The row computation is repeated in every body (a function cannot call a helper that the
-# exporter would not know to include in the model).
-
-@script(GNN, default_opset=op)
-def spmm_sum(rowptr: INT64, col: INT64, perm: INT64, x: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(col)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
-    msg = op.Flatten(op.Gather(x, col, axis=0), axis=1)
-    xf = op.Shape(op.Flatten(x, axis=1))
-    m = op.Shape(rowptr) - one
-    idx = op.Expand(op.Unsqueeze(rows, one), op.Shape(msg))
-    zeros = op.CastLike(op.Expand(op.Constant(value_float=0.0), op.Concat(m, op.Slice(xf, one, one + one), axis=0)), x)
-    out = op.ScatterElements(zeros, idx, msg, axis=0, reduction="add")
-    return op.Reshape(out, op.Concat(m, op.Slice(op.Shape(x), one, op.Constant(value_ints=[64])), axis=0))
+def _spmm(reduce: str, weighted: bool) -> OnnxFunction:
+    """``spmm_<reduce>[_weighted]``: one ONNX Script body per message kind, calling the
+    ``segment`` function of ``reduce`` (bound from the closure)."""
+    segment = SEGMENT[reduce]
+    if weighted:
+        def spmm(rowptr: INT64, col: INT64, perm: INT64, weight: TFloat, x: TFloat) -> TFloat:
+            msg = op.Gather(x, col, axis=0) * op.Gather(weight, perm, axis=0)
+            return unflatten(segment(rowptr, col, msg), x)
+    else:
+        def spmm(rowptr: INT64, col: INT64, perm: INT64, x: TFloat) -> TFloat:
+            return unflatten(segment(rowptr, col, op.Gather(x, col, axis=0)), x)
+    # ONNX Script names a function after its `def`: rename the translation and wrap it again
+    scripted = script(GNN, default_opset=op)(spmm)
+    name = f"spmm_{reduce}_weighted" if weighted else f"spmm_{reduce}"
+    scripted.function_ir.name = spmm.__name__ = spmm.__qualname__ = name
+    return OnnxFunction(GNN, spmm, scripted.function_ir, scripted.source, scripted.kwargs)
 
 
-@script(GNN, default_opset=op)
-def spmm_sum_weighted(rowptr: INT64, col: INT64, perm: INT64, weight: TFloat, x: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(col)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
-    msg = op.Flatten(op.Gather(x, col, axis=0) * op.Gather(weight, perm, axis=0), axis=1)
-    xf = op.Shape(op.Flatten(x, axis=1))
-    m = op.Shape(rowptr) - one
-    idx = op.Expand(op.Unsqueeze(rows, one), op.Shape(msg))
-    zeros = op.CastLike(op.Expand(op.Constant(value_float=0.0), op.Concat(m, op.Slice(xf, one, one + one), axis=0)), x)
-    out = op.ScatterElements(zeros, idx, msg, axis=0, reduction="add")
-    return op.Reshape(out, op.Concat(m, op.Slice(op.Shape(x), one, op.Constant(value_ints=[64])), axis=0))
-
-
-@script(GNN, default_opset=op)
-def spmm_mean(rowptr: INT64, col: INT64, perm: INT64, x: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(col)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
-    msg = op.Flatten(op.Gather(x, col, axis=0), axis=1)
-    xf = op.Shape(op.Flatten(x, axis=1))
-    m = op.Shape(rowptr) - one
-    idx = op.Expand(op.Unsqueeze(rows, one), op.Shape(msg))
-    zeros = op.CastLike(op.Expand(op.Constant(value_float=0.0), op.Concat(m, op.Slice(xf, one, one + one), axis=0)), x)
-    out = op.ScatterElements(zeros, idx, msg, axis=0, reduction="add")
-    count = op.Slice(rowptr, one, op.Constant(value_ints=[9223372036854775807])) - op.Slice(
-        rowptr, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
-    den = op.CastLike(op.Max(count, op.Constant(value_int=1)), x)
-    out = op.Div(out, op.Unsqueeze(den, one))
-    return op.Reshape(out, op.Concat(m, op.Slice(op.Shape(x), one, op.Constant(value_ints=[64])), axis=0))
-
-
-@script(GNN, default_opset=op)
-def spmm_mean_weighted(rowptr: INT64, col: INT64, perm: INT64, weight: TFloat, x: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(col)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
-    msg = op.Flatten(op.Gather(x, col, axis=0) * op.Gather(weight, perm, axis=0), axis=1)
-    xf = op.Shape(op.Flatten(x, axis=1))
-    m = op.Shape(rowptr) - one
-    idx = op.Expand(op.Unsqueeze(rows, one), op.Shape(msg))
-    zeros = op.CastLike(op.Expand(op.Constant(value_float=0.0), op.Concat(m, op.Slice(xf, one, one + one), axis=0)), x)
-    out = op.ScatterElements(zeros, idx, msg, axis=0, reduction="add")
-    count = op.Slice(rowptr, one, op.Constant(value_ints=[9223372036854775807])) - op.Slice(
-        rowptr, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
-    den = op.CastLike(op.Max(count, op.Constant(value_int=1)), x)
-    out = op.Div(out, op.Unsqueeze(den, one))
-    return op.Reshape(out, op.Concat(m, op.Slice(op.Shape(x), one, op.Constant(value_ints=[64])), axis=0))
-
-
-@script(GNN, default_opset=op)
-def spmm_max(rowptr: INT64, col: INT64, perm: INT64, x: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(col)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
-    msg = op.Flatten(op.Gather(x, col, axis=0), axis=1)
-    xf = op.Shape(op.Flatten(x, axis=1))
-    m = op.Shape(rowptr) - one
-    idx = op.Expand(op.Unsqueeze(rows, one), op.Shape(msg))
-    zero = op.CastLike(op.Constant(value_float=0.0), x)
-    init = op.CastLike(op.Expand(op.Constant(value_float=float("-inf")), op.Concat(m, op.Slice(xf, one, one + one), axis=0)), x)
-    out = op.ScatterElements(init, idx, msg, axis=0, reduction="max")
-    count = op.Slice(rowptr, one, op.Constant(value_ints=[9223372036854775807])) - op.Slice(
-        rowptr, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
-    has = op.Unsqueeze(op.Greater(count, op.Constant(value_int=0)), one)
-    out = op.Where(has, out, zero)
-    return op.Reshape(out, op.Concat(m, op.Slice(op.Shape(x), one, op.Constant(value_ints=[64])), axis=0))
-
-
-@script(GNN, default_opset=op)
-def spmm_max_weighted(rowptr: INT64, col: INT64, perm: INT64, weight: TFloat, x: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(col)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
-    msg = op.Flatten(op.Gather(x, col, axis=0) * op.Gather(weight, perm, axis=0), axis=1)
-    xf = op.Shape(op.Flatten(x, axis=1))
-    m = op.Shape(rowptr) - one
-    idx = op.Expand(op.Unsqueeze(rows, one), op.Shape(msg))
-    zero = op.CastLike(op.Constant(value_float=0.0), x)
-    init = op.CastLike(op.Expand(op.Constant(value_float=float("-inf")), op.Concat(m, op.Slice(xf, one, one + one), axis=0)), x)
-    out = op.ScatterElements(init, idx, msg, axis=0, reduction="max")
-    count = op.Slice(rowptr, one, op.Constant(value_ints=[9223372036854775807])) - op.Slice(
-        rowptr, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
-    has = op.Unsqueeze(op.Greater(count, op.Constant(value_int=0)), one)
-    out = op.Where(has, out, zero)
-    return op.Reshape(out, op.Concat(m, op.Slice(op.Shape(x), one, op.Constant(value_ints=[64])), axis=0))
-
-
-@script(GNN, default_opset=op)
-def spmm_min(rowptr: INT64, col: INT64, perm: INT64, x: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(col)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
-    msg = op.Flatten(op.Gather(x, col, axis=0), axis=1)
-    xf = op.Shape(op.Flatten(x, axis=1))
-    m = op.Shape(rowptr) - one
-    idx = op.Expand(op.Unsqueeze(rows, one), op.Shape(msg))
-    zero = op.CastLike(op.Constant(value_float=0.0), x)
-    init = op.CastLike(op.Expand(op.Constant(value_float=float("inf")), op.Concat(m, op.Slice(xf, one, one + one), axis=0)), x)
-    out = op.ScatterElements(init, idx, msg, axis=0, reduction="min")
-    count = op.Slice(rowptr, one, op.Constant(value_ints=[9223372036854775807])) - op.Slice(
-        rowptr, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
-    has = op.Unsqueeze(op.Greater(count, op.Constant(value_int=0)), one)
-    out = op.Where(has, out, zero)
-    return op.Reshape(out, op.Concat(m, op.Slice(op.Shape(x), one, op.Constant(value_ints=[64])), axis=0))
-
-
-@script(GNN, default_opset=op)
-def spmm_min_weighted(rowptr: INT64, col: INT64, perm: INT64, weight: TFloat, x: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(col)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
-    msg = op.Flatten(op.Gather(x, col, axis=0) * op.Gather(weight, perm, axis=0), axis=1)
-    xf = op.Shape(op.Flatten(x, axis=1))
-    m = op.Shape(rowptr) - one
-    idx = op.Expand(op.Unsqueeze(rows, one), op.Shape(msg))
-    zero = op.CastLike(op.Constant(value_float=0.0), x)
-    init = op.CastLike(op.Expand(op.Constant(value_float=float("inf")), op.Concat(m, op.Slice(xf, one, one + one), axis=0)), x)
-    out = op.ScatterElements(init, idx, msg, axis=0, reduction="min")
-    count = op.Slice(rowptr, one, op.Constant(value_ints=[9223372036854775807])) - op.Slice(
-        rowptr, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
-    has = op.Unsqueeze(op.Greater(count, op.Constant(value_int=0)), one)
-    out = op.Where(has, out, zero)
-    return op.Reshape(out, op.Concat(m, op.Slice(op.Shape(x), one, op.Constant(value_ints=[64])), axis=0))
+SPMM = {(reduce, weighted): _spmm(reduce, weighted) for reduce in SEGMENT for weighted in (False, True)}
 
 
 # ----------------------------------------------------------------------------- edge softmax
 @script(GNN, default_opset=op)
 def edge_softmax(rowptr: INT64, perm: INT64, scores: TFloat) -> TFloat:
-    one = op.Constant(value_ints=[1])
-    e = op.Shape(perm)
-    starts = op.Slice(rowptr, one, op.Constant(value_ints=[-1]))
-    delta = op.ScatterElements(op.Expand(op.Constant(value_ints=[0]), e + one), starts,
-                               op.Expand(one, op.Shape(starts)), axis=0, reduction="add")
-    rows = op.Slice(op.CumSum(delta, op.Constant(value_int=0)), op.Constant(value_ints=[0]), e)
+    rows = csr_rows(rowptr, perm)
     # destination of every edge, in the original edge order
     dst = op.ScatterElements(rows, perm, rows, axis=0)
     s = op.Flatten(op.Unsqueeze(scores, op.Constant(value_ints=[-1])), axis=1)
-    m = op.Shape(rowptr) - one
-    shape = op.Concat(m, op.Slice(op.Shape(s), one, one + one), axis=0)
-    idx = op.Expand(op.Unsqueeze(dst, one), op.Shape(s))
-    init = op.CastLike(op.Expand(op.Constant(value_float=float("-inf")), shape), s)
-    smax = op.ScatterElements(init, idx, s, axis=0, reduction="max")
+    m = op.Shape(rowptr) - op.Constant(value_ints=[1])
+    smax = scatter_rows(dst, s, m, reduction="max", fill=float("-inf"))
     ex = op.Exp(s - op.Gather(smax, dst, axis=0))
-    zeros = op.CastLike(op.Expand(op.Constant(value_float=0.0), shape), s)
-    den = op.ScatterElements(zeros, idx, ex, axis=0, reduction="add") + op.CastLike(
-        op.Constant(value_float=1e-16), s)
-    out = ex / op.Gather(den, dst, axis=0)
-    return op.Reshape(out, op.Shape(scores))
+    den = scatter_rows(dst, ex, m, reduction="add", fill=0.0) + op.CastLike(op.Constant(value_float=1e-16), s)
+    return op.Reshape(ex / op.Gather(den, dst, axis=0), op.Shape(scores))
 
 
-SPMM = {
-    ("sum", False): spmm_sum, ("sum", True): spmm_sum_weighted,
-    ("mean", False): spmm_mean, ("mean", True): spmm_mean_weighted,
-    ("max", False): spmm_max, ("max", True): spmm_max_weighted,
-    ("min", False): spmm_min, ("min", True): spmm_min_weighted,
-}
-FUNCTIONS = [build_csr, edge_softmax, *SPMM.values()]
+OPS = [build_csr, edge_softmax, *SPMM.values()]
+HELPERS = [csr_rows, scatter_rows, csr_scatter, in_degree, nonempty, *SEGMENT.values(), unflatten]
+FUNCTIONS = OPS + HELPERS
+BY_NAME: Dict[str, OnnxFunction] = {f.name: f for f in FUNCTIONS}
+
+
+def function_protos(fn: OnnxFunction) -> List[onnx.FunctionProto]:
+    """``fn``'s FunctionProto first, then that of every function of the domain it calls,
+    directly or not (each once): what a model calling ``fn`` must define."""
+    protos: Dict[str, onnx.FunctionProto] = {}
+    todo = [fn]
+    while todo:
+        f = todo.pop()
+        if f.name not in protos:
+            protos[f.name] = f.to_function_proto()
+            todo += [BY_NAME[n.op_type] for n in protos[f.name].node if n.domain == DOMAIN]
+    return list(protos.values())
