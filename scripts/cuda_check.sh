@@ -3,8 +3,9 @@
 # extension ships (sm_75, sm_80, sm_90 machine code + compute_90 PTX), on a machine that may
 # have no GPU and only a CPU build of torch.
 #
-#   1. native/cuda/check/instantiate_cores.cu: the torch-free kernel cores (*.cuh) and the knob
-#      rule (knobs.h), every template combination the glue can reach, no torch header at all;
+#   1. native/cuda/check/instantiate_cores.cu: the torch-free kernel cores (*_core.cuh, with
+#      common.cuh) and the knob rule (knobs.h), every template combination the glue can reach,
+#      no torch header at all;
 #   2. every glue file native/cuda/*.cu, `nvcc -c` against the installed torch's headers
 #      (torch.utils.cpp_extension.include_paths()), exactly as the extension build compiles it.
 #

@@ -9,8 +9,9 @@
 
 namespace gnncompile {
 
-// Reductions understood by every spmm kernel. The integer values are part of the ABI between
-// the Python layer (gnncompile/ops/_library.py, REDUCE_CODES) and the kernels.
+// Reductions understood by every spmm kernel. Python passes the reduce as a string (the
+// schema's `str reduce`); parse_reduce in torch_glue.h maps it onto this enum. The integer
+// values stay inside the native code (the CUDA kernels receive them as SpmmParams::reduce).
 enum class Reduce : int { Sum = 0, Mean = 1, Max = 2, Min = 3 };
 
 // How a per-edge weight multiplies the gathered feature row.

@@ -1,10 +1,13 @@
 // Torch-side helpers shared by the CPU and the CUDA glue files (not by the torch-free cores):
-// dtype dispatch over the feature and index types the kernels support, and the reduce names.
+// dtype dispatch over the feature and index types the kernels support, the reduce names, and
+// the input checks both backends run with the same messages (device checks are each
+// backend's own: check_cpu in cpu/glue.h, check_on in cuda/glue.h).
 #pragma once
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +42,52 @@
 
 namespace gnncompile {
 
+// build_csr's edge lists: 1-D of one length and one dtype; node counts non-negative and, with
+// int32 indices, within int32. Returns the number of edges.
+inline int64_t check_edge_lists(const at::Tensor& dst, const at::Tensor& src, int64_t num_dst,
+                                int64_t num_src, const char* op) {
+  TORCH_CHECK_VALUE(dst.dim() == 1 && src.dim() == 1 && dst.numel() == src.numel(), op,
+                    ": dst and src must be 1-D of the same length, got ", dst.sizes(), " and ",
+                    src.sizes());
+  TORCH_CHECK_TYPE(dst.scalar_type() == src.scalar_type(), op, ": dst and src must share one dtype");
+  TORCH_CHECK_VALUE(num_dst >= 0 && num_src >= 0, op, ": node counts must be non-negative");
+  const int64_t E = dst.numel();
+  if (dst.scalar_type() == at::kInt) {
+    TORCH_CHECK_VALUE(E <= std::numeric_limits<int32_t>::max() &&
+                          num_dst <= std::numeric_limits<int32_t>::max(),
+                      op, ": graph too large for int32 indices; use int64 edge_index");
+  }
+  return E;
+}
+
+// build_csr's IndexError for edge `edge`, whose destination (is_dst) or else source index
+// `value` lies outside [0, num_dst) or [0, num_src).
+[[noreturn]] inline void raise_bad_edge_index(bool is_dst, int64_t value, int64_t edge,
+                                              int64_t num_dst, int64_t num_src) {
+  const char* which = is_dst ? "edge_index[1] (destination)" : "edge_index[0] (source)";
+  if (value < 0) {
+    TORCH_CHECK_INDEX(false, which, " holds the negative index ", value, " at edge ", edge,
+                      "; node indices must be >= 0");
+  }
+  TORCH_CHECK_INDEX(false, which, " holds index ", value, " at edge ", edge, ", out of range for ",
+                    is_dst ? num_dst : num_src, is_dst ? " destination" : " source", " nodes");
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
+}
+
+// A structure handed to spmm or edge_dot: shapes and one index dtype. Its values are checked
+// by each backend (CPU: the kernels as they walk it; CUDA: validate_structure before launch).
+inline void check_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
+                            const char* op) {
+  TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1, op,
+                    ": rowptr must be 1-D with num_rows + 1 entries");
+  TORCH_CHECK_VALUE(col.dim() == 1 && perm.dim() == 1 && col.numel() == perm.numel(), op,
+                    ": col and perm must be 1-D of the same length");
+  TORCH_CHECK_TYPE(rowptr.scalar_type() == col.scalar_type() &&
+                       col.scalar_type() == perm.scalar_type(),
+                   op, ": rowptr, col and perm must share one index dtype");
+}
+
+// The schema's `str reduce` (sum, mean, max, min, or the aliases add, amax, amin) as a Reduce.
 inline Reduce parse_reduce(c10::string_view reduce) {
   if (reduce == "sum" || reduce == "add") return Reduce::Sum;
   if (reduce == "mean") return Reduce::Mean;
@@ -104,6 +153,35 @@ inline SpmmOutputs spmm_outputs(const at::Tensor& x, int64_t num_rows, int64_t n
     o.done = true;
   }
   return o;
+}
+
+// edge_dot's g: one row per destination with as many features F as x, and `heads` dividing F.
+inline void check_edge_dot_g(const at::Tensor& g, int64_t M, int64_t F, int64_t heads,
+                             const char* op) {
+  TORCH_CHECK_VALUE(g.dim() >= 1 && g.size(0) == M && c10::multiply_integers(g.sizes().slice(1)) == F,
+                    op, ": g must be [", M, ", ...] with as many features as x");
+  TORCH_CHECK_VALUE(heads >= 1 && F % heads == 0, op, ": heads (", heads,
+                    ") must divide the feature count (", F, ")");
+}
+
+// The structure edge_softmax and its backward read: rowptr and perm (no col).
+inline void check_rowptr_perm(const at::Tensor& rowptr, const at::Tensor& perm, const char* op) {
+  TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1 && perm.dim() == 1, op,
+                    ": rowptr and perm must be 1-D");
+  TORCH_CHECK_TYPE(rowptr.scalar_type() == perm.scalar_type(), op,
+                   ": rowptr and perm must share one index dtype");
+}
+
+// A per-edge tensor of edge_softmax or its backward: E rows in original edge order.
+inline void check_edge_rows(const at::Tensor& t, int64_t E, const char* op, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(0) == E, op, ": ", name, " must have E = ", E,
+                    " rows, got shape ", t.sizes());
+}
+
+// edge_softmax_backward's out and grad, each checked by check_edge_rows: one shape, one dtype.
+inline void check_out_grad(const at::Tensor& out, const at::Tensor& grad, const char* op) {
+  TORCH_CHECK_VALUE(out.sizes() == grad.sizes(), op, ": out and grad shapes differ");
+  TORCH_CHECK_TYPE(out.scalar_type() == grad.scalar_type(), op, ": out and grad dtypes differ");
 }
 
 }  // namespace gnncompile

@@ -8,11 +8,11 @@
 //     out[o_b : o_b + sizes[idx[b]]] = b (the `batch` vector), ptr = [0, o_1, ..., o_B].
 //
 // One pass of memcpy per graph instead of a dozen small torch ops per attribute; serial on
-// purpose (a batch is tens of kilobytes: a parallel region costs more than the copy).
+// purpose (a batch is tens of kilobytes: a parallel region costs more than the copy). This file
+// checks the inputs; the copy loops are in collate_core.h.
 #include <torch/library.h>
 
-#include <cstring>
-
+#include "collate_core.h"
 #include "glue.h"
 
 namespace gnncompile {
@@ -67,32 +67,14 @@ void collate_rows_cpu(const at::Tensor& values, const at::Tensor& starts, const 
     total += sz[g];
   }
   TORCH_CHECK_VALUE(total <= cap, op, ": the batch needs ", total, " rows, out holds ", cap);
-  const size_t elem = values.element_size();
   const char* src = static_cast<const char*>(values.const_data_ptr());
   char* dst = static_cast<char*>(out.data_ptr());
   if (inc == nullptr) {
-    int64_t o = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t g = id[b];
-      if (sz[g]) std::memcpy(dst + o * row * elem, src + st[g] * row * elem, sz[g] * row * elem);
-      o += sz[g];
-    }
+    collate_copy(src, dst, st, sz, id, B, row, values.element_size());
     return;
   }
   AT_DISPATCH_ALL_TYPES(values.scalar_type(), "gnncompile.collate_rows", [&] {
-    const scalar_t* s = values.const_data_ptr<scalar_t>();
-    scalar_t* d = out.data_ptr<scalar_t>();
-    int64_t o = 0, add = 0;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t g = id[b];
-      const int64_t n = sz[g] * row;
-      const scalar_t* from = s + st[g] * row;
-      scalar_t* to = d + o * row;
-      const scalar_t a = static_cast<scalar_t>(add);
-      for (int64_t k = 0; k < n; ++k) to[k] = from[k] + a;
-      o += sz[g];
-      add += inc[g];
-    }
+    collate_add(values.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), st, sz, id, inc, B, row);
   });
 }
 
@@ -117,16 +99,7 @@ void segment_ids_cpu(const at::Tensor& sizes, const at::Tensor& idx, at::Tensor 
   }
   TORCH_CHECK_VALUE(total <= out.numel(), op, ": the batch needs ", total, " ids, out holds ",
                     out.numel());
-  int64_t* o = out.data_ptr<int64_t>();
-  int64_t* p = ptr.data_ptr<int64_t>();
-  int64_t at = 0;
-  p[0] = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = sz[id[b]];
-    std::fill(o + at, o + at + n, b);
-    at += n;
-    p[b + 1] = at;
-  }
+  fill_segment_ids(sz, id, B, out.data_ptr<int64_t>(), ptr.data_ptr<int64_t>());
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // destination row of g. It is the gradient of an edge weight in spmm: E x H out, never E x F.
 #include <torch/library.h>
 
-#include "edge_core.h"
+#include "edge_dot_core.h"
 #include "glue.h"
 
 namespace gnncompile {
@@ -22,10 +22,7 @@ at::Tensor edge_dot_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in,
                    perm = perm_in.contiguous(), x = x_in.contiguous(), g = g_in.contiguous();
   const int64_t M = rowptr.numel() - 1, E = col.numel();
   const int64_t F = c10::multiply_integers(x.sizes().slice(1));
-  TORCH_CHECK_VALUE(g.dim() >= 1 && g.size(0) == M && c10::multiply_integers(g.sizes().slice(1)) == F,
-                    op, ": g must be [", M, ", ...] with as many features as x");
-  TORCH_CHECK_VALUE(heads >= 1 && F % heads == 0, op, ": heads (", heads,
-                    ") must divide the feature count (", F, ")");
+  check_edge_dot_g(g, M, F, heads, op);
   check_rowptr_ends(rowptr, E, op);
   at::Tensor out = at::empty({E, heads}, x.options());
   if (E == 0) return out;

@@ -1,4 +1,6 @@
-// Shared helpers for the thin files that bind the torch-free CPU cores to torch's dispatcher.
+// Shared helpers for the thin files that bind the torch-free CPU cores to torch's dispatcher:
+// dtype mapping, the CPU device check, structure errors, and the parallel row loop. The checks
+// that the CUDA glue shares are in ../common/torch_glue.h.
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -11,7 +13,7 @@
 
 #include "../common/dtype.h"
 #include "../common/torch_glue.h"
-#include "spmm_core.h"
+#include "rows_core.h"
 
 namespace gnncompile {
 namespace cpu {
@@ -30,27 +32,14 @@ inline const typename core_type<T>::type* core_ptr(const at::Tensor& t) {
   return reinterpret_cast<const typename core_type<T>::type*>(t.const_data_ptr<T>());
 }
 
-
-
 inline void check_cpu(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got ",
                     t.device());
 }
 
-inline void check_structure(const at::Tensor& rowptr, const at::Tensor& col,
-                            const at::Tensor& perm, const char* op) {
-  TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1, op,
-                    ": rowptr must be 1-D with num_rows + 1 entries");
-  TORCH_CHECK_VALUE(col.dim() == 1 && perm.dim() == 1 && col.numel() == perm.numel(), op,
-                    ": col and perm must be 1-D of the same length");
-  TORCH_CHECK_TYPE(rowptr.scalar_type() == col.scalar_type() &&
-                       col.scalar_type() == perm.scalar_type(),
-                   op, ": rowptr, col and perm must share one index dtype");
-}
-
 // A structure handed straight to an op (not built by build_csr) must not make a kernel read
 // out of bounds. The ends of rowptr are checked here; every other index is checked by the
-// kernels as they read it (see row_ok / in_range in spmm_core.h), and a failure comes back as
+// kernels as they read it (see row_ok / in_range in rows_core.h), and a failure comes back as
 // a Status that raise_status turns into a Python exception.
 inline void check_rowptr_ends(const at::Tensor& rowptr, int64_t num_edges, const char* op) {
   const int64_t M = rowptr.numel() - 1;
@@ -81,9 +70,6 @@ inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
 
 // Runs fn(row_begin, row_end) -> Status over rows split into edge-balanced chunks, in
 // parallel; returns the first non-Ok status (chunks after a failure are skipped).
-template <typename index_t, typename Fn>
-Status parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn);
-
 template <typename index_t, typename Fn>
 Status parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn) {
   if (num_rows == 0) return Status::Ok;

@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "glue.h"
+#include "spmm_core.h"
 
 namespace gnncompile {
 namespace cpu {
@@ -69,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
       a.rowptr = rowptr.const_data_ptr<index_t>();
       a.col = col.const_data_ptr<index_t>();
       a.perm = perm.const_data_ptr<index_t>();
-      a.weight = weight.defined() ? core_ptr<scalar_t>(static_cast<const at::Tensor&>(weight)) : nullptr;
+      a.weight = weight.defined() ? core_ptr<scalar_t>(weight) : nullptr;
       a.x = core_ptr<scalar_t>(x);
       a.out = core_ptr<scalar_t>(out);
       a.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;

@@ -1,10 +1,9 @@
-// gnncompile::build_csr on CUDA: validated, stable sort of edges by destination (see csr.cuh).
+// gnncompile::build_csr on CUDA: validated, stable sort of edges by destination (see
+// build_csr_core.cuh).
 #include <torch/library.h>
 
-#include <limits>
-
-#include "csr.cuh"
-#include "cuda_glue.h"
+#include "build_csr_core.cuh"
+#include "glue.h"
 
 namespace gnncompile {
 namespace gpu {
@@ -24,15 +23,7 @@ template <typename index_t>
   const int64_t d = dst[e].item<int64_t>();
   const int64_t s = src[e].item<int64_t>();
   const bool is_dst = static_cast<uint64_t>(d) >= static_cast<uint64_t>(num_dst);
-  const int64_t value = is_dst ? d : s;
-  const char* which = is_dst ? "edge_index[1] (destination)" : "edge_index[0] (source)";
-  if (value < 0) {
-    TORCH_CHECK_INDEX(false, which, " holds the negative index ", value, " at edge ", e,
-                      "; node indices must be >= 0");
-  }
-  TORCH_CHECK_INDEX(false, which, " holds index ", value, " at edge ", e, ", out of range for ",
-                    is_dst ? num_dst : num_src, is_dst ? " destination" : " source", " nodes");
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
+  raise_bad_edge_index(is_dst, is_dst ? d : s, e, num_dst, num_src);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> build_csr_cuda(const at::Tensor& dst_in, const at::Tensor& src_in,
@@ -40,16 +31,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_csr_cuda(const at::Tensor& 
   const char* op = "gnncompile.build_csr";
   const at::Device dev = dst_in.device();
   check_on(src_in, dev, op, "src");
-  TORCH_CHECK_VALUE(dst_in.dim() == 1 && src_in.dim() == 1 && dst_in.numel() == src_in.numel(), op,
-                    ": dst and src must be 1-D of the same length, got ", dst_in.sizes(), " and ",
-                    src_in.sizes());
-  TORCH_CHECK_TYPE(dst_in.scalar_type() == src_in.scalar_type(), op, ": dst and src must share one dtype");
-  TORCH_CHECK_VALUE(num_dst >= 0 && num_src >= 0, op, ": node counts must be non-negative");
-  const int64_t E = dst_in.numel();
-  if (dst_in.scalar_type() == at::kInt) {
-    TORCH_CHECK_VALUE(E <= std::numeric_limits<int32_t>::max() && num_dst <= std::numeric_limits<int32_t>::max(),
-                      op, ": graph too large for int32 indices; use int64 edge_index");
-  }
+  const int64_t E = check_edge_lists(dst_in, src_in, num_dst, num_src, op);
   const c10::cuda::CUDAGuard guard(dev);
   const at::Tensor dst = dst_in.contiguous();
   const at::Tensor src = src_in.contiguous();

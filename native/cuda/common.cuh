@@ -9,6 +9,7 @@
 //     warp may follow different control flow
 //   * merge-path search: the balanced partition of (rows + edges) that every op uses to split
 //     heavy rows of power-law graphs across groups deterministically
+//   * launch shape: the compiled vector widths and the block of a lane-group launch
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -69,9 +70,6 @@ template <typename A>
 __device__ __forceinline__ A max_keep(A m, A v) { return (m < v) ? v : m; }
 
 // ------------------------------------------------------------------------------ vector access
-// The widest vector (in elements) that one 16-byte load covers for T.
-template <typename T> struct MaxVec { static constexpr int value = 16 / static_cast<int>(sizeof(T)); };
-
 template <typename T, int V>
 struct alignas(sizeof(T) * V) Pack {
   T v[V];
@@ -174,6 +172,30 @@ __host__ __device__ __forceinline__ int64_t head_slot(int64_t g) { return 2 * g;
 __host__ __device__ __forceinline__ int64_t tail_slot(int64_t g) { return 2 * g + 1; }
 
 __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ------------------------------------------------------------------------------ launch shape
+// Vector widths compiled for each storage type (elements per lane load), widest first; the
+// last entry is always 1. knobs.h (compiled_vec) picks among the same widths.
+template <typename T> struct VecSet;
+template <> struct VecSet<float> { static constexpr int w[3] = {4, 2, 1}; };
+template <> struct VecSet<double> { static constexpr int w[3] = {2, 1, 1}; };
+template <> struct VecSet<__half> { static constexpr int w[3] = {8, 2, 1}; };
+template <> struct VecSet<__nv_bfloat16> { static constexpr int w[3] = {8, 2, 1}; };
+
+// Launch shape of the lane-group kernels (spmm, edge_dot), from the knobs.
+struct GroupConfig {
+  int lanes;             // L
+  int groups_per_block;  // rows_per_block knob: lane groups per thread block
+  int vec;               // V, one of VecSet<T>
+  int64_t items;         // K
+};
+
+// Whether cfg's block (lanes * groups_per_block threads) fits the kernels' launch bounds: at
+// most kMaxBlockThreads threads and a whole number of warps.
+inline bool group_block_ok(const GroupConfig& cfg) {
+  const int threads = cfg.lanes * cfg.groups_per_block;
+  return threads <= kMaxBlockThreads && threads % kWarpSize == 0;
+}
 
 }  // namespace gpu
 }  // namespace gnncompile

@@ -1,9 +1,9 @@
 // gnncompile::edge_dot on CUDA: per-edge (per-head) dot product of a source row of x and a
-// destination row of g, E x H out (the gradient of an spmm edge weight). See edge.cuh.
+// destination row of g, E x H out (the gradient of an spmm edge weight). See edge_dot_core.cuh.
 #include <torch/library.h>
 
-#include "cuda_glue.h"
-#include "edge.cuh"
+#include "edge_dot_core.cuh"
+#include "glue.h"
 
 namespace gnncompile {
 namespace gpu {
@@ -26,10 +26,7 @@ at::Tensor edge_dot_cuda(const at::Tensor& rowptr_in, const at::Tensor& col_in, 
                    x = x_in.contiguous(), g = g_in.contiguous();
   const int64_t M = rowptr.numel() - 1, E = col.numel();
   const int64_t F = c10::multiply_integers(x.sizes().slice(1));
-  TORCH_CHECK_VALUE(g.dim() >= 1 && g.size(0) == M && c10::multiply_integers(g.sizes().slice(1)) == F, op,
-                    ": g must be [", M, ", ...] with as many features as x");
-  TORCH_CHECK_VALUE(heads >= 1 && F % heads == 0, op, ": heads (", heads,
-                    ") must divide the feature count (", F, ")");
+  check_edge_dot_g(g, M, F, heads, op);
   validate_structure(rowptr, col, perm, x.size(0), op);
   at::Tensor out = at::empty({E, heads}, x.options());
   if (E == 0) return out;
@@ -60,7 +57,7 @@ at::Tensor edge_dot_cuda(const at::Tensor& rowptr_in, const at::Tensor& col_in, 
       p.groups = ceil_div(M + E, k.items);
       p.lanes = k.lanes;
       p.head_lanes = edge_dot_head_lanes(k.lanes, C, k.vec);
-      const EdgeConfig cfg{k.lanes, k.rows_per_block, k.vec, k.items};
+      const GroupConfig cfg{k.lanes, k.rows_per_block, k.vec, k.items};
       C10_CUDA_CHECK((edge_dot_launch<T, index_t>(p, cfg, stream)));
     });
   });

@@ -1,9 +1,9 @@
 // gnncompile::edge_softmax and its backward on CUDA: softmax of per-edge scores over the edges
-// that share a destination; cut rows combined over a fixed partition (see edge.cuh).
+// that share a destination; cut rows combined over a fixed partition (see edge_softmax_core.cuh).
 #include <torch/library.h>
 
-#include "cuda_glue.h"
-#include "edge.cuh"
+#include "edge_softmax_core.cuh"
+#include "glue.h"
 
 namespace gnncompile {
 namespace gpu {
@@ -12,15 +12,11 @@ namespace {
 void check_edge_tensor(const at::Tensor& t, int64_t E, const at::Device& dev, const char* op,
                        const char* name) {
   check_on(t, dev, op, name);
-  TORCH_CHECK_VALUE(t.dim() >= 1 && t.size(0) == E, op, ": ", name, " must have E = ", E,
-                    " rows, got shape ", t.sizes());
+  check_edge_rows(t, E, op, name);
 }
 
 void check_perm(const at::Tensor& rowptr, const at::Tensor& perm, const at::Device& dev, const char* op) {
-  TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1 && perm.dim() == 1, op,
-                    ": rowptr and perm must be 1-D");
-  TORCH_CHECK_TYPE(rowptr.scalar_type() == perm.scalar_type(), op,
-                   ": rowptr and perm must share one index dtype");
+  check_rowptr_perm(rowptr, perm, op);
   check_on(rowptr, dev, op, "rowptr");
   check_on(perm, dev, op, "perm");
 }
@@ -34,8 +30,7 @@ at::Tensor run(const at::Tensor& rowptr_in, const at::Tensor& perm_in, const at:
   check_edge_tensor(a_in, E, dev, op, BWD ? "out" : "scores");
   if constexpr (BWD) {
     check_edge_tensor(*b_in, E, dev, op, "grad");
-    TORCH_CHECK_VALUE(a_in.sizes() == b_in->sizes(), op, ": out and grad shapes differ");
-    TORCH_CHECK_TYPE(a_in.scalar_type() == b_in->scalar_type(), op, ": out and grad dtypes differ");
+    check_out_grad(a_in, *b_in, op);
   }
   const c10::cuda::CUDAGuard guard(dev);
   const at::Tensor rowptr = rowptr_in.contiguous(), perm = perm_in.contiguous(), a = a_in.contiguous();
@@ -56,8 +51,7 @@ at::Tensor run(const at::Tensor& rowptr_in, const at::Tensor& perm_in, const at:
       const LaunchKnobs k = edge_softmax_knobs(props, knobs.data(), static_cast<int64_t>(knobs.size()), M, E, H,
                                                static_cast<int>(sizeof(A)));
       const int64_t groups = ceil_div(M + E, k.items);
-      const at::ScalarType acc_dtype = std::is_same<A, double>::value ? at::kDouble : at::kFloat;
-      at::Tensor stat = at::empty({2 * groups * H * 2}, a.options().dtype(acc_dtype));
+      at::Tensor stat = at::empty({2 * groups * H * 2}, a.options().dtype(acc_dtype<A>()));
       at::Tensor head_row = at::empty({groups}, a.options().dtype(at::kLong));
       EdgeSegParams<T, index_t> p;
       p.rowptr = rowptr.const_data_ptr<index_t>();

@@ -1,5 +1,5 @@
 // Launch configuration of the CUDA kernels: the knob layout and the default rule. Host-only,
-// torch-free. Mirrored line for line in gnncompile/cuda_knobs.py (keep the two in step; the
+// torch-free. Mirrored line for line in gnncompile/hardware/cuda_knobs.py (keep the two in step; the
 // tests in tests/test_cuda_knobs.py pin the rule for T4-, A100- and H100-like devices).
 //
 // knobs (the ops' `int[] knobs` on CUDA; 0 or missing = default):
@@ -76,7 +76,7 @@ inline int threads_per_sm(const DeviceProps& d) {
 
 inline int block_threads(const DeviceProps& d) { return std::min(256, threads_per_sm(d) / 4); }
 
-// Compiled vector widths for an element size, widest first (see VecSet in spmm.cuh / edge.cuh).
+// Compiled vector widths for an element size, widest first (see VecSet in common.cuh).
 inline int compiled_vec(int elem_bytes, int i) {
   static const int w4[3] = {4, 2, 1}, w8[3] = {2, 1, 1}, w2[3] = {8, 2, 1};
   if (elem_bytes == 8) return w8[i];

@@ -1,9 +1,9 @@
 // gnncompile::spmm on CUDA: fused gather -> weight -> segment reduce (sum, mean, max, min),
-// no E x F tensor, no atomics (see spmm.cuh for the work split).
+// no E x F tensor, no atomics (see spmm_core.cuh for the work split).
 #include <torch/library.h>
 
-#include "cuda_glue.h"
-#include "spmm.cuh"
+#include "glue.h"
+#include "spmm_core.cuh"
 
 namespace gnncompile {
 namespace gpu {
@@ -36,7 +36,6 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
 
   const SpmmWeight w = parse_weight(weight_in, x, E, op);
   const at::Tensor& weight = w.weight;
-  const WeightMode wmode = w.mode;
   const int64_t H = w.heads;
   validate_structure(rowptr, col, perm, x.size(0), op);
 
@@ -60,8 +59,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
                                        static_cast<int>(sizeof(T)), static_cast<int>(sizeof(A)), need_arg,
                                        align);
       const int64_t groups = ceil_div(M + E, k.items);
-      const at::ScalarType acc_dtype = std::is_same<A, double>::value ? at::kDouble : at::kFloat;
-      at::Tensor part = at::empty({2 * groups * Fx}, x.options().dtype(acc_dtype));
+      at::Tensor part = at::empty({2 * groups * Fx}, x.options().dtype(acc_dtype<A>()));
       at::Tensor part_arg = at::empty({need_arg ? 2 * groups * Fx : 0}, x.options().dtype(at::kLong));
       at::Tensor head_row = at::empty({groups}, x.options().dtype(at::kLong));
 
@@ -69,7 +67,8 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
       p.rowptr = rowptr.const_data_ptr<index_t>();
       p.col = col.const_data_ptr<index_t>();
       p.perm = perm.const_data_ptr<index_t>();
-      p.weight = weight.defined() ? dev_ptr<scalar_t>(static_cast<const at::Tensor&>(weight)) : nullptr;
+      // Scalar and Head weights share one kernel: Scalar is Head with H = 1.
+      p.weight = weight.defined() ? dev_ptr<scalar_t>(weight) : nullptr;
       p.x = dev_ptr<scalar_t>(x);
       p.out = dev_ptr<scalar_t>(out);
       p.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;
@@ -85,8 +84,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
       p.groups = groups;
       p.lanes = k.lanes;
       p.reduce = static_cast<int>(reduce);
-      (void)wmode;  // Scalar and Head weights share one kernel: Scalar is Head with H = 1
-      const SpmmConfig cfg{k.lanes, k.rows_per_block, k.vec, k.items};
+      const GroupConfig cfg{k.lanes, k.rows_per_block, k.vec, k.items};
       C10_CUDA_CHECK((spmm_launch<T, index_t>(p, cfg, stream)));
     });
   });

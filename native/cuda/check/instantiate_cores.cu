@@ -3,35 +3,36 @@
 // kind x weight x vector width) for every target architecture without any torch header, so a
 // machine with nvcc but no CUDA build of torch still proves the cores build. Not part of the
 // extension (CMake globs native/cuda/*.cu, not this folder).
-#include "../csr.cuh"
-#include "../edge.cuh"
+#include "../build_csr_core.cuh"
+#include "../edge_dot_core.cuh"
+#include "../edge_softmax_core.cuh"
 #include "../knobs.h"
-#include "../spmm.cuh"
-#include "../validate.cuh"
+#include "../spmm_core.cuh"
+#include "../validate_core.cuh"
 
 namespace gnncompile {
 namespace gpu {
 
-#define GNN_INSTANTIATE_FLOAT_INDEX(T, I)                                                                   \
-  template cudaError_t spmm_launch<T, I>(const SpmmParams<T, I>&, const SpmmConfig&, cudaStream_t);       \
-  template cudaError_t edge_dot_launch<T, I>(const EdgeDotParams<T, I>&, const EdgeConfig&, cudaStream_t); \
-  template cudaError_t edge_seg_launch<false, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);            \
+#define GNN_INSTANTIATE_FLOAT_INDEX(T, I)                                                                    \
+  template cudaError_t spmm_launch<T, I>(const SpmmParams<T, I>&, const GroupConfig&, cudaStream_t);         \
+  template cudaError_t edge_dot_launch<T, I>(const EdgeDotParams<T, I>&, const GroupConfig&, cudaStream_t);  \
+  template cudaError_t edge_seg_launch<false, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);               \
   template cudaError_t edge_seg_launch<true, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);
 
-#define GNN_INSTANTIATE_INDEX(I)                                                                            \
-  GNN_INSTANTIATE_FLOAT_INDEX(float, I)                                                                     \
-  GNN_INSTANTIATE_FLOAT_INDEX(double, I)                                                                    \
-  GNN_INSTANTIATE_FLOAT_INDEX(__half, I)                                                                    \
-  GNN_INSTANTIATE_FLOAT_INDEX(__nv_bfloat16, I)                                                             \
+#define GNN_INSTANTIATE_INDEX(I)                                                                             \
+  GNN_INSTANTIATE_FLOAT_INDEX(float, I)                                                                      \
+  GNN_INSTANTIATE_FLOAT_INDEX(double, I)                                                                     \
+  GNN_INSTANTIATE_FLOAT_INDEX(__half, I)                                                                     \
+  GNN_INSTANTIATE_FLOAT_INDEX(__nv_bfloat16, I)                                                              \
   template cudaError_t structure_stats_launch<I>(const I*, int64_t, const I*, const I*, int64_t, long long*, \
-                                                 int, cudaStream_t);                                        \
-  template cudaError_t edge_minmax_launch<I>(const I*, const I*, int64_t, long long*, int, cudaStream_t);   \
-  template cudaError_t first_bad_edge_launch<I>(const I*, const I*, int64_t, int64_t, int64_t, long long*,  \
-                                                int, cudaStream_t);                                         \
-  template cudaError_t radix_hist_launch<I>(const I*, int64_t, int, int*, cudaStream_t);                    \
+                                                 int, cudaStream_t);                                         \
+  template cudaError_t edge_minmax_launch<I>(const I*, const I*, int64_t, long long*, int, cudaStream_t);    \
+  template cudaError_t first_bad_edge_launch<I>(const I*, const I*, int64_t, int64_t, int64_t, long long*,   \
+                                                int, cudaStream_t);                                          \
+  template cudaError_t radix_hist_launch<I>(const I*, int64_t, int, int*, cudaStream_t);                     \
   template cudaError_t radix_scatter_launch<I>(const I*, const I*, I*, I*, const I*, I*, int64_t, int,       \
-                                               const int64_t*, const int*, cudaStream_t);                   \
-  template cudaError_t rowptr_from_sorted_launch<I>(const I*, int64_t, int64_t, I*, int, cudaStream_t);     \
+                                               const int64_t*, const int*, cudaStream_t);                    \
+  template cudaError_t rowptr_from_sorted_launch<I>(const I*, int64_t, int64_t, I*, int, cudaStream_t);      \
   template cudaError_t identity_perm_launch<I>(const I*, int64_t, I*, I*, int, cudaStream_t);
 
 GNN_INSTANTIATE_INDEX(int32_t)

@@ -298,25 +298,10 @@ __global__ void __launch_bounds__(256) spmm_fixup_kernel(const SpmmParams<T, I> 
 }
 
 // ------------------------------------------------------------------------------ launch
-struct SpmmConfig {
-  int lanes;             // L
-  int groups_per_block;  // rows_per_block knob: groups (lane groups) per thread block
-  int vec;               // V, one of VecSet<T>
-  int64_t items;         // K
-};
-
-// Vector widths compiled for each storage type (elements per lane load).
-template <typename T> struct VecSet;  // widest first
-template <> struct VecSet<float> { static constexpr int w[3] = {4, 2, 1}; };
-template <> struct VecSet<double> { static constexpr int w[3] = {2, 1, 1}; };
-template <> struct VecSet<__half> { static constexpr int w[3] = {8, 2, 1}; };
-template <> struct VecSet<__nv_bfloat16> { static constexpr int w[3] = {8, 2, 1}; };
-
 template <typename T, typename I, bool ARG, bool W, int V>
-cudaError_t spmm_launch_v(const SpmmParams<T, I>& p, const SpmmConfig& cfg, cudaStream_t stream) {
+cudaError_t spmm_launch_v(const SpmmParams<T, I>& p, const GroupConfig& cfg, cudaStream_t stream) {
   const int64_t tile = static_cast<int64_t>(cfg.lanes) * V;
-  if (cfg.lanes * cfg.groups_per_block > kMaxBlockThreads || (cfg.lanes * cfg.groups_per_block) % kWarpSize != 0)
-    return cudaErrorInvalidConfiguration;
+  if (!group_block_ok(cfg)) return cudaErrorInvalidConfiguration;
   const dim3 block(static_cast<unsigned>(cfg.lanes * cfg.groups_per_block));
   const dim3 grid(static_cast<unsigned>(ceil_div(p.groups, cfg.groups_per_block)),
                   static_cast<unsigned>(ceil_div(p.F, tile)));
@@ -331,7 +316,7 @@ cudaError_t spmm_launch_v(const SpmmParams<T, I>& p, const SpmmConfig& cfg, cuda
 }
 
 template <typename T, typename I, bool ARG, bool W>
-cudaError_t spmm_launch_w(const SpmmParams<T, I>& p, const SpmmConfig& cfg, cudaStream_t stream) {
+cudaError_t spmm_launch_w(const SpmmParams<T, I>& p, const GroupConfig& cfg, cudaStream_t stream) {
   constexpr int V0 = VecSet<T>::w[0], V1 = VecSet<T>::w[1];
   if (cfg.vec == V0) return spmm_launch_v<T, I, ARG, W, V0>(p, cfg, stream);
   if (cfg.vec == V1) return spmm_launch_v<T, I, ARG, W, V1>(p, cfg, stream);
@@ -342,7 +327,7 @@ cudaError_t spmm_launch_w(const SpmmParams<T, I>& p, const SpmmConfig& cfg, cuda
 // (part: 2 * groups * F accumulators, part_arg: as many int64 for max/min, head_row: groups)
 // and chosen cfg with cfg.vec in VecSet<T>, dividing C, with x and out aligned to it.
 template <typename T, typename I>
-cudaError_t spmm_launch(const SpmmParams<T, I>& p, const SpmmConfig& cfg, cudaStream_t stream) {
+cudaError_t spmm_launch(const SpmmParams<T, I>& p, const GroupConfig& cfg, cudaStream_t stream) {
   const bool arg = p.reduce == static_cast<int>(Reduce::Max) || p.reduce == static_cast<int>(Reduce::Min);
   const bool w = p.weight != nullptr;
   if (arg) {

@@ -15,7 +15,7 @@
 #include <climits>
 
 #include "common.cuh"
-#include "validate.cuh"
+#include "validate_core.cuh"
 
 namespace gnncompile {
 namespace gpu {

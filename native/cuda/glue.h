@@ -1,6 +1,7 @@
 // Shared helpers for the thin files that bind the torch-free CUDA cores to torch's dispatcher:
 // dtype mapping, device checks, the structure validation every op runs before launching, and
-// the device properties the default knobs are derived from. Host-only.
+// the device properties the default knobs are derived from. Host-only. The checks that the
+// CPU glue shares are in ../common/torch_glue.h.
 //
 // Only light torch headers: ATen/ATen.h and c10/cuda (not ATen/cuda/CUDAContext.h, which pulls
 // in cuBLAS / cuSPARSE headers).
@@ -16,11 +17,12 @@
 #include <climits>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 
 #include "../common/torch_glue.h"
 #include "knobs.h"
-#include "validate.cuh"
+#include "validate_core.cuh"
 
 namespace gnncompile {
 namespace gpu {
@@ -39,21 +41,16 @@ inline const typename cuda_type<T>::type* dev_ptr(const at::Tensor& t) {
   return reinterpret_cast<const typename cuda_type<T>::type*>(t.const_data_ptr<T>());
 }
 
-
+// The torch dtype of a core accumulator type A (acc_t<T>: float, or double), for the scratch
+// buffers the kernels keep partial results in.
+template <typename A>
+constexpr at::ScalarType acc_dtype() {
+  return std::is_same<A, double>::value ? at::kDouble : at::kFloat;
+}
 
 inline void check_on(const at::Tensor& t, const at::Device& dev, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.device() == dev, op, ": ", name, " is on ", t.device(),
                     " but the other inputs are on ", dev);
-}
-
-inline void check_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
-                            const char* op) {
-  TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1, op,
-                    ": rowptr must be 1-D with num_rows + 1 entries");
-  TORCH_CHECK_VALUE(col.dim() == 1 && perm.dim() == 1 && col.numel() == perm.numel(), op,
-                    ": col and perm must be 1-D of the same length");
-  TORCH_CHECK_TYPE(rowptr.scalar_type() == col.scalar_type() && col.scalar_type() == perm.scalar_type(),
-                   op, ": rowptr, col and perm must share one index dtype");
 }
 
 // Properties the default knobs depend on, read once per device.
