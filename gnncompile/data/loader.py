@@ -10,7 +10,7 @@ How it is faster:
 * **Columnar store.** At construction the dataset is read once into one tensor per attribute
   (graphs concatenated, as ``InMemoryDataset`` stores them) plus per-graph sizes and
   increments. A batch is then one native call per attribute (``gnncompile::collate_rows``: a
-  memcpy per graph, node offsets added to edge_index; native/cpu/collate.cpp), instead of
+  memcpy per graph, node offsets added to edge_index; native/cpu/collate_core.h), instead of
   ``dataset[i]`` and ``Batch.from_data_list`` over a Python list of ``Data`` objects.
 * **Pool of buffers.** ``pool_size`` slots of pre-allocated buffers (sized for the largest
   possible batch) are reused; nothing is allocated per batch. Up to ``pool_size`` batches are

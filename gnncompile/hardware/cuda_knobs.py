@@ -47,7 +47,7 @@ MIN_ITEMS = 32
 MAX_ITEMS = 4096
 WAVES = 4
 
-# Vector widths compiled for each element size, widest first (VecSet in native/cuda/*.cuh).
+# Vector widths compiled for each element size, widest first (VecSet in native/cuda/common.cuh).
 COMPILED_VEC = {4: (4, 2, 1), 8: (2, 1, 1), 2: (8, 2, 1)}
 
 _ALIASES = {

@@ -168,7 +168,7 @@ def _check_graphs(idx: torch.Tensor, num_graphs: int, op: str) -> None:
 def collate_rows(values, starts, sizes, idx, out, incs=None) -> None:
     """``out[o_b : o_b + n_b] = values[starts[g] : starts[g] + n_b] (+ inc_b)`` for the graphs
     ``g = idx[b]`` in turn (``n_b = sizes[g]``, ``o_b`` and ``inc_b`` the running sums of the sizes
-    and of ``incs`` over the graphs before ``b``). The native CPU kernel is native/cpu/collate.cpp."""
+    and of ``incs`` over the graphs before ``b``). The native CPU kernel is native/cpu/collate_core.h."""
     _check_graphs(idx, starts.numel(), "gnncompile.collate_rows")
     sel, offs = _segment_offsets(sizes, idx)
     total = int(sel.sum())

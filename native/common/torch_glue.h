@@ -42,6 +42,18 @@
 
 namespace gnncompile {
 
+// A tensor's data as the type a backend's cores use for its storage type T: Map<T>::type has
+// T's bit layout (cpu::core_type and gpu::cuda_type map at::Half / at::BFloat16 onto their own
+// 16-bit types, and every other type onto itself).
+template <template <typename> class Map, typename T>
+inline typename Map<T>::type* mapped_ptr(at::Tensor& t) {
+  return reinterpret_cast<typename Map<T>::type*>(t.data_ptr<T>());
+}
+template <template <typename> class Map, typename T>
+inline const typename Map<T>::type* mapped_ptr(const at::Tensor& t) {
+  return reinterpret_cast<const typename Map<T>::type*>(t.const_data_ptr<T>());
+}
+
 // build_csr's edge lists: 1-D of one length and one dtype; node counts non-negative and, with
 // int32 indices, within int32. Returns the number of edges.
 inline int64_t check_edge_lists(const at::Tensor& dst, const at::Tensor& src, int64_t num_dst,
@@ -153,6 +165,43 @@ inline SpmmOutputs spmm_outputs(const at::Tensor& x, int64_t num_rows, int64_t n
     o.done = true;
   }
   return o;
+}
+
+// The inputs of one spmm call, checked and made contiguous, and its outputs: what the CPU and
+// the CUDA glue both start with. `check_device(tensor, name)` raises for a tensor on the wrong
+// device (each backend has its own rule); the structure's contents are validated afterwards by
+// the backend (while reading on CPU, in one pass on CUDA).
+struct SpmmCall {
+  Reduce reduce = Reduce::Sum;
+  at::Tensor rowptr, col, perm, x;
+  SpmmWeight w;
+  int64_t M = 0, E = 0, F = 0;  // rows, edges, features per node
+  SpmmOutputs o;
+};
+
+template <typename CheckDevice>
+SpmmCall spmm_call(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
+                   const std::optional<at::Tensor>& weight, const at::Tensor& x,
+                   c10::string_view reduce, const char* op, const CheckDevice& check_device) {
+  SpmmCall c;
+  c.reduce = parse_reduce(reduce);
+  check_structure(rowptr, col, perm, op);
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": x must have a node dimension");
+  check_device(rowptr, "rowptr");
+  check_device(col, "col");
+  check_device(perm, "perm");
+  check_device(x, "x");
+  if (weight.has_value() && weight->defined()) check_device(*weight, "weight");
+  c.rowptr = rowptr.contiguous();
+  c.col = col.contiguous();
+  c.perm = perm.contiguous();
+  c.x = x.contiguous();
+  c.M = c.rowptr.numel() - 1;
+  c.E = c.col.numel();
+  c.F = c10::multiply_integers(c.x.sizes().slice(1));
+  c.w = parse_weight(weight, c.x, c.E, op);
+  c.o = spmm_outputs(c.x, c.M, c.E, c.F, c.reduce);
+  return c;
 }
 
 // edge_dot's g: one row per destination with as many features F as x, and `heads` dividing F.

@@ -23,14 +23,8 @@ template <typename T> struct core_type { using type = T; };
 template <> struct core_type<at::Half> { using type = half_t; };
 template <> struct core_type<at::BFloat16> { using type = bf16_t; };
 
-template <typename T>
-inline typename core_type<T>::type* core_ptr(at::Tensor& t) {
-  return reinterpret_cast<typename core_type<T>::type*>(t.data_ptr<T>());
-}
-template <typename T>
-inline const typename core_type<T>::type* core_ptr(const at::Tensor& t) {
-  return reinterpret_cast<const typename core_type<T>::type*>(t.const_data_ptr<T>());
-}
+template <typename T> inline auto core_ptr(at::Tensor& t) { return mapped_ptr<core_type, T>(t); }
+template <typename T> inline auto core_ptr(const at::Tensor& t) { return mapped_ptr<core_type, T>(t); }
 
 inline void check_cpu(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got ",

@@ -38,29 +38,15 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
     c10::IntArrayRef knobs, const std::optional<at::Tensor>& /*rowptr_t*/,
     const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/) {
   const char* op = "gnncompile.spmm";
-  const Reduce reduce = parse_reduce(reduce_s);
-  check_structure(rowptr_in, col_in, perm_in, op);
-  check_cpu(rowptr_in, op, "rowptr");
-  check_cpu(x_in, op, "x");
-  TORCH_CHECK_VALUE(x_in.dim() >= 1, op, ": x must have a node dimension");
-  const at::Tensor rowptr = rowptr_in.contiguous();
-  const at::Tensor col = col_in.contiguous();
-  const at::Tensor perm = perm_in.contiguous();
-  const at::Tensor x = x_in.contiguous();
-  const int64_t M = rowptr.numel() - 1;
-  const int64_t E = col.numel();
-  const int64_t Fx = c10::multiply_integers(x.sizes().slice(1));
-  check_rowptr_ends(rowptr, col.numel(), op);
-
-  if (weight_in.has_value() && weight_in->defined()) check_cpu(*weight_in, op, "weight");
-  const SpmmWeight w = parse_weight(weight_in, x, E, op);
-  const at::Tensor& weight = w.weight;
-  const WeightMode wmode = w.mode;
-  const int64_t H = w.heads;
-  SpmmOutputs o = spmm_outputs(x, M, E, Fx, reduce);
-  at::Tensor out = o.out, arg = o.arg;
-  const bool need_arg = o.need_arg;
-  if (o.done) return {out, arg};
+  const SpmmCall c = spmm_call(rowptr_in, col_in, perm_in, weight_in, x_in, reduce_s, op,
+                               [&](const at::Tensor& t, const char* name) { check_cpu(t, op, name); });
+  const at::Tensor &rowptr = c.rowptr, &col = c.col, &perm = c.perm, &x = c.x, &weight = c.w.weight;
+  const int64_t M = c.M, E = c.E, Fx = c.F, H = c.w.heads;
+  const Reduce reduce = c.reduce;
+  check_rowptr_ends(rowptr, E, op);
+  at::Tensor out = c.o.out, arg = c.o.arg;
+  const bool need_arg = c.o.need_arg;
+  if (c.o.done) return {out, arg};
 
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
@@ -80,10 +66,10 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
       a.num_src = x.size(0);
       a.num_edges = E;
       switch (reduce) {
-        case Reduce::Sum: st = run_weight<core_t, index_t, Reduce::Sum>(a, M, wmode, knobs); break;
-        case Reduce::Mean: st = run_weight<core_t, index_t, Reduce::Mean>(a, M, wmode, knobs); break;
-        case Reduce::Max: st = run_weight<core_t, index_t, Reduce::Max>(a, M, wmode, knobs); break;
-        case Reduce::Min: st = run_weight<core_t, index_t, Reduce::Min>(a, M, wmode, knobs); break;
+        case Reduce::Sum: st = run_weight<core_t, index_t, Reduce::Sum>(a, M, c.w.mode, knobs); break;
+        case Reduce::Mean: st = run_weight<core_t, index_t, Reduce::Mean>(a, M, c.w.mode, knobs); break;
+        case Reduce::Max: st = run_weight<core_t, index_t, Reduce::Max>(a, M, c.w.mode, knobs); break;
+        case Reduce::Min: st = run_weight<core_t, index_t, Reduce::Min>(a, M, c.w.mode, knobs); break;
       }
     });
   });

@@ -32,14 +32,8 @@ template <typename T> struct cuda_type { using type = T; };
 template <> struct cuda_type<at::Half> { using type = __half; };
 template <> struct cuda_type<at::BFloat16> { using type = __nv_bfloat16; };
 
-template <typename T>
-inline typename cuda_type<T>::type* dev_ptr(at::Tensor& t) {
-  return reinterpret_cast<typename cuda_type<T>::type*>(t.data_ptr<T>());
-}
-template <typename T>
-inline const typename cuda_type<T>::type* dev_ptr(const at::Tensor& t) {
-  return reinterpret_cast<const typename cuda_type<T>::type*>(t.const_data_ptr<T>());
-}
+template <typename T> inline auto dev_ptr(at::Tensor& t) { return mapped_ptr<cuda_type, T>(t); }
+template <typename T> inline auto dev_ptr(const at::Tensor& t) { return mapped_ptr<cuda_type, T>(t); }
 
 // The torch dtype of a core accumulator type A (acc_t<T>: float, or double), for the scratch
 // buffers the kernels keep partial results in.

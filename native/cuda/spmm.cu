@@ -15,34 +15,17 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
     c10::IntArrayRef knobs, const std::optional<at::Tensor>& /*rowptr_t*/,
     const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/) {
   const char* op = "gnncompile.spmm";
-  const Reduce reduce = parse_reduce(reduce_s);
-  check_structure(rowptr_in, col_in, perm_in, op);
-  TORCH_CHECK_VALUE(x_in.dim() >= 1, op, ": x must have a node dimension");
   const at::Device dev = x_in.device();
-  check_on(rowptr_in, dev, op, "rowptr");
-  check_on(col_in, dev, op, "col");
-  check_on(perm_in, dev, op, "perm");
-  const bool has_weight = weight_in.has_value() && weight_in->defined();
-  if (has_weight) check_on(*weight_in, dev, op, "weight");
+  const SpmmCall c = spmm_call(rowptr_in, col_in, perm_in, weight_in, x_in, reduce_s, op,
+                               [&](const at::Tensor& t, const char* name) { check_on(t, dev, op, name); });
   const c10::cuda::CUDAGuard guard(dev);
-
-  const at::Tensor rowptr = rowptr_in.contiguous();
-  const at::Tensor col = col_in.contiguous();
-  const at::Tensor perm = perm_in.contiguous();
-  const at::Tensor x = x_in.contiguous();
-  const int64_t M = rowptr.numel() - 1;
-  const int64_t E = col.numel();
-  const int64_t Fx = c10::multiply_integers(x.sizes().slice(1));
-
-  const SpmmWeight w = parse_weight(weight_in, x, E, op);
-  const at::Tensor& weight = w.weight;
-  const int64_t H = w.heads;
+  const at::Tensor &rowptr = c.rowptr, &col = c.col, &perm = c.perm, &x = c.x, &weight = c.w.weight;
+  const int64_t M = c.M, E = c.E, Fx = c.F, H = c.w.heads;
+  const Reduce reduce = c.reduce;
   validate_structure(rowptr, col, perm, x.size(0), op);
-
-  SpmmOutputs o = spmm_outputs(x, M, E, Fx, reduce);
-  at::Tensor out = o.out, arg = o.arg;
-  const bool need_arg = o.need_arg;
-  if (o.done) return {out, arg};
+  at::Tensor out = c.o.out, arg = c.o.arg;
+  const bool need_arg = c.o.need_arg;
+  if (c.o.done) return {out, arg};
 
   // Feature tiles and fix-up chunks go on gridDim.y (at most 65535 of 32+ features each).
   TORCH_CHECK_VALUE(Fx <= int64_t{65535} * 32, op, ": ", Fx, " features per node is more than the CUDA kernel supports (",
