@@ -335,6 +335,46 @@ def test_cache_state_is_consistent_after_errors(fresh_cache):
     assert structure.cache_info()["builds"] == 0
 
 
+DUP_PERM_CASES = {
+    # a perm in range that repeats an edge id (and so misses another)
+    "edge_softmax": lambda r, c, p: (r, torch.tensor([0, 0, 2]), torch.randn(3)),
+    "edge_softmax_backward": lambda r, c, p: (r, torch.tensor([1, 1, 1]), torch.rand(3), torch.randn(3)),
+    "edge_dot": lambda r, c, p: (r, c, torch.tensor([2, 0, 2]), X, X, 1),
+}
+
+
+@pytest.mark.parametrize("impl", ["registered", "reference"])
+@pytest.mark.parametrize("name", sorted(DUP_PERM_CASES))
+def test_perm_that_repeats_an_edge_id_raises(name, impl):
+    """edge_softmax and edge_dot write out[perm[j]] for every CSR slot: a repeated edge id would
+    leave another output unwritten (uninitialised memory returned)."""
+    from gnncompile.ops import reference
+
+    args = DUP_PERM_CASES[name](*_structure())
+    with pytest.raises(IndexError, match="exactly once"):
+        if impl == "registered":
+            getattr(ops, name)(*args, [])
+        else:
+            getattr(reference, name)(*args)
+
+
+def test_a_trusted_structure_changed_in_place_is_checked_again(native_ops):
+    """build_csr's output is known to be valid (checked once, not per call); changing it in
+    place moves its version counter, and the next call checks it again. A copy made by
+    clone_structure is known to be valid too, until it is changed."""
+    rowptr, col, perm = _structure()
+    s = torch.randn(3)
+    ops.edge_softmax(rowptr, perm, s, [])
+    perm[2] = perm[0]
+    with pytest.raises(IndexError, match="exactly once"):
+        ops.edge_softmax(rowptr, perm, s, [])
+    r2, c2, p2 = ops.clone_structure(*_structure())
+    torch.testing.assert_close(ops.edge_softmax(r2, p2, s, []), ops.edge_softmax(*_structure()[::2], s, []))
+    p2[1] = p2[0]
+    with pytest.raises(IndexError, match="exactly once"):
+        ops.edge_dot(r2, c2, p2, X, X, 1, [])
+
+
 REF_CASES = {
     # name: (function, args) with rowptr [0,0,1,2,3], col [0,1,2], perm [0,1,2] as the valid structure
     "spmm-col-oob": ("spmm", lambda r, c, p: (r, torch.tensor([0, 1, 7]), p, None, X, "sum")),

@@ -100,6 +100,29 @@ def test_explicit_and_profile_knobs():
     assert ck.pick_vec(8, 2, 128, align_bytes=4) == 2
 
 
+def test_explicit_knobs_are_bounded():
+    """A profile may hold any knob: no overflow, a launchable grid, bounded scratch."""
+    M, E = 1_000_000, 50_000_000
+    # K = 32 tuned on a small graph: on this one the scratch would be 2 * (M + E) / 32 slots of
+    # 128 accumulators + 128 int64 (max) = 9.8 GB; raised until it fits one slot per output row.
+    k = ck.spmm_knobs(H100, M, E, 128, reduce="max", knobs=[0, 0, 0, 32])
+    assert k[3] == 102
+    groups = -(-(M + E) // k[3])
+    assert 2 * groups <= M
+    # On a small graph the same K stays (its scratch is under 64 MiB): tests cut every row.
+    assert ck.spmm_knobs(H100, 25, 500, 128, reduce="max", knobs=[1, 32, 1, 1])[3] == 1
+    # Huge values are clamped, never overflow.
+    huge = 2 ** 62
+    assert ck.spmm_knobs(H100, M, E, 128, knobs=[huge, huge, huge, huge]) == [32, 8, 4, 1 << 20]
+    # Narrow lanes and vectors on wide rows: lanes grow until the feature tiles fit the grid.
+    k = ck.spmm_knobs(H100, 100, 1000, 200_000, knobs=[1, 0, 1, 0])
+    assert k[0] == 4 and k[2] == 1 and -(-200_000 // (k[0] * k[2])) <= ck.MAX_GRID_Y
+    # edge_softmax's K too (2 * 4 heads * 4 bytes per slot: the 64 MiB floor decides).
+    assert ck.edge_softmax_knobs(H100, M, E, 4, knobs=[0, 0, 0, 1])[3] == -(-2 * (M + E) * 32 // (64 << 20)) == 49
+    # edge_dot keeps no scratch: any K from 1 up.
+    assert ck.edge_dot_knobs(H100, M, E, 64, knobs=[0, 0, 0, 1])[3] == 1
+
+
 def test_edge_op_knobs():
     assert ck.edge_softmax_knobs(H100, 1000, 10000, 4)[:3] == [32, 8, 1]
     assert ck.edge_dot_knobs(H100, 1000, 10000, 64, heads=8)[:3] == [16, 16, 4]
@@ -148,11 +171,12 @@ def test_cpp_rule_matches_python(tmp_path):
                                    "L2_cache_size": 6 * 2**20}):
         p = ck.normalize_props(props)
         for M, E in ((0, 0), (2708, 10556), (1_000_000, 10_000_000), (50_000_000, 100_000_000), (7, 3)):
-            for F, H in ((128, 1), (7, 1), (16, 1), (1024, 1), (48, 8), (12, 3), (6, 1)):
+            for F, H in ((128, 1), (7, 1), (16, 1), (1024, 1), (48, 8), (12, 3), (6, 1), (200_000, 1)):
                 for eb in (4, 2, 8):
                     for red in ("sum", "max"):
                         for align in (16, 8, 4):
-                            for knobs in ((0, 0, 0, 0), (8, 0, 0, 0), (12, 3, 2, 100), (0, 0, 8, 0)):
+                            for knobs in ((0, 0, 0, 0), (8, 0, 0, 0), (12, 3, 2, 100), (0, 0, 8, 0),
+                                          (1, 1, 1, 32), (2 ** 62, 2 ** 62, 2 ** 62, 2 ** 62)):
                                 for op in (0, 1, 2):
                                     cases.append((p, M, E, F, H, eb, red, align, knobs, op))
     lines = []

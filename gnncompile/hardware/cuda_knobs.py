@@ -33,7 +33,11 @@ Default rule (F = features per node, C = features per weight column, b = bytes p
   unless ``num_rows`` is given.
 
 A device profile may override any entry: :func:`knobs_for` merges a profile's knobs (entries
-> 0) over the defaults.
+> 0) over the defaults. Explicit knobs are bounded as in knobs.h: L clamped to [1, 32] before
+rounding, rows_per_block to the block limit; L raised when F / (L * V) feature tiles would not
+fit the grid's y dimension (65535); an explicit K clamped to [K_mem, max(2^20, K_mem)], K_mem
+the smallest K whose scratch for cut rows (two slots per group) fits max(64 MiB, one slot per
+output row), whatever graph the K was tuned on.
 """
 from __future__ import annotations
 
@@ -46,6 +50,9 @@ MAX_BLOCK = 256
 MIN_ITEMS = 32
 MAX_ITEMS = 4096
 WAVES = 4
+MAX_GRID_Y = 65535
+MAX_EXPLICIT_ITEMS = 1 << 20
+SCRATCH_FLOOR_BYTES = 64 << 20
 
 # Vector widths compiled for each element size, widest first (VecSet in native/cuda/common.cuh).
 COMPILED_VEC = {4: (4, 2, 1), 8: (2, 1, 1), 2: (8, 2, 1)}
@@ -147,9 +154,25 @@ def default_items(props: Mapping[str, int], num_rows: int, num_edges: int, lanes
     return min(MAX_ITEMS, max(MIN_ITEMS, k_deg, k_l2, k_fill))
 
 
-def _layout(props, want_lanes: int, want_rpb: int):
-    lanes = min(MAX_LANES, prev_pow2(max(want_lanes, 1)))
-    rpb = want_rpb if want_rpb > 0 else block_threads(props) // lanes
+def min_lanes_for_grid(num_features: int, vec: int) -> int:
+    """Smallest L whose feature tiles of L * V fit the grid's y dimension (mirror of knobs.h)."""
+    per_tile = (num_features + MAX_GRID_Y - 1) // MAX_GRID_Y
+    return min(MAX_LANES, next_pow2(max((per_tile + vec - 1) // vec, 1)))
+
+
+def bound_items(k: int, num_rows: int, num_edges: int, slot_bytes: int) -> int:
+    """An explicit K, bounded so that the scratch of cut rows fits max(64 MiB, one slot per
+    output row) (mirror of knobs.h; slot_bytes 0: no scratch)."""
+    k_mem = 1
+    if slot_bytes > 0:
+        budget = max(SCRATCH_FLOOR_BYTES, max(num_rows, 1) * slot_bytes)
+        k_mem = max(1, (2 * (num_rows + num_edges) * slot_bytes + budget - 1) // budget)
+    return min(max(k, k_mem), max(MAX_EXPLICIT_ITEMS, k_mem))
+
+
+def _layout(props, want_lanes: int, want_rpb: int, min_lanes: int = 1):
+    lanes = max(prev_pow2(min(MAX_LANES, max(want_lanes, 1))), min_lanes)
+    rpb = min(want_rpb, MAX_BLOCK) if want_rpb > 0 else block_threads(props) // lanes
     per_warp = MAX_LANES // lanes
     rpb = (max(rpb, 1) + per_warp - 1) // per_warp * per_warp
     return lanes, min(rpb, MAX_BLOCK // lanes)
@@ -170,10 +193,12 @@ def spmm_knobs(props: Any, num_rows: int, num_edges: int, num_features: int, *, 
     acc_bytes = 8 if elem_bytes == 8 else 4
     want_vec = _knob(knobs, 2) or 16 // elem_bytes
     vec = pick_vec(min(want_vec, 16), elem_bytes, C, align_bytes)
-    lanes, rpb = _layout(p, _knob(knobs, 0) or default_lanes(F, vec), _knob(knobs, 1))
+    lanes, rpb = _layout(p, _knob(knobs, 0) or default_lanes(F, vec), _knob(knobs, 1),
+                         min_lanes_for_grid(F, vec))
     tiles = (F + lanes * vec - 1) // (lanes * vec)
     slot_bytes = F * (acc_bytes + (8 if reduce in ("max", "min") else 0))
-    items = _knob(knobs, 3) or default_items(p, num_rows, num_edges, lanes, tiles, slot_bytes)
+    items = (bound_items(_knob(knobs, 3), num_rows, num_edges, slot_bytes) if _knob(knobs, 3)
+             else default_items(p, num_rows, num_edges, lanes, tiles, slot_bytes))
     return [lanes, rpb, vec, items]
 
 
@@ -186,7 +211,8 @@ def edge_dot_knobs(props: Any, num_rows: int, num_edges: int, num_features: int,
     want_vec = _knob(knobs, 2) or 16 // elem_bytes
     vec = pick_vec(min(want_vec, 16), elem_bytes, C, align_bytes)
     lanes, rpb = _layout(p, _knob(knobs, 0) or default_lanes(F, vec), _knob(knobs, 1))
-    items = _knob(knobs, 3) or default_items(p, num_rows, num_edges, lanes, 1, 0)
+    items = (bound_items(_knob(knobs, 3), num_rows, num_edges, 0) if _knob(knobs, 3)
+             else default_items(p, num_rows, num_edges, lanes, 1, 0))
     return [lanes, rpb, vec, items]
 
 
@@ -195,7 +221,8 @@ def edge_softmax_knobs(props: Any, num_rows: int, num_edges: int, heads: int, *,
     """Mirror of ``edge_softmax_knobs`` in knobs.h (one warp per group; only K is a knob)."""
     p = normalize_props(props)
     acc_bytes = 8 if elem_bytes == 8 else 4
-    items = _knob(knobs, 3) or default_items(p, num_rows, num_edges, MAX_LANES, 1, 2 * heads * acc_bytes)
+    items = (bound_items(_knob(knobs, 3), num_rows, num_edges, 2 * heads * acc_bytes) if _knob(knobs, 3)
+             else default_items(p, num_rows, num_edges, MAX_LANES, 1, 2 * heads * acc_bytes))
     return [MAX_LANES, 8, 1, items]
 
 

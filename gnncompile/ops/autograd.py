@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .schemas import ops
@@ -35,6 +37,50 @@ def _head_index(weight, shape):
     return torch.arange(H, device=weight.device).view(1, H, 1).expand(shape)
 
 
+def accumulate_into(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor,
+                    sort: Optional[bool] = None) -> None:
+    """``out.view(-1)[index[i]] += values[i]`` for every i, deterministically: with duplicate
+    indices the sums come out the same on every run. On the CPU ``index_add_`` runs serially; on
+    CUDA, where ``index_add_`` / ``scatter_add_`` use atomics, ``index_put_(accumulate=True)``
+    sorts the indices first (``sort`` forces either path, for tests)."""
+    flat, index, values = out.view(-1), index.reshape(-1), values.reshape(-1).to(out.dtype)
+    if sort if sort is not None else out.device.type != "cpu":
+        flat.index_put_((index,), values, accumulate=True)
+    else:
+        flat.index_add_(0, index, values)
+
+
+def _arg_backward(ctx, col, perm, weight, x, arg, grad_out, need_x, need_w):
+    """max / min: only the chosen edge of each (row, feature) receives gradient. These are
+    [M, F] tensors, not [E, F]."""
+    M = grad_out.shape[0]
+    if col.numel() == 0:  # no edge: every output is the constant 0
+        gx = torch.zeros(ctx.x_shape, dtype=grad_out.dtype, device=grad_out.device) if need_x else None
+        gw = torch.zeros_like(weight) if need_w else None
+        return gx, gw
+    valid = arg >= 0
+    slot = arg.clamp(min=0)
+    src = col.long()[slot]
+    g = torch.where(valid, grad_out, torch.zeros_like(grad_out))
+    eid = perm.long()[slot]
+    heads = _head_index(weight, g.shape)
+    if weight is not None:
+        w = weight[eid, heads] if heads is not None else weight.reshape(-1)[eid]
+    gx = gw = None
+    if need_x:
+        contrib = g * w if weight is not None else g
+        gx = torch.zeros(ctx.x_shape, dtype=grad_out.dtype, device=grad_out.device)
+        F = int(torch.Size(ctx.x_shape[1:]).numel())
+        cols = torch.arange(F, device=gx.device)
+        accumulate_into(gx, src.reshape(M, F) * F + cols, contrib.reshape(M, F))
+    if need_w:
+        xs = x.reshape(x.shape[0], -1).gather(0, src.reshape(M, -1)).reshape(g.shape)
+        flat = eid * weight.shape[1] + heads if heads is not None else eid
+        gw = torch.zeros_like(weight)
+        accumulate_into(gw, flat, xs * g)
+    return gx, gw
+
+
 def _spmm_backward(ctx, grad_out, grad_arg):
     rowptr, col, perm, weight, x, arg, rowptr_t, col_t, perm_t = ctx.saved_tensors
     need_w, need_x = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
@@ -54,33 +100,7 @@ def _spmm_backward(ctx, grad_out, grad_arg):
             heads = weight.shape[1] if weight.dim() == 2 else 1
             gw = ops.edge_dot(rowptr, col, perm, x, g, heads, ctx.knobs).reshape(weight.shape)
     else:
-        # max / min: only the chosen edge of each (row, feature) receives gradient. These are
-        # [M, F] tensors, not [E, F].
-        M = grad_out.shape[0]
-        if col.numel() == 0:  # no edge: every output is the constant 0
-            gx = torch.zeros(ctx.x_shape, dtype=grad_out.dtype, device=grad_out.device) if need_x else None
-            gw = torch.zeros_like(weight) if need_w else None
-            return None, None, None, gw, gx, None, None, None, None, None
-        valid = arg >= 0
-        slot = arg.clamp(min=0)
-        src = col.long()[slot]
-        g = torch.where(valid, grad_out, torch.zeros_like(grad_out))
-        eid = perm.long()[slot]
-        heads = _head_index(weight, g.shape)
-        if weight is not None:
-            w = weight[eid, heads] if heads is not None else weight.reshape(-1)[eid]
-        if need_x:
-            contrib = g * w if weight is not None else g
-            gx = torch.zeros(ctx.x_shape, dtype=grad_out.dtype, device=grad_out.device)
-            gx.reshape(ctx.x_shape[0], -1).scatter_add_(
-                0, src.reshape(M, -1), contrib.reshape(M, -1))
-        if need_w:
-            xs = x.reshape(x.shape[0], -1).gather(0, src.reshape(M, -1)).reshape(g.shape)
-            contrib = (xs * g).reshape(-1)
-            flat = eid * weight.shape[1] + heads if heads is not None else eid
-            gw = torch.zeros(weight.numel(), dtype=weight.dtype, device=weight.device)
-            gw.index_add_(0, flat.reshape(-1), contrib.to(weight.dtype))
-            gw = gw.reshape(weight.shape)
+        gx, gw = _arg_backward(ctx, col, perm, weight, x, arg, grad_out, need_x, need_w)
     return None, None, None, gw, gx, None, None, None, None, None
 
 

@@ -47,6 +47,14 @@ def check_structure(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor,
         raise IndexError(f"{op}: perm holds an edge id outside [0, {E})")
 
 
+def check_perm_unique(perm: torch.Tensor, op: str) -> None:
+    """edge_dot / edge_softmax write out[perm[j]] for every slot: perm must be a permutation."""
+    E = perm.numel()
+    if E and not bool((torch.bincount(perm.long(), minlength=E) == 1).all()):
+        raise IndexError(f"{op}: perm must hold every edge id in [0, {E}) exactly once (a permutation); "
+                         "it repeats some")
+
+
 def _features(t: torch.Tensor) -> int:
     """Number of features per row (product of the trailing dims), valid for zero rows too."""
     n = 1
@@ -110,6 +118,7 @@ def spmm(rowptr, col, perm, weight: Optional[torch.Tensor], x: torch.Tensor, red
 def edge_dot(rowptr, col, perm, x, g, heads: int, knobs: Sequence[int] = ()):
     E = col.numel()
     check_structure(rowptr, col, perm, x.size(0), "gnncompile.edge_dot")
+    check_perm_unique(perm, "gnncompile.edge_dot")
     C = _features(x) // heads
     rows = _rows(rowptr)
     xe = _acc(x).index_select(0, col.long()).reshape(E, heads, C)
@@ -123,6 +132,7 @@ def edge_softmax(rowptr, perm, scores, knobs: Sequence[int] = ()):
     E = perm.numel()
     M = rowptr.numel() - 1
     check_structure(rowptr, perm, perm, E, "gnncompile.edge_softmax")
+    check_perm_unique(perm, "gnncompile.edge_softmax")
     p = perm.long()
     rows = _rows(rowptr)
     s = _acc(scores).reshape(E, _features(scores))[p]
@@ -142,6 +152,7 @@ def edge_softmax_backward(rowptr, perm, out, grad, knobs: Sequence[int] = ()):
     E = perm.numel()
     M = rowptr.numel() - 1
     check_structure(rowptr, perm, perm, E, "gnncompile.edge_softmax_backward")
+    check_perm_unique(perm, "gnncompile.edge_softmax_backward")
     p = perm.long()
     rows = _rows(rowptr)
     H = _features(out)
@@ -152,6 +163,12 @@ def edge_softmax_backward(rowptr, perm, out, grad, knobs: Sequence[int] = ()):
     res = torch.empty_like(gs)
     res[p] = gs
     return res.reshape(out.shape).to(out.dtype)
+
+
+def clone_structure(rowptr, col, perm):
+    """Copies of the three structure tensors (the native kernel also carries over what is known
+    of them, so that the copies are not validated again)."""
+    return rowptr.clone(), col.clone(), perm.clone()
 
 
 # ----------------------------------------------------------------------------- collation

@@ -242,7 +242,8 @@ def clear_cache() -> None:
 def _maybe_copy(ts, copy: bool):
     # copy=True for code-generating inner compilers (inductor), which may recycle the storage of
     # an op's output once the graph no longer reads it: the cache's tensors must not be handed out.
-    return tuple(t.clone() for t in ts) if copy else tuple(ts)
+    # clone_structure keeps what the native code knows of them (no validation of the copies).
+    return tuple(ops.clone_structure(*ts)) if copy else tuple(ts)
 
 
 @torch.library.custom_op("gnncompile::cached_csr", mutates_args=())

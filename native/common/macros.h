@@ -20,6 +20,19 @@ enum class Reduce : int { Sum = 0, Mean = 1, Max = 2, Min = 3 };
 //   Head:   weight [E, H], x viewed as [N, H, C]; head h scales features [h*C, (h+1)*C)
 enum class WeightMode : int { None = 0, Scalar = 1, Head = 2 };
 
+// The max / min rule of every backend. Messages are folded in CSR slot order (and, on CUDA, the
+// partial results of a row cut between groups in group order, each partial being the fold of
+// its slots): the first message always enters; after it a NaN wins once and then stays (as in
+// torch's scatter_reduce, NaN propagates); otherwise the first strictly better value wins, so
+// ties go to the earliest edge. `empty`: nothing folded yet. Splitting a row into consecutive
+// runs and folding the runs' results with the same rule gives the same value and slot as one
+// sequential fold (tests/test_native_rules.py checks this on the host).
+template <typename A>
+GNN_HD bool arg_takes(bool is_min, A v, A acc, bool empty) {
+  const bool better = is_min ? (v < acc) : (v > acc);
+  return empty || better || (v != v && acc == acc);
+}
+
 // Status codes returned by the torch-free cores that validate input; the glue turns them into
 // Python exceptions with the offending value.
 enum class Status : int {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "macros.h"
+#include "trust.h"
 
 // Calls the lambda with `scalar_t` bound to the torch storage type of `dtype`; each backend
 // maps it onto its own core type (cpu::core_type, gpu::cuda_type).
@@ -202,6 +203,21 @@ SpmmCall spmm_call(const at::Tensor& rowptr, const at::Tensor& col, const at::Te
   c.w = parse_weight(weight, c.x, c.E, op);
   c.o = spmm_outputs(c.x, c.M, c.E, c.F, c.reduce);
   return c;
+}
+
+// edge_dot and edge_softmax write out[perm[j]] for every CSR slot j: a perm that repeats an
+// edge id would leave other outputs unwritten. Checked once per structure (build_csr's output is
+// known to be a permutation); an id out of range raises first. Device-agnostic (ATen ops).
+inline void ensure_perm_unique(const at::Tensor& rowptr, const at::Tensor& perm, const char* op) {
+  const int64_t E = perm.numel();
+  if (E == 0 || structure_facts(rowptr, at::Tensor(), perm).perm_unique) return;
+  const auto mm = at::aminmax(perm);
+  TORCH_CHECK_INDEX(std::get<0>(mm).item<int64_t>() >= 0 && std::get<1>(mm).item<int64_t>() < E, op,
+                    ": perm holds an edge id outside [0, ", E, ")");
+  const at::Tensor counts = at::bincount(perm.to(at::kLong), {}, E);
+  TORCH_CHECK_INDEX(counts.eq(1).all().item<bool>(), op, ": perm must hold every edge id in [0, ", E,
+                    ") exactly once (a permutation); it repeats some");
+  record_structure_facts(rowptr, at::Tensor(), perm, StructureFacts{false, -1, true});
 }
 
 // edge_dot's g: one row per destination with as many features F as x, and `heads` dividing F.

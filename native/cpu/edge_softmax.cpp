@@ -34,6 +34,7 @@ at::Tensor run(const at::Tensor& rowptr_in, const at::Tensor& perm_in, const at:
     check_out_grad(a_in, *b_in, op);
   }
   const at::Tensor rowptr = rowptr_in.contiguous(), perm = perm_in.contiguous(), a = a_in.contiguous();
+  ensure_perm_unique(rowptr, perm, op);  // out[perm[j]] is written once per slot
   const at::Tensor b = BWD ? b_in->contiguous() : at::Tensor();
   at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
   const int64_t H = c10::multiply_integers(a.sizes().slice(1));

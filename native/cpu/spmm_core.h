@@ -82,11 +82,7 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
     } else {
       for (int t = 0; t < n; ++t) {
         const acc_t v = (W == WeightMode::None) ? acc_t(to_float(xr[t])) : w * to_float(xr[t]);
-        // The first edge always enters; after it a NaN message wins and then stays (v != v is
-        // the NaN test), as in torch's scatter_reduce; otherwise the first strictly better
-        // value wins, so ties go to the earliest edge.
-        const bool better = (R == Reduce::Max) ? (v > acc[t]) : (v < acc[t]);
-        const bool take = better || (v != v && acc[t] == acc[t]) || best[t] < 0;
+        const bool take = arg_takes(R == Reduce::Min, v, acc[t], best[t] < 0);  // macros.h
         acc[t] = take ? v : acc[t];
         best[t] = take ? j : best[t];
       }

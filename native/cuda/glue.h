@@ -81,7 +81,8 @@ inline int64_t ptr_align(const void* p) {
 // A structure handed to an op (not necessarily built by build_csr) is checked on the device
 // before any kernel reads through it: rowptr spans [0, E] and never decreases, every col is a
 // valid source row (col may be undefined: not read by the op), every perm an edge id. One
-// fused reduction and one small device-to-host copy.
+// fused reduction and one small device-to-host copy; a structure that passes is recorded
+// (trust.h), and validate_once skips it from then on, as it skips build_csr's outputs.
 inline void validate_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
                                int64_t num_src, const char* op) {
   const int64_t M = rowptr.numel() - 1;
@@ -107,6 +108,14 @@ inline void validate_structure(const at::Tensor& rowptr, const at::Tensor& col, 
   }
   TORCH_CHECK_INDEX(s[kPermMin] >= 0 && s[kPermMax] < E, op, ": perm holds an edge id outside [0, ", E,
                     ")");
+  record_structure_facts(rowptr, col, perm, StructureFacts{true, col.defined() ? num_src : -1, false});
+}
+
+inline void validate_once(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
+                          int64_t num_src, const char* op) {
+  const StructureFacts f = structure_facts(rowptr, col, perm);
+  const bool col_ok = !col.defined() || (f.col_bound >= 0 && f.col_bound <= num_src);
+  if (!(f.ranges_ok && col_ok)) validate_structure(rowptr, col, perm, num_src, op);
 }
 
 }  // namespace gpu

@@ -27,6 +27,13 @@
 //       K_fill = (M + E) * tiles / (4 * sm_count * groups_per_sm): the largest K that still
 //                gives four waves of groups (groups_per_sm = max_threads_per_sm / L)
 //   edge_softmax and its backward use one warp per group (L = 32, V = 1) and only K.
+//
+// Bounds on explicit knobs (a profile may hold anything): L is clamped to [1, 32] before
+// rounding, rows_per_block to the block limit, V to 16 bytes; L is raised when F / (L * V)
+// feature tiles would not fit the grid's y dimension (65535); an explicit K is clamped to
+// [K_mem, max(2^20, K_mem)], where K_mem is the smallest K whose scratch for cut rows (two
+// slots per group) fits max(64 MiB, one slot per output row): a K tuned on a small graph would
+// otherwise ask for tens of GB on a large one.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -54,6 +61,9 @@ constexpr int64_t kMinItems = 32;
 constexpr int64_t kMaxItems = 4096;
 constexpr int kWaves = 4;
 constexpr int kMaxBlock = 256;  // = kMaxBlockThreads in common.cuh (the kernels' launch bounds)
+constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kMaxExplicitItems = int64_t{1} << 20;
+constexpr int64_t kScratchFloorBytes = int64_t{64} << 20;
 
 inline int64_t next_pow2(int64_t v) {
   int64_t p = 1;
@@ -118,11 +128,30 @@ inline int64_t default_items(const DeviceProps& d, int64_t M, int64_t E, int lan
 
 inline int64_t knob(const int64_t* knobs, int64_t n, int i) { return (i < n && knobs[i] > 0) ? knobs[i] : 0; }
 
-// lanes: requested L rounded down to a power of two in [1, 32]; rows_per_block rounded so the
-// block is a whole number of warps and at most kMaxBlock threads.
-inline void finish_layout(const DeviceProps& d, int64_t want_lanes, int64_t want_rpb, LaunchKnobs& k) {
-  k.lanes = static_cast<int>(std::min<int64_t>(kMaxLanes, prev_pow2(std::max<int64_t>(want_lanes, 1))));
-  int64_t rpb = want_rpb > 0 ? want_rpb : block_threads(d) / k.lanes;
+// Smallest L (power of two, at most 32) whose feature tiles of L * V fit the grid's y dimension.
+inline int64_t min_lanes_for_grid(int64_t F, int vec) {
+  const int64_t per_tile = (F + kMaxGridY - 1) / kMaxGridY;  // features each tile must cover
+  return std::min<int64_t>(kMaxLanes, next_pow2(std::max<int64_t>((per_tile + vec - 1) / vec, 1)));
+}
+
+// An explicit K, bounded (see the header). slot_bytes: scratch bytes per slot (0: none).
+inline int64_t bound_items(int64_t K, int64_t M, int64_t E, int64_t slot_bytes) {
+  int64_t k_mem = 1;
+  if (slot_bytes > 0) {
+    const int64_t budget = std::max(kScratchFloorBytes, std::max<int64_t>(M, 1) * slot_bytes);
+    k_mem = std::max<int64_t>(1, (2 * (M + E) * slot_bytes + budget - 1) / budget);
+  }
+  return std::min(std::max(K, k_mem), std::max(kMaxExplicitItems, k_mem));
+}
+
+// lanes: requested L clamped to [1, 32] and rounded down to a power of two, then raised to
+// min_lanes; rows_per_block rounded so the block is a whole number of warps and at most
+// kMaxBlock threads.
+inline void finish_layout(const DeviceProps& d, int64_t want_lanes, int64_t want_rpb, int64_t min_lanes,
+                          LaunchKnobs& k) {
+  const int64_t lanes = prev_pow2(std::min<int64_t>(kMaxLanes, std::max<int64_t>(want_lanes, 1)));
+  k.lanes = static_cast<int>(std::max(lanes, min_lanes));
+  int64_t rpb = want_rpb > 0 ? std::min<int64_t>(want_rpb, kMaxBlock) : block_threads(d) / k.lanes;
   const int64_t per_warp = kMaxLanes / k.lanes;            // groups per warp
   rpb = (std::max<int64_t>(rpb, 1) + per_warp - 1) / per_warp * per_warp;
   rpb = std::min<int64_t>(rpb, kMaxBlock / k.lanes);
@@ -136,10 +165,12 @@ inline LaunchKnobs spmm_knobs(const DeviceProps& d, const int64_t* knobs, int64_
   LaunchKnobs k;
   const int64_t want_vec = knob(knobs, n, 2) ? knob(knobs, n, 2) : 16 / elem_bytes;
   k.vec = pick_vec(static_cast<int>(std::min<int64_t>(want_vec, 16)), elem_bytes, C, align_bytes);
-  finish_layout(d, knob(knobs, n, 0) ? knob(knobs, n, 0) : default_lanes(F, k.vec), knob(knobs, n, 1), k);
+  finish_layout(d, knob(knobs, n, 0) ? knob(knobs, n, 0) : default_lanes(F, k.vec), knob(knobs, n, 1),
+                min_lanes_for_grid(F, k.vec), k);
   const int64_t tiles = (F + static_cast<int64_t>(k.lanes) * k.vec - 1) / (static_cast<int64_t>(k.lanes) * k.vec);
   const int64_t slot_bytes = F * (acc_bytes + (arg ? 8 : 0));
-  k.items = knob(knobs, n, 3) ? knob(knobs, n, 3) : default_items(d, M, E, k.lanes, tiles, slot_bytes);
+  k.items = knob(knobs, n, 3) ? bound_items(knob(knobs, n, 3), M, E, slot_bytes)
+                              : default_items(d, M, E, k.lanes, tiles, slot_bytes);
   return k;
 }
 
@@ -149,8 +180,8 @@ inline LaunchKnobs edge_dot_knobs(const DeviceProps& d, const int64_t* knobs, in
   LaunchKnobs k;
   const int64_t want_vec = knob(knobs, n, 2) ? knob(knobs, n, 2) : 16 / elem_bytes;
   k.vec = pick_vec(static_cast<int>(std::min<int64_t>(want_vec, 16)), elem_bytes, C, align_bytes);
-  finish_layout(d, knob(knobs, n, 0) ? knob(knobs, n, 0) : default_lanes(F, k.vec), knob(knobs, n, 1), k);
-  k.items = knob(knobs, n, 3) ? knob(knobs, n, 3) : default_items(d, M, E, k.lanes, 1, 0);
+  finish_layout(d, knob(knobs, n, 0) ? knob(knobs, n, 0) : default_lanes(F, k.vec), knob(knobs, n, 1), 1, k);
+  k.items = knob(knobs, n, 3) ? bound_items(knob(knobs, n, 3), M, E, 0) : default_items(d, M, E, k.lanes, 1, 0);
   return k;
 }
 
@@ -167,7 +198,8 @@ inline LaunchKnobs edge_softmax_knobs(const DeviceProps& d, const int64_t* knobs
   k.lanes = kMaxLanes;
   k.rows_per_block = 8;
   k.vec = 1;
-  k.items = knob(knobs, n, 3) ? knob(knobs, n, 3) : default_items(d, M, E, kMaxLanes, 1, 2 * H * acc_bytes);
+  k.items = knob(knobs, n, 3) ? bound_items(knob(knobs, n, 3), M, E, 2 * H * acc_bytes)
+                              : default_items(d, M, E, kMaxLanes, 1, 2 * H * acc_bytes);
   return k;
 }
 

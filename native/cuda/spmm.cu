@@ -22,7 +22,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
   const at::Tensor &rowptr = c.rowptr, &col = c.col, &perm = c.perm, &x = c.x, &weight = c.w.weight;
   const int64_t M = c.M, E = c.E, Fx = c.F, H = c.w.heads;
   const Reduce reduce = c.reduce;
-  validate_structure(rowptr, col, perm, x.size(0), op);
+  validate_once(rowptr, col, perm, x.size(0), op);
   at::Tensor out = c.o.out, arg = c.o.arg;
   const bool need_arg = c.o.need_arg;
   if (c.o.done) return {out, arg};

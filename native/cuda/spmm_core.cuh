@@ -16,8 +16,9 @@
 //     group order (= CSR edge order) and writes the row once.
 //
 // The cut points depend only on (rowptr, K), so the result is bit-for-bit reproducible for a
-// given structure and knobs. Max/min keep the first CSR slot on ties (strict comparison, and
-// slots are combined in order); an all-NaN row takes its first edge, as in the CPU core.
+// given structure and knobs. Max/min follow the CPU core's rule (arg_takes in macros.h): the
+// first edge enters, a NaN propagates, ties go to the first CSR slot; runs of a cut row are
+// combined in order with the same rule, which gives the sequential result.
 #pragma once
 #include "common.cuh"
 
@@ -81,31 +82,17 @@ __device__ __forceinline__ void spmm_fold(const SpmmLane& c, const Pack<T, V>& x
     if (!ARG) {
       acc[k] += v;
     } else {
-      const bool take = c.is_min ? (v < acc[k]) : (v > acc[k]);
+      const bool take = arg_takes(c.is_min, v, acc[k], best[k] < 0);  // the CPU core's rule
       acc[k] = take ? v : acc[k];
       best[k] = take ? slot : best[k];
     }
   }
 }
 
-// Message of CSR slot j for feature f (the fallback of an all-NaN max/min row).
-template <typename T, typename I>
-__device__ __forceinline__ acc_t<T> spmm_message(const SpmmParams<T, I>& p, int64_t j, int64_t f) {
-  using A = acc_t<T>;
-  const int64_t src = static_cast<int64_t>(p.col[j]);
-  A v = load_acc(p.x + src * p.F + f);
-  if (p.weight != nullptr) {
-    const int64_t eid = static_cast<int64_t>(p.perm[j]);
-    v = load_acc(p.weight + eid * p.H + f / p.C) * v;
-  }
-  return v;
-}
-
-// Final value of one output element from its reduced accumulator (mean scale, empty rows,
-// all-NaN max/min rows), as the CPU core computes it.
-template <typename T, typename I, bool ARG>
-__device__ __forceinline__ T spmm_final(const SpmmParams<T, I>& p, bool is_mean, int64_t begin,
-                                        int64_t deg, int64_t f, acc_t<T> acc, int64_t& best) {
+// Final value of one output element from its reduced accumulator (mean scale; 0 and slot -1 for
+// a row with no edge), as the CPU core computes it.
+template <typename T, bool ARG>
+__device__ __forceinline__ T spmm_final(bool is_mean, int64_t deg, acc_t<T> acc, int64_t& best) {
   using A = acc_t<T>;
   if (!ARG) {
     if (is_mean) acc = acc * (A(1) / static_cast<A>(deg > 0 ? deg : 1));
@@ -115,11 +102,7 @@ __device__ __forceinline__ T spmm_final(const SpmmParams<T, I>& p, bool is_mean,
     best = -1;
     return from_acc<T>(A(0));
   }
-  if (best < 0) {  // every message NaN (or +-inf against its own init): take the first edge
-    best = begin;
-    acc = spmm_message(p, begin, f);
-  }
-  return from_acc<T>(acc);
+  return from_acc<T>(acc);  // best >= 0: the rule always takes a row's first edge
 }
 
 template <typename T, typename I, bool ARG, int V>
@@ -130,7 +113,7 @@ __device__ __forceinline__ void spmm_write_row(const SpmmParams<T, I>& p, const 
   Pack<T, V> o;
 #pragma unroll
   for (int k = 0; k < V; ++k)
-    o.v[k] = spmm_final<T, I, ARG>(p, c.is_mean, begin, end - begin, c.f + k, acc[k], best[k]);
+    o.v[k] = spmm_final<T, ARG>(c.is_mean, end - begin, acc[k], best[k]);
   store_pack<T, V>(p.out + row * p.F + c.f, o);
   if (ARG) {
     int64_t* ar = p.arg + row * p.F + c.f;
@@ -285,15 +268,15 @@ __global__ void __launch_bounds__(256) spmm_fixup_kernel(const SpmmParams<T, I> 
         if (!ARG) {
           acc += v[b];
         } else {
-          // A partial whose slot is -1 holds its init value, which never wins a strict test.
-          const bool take = is_min ? (v[b] < acc) : (v[b] > acc);
+          // a partial whose slot is -1 folded nothing (its feature is past F, or it is empty)
+          const bool take = s[b] >= 0 && arg_takes(is_min, v[b], acc, best < 0);
           acc = take ? v[b] : acc;
           best = take ? s[b] : best;
         }
       }
     }
   }
-  p.out[r * p.F + f] = spmm_final<T, I, ARG>(p, is_mean, begin, end - begin, f, acc, best);
+  p.out[r * p.F + f] = spmm_final<T, ARG>(is_mean, end - begin, acc, best);
   if (ARG) p.arg[r * p.F + f] = best;
 }
 

@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# The GPU check, from a fresh copy of the repository on a CUDA machine (no network needed):
+# The GPU check, from a fresh copy of the repository on a CUDA machine (no network needed), in
+# one call of at most BUDGET seconds (default 540):
 #
-#   bash tests/gpu/run.sh OUTDIR
+#   bash tests/gpu/run.sh OUTDIR          # on a GPU machine
+#   bash tests/gpu/run.sh OUTDIR --cpu    # here: the same phases, CUDA ones skipped
 #
-#   1. installs gnncompile editable against the installed torch with its CUDA kernels required
-#      (pip install --no-build-isolation --no-deps -e ., as scripts/setup_env.sh does, with
-#      GNNCOMPILE_CUDA=ON and only the local GPU's architecture unless TORCH_CUDA_ARCH_LIST
-#      says otherwise);
-#   2. runs `pytest tests -x` (everything but tests/gpu) and then `pytest tests/gpu`;
-#   3. runs benchmarks/gpu_ops.py (spmm sum, F=128, 1M-node / 10M-edge power-law graph).
+# Phases, each with a time limit (its budget, or what is left of the total if less), each
+# writing its results under OUTDIR as it goes:
 #
-# Everything lands in OUTDIR, eight files at most: env.txt, build.log, tests.log,
-# gpu_tests.log, bench.log, gpu_ops.json, gpu_ops.txt, summary.txt. Exit status: 0 when the
-# build, both test runs and the benchmark's agreement check pass. Sized for ~5 minutes on an
-# H200 (16 CPU cores); each phase has a time limit so the whole stays under ~9 minutes.
+#   env        versions, nvidia-smi, the GPU                                  -> env.txt
+#   build      pip install --no-build-isolation -e . with the CUDA kernels     -> build.log
+#              required (only the local GPU's architecture unless
+#              TORCH_CUDA_ARCH_LIST says otherwise); --cpu: reused when
+#              gnncompile already loads its native kernels
+#   gpu-tests  pytest tests/gpu (every CUDA op test, no -x)                   -> gpu_tests.log
+#   gpu-bench  benchmarks/gpu_ops.py (spmm sum, F = 128, 1M nodes / 10M       -> gpu_ops.{json,txt},
+#              edges)                                                            bench.log
+#   op-tests   the op tests, CPU and CUDA parametrisations (GPU mode), or the -> op_tests.log
+#              host checks of the native rules (--cpu)
+#
+# OUTDIR/summary.txt gets the plan first, then a line per phase (status, seconds) and the
+# benchmark's table. At most 8 files. Exit status 0 when no phase failed.
 set -u -o pipefail
 
-OUT="${1:?usage: tests/gpu/run.sh OUTDIR}"
+OUT="${1:?usage: tests/gpu/run.sh OUTDIR [--cpu]}"
+MODE="${2:-gpu}"
+[ "$MODE" = "--cpu" ] && MODE=cpu
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -24,73 +33,113 @@ cd "$ROOT"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 JOBS="$(nproc 2>/dev/null || echo 8)"
+BUDGET="${BUDGET:-540}"
+RESERVE=10  # seconds kept for the summary
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 STATUS=0
 T_START=$(date +%s)
 
+PHASES=(env build gpu-tests gpu-bench op-tests)
+declare -A LIMIT=([env]=15 [build]=200 [gpu-tests]=120 [gpu-bench]=120 [op-tests]=75)
+
 note() { echo "$*" | tee -a "$SUMMARY"; }
-phase() {  # phase NAME LIMIT LOG cmd...: runs cmd with a time limit, records rc and duration
-  local name="$1" limit="$2" log="$3"; shift 3
+elapsed() { echo $(( $(date +%s) - T_START )); }
+
+plan() {
+  local total=0 p
+  note "gnncompile device check ($MODE mode): $(date -u); budget ${BUDGET}s, ${RESERVE}s kept for the summary"
+  for p in "${PHASES[@]}"; do
+    note "$(printf '  plan  %-10s %4ss' "$p" "${LIMIT[$p]}")"
+    total=$(( total + LIMIT[$p] ))
+  done
+  note "$(printf '  plan  %-10s %4ss (<= %ss)' total "$total" "$(( BUDGET - RESERVE ))")"
+  if [ "$total" -gt $(( BUDGET - RESERVE )) ]; then
+    note "the phase budgets exceed the total budget"
+    STATUS=1
+  fi
+}
+
+# phase NAME LOG cmd...: runs cmd with the phase's limit (or what is left), records the result.
+phase() {
+  local name="$1" log="$2"; shift 2
+  local left=$(( BUDGET - RESERVE - $(elapsed) ))
+  local limit=$(( LIMIT[$name] < left ? LIMIT[$name] : left ))
+  if [ "$limit" -le 0 ]; then
+    note "$(printf '%-10s skipped: no time left' "$name")"
+    STATUS=1
+    return 1
+  fi
   local t0 rc
   t0=$(date +%s)
-  timeout --signal=INT --kill-after=15 "$limit" "$@" >>"$log" 2>&1
+  timeout --signal=INT --kill-after=10 "$limit" "$@" >>"$log" 2>&1
   rc=$?
-  note "$(printf '%-12s rc=%-3s %4ss  (log: %s)' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$(basename "$log")")"
+  note "$(printf '%-10s rc=%-3s %4ss of %4ss  (log: %s)' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$limit" "$(basename "$log")")"
+  [ "$rc" -eq 0 ] || STATUS=1
   return $rc
 }
 
-# ---------------------------------------------------------------------------- environment
-{
+skip() { note "$(printf '%-10s skipped: %s' "$1" "$2")"; }
+
+env_info() {
   echo "== date"; date -u
   echo "== nvidia-smi"; nvidia-smi 2>&1 | head -20
   echo "== nvcc"; (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>&1 | tail -2
   echo "== python / torch"
-  "$PY" - <<'PYEOF' 2>&1
-import sys, torch
-print(sys.version)
-print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
-print(torch.cuda.get_device_properties(0))
-print("capability", torch.cuda.get_device_capability(0))
-PYEOF
-  echo "== packages"; "$PY" -m pip list 2>/dev/null | grep -i -E "^(torch|torch.geometric|pybind11|scikit-build-core|cmake|ninja|pytest|hypothesis|numpy) " 
-} > "$OUT/env.txt" 2>&1
+  "$PY" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available()); print(torch.cuda.get_device_properties(0) if torch.cuda.is_available() else "no CUDA device")'
+  echo "== packages"
+  "$PY" -m pip list 2>/dev/null | grep -i -E "^(torch|torch.geometric|pybind11|scikit-build-core|cmake|ninja|pytest|hypothesis|numpy) "
+}
 
-if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
-  TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; a, b = torch.cuda.get_device_capability(0); print(f"{a}.{b}")' 2>/dev/null || echo 9.0)"
-  export TORCH_CUDA_ARCH_LIST
-fi
-note "gnncompile GPU run: $(date -u); arch list $TORCH_CUDA_ARCH_LIST; $JOBS jobs; root $ROOT"
+native_loads() {  # does gnncompile load its native kernels (and, in GPU mode, the CUDA ones)?
+  (cd / && "$PY" -c "import gnncompile; i = gnncompile.info(); raise SystemExit(0 if i['native'] and (i['cuda_kernels'] or '$MODE' == 'cpu') else 1)") >/dev/null 2>&1
+}
 
-# ---------------------------------------------------------------------------- 1. build
-# As scripts/setup_env.sh does: an editable install against this torch (no build isolation, no
-# dependency downloads), with the CUDA kernels required.
-LOG="$OUT/build.log"
-: > "$LOG"
-export CMAKE_BUILD_PARALLEL_LEVEL="$JOBS"
-if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
-  export PATH="/usr/local/cuda/bin:$PATH"
-fi
-[ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null 2>&1 && export CUDACXX="$(command -v nvcc)"
-phase build 300 "$LOG" "$PY" -m pip install -v --no-build-isolation --no-deps --no-index \
-    --config-settings=cmake.define.GNNCOMPILE_CUDA=ON -e "$ROOT" || STATUS=1
-echo "== gnncompile.info() after the build" >> "$OUT/env.txt"
-if ! (cd / && "$PY" -c 'import json, gnncompile; i = gnncompile.info(); print(json.dumps(i, indent=1, default=str)); raise SystemExit(0 if i["cuda_kernels"] else 1)') >> "$OUT/env.txt" 2>&1; then
-  note "gnncompile does not report CUDA kernels after the build (see env.txt, build.log)"
-  STATUS=1
-fi
+build() {
+  if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+  [ -z "${CUDACXX:-}" ] && command -v nvcc >/dev/null 2>&1 && export CUDACXX="$(command -v nvcc)"
+  if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+    TORCH_CUDA_ARCH_LIST="$("$PY" -c 'import torch; a, b = torch.cuda.get_device_capability(0); print(f"{a}.{b}")' 2>/dev/null || echo 9.0)"
+    export TORCH_CUDA_ARCH_LIST
+  fi
+  export CMAKE_BUILD_PARALLEL_LEVEL="$JOBS"
+  "$PY" -m pip install -v --no-build-isolation --no-deps --no-index \
+      --config-settings=cmake.define.GNNCOMPILE_CUDA=ON -e "$ROOT" &&
+  (cd / && "$PY" -c 'import json, gnncompile; i = gnncompile.info(); print(json.dumps(i, indent=1, default=str)); raise SystemExit(0 if i["cuda_kernels"] else "no CUDA kernels after the build")')
+}
+export -f build
+export PY ROOT JOBS
 
-# ---------------------------------------------------------------------------- 2. tests
-phase tests 100 "$OUT/tests.log" "$PY" -m pytest tests -x -q -rs -p no:cacheprovider --ignore=tests/gpu || STATUS=1
-phase gpu-tests 150 "$OUT/gpu_tests.log" "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=15 || STATUS=1
-if grep -q -E "^SKIPPED .*needs a CUDA device" "$OUT/gpu_tests.log"; then
-  note "tests/gpu were SKIPPED: the CUDA kernels were not loaded"
-  STATUS=1
+# ---------------------------------------------------------------------------------------------
+plan
+phase env "$OUT/env.txt" bash -c "$(declare -f env_info); env_info"
+
+if [ "$MODE" = cpu ] && native_loads; then
+  skip build "--cpu: gnncompile already loads its native kernels"
+elif [ "$MODE" = cpu ]; then
+  phase build "$OUT/build.log" "$PY" -m pip install --no-build-isolation --no-deps -e "$ROOT"
+else
+  phase build "$OUT/build.log" bash -c build
 fi
 
-# ---------------------------------------------------------------------------- 3. benchmark
-phase benchmark 120 "$OUT/bench.log" "$PY" benchmarks/gpu_ops.py --out "$OUT" || STATUS=1
-[ -f "$OUT/gpu_ops.txt" ] && cat "$OUT/gpu_ops.txt" >> "$SUMMARY"
+if [ "$MODE" = cpu ]; then
+  skip gpu-tests "--cpu: no CUDA device"
+  skip gpu-bench "--cpu: no CUDA device"
+  phase op-tests "$OUT/op_tests.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
+      tests/test_native_rules.py tests/test_cuda_knobs.py
+else
+  phase gpu-tests "$OUT/gpu_tests.log" "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=15
+  if grep -q -E "^SKIPPED .*needs a CUDA device" "$OUT/gpu_tests.log" 2>/dev/null; then
+    note "tests/gpu were SKIPPED: the CUDA kernels were not loaded"
+    STATUS=1
+  fi
+  phase gpu-bench "$OUT/bench.log" "$PY" benchmarks/gpu_ops.py --out "$OUT"
+  [ -f "$OUT/gpu_ops.txt" ] && cat "$OUT/gpu_ops.txt" >> "$SUMMARY"
+  phase op-tests "$OUT/op_tests.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
+      tests/test_spmm.py tests/test_edge_softmax.py tests/test_bad_input.py tests/test_graph.py
+fi
 
-note "total $(( $(date +%s) - T_START ))s; status $STATUS"
+note "total $(elapsed)s of ${BUDGET}s; status $STATUS"
 exit $STATUS

@@ -327,6 +327,103 @@ def test_edge_softmax_power_law_hub():
                                reference.edge_softmax_backward(s[0], s[2], y, g), rtol=1e-4, atol=1e-6)
 
 
+# =============================================================================== issue-15 checks
+@pytest.mark.parametrize("knobs", [[], [1, 32, 1, 1], [4, 8, 4, 17]])
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_spmm_nan_in_rows_cut_between_groups_matches_cpu(knobs, reduce):
+    """A NaN message propagates (as on the CPU and in scatter_reduce) also when the row is cut
+    between groups and its runs are combined in the fix-up pass; the arg is the first NaN."""
+    g = torch.Generator().manual_seed(7)
+    ei = graph(30, 6, 400, seed=7, hub=True)
+    x = torch.randn(30, 33, generator=g)
+    x[torch.rand(30, 33, generator=g) < 0.05] = float("nan")
+    x[torch.rand(30, 33, generator=g) < 0.05] = float("inf")
+    s_cpu = ops.build_csr(ei[1], ei[0], 6, 30)
+    want, want_arg = ops.spmm(*s_cpu, None, x, reduce, [])
+    got, got_arg = ops.spmm(*structure(ei, 6), None, x.to(DEV), reduce, knobs)
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+    assert torch.equal(got_arg.cpu(), want_arg)
+
+
+def test_trusted_structures_are_not_validated_per_call():
+    """build_csr's output (and a clone_structure copy) is known valid: ops on it never wait on
+    the host (a synchronising call raises in sync-debug mode "error"). An untrusted copy is
+    validated (and waited on) once."""
+    ei = graph(100, 80, 2000)
+    s = structure(ei, 80)
+    x = torch.randn(100, 16, device=DEV)
+    sc = torch.randn(s[1].numel(), device=DEV)
+    copy = ops.clone_structure(*s)
+    plain = tuple(t.clone() for t in s)
+    ops.spmm(*plain, None, x, "sum", [])  # validated here, with a host wait
+    ops.edge_softmax(plain[0], plain[2], sc, [])  # and its perm checked to be a permutation
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for t in (s, copy, plain):
+            ops.spmm(*t, None, x, "max", [])
+            ops.edge_softmax(t[0], t[2], sc, [])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_perm_that_repeats_an_edge_id_raises_on_cuda():
+    ei = graph(10, 8, 60)
+    rowptr, col, perm = structure(ei, 8)
+    dup = perm.clone()
+    dup[1] = dup[0]
+    with pytest.raises(IndexError, match="exactly once"):
+        ops.edge_softmax(rowptr, dup, torch.randn(perm.numel(), device=DEV), [])
+    with pytest.raises(IndexError, match="exactly once"):
+        ops.edge_dot(rowptr, col, dup, torch.randn(10, 4, device=DEV), torch.randn(8, 4, device=DEV), 1, [])
+    ops.spmm(rowptr, col, dup, torch.randn(perm.numel(), device=DEV), torch.randn(10, 4, device=DEV), "sum", [])
+
+
+def test_wide_rows_with_narrow_knobs_fit_the_grid():
+    """Explicit lanes = 1 and vec = 1 on 70k features would need 70k feature tiles (grid y is
+    at most 65535): the launch rule widens the groups instead."""
+    ei = graph(20, 10, 200)
+    s = structure(ei, 10)
+    x = torch.randn(20, 70_000, device=DEV)
+    for reduce in ("sum", "max"):
+        out, arg = ops.spmm(*s, None, x, reduce, [1, 0, 1, 0])
+        ref, ref_arg = reference.spmm(*s, None, x, reduce)
+        close(out, ref, torch.float32)
+        if reduce == "max":
+            assert torch.equal(arg, ref_arg)
+
+
+def test_profile_sized_items_do_not_blow_up_scratch():
+    """items_per_group = 1 from a profile tuned on a tiny graph, on a large one: bounded."""
+    from gnncompile.data.synthetic import power_law_graph
+
+    ei = power_law_graph(200_000, 4_000_000, seed=5)
+    s = structure(ei, 200_000)
+    x = torch.randn(200_000, 128, device=DEV)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out, _ = ops.spmm(*s, None, x, "max", [0, 0, 0, 1])
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak < 3 * out.numel() * (4 + 8) + (64 << 20), peak  # out + arg + scratch of one slot a row
+    torch.testing.assert_close(out, reference.spmm(*s, None, x, "max")[0])
+
+
+def test_max_min_backward_is_deterministic():
+    from gnncompile.data.synthetic import power_law_graph
+
+    ei = power_law_graph(2000, 60_000, seed=2)
+    s = structure(ei, 2000)
+    t = ops.clone_structure(*s)  # any structure; the CSC is built inside backward
+    grads = []
+    for _ in range(2):
+        x = torch.randn(2000, 32, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).requires_grad_()
+        w = torch.rand(s[1].numel(), device=DEV, generator=torch.Generator(DEV).manual_seed(1)).requires_grad_()
+        out, _ = ops.spmm(*t, w, x, "max", [])
+        out.sum().backward()
+        grads.append((x.grad, w.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
 # =============================================================================== bad input
 def test_bad_structure_raises_and_cuda_survives():
     ei = graph(10, 8, 60)

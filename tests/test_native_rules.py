@@ -1,0 +1,102 @@
+"""Rules the CPU and CUDA kernels share, checked on the host (no GPU needed).
+
+The max / min rule (``arg_takes`` in native/common/macros.h): the CPU core folds a row's
+messages in CSR slot order; the CUDA kernels fold runs of a row in separate groups and then the
+runs' results in group order. Both must give the CPU's value and slot for every split of a row,
+NaN, infinities and ties included (torch's scatter_reduce propagates NaN).
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import struct
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_HARNESS = textwrap.dedent("""
+    #include <cstdio>
+    #include <cstdint>
+    #include <vector>
+    #include "common/macros.h"
+    using gnncompile::arg_takes;
+    // stdin: is_min n v_0 .. v_{n-1} k c_1 .. c_k (cut points); stdout: value slot (sequential)
+    // value slot (folded runs)
+    int main() {
+      int is_min, n;
+      while (std::scanf("%d %d", &is_min, &n) == 2) {
+        std::vector<float> v(n);
+        for (int i = 0; i < n; ++i) std::scanf("%a", &v[i]);
+        int k; std::scanf("%d", &k);
+        std::vector<int> cuts(k);
+        for (int i = 0; i < k; ++i) std::scanf("%d", &cuts[i]);
+        float acc = 0; long long best = -1;  // sequential, as the CPU core
+        for (int j = 0; j < n; ++j)
+          if (arg_takes<float>(is_min, v[j], acc, best < 0)) { acc = v[j]; best = j; }
+        float racc = 0; long long rbest = -1;  // runs, then their results in order, as CUDA
+        int begin = 0;
+        for (int r = 0; r <= k; ++r) {
+          const int end = r < k ? cuts[r] : n;
+          float pa = is_min ? 1.0f / 0.0f : -1.0f / 0.0f; long long pb = -1;  // the kernels' init
+          for (int j = begin; j < end; ++j)
+            if (arg_takes<float>(is_min, v[j], pa, pb < 0)) { pa = v[j]; pb = j; }
+          if (pb >= 0 && arg_takes<float>(is_min, pa, racc, rbest < 0)) { racc = pa; rbest = pb; }
+          begin = end;
+        }
+        std::printf("%a %lld %a %lld\\n", acc, best, racc, rbest);
+      }
+      return 0;
+    }
+""")
+
+
+def _compiler():
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _expected(values, is_min):
+    """torch.scatter_reduce's amax / amin of one row and the CPU kernel's arg: NaN if any
+    message is NaN (slot of the first NaN), else the first extreme value."""
+    for j, v in enumerate(values):
+        if math.isnan(v):
+            return float("nan"), j
+    best = min(values) if is_min else max(values)
+    return best, values.index(best)
+
+
+@pytest.mark.skipif(_compiler() is None, reason="no host C++ compiler to build the rule harness")
+def test_max_min_rule_is_the_same_for_every_split(tmp_path):
+    src = tmp_path / "rule.cpp"
+    src.write_text(_HARNESS)
+    exe = tmp_path / "rule"
+    subprocess.run([_compiler(), "-std=c++17", "-O1", "-I", str(ROOT / "native"), str(src), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    rng = random.Random(0)
+    pool = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 2.5, 2.5, -3.0]
+    cases = []
+    for _ in range(4000):
+        n = rng.randint(1, 12)
+        values = [rng.choice(pool) if rng.random() < 0.7 else rng.uniform(-5, 5) for _ in range(n)]
+        cuts = sorted(rng.sample(range(1, n), rng.randint(0, n - 1))) if n > 1 else []
+        cases.append((rng.randint(0, 1), values, cuts))
+    lines = [" ".join([str(m), str(len(v)), *(float(x).hex() for x in v), str(len(c)), *map(str, c)])
+             for m, v, c in cases]
+    res = subprocess.run([str(exe)], input="\n".join(lines) + "\n", check=True, capture_output=True, text=True)
+    out = res.stdout.strip().splitlines()
+    assert len(out) == len(cases)
+    for (is_min, values, cuts), line in zip(cases, out):
+        seq_v, seq_s, run_v, run_s = line.split()
+        seq_v, run_v = float.fromhex(seq_v), float.fromhex(run_v)
+        want_v, want_s = _expected([struct.unpack("f", struct.pack("f", x))[0] for x in values], is_min)
+        for v, s in ((seq_v, int(seq_s)), (run_v, int(run_s))):
+            assert s == want_s, (is_min, values, cuts, line)
+            assert (math.isnan(v) and math.isnan(want_v)) or v == want_v, (is_min, values, cuts, line)
