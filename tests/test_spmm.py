@@ -586,19 +586,25 @@ def test_opcheck_edge_softmax(h, shape):
 
 
 def test_max_min_backward_accumulation_paths_agree():
-    """The max / min backward adds each output gradient into its chosen source row; duplicates
-    are accumulated deterministically on both paths (index_add_ on the CPU, index_put_ with
+    """The max / min backward adds each output gradient into its chosen source row; repeated rows
+    are accumulated deterministically on both paths (scatter_add_ on the CPU, index_put_ with
     accumulate=True, which sorts, on CUDA), and both give the same sums."""
-    from gnncompile.ops.autograd import accumulate_into
+    from gnncompile.ops.autograd import accumulate_rows
 
     g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, 50, (4, 5000), generator=g)
-    vals = torch.randn(4, 5000, generator=g, dtype=torch.float64)
-    want = torch.zeros(50, dtype=torch.float64).index_add_(0, idx.reshape(-1), vals.reshape(-1))
-    for sort in (False, True):
-        out = torch.zeros(50, dtype=torch.float64)
-        accumulate_into(out, idx, vals, sort=sort)
-        torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
-        again = torch.zeros(50, dtype=torch.float64)
-        accumulate_into(again, idx, vals, sort=sort)
-        assert torch.equal(out, again)
+    for shape, out_shape in (((5000, 6), (50, 6)), ((5000,), (50,))):
+        idx = torch.randint(0, 50, shape, generator=g)
+        vals = torch.randn(shape, generator=g, dtype=torch.float64)
+        want = torch.zeros(out_shape, dtype=torch.float64)
+        for k in range(shape[0]):  # the definition, one addition at a time
+            if len(shape) == 2:
+                want[idx[k], torch.arange(shape[1])] += vals[k]
+            else:
+                want[idx[k]] += vals[k]
+        for sort in (False, True):
+            out = torch.zeros(out_shape, dtype=torch.float64)
+            accumulate_rows(out, idx, vals, sort=sort)
+            torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+            again = torch.zeros(out_shape, dtype=torch.float64)
+            accumulate_rows(again, idx, vals, sort=sort)
+            assert torch.equal(out, again)

@@ -37,17 +37,22 @@ def _head_index(weight, shape):
     return torch.arange(H, device=weight.device).view(1, H, 1).expand(shape)
 
 
-def accumulate_into(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor,
+def accumulate_rows(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor,
                     sort: Optional[bool] = None) -> None:
-    """``out.view(-1)[index[i]] += values[i]`` for every i, deterministically: with duplicate
-    indices the sums come out the same on every run. On the CPU ``index_add_`` runs serially; on
-    CUDA, where ``index_add_`` / ``scatter_add_`` use atomics, ``index_put_(accumulate=True)``
-    sorts the indices first (``sort`` forces either path, for tests)."""
-    flat, index, values = out.view(-1), index.reshape(-1), values.reshape(-1).to(out.dtype)
-    if sort if sort is not None else out.device.type != "cpu":
-        flat.index_put_((index,), values, accumulate=True)
-    else:
-        flat.index_add_(0, index, values)
+    """``out[index[i, f], f] += values[i, f]`` (``out`` [N, F] or [N], ``index`` and ``values`` of
+    one shape [K, F] or [K]), deterministically: with repeated rows the sums come out the same on
+    every run. On the CPU ``scatter_add_`` adds each column in index order; on CUDA, where it
+    uses atomics, ``index_put_(accumulate=True)`` on the flattened indices sorts them first
+    (``sort`` forces either path, for tests)."""
+    values = values.to(out.dtype)
+    if not (sort if sort is not None else out.device.type != "cpu"):
+        out.scatter_add_(0, index, values)
+        return
+    flat = index
+    if out.dim() == 2:
+        F = out.shape[1]
+        flat = index * F + torch.arange(F, device=out.device)
+    out.view(-1).index_put_((flat.reshape(-1),), values.reshape(-1), accumulate=True)
 
 
 def _arg_backward(ctx, col, perm, weight, x, arg, grad_out, need_x, need_w):
@@ -70,14 +75,13 @@ def _arg_backward(ctx, col, perm, weight, x, arg, grad_out, need_x, need_w):
     if need_x:
         contrib = g * w if weight is not None else g
         gx = torch.zeros(ctx.x_shape, dtype=grad_out.dtype, device=grad_out.device)
-        F = int(torch.Size(ctx.x_shape[1:]).numel())
-        cols = torch.arange(F, device=gx.device)
-        accumulate_into(gx, src.reshape(M, F) * F + cols, contrib.reshape(M, F))
+        accumulate_rows(gx.reshape(ctx.x_shape[0], -1), src.reshape(M, -1), contrib.reshape(M, -1))
     if need_w:
         xs = x.reshape(x.shape[0], -1).gather(0, src.reshape(M, -1)).reshape(g.shape)
         flat = eid * weight.shape[1] + heads if heads is not None else eid
-        gw = torch.zeros_like(weight)
-        accumulate_into(gw, flat, xs * g)
+        gw = torch.zeros(weight.numel(), dtype=weight.dtype, device=weight.device)
+        accumulate_rows(gw, flat.reshape(-1), (xs * g).reshape(-1))
+        gw = gw.reshape(weight.shape)
     return gx, gw
 
 
