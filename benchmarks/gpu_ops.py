@@ -62,7 +62,6 @@ def copy_bandwidth_gbs(nbytes: int, repeats: int) -> float:
     a = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
     ms, _ = cuda_time(lambda: b.copy_(a), repeats, 3)
-    del a, b
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 

@@ -18,7 +18,10 @@ import os
 # tests/test_compile.py checks the inductor path and the default explicitly.
 os.environ.setdefault("GNNCOMPILE_INNER", "aot_eager")
 
+import shutil
+import subprocess
 import warnings
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -170,6 +173,26 @@ def fresh_cache():
     gnncompile.ops.structure.clear_cache()
     yield gnncompile.ops.structure.CACHE
     gnncompile.ops.structure.clear_cache()
+
+
+@pytest.fixture
+def build_host_harness(tmp_path):
+    """build(source) compiles a C++ program against native/ (-I native) with the host compiler
+    and returns its path; the test is skipped when there is no host compiler."""
+    cxx = next((shutil.which(n) for n in (os.environ.get("CXX"), "c++", "g++", "clang++")
+                if n and shutil.which(n)), None)
+    if cxx is None:
+        pytest.skip("no host C++ compiler to build the harness")
+    native_dir = Path(__file__).resolve().parents[1] / "native"
+
+    def build(source: str) -> Path:
+        src, exe = tmp_path / "harness.cpp", tmp_path / "harness"
+        src.write_text(source)
+        subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(native_dir), str(src), "-o", str(exe)],
+                       check=True, capture_output=True, text=True)
+        return exe
+
+    return build
 
 
 @pytest.fixture

@@ -2,17 +2,12 @@
 native/cuda/knobs.h). Runs on the CPU: the rule takes a dict of device properties."""
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from gnncompile.hardware import cuda_knobs as ck
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # What torch.cuda.get_device_properties reports for these parts (names as torch spells them).
 T4 = {"name": "Tesla T4", "major": 7, "minor": 5, "multi_processor_count": 40,
@@ -152,20 +147,8 @@ _HARNESS = textwrap.dedent("""
 """)
 
 
-def _compiler():
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-@pytest.mark.skipif(_compiler() is None, reason="no host C++ compiler to build the knobs.h harness")
-def test_cpp_rule_matches_python(tmp_path):
-    src = tmp_path / "harness.cpp"
-    src.write_text(_HARNESS)
-    exe = tmp_path / "harness"
-    subprocess.run([_compiler(), "-std=c++17", "-O1", "-I", str(ROOT / "native"), str(src), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
+def test_cpp_rule_matches_python(build_host_harness):
+    exe = build_host_harness(_HARNESS)
     cases = []
     for props in (T4, A100, H100, {"major": 8, "minor": 6, "multi_processor_count": 84,
                                    "L2_cache_size": 6 * 2**20}):

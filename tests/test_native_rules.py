@@ -8,17 +8,10 @@ NaN, infinities and ties included (torch's scatter_reduce propagates NaN).
 from __future__ import annotations
 
 import math
-import os
 import random
-import shutil
 import struct
 import subprocess
 import textwrap
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 _HARNESS = textwrap.dedent("""
     #include <cstdio>
@@ -56,13 +49,6 @@ _HARNESS = textwrap.dedent("""
 """)
 
 
-def _compiler():
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
 def _expected(values, is_min):
     """torch.scatter_reduce's amax / amin of one row and the CPU kernel's arg: NaN if any
     message is NaN (slot of the first NaN), else the first extreme value."""
@@ -73,13 +59,8 @@ def _expected(values, is_min):
     return best, values.index(best)
 
 
-@pytest.mark.skipif(_compiler() is None, reason="no host C++ compiler to build the rule harness")
-def test_max_min_rule_is_the_same_for_every_split(tmp_path):
-    src = tmp_path / "rule.cpp"
-    src.write_text(_HARNESS)
-    exe = tmp_path / "rule"
-    subprocess.run([_compiler(), "-std=c++17", "-O1", "-I", str(ROOT / "native"), str(src), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
+def test_max_min_rule_is_the_same_for_every_split(build_host_harness):
+    exe = build_host_harness(_HARNESS)
     rng = random.Random(0)
     pool = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 2.5, 2.5, -3.0]
     cases = []

@@ -128,13 +128,16 @@ def edge_dot(rowptr, col, perm, x, g, heads: int, knobs: Sequence[int] = ()):
     return out
 
 
-def edge_softmax(rowptr, perm, scores, knobs: Sequence[int] = ()):
+def _edge_rows(rowptr, perm, op: str):
+    """(E, M, perm as int64, CSR row of every slot) of a structure an edge op writes through."""
     E = perm.numel()
-    M = rowptr.numel() - 1
-    check_structure(rowptr, perm, perm, E, "gnncompile.edge_softmax")
-    check_perm_unique(perm, "gnncompile.edge_softmax")
-    p = perm.long()
-    rows = _rows(rowptr)
+    check_structure(rowptr, perm, perm, E, op)
+    check_perm_unique(perm, op)
+    return E, rowptr.numel() - 1, perm.long(), _rows(rowptr)
+
+
+def edge_softmax(rowptr, perm, scores, knobs: Sequence[int] = ()):
+    E, M, p, rows = _edge_rows(rowptr, perm, "gnncompile.edge_softmax")
     s = _acc(scores).reshape(E, _features(scores))[p]
     idx = rows.view(-1, 1).expand_as(s)
     smax = torch.full((M, s.size(1)), float("-inf"), dtype=s.dtype, device=s.device)
@@ -149,12 +152,7 @@ def edge_softmax(rowptr, perm, scores, knobs: Sequence[int] = ()):
 
 
 def edge_softmax_backward(rowptr, perm, out, grad, knobs: Sequence[int] = ()):
-    E = perm.numel()
-    M = rowptr.numel() - 1
-    check_structure(rowptr, perm, perm, E, "gnncompile.edge_softmax_backward")
-    check_perm_unique(perm, "gnncompile.edge_softmax_backward")
-    p = perm.long()
-    rows = _rows(rowptr)
+    E, M, p, rows = _edge_rows(rowptr, perm, "gnncompile.edge_softmax_backward")
     H = _features(out)
     y = _acc(out).reshape(E, H)[p]
     g = _acc(grad).reshape(E, H)[p]

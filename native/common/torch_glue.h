@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,16 @@ SpmmCall spmm_call(const at::Tensor& rowptr, const at::Tensor& col, const at::Te
   c.w = parse_weight(weight, c.x, c.E, op);
   c.o = spmm_outputs(c.x, c.M, c.E, c.F, c.reduce);
   return c;
+}
+
+// build_csr's result, recorded as valid (trust.h): by construction every col entry is below
+// num_src and perm is a permutation of the edge ids.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> built_structure(const at::Tensor& rowptr,
+                                                                     const at::Tensor& col,
+                                                                     const at::Tensor& perm,
+                                                                     int64_t num_src) {
+  record_structure_facts(rowptr, col, perm, StructureFacts{true, num_src, true});
+  return {rowptr, col, perm};
 }
 
 // edge_dot and edge_softmax write out[perm[j]] for every CSR slot j: a perm that repeats an

@@ -29,8 +29,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_csr_cpu(const at::Tensor& d
       raise_bad_edge_index(err.status == Status::DstOutOfRange, err.value, err.edge, num_dst, num_src);
     place(d, s, E, num_dst, rp, col.data_ptr<index_t>(), perm.data_ptr<index_t>());
   });
-  record_structure_facts(rowptr, col, perm, StructureFacts{true, num_src, true});  // by construction
-  return {rowptr, col, perm};
+  return built_structure(rowptr, col, perm, num_src);
 }
 
 }  // namespace

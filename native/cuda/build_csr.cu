@@ -40,8 +40,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_csr_cuda(const at::Tensor& 
   at::Tensor perm = at::empty({E}, dst.options());
   if (E == 0) {
     rowptr.zero_();
-    record_structure_facts(rowptr, col, perm, StructureFacts{true, num_src, true});
-    return {rowptr, col, perm};
+    return built_structure(rowptr, col, perm, num_src);
   }
   const int sms = device_props(dev.index()).sm_count;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -92,8 +91,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_csr_cuda(const at::Tensor& 
     // 3. rowptr from the sorted destinations.
     C10_CUDA_CHECK(rowptr_from_sorted_launch<index_t>(sorted, E, num_dst, rowptr.data_ptr<index_t>(), sms, stream));
   });
-  record_structure_facts(rowptr, col, perm, StructureFacts{true, num_src, true});  // by construction
-  return {rowptr, col, perm};
+  return built_structure(rowptr, col, perm, num_src);
 }
 
 }  // namespace
