@@ -334,3 +334,49 @@ def test_onnx_function_edge_softmax(heads):
     ref = gnncompile.ops.reference.edge_softmax(rowptr, perm, scores)
     (got,) = _call_function(OF.edge_softmax, [rowptr, perm, scores])
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- bad indices, NaN
+@pytest.fixture(scope="module")
+def sage_max_onnx(tmp_path_factory):
+    """GraphSAGE (aggr="max") and its ONNX file, exported once for the tests below."""
+    model = _model("GraphSAGE-max")
+    path = tmp_path_factory.mktemp("sage") / "sage_max.onnx"
+    gnncompile.export(model, EXAMPLE, path)
+    return model, _ort(path)
+
+
+@pytest.mark.parametrize("row", [0, 1], ids=["src", "dst"])
+@pytest.mark.parametrize("bad", ["negative", "num_nodes"])
+def test_onnx_rejects_out_of_range_index(sage_max_onnx, row, bad):
+    """onnxruntime's Gather / ScatterElements wrap -1 to N-1; the export raises at run time,
+    as eager and the pt2 program do."""
+    model, sess = sage_max_onnx
+    x, ei = OTHER
+    ei = ei.clone()
+    ei[row, 7] = -1 if bad == "negative" else x.size(0)
+    with pytest.raises((IndexError, RuntimeError, ValueError)):
+        model(x, ei)
+    with pytest.raises(Exception, match="out of data bounds"):
+        _run_ort(sess, x, ei)
+
+
+@pytest.mark.parametrize("case", ["GraphSAGE-max", "SimpleConv-min"])
+def test_onnx_max_min_propagate_nan(case, sage_max_onnx, tmp_path):
+    """A NaN among a row's inputs gives NaN in that output row, as eager's scatter_reduce."""
+    if case == "GraphSAGE-max":
+        model, sess = sage_max_onnx
+    else:
+        model = gnn.SimpleConv(aggr="min").eval()
+        gnncompile.export(model, EXAMPLE, tmp_path / "min.onnx")
+        sess = _ort(tmp_path / "min.onnx")
+    x, ei = OTHER
+    x = x.clone()
+    x[ei[0, :3], 2] = float("nan")
+    x[ei[0, 10], 5] = float("nan")
+    with torch.no_grad():
+        ref = model(x, ei)
+    out = _run_ort(sess, x, ei)
+    assert torch.isnan(ref).any() and not torch.isnan(ref).all()
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4, equal_nan=True)

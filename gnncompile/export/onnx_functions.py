@@ -8,11 +8,12 @@ The fused ops (:data:`OPS`, the functions the exporter calls):
 
 * ``build_csr(dst, src, num_dst) -> (rowptr, col, perm)``: stable sort of the edges by
   destination (TopK on the unique key ``dst * E + edge_id``), counts by ScatterElements(add),
-  CumSum.
+  CumSum. A ``dst`` outside ``[0, num_dst)`` fails there (``in_range``).
 * ``spmm_<reduce>[_weighted](rowptr, col, perm, [weight,] x)``: the message of every CSR slot,
   ``Gather(x, col) [* Gather(weight, perm)]``, reduced per destination row by
   ``segment_<reduce>`` and reshaped to ``[M, *x.shape[1:]]`` (``unflatten``). ``weight``
-  arrives already shaped to broadcast against ``x[col]`` (done by the exporter). The eight are
+  arrives already shaped to broadcast against ``x[col]`` (done by the exporter). A ``col``
+  outside ``[0, N)`` fails in that Gather (``in_range``). The eight are
   made by :func:`_spmm` from two ONNX Script bodies, one per message kind.
 * ``edge_softmax(rowptr, perm, scores)``: softmax over the edges sharing a destination
   (segment max by ``scatter_rows(max)``, Exp, segment sum by ``scatter_rows(add)``,
@@ -21,6 +22,9 @@ The fused ops (:data:`OPS`, the functions the exporter calls):
 The helpers they call (:data:`HELPERS`, functions of the same domain; a file written by
 :func:`gnncompile.export.onnx_export.to_onnx` has them inlined into the fused ops):
 
+* ``in_range(index, n)``: ``index`` where it lies in ``[0, n)``, else ``n``. ONNX has no
+  assert, and Gather / ScatterElements accept ``-n <= i < 0`` (wrapped to ``i + n``) where
+  eager raises; ``n`` makes onnxruntime raise "indices element out of data bounds";
 * ``csr_rows(rowptr, col)``: the destination row of every CSR slot, recovered from ``rowptr``
   (ScatterElements(add) of ones at the row starts, CumSum);
 * ``scatter_rows(index, msg, num_rows)``, attributes ``reduction`` and ``fill``: ``msg``
@@ -30,7 +34,9 @@ The helpers they call (:data:`HELPERS`, functions of the same domain; a file wri
 * ``segment_<reduce>(rowptr, col, msg) -> [M, F]``: sum; mean divides by
   ``max(in-degree, 1)`` (``in_degree``: ``rowptr[1:] - rowptr[:-1]``); max / min start from
   -inf / +inf and give 0 to a node with no incoming edge (``nonempty``:
-  ``Where(in-degree > 0, ., 0)``), as PyG.
+  ``Where(in-degree > 0, ., 0)``), as PyG; ``nan_rows`` puts NaN where a row's messages
+  hold one (a sum scatter of ``IsNaN``), as eager's ``scatter_reduce`` (ScatterElements(max)
+  may drop it).
 
 :func:`function_protos` gives a function with every function it calls (what a model of its
 own needs). All index inputs are int64 (the exporter casts).
@@ -51,7 +57,16 @@ TFloat = TypeVar("TFloat", bound=Union[FLOAT, DOUBLE, FLOAT16, BFLOAT16])
 
 
 @script(GNN, default_opset=op)
+def in_range(index: INT64, n: INT64) -> INT64:
+    # ONNX has no assert: an index outside [0, n) becomes n, which the Gather / ScatterElements
+    # of its caller rejects ("indices element out of data bounds") where it would wrap -1 to n-1
+    ok = op.And(op.GreaterOrEqual(index, op.Constant(value_int=0)), op.Less(index, n))
+    return op.Where(ok, index, n)
+
+
+@script(GNN, default_opset=op)
 def build_csr(dst: INT64, src: INT64, num_dst: INT64) -> Tuple[INT64, INT64, INT64]:
+    dst = in_range(dst, op.Reshape(num_dst, op.Constant(value_ints=[-1])))
     zero = op.Constant(value_ints=[0])
     one = op.Constant(value_ints=[1])
     e = op.Shape(dst)
@@ -115,13 +130,24 @@ def segment_mean(rowptr: INT64, col: INT64, msg: TFloat) -> TFloat:
 
 
 @script(GNN, default_opset=op)
+def nan_rows(rowptr: INT64, col: INT64, msg: TFloat, out: TFloat) -> TFloat:
+    # ScatterElements(max / min) may drop a NaN; eager's scatter_reduce propagates it: NaN
+    # wherever a row's messages hold one (counted by a sum scatter)
+    nans = csr_scatter(rowptr, col, op.CastLike(op.IsNaN(msg), msg), reduction="add", fill=0.0)
+    nan = op.CastLike(op.Constant(value_float=float("nan")), out)
+    return op.Where(op.Greater(nans, op.CastLike(op.Constant(value_float=0.0), out)), nan, out)
+
+
+@script(GNN, default_opset=op)
 def segment_max(rowptr: INT64, col: INT64, msg: TFloat) -> TFloat:
-    return nonempty(rowptr, csr_scatter(rowptr, col, msg, reduction="max", fill=float("-inf")))
+    out = csr_scatter(rowptr, col, msg, reduction="max", fill=float("-inf"))
+    return nonempty(rowptr, nan_rows(rowptr, col, msg, out))
 
 
 @script(GNN, default_opset=op)
 def segment_min(rowptr: INT64, col: INT64, msg: TFloat) -> TFloat:
-    return nonempty(rowptr, csr_scatter(rowptr, col, msg, reduction="min", fill=float("inf")))
+    out = csr_scatter(rowptr, col, msg, reduction="min", fill=float("inf"))
+    return nonempty(rowptr, nan_rows(rowptr, col, msg, out))
 
 
 @script(GNN, default_opset=op)
@@ -139,11 +165,12 @@ def _spmm(reduce: str, weighted: bool) -> OnnxFunction:
     segment = SEGMENT[reduce]
     if weighted:
         def spmm(rowptr: INT64, col: INT64, perm: INT64, weight: TFloat, x: TFloat) -> TFloat:
-            msg = op.Gather(x, col, axis=0) * op.Gather(weight, perm, axis=0)
+            msg = op.Gather(x, in_range(col, op.Shape(x, end=1)), axis=0) * op.Gather(weight, perm, axis=0)
             return unflatten(segment(rowptr, col, msg), x)
     else:
         def spmm(rowptr: INT64, col: INT64, perm: INT64, x: TFloat) -> TFloat:
-            return unflatten(segment(rowptr, col, op.Gather(x, col, axis=0)), x)
+            msg = op.Gather(x, in_range(col, op.Shape(x, end=1)), axis=0)
+            return unflatten(segment(rowptr, col, msg), x)
     # ONNX Script names a function after its `def`: rename the translation and wrap it again
     scripted = script(GNN, default_opset=op)(spmm)
     name = f"spmm_{reduce}_weighted" if weighted else f"spmm_{reduce}"
@@ -169,7 +196,8 @@ def edge_softmax(rowptr: INT64, perm: INT64, scores: TFloat) -> TFloat:
 
 
 OPS = [build_csr, edge_softmax, *SPMM.values()]
-HELPERS = [csr_rows, scatter_rows, csr_scatter, in_degree, nonempty, *SEGMENT.values(), unflatten]
+HELPERS = [in_range, csr_rows, scatter_rows, csr_scatter, in_degree, nonempty, nan_rows,
+           *SEGMENT.values(), unflatten]
 FUNCTIONS = OPS + HELPERS
 BY_NAME: Dict[str, OnnxFunction] = {f.name: f for f in FUNCTIONS}
 
