@@ -16,6 +16,7 @@ The graph is also cleaned here before matching: :func:`drop_identity_dropout`.
 from __future__ import annotations
 
 import operator
+import re
 from typing import Any, Optional
 
 import torch
@@ -129,13 +130,15 @@ def layer_of(n: Node) -> str:
     return module_label(path, name)
 
 
+# the root of a Dynamo module path: the compiled function's local that holds the model, named
+# after ``forward``'s first parameter (``self`` by convention, but ``this`` etc. are legal)
+_ROOT = re.compile(r"""^(?:L\[(['"])\w+\1\]|self)(?:\.|$)""")
+
+
 def module_label(path: Any, name: str) -> str:
-    """'convs.0 (SAGEConv)' from a Dynamo module path such as "L['self'].convs._modules['0']"."""
-    path = str(path)
-    for prefix in ("L['self'].", "L['self']", "self."):
-        if path.startswith(prefix):
-            path = path[len(prefix):]
-            break
+    """'convs.0 (SAGEConv)' from a Dynamo module path such as "L['self'].convs._modules['0']"
+    (whatever ``forward``'s first parameter is called)."""
+    path = _ROOT.sub("", str(path), count=1)
     path = path.replace("_modules['", "").replace("']", "")
     return f"{path or '<model>'} ({name})"
 

@@ -1,0 +1,50 @@
+"""Observability: `gnncompile explain` on the command line, the package logger, readable ONNX
+names, layer labels whatever ``forward``'s first parameter is called."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import gnncompile
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from torch_geometric.nn import MessagePassing
+
+
+def _graph(n=12, e=40, f=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, f, generator=g), torch.randint(0, n, (2, e), generator=g)
+
+
+class ThisConv(MessagePassing):
+    """A layer whose methods name their instance ``this``."""
+    propagate_type = {"x": torch.Tensor}  # PyG finds `self.propagate(` calls by their text
+
+    def __init__(this, aggr="add"):
+        super().__init__(aggr=aggr)
+        this.lin = torch.nn.Linear(8, 8)
+
+    def forward(this, x, edge_index):
+        return this.propagate(edge_index, x=this.lin(x))
+
+
+class ThisNet(torch.nn.Module):
+    def __init__(this):
+        super().__init__()
+        this.conv1 = ThisConv()
+        this.convs = torch.nn.ModuleList([ThisConv("max")])
+
+    def forward(this, x, edge_index):
+        return this.convs[0](this.conv1(x, edge_index).relu(), edge_index)
+
+
+def test_explain_layer_labels_with_this():
+    x, ei = _graph()
+    rep = gnncompile.explain(ThisNet(), x, ei)
+    assert sorted(f.layer for f in rep.fused if f.kind == "spmm") == \
+        ["conv1 (ThisConv)", "convs.0 (ThisConv)"], str(rep)
+    rep = gnncompile.explain(ThisConv(), x, ei)
+    assert [f.layer for f in rep.fused if f.kind == "spmm"] == ["<model> (ThisConv)"], str(rep)
+    assert "L['" not in str(rep)
