@@ -48,3 +48,31 @@ def test_explain_layer_labels_with_this():
     rep = gnncompile.explain(ThisConv(), x, ei)
     assert [f.layer for f in rep.fused if f.kind == "spmm"] == ["<model> (ThisConv)"], str(rep)
     assert "L['" not in str(rep)
+
+
+# ----------------------------------------------------------------------------- gnncompile explain
+def _sage():
+    from torch_geometric.nn import models
+
+    torch.manual_seed(0)
+    return models.GraphSAGE(8, 16, 2, 4, aggr="max")
+
+
+def test_cli_explain(capsys, tmp_path):
+    import json
+
+    from gnncompile.cli import main
+
+    spec = ["-i", "float32:20,8", "-i", "int64:2,60"]
+    assert main(["explain", f"{__name__}:ThisNet", *spec]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("gnncompile.explain: 2 fused chain(s)")
+    assert "spmm[max]" in out and "in convs.0 (ThisConv)" in out
+    path = tmp_path / "sage.pt"  # the other way to name a model: a torch.save file
+    torch.save(_sage(), path)
+    assert main(["explain", str(path), *spec, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["num_fused"] == 2 and rep["num_graph_breaks"] == 0
+    assert [f["layer"] for f in rep["fused"] if f["kind"] == "spmm"] == \
+        ["convs.0 (SAGEConv)", "convs.1 (SAGEConv)"]
+    assert {f["reduce"] for f in rep["fused"] if f["kind"] == "spmm"} == {"max"}

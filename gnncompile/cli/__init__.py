@@ -4,6 +4,7 @@ and ``run(args) -> exit status``.
     gnncompile info                      versions, native kernels, the detected device (JSON)
     gnncompile demo                      the main job of `make demo`
     gnncompile export MODEL -i ... -o F  ONNX / torch.export of the optimized graph
+    gnncompile explain MODEL -i ...      what fuses, what does not and why, graph breaks
     gnncompile tune ...                  an Optuna study, written as a device profile
     gnncompile profile list|show         the device profiles
 """
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 
-from . import demo, export, info, profile, tune
+from . import demo, explain, export, info, profile, tune
 
 COMMANDS = {"info": info, "demo": demo, "export": export, "tune": tune, "profile": profile}
+COMMANDS["explain"] = explain
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 why, and where Dynamo broke the graph."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import List
 
 import torch
@@ -43,6 +43,14 @@ class ExplainReport(Fusions):
         return "\n".join(lines)
 
     __repr__ = __str__
+
+    def as_dict(self) -> dict:
+        """The report as plain data (what ``gnncompile explain --json`` prints)."""
+        return {"num_fused": self.num_fused, "num_graphs": self.num_graphs,
+                "num_graph_breaks": self.num_graph_breaks, "structures": self.structures,
+                "transposed": self.transposed, "fused": [asdict(f) for f in self.fused],
+                "unfused": [asdict(u) for u in self.unfused],
+                "graph_breaks": [asdict(b) for b in self.graph_breaks]}
 
 
 def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
