@@ -76,3 +76,51 @@ def test_cli_explain(capsys, tmp_path):
     assert [f["layer"] for f in rep["fused"] if f["kind"] == "spmm"] == \
         ["convs.0 (SAGEConv)", "convs.1 (SAGEConv)"]
     assert {f["reduce"] for f in rep["fused"] if f["kind"] == "spmm"} == {"max"}
+
+
+# ----------------------------------------------------------------------------- ONNX names
+class _TwoOut(torch.nn.Module):
+    """Parameters named otherwise than x / edge_index, two outputs, and an intermediate value
+    that torch.export names ``out`` (the fused spmm); ``extra``'s size is a symbol of its own."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import GraphConv
+
+        self.conv = GraphConv(8, 4)
+
+    def forward(self, feats, adj, edge_w, extra):
+        h = self.conv(feats, adj, edge_w)
+        return h, h.sum(1).sum() + extra
+
+
+def _dims(v):
+    return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+
+
+def test_onnx_readable_names(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    x, ei = _graph()
+    w = torch.rand(ei.size(1))
+    model = _TwoOut().eval()
+    path = tmp_path / "two.onnx"
+    gnncompile.export(model, (x, ei, w, torch.rand(5)), path)
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto, full_check=True)  # names stay unique
+    assert [(i.name, _dims(i)) for i in proto.graph.input] == [
+        ("feats", ["num_nodes", 8]), ("adj", [2, "num_edges"]), ("edge_w", ["num_edges"]),
+        ("extra", ["extra_dim0"])]
+    assert [(o.name, _dims(o)) for o in proto.graph.output] == [
+        ("out_0", ["num_nodes", 4]), ("out_1", ["extra_dim0"])]
+    assert not any(d.dim_param.startswith("s") and d.dim_param[1:].isdigit()
+                   for v in proto.graph.value_info for d in v.type.tensor_type.shape.dim)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x2, ei2 = _graph(30, 90, seed=1)
+    feed = {"feats": x2, "adj": ei2, "edge_w": torch.rand(90), "extra": torch.rand(3)}
+    got = sess.run(["out_0", "out_1"], {k: v.numpy() for k, v in feed.items()})
+    with torch.no_grad():
+        ref = model(*feed.values())
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(torch.from_numpy(g), r, rtol=1e-4, atol=1e-4)

@@ -12,7 +12,7 @@ from torch.fx import GraphModule
 
 from .. import passes
 from ..ops import targets
-from ..ops.checks import is_edge_index
+from ..ops.checks import INDEX_DTYPES, is_edge_index
 from .diagnose import ExportError, fail
 
 
@@ -123,23 +123,31 @@ def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True):
         if isinstance(model, torch.nn.Module):
             model.train(was_training)
     if dynamic:
-        _warn_specialized(ep, args)
+        _warn_specialized(ep)
     return ep, report
 
 
-def _warn_specialized(ep, args) -> None:
-    """Dim.AUTO lets torch.export fix a size the model's code depends on: say so."""
-    user = [n for n in ep.graph.nodes if n.op == "placeholder"
-            and n.name in set(ep.graph_signature.user_inputs)]
-    for i, (n, a) in enumerate(zip(user, args)):
+def user_dims(ep):
+    """``(position, placeholder, dim)`` for every tensor input of ``ep`` the user passes: the
+    dim that holds the number of edges (1, of a ``[2, E]`` integer tensor) or nodes (0)."""
+    names = set(ep.graph_signature.user_inputs)
+    user = [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in names]
+    for i, n in enumerate(user):
         val = n.meta.get("val")
-        if not isinstance(a, torch.Tensor) or val is None or a.dim() == 0:
-            continue
-        d = 1 if is_edge_index(a) else 0
-        if isinstance(val.shape[d], int):
+        if isinstance(val, torch.Tensor) and val.dim() >= 1:
+            rows = val.shape[0]  # a SymInt is never compared (that would add a guard)
+            edge = val.dim() == 2 and val.dtype in INDEX_DTYPES and isinstance(rows, int) and rows == 2
+            yield i, n, 1 if edge else 0
+
+
+def _warn_specialized(ep) -> None:
+    """Dim.AUTO lets torch.export fix a size the model's code depends on: say so."""
+    for i, n, d in user_dims(ep):
+        size = n.meta["val"].shape[d]
+        if isinstance(size, int):
             warnings.warn(f"gnncompile.export: input {i} ({n.name}) dim {d} was specialized to "
-                          f"{val.shape[d]} by the model's code; the export only accepts that size",
+                          f"{size} by the model's code; the export only accepts that size",
                           stacklevel=3)
 
 
-__all__ = ["optimize"]
+__all__ = ["optimize", "user_dims"]

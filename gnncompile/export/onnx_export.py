@@ -14,6 +14,7 @@ from ..ops import targets
 from ..passes.canonical import layer_of
 from ..passes.report import one_line
 from .diagnose import ExportError, chain, fail
+from .onnx_names import readable_names
 
 OPSET = 18
 
@@ -146,6 +147,7 @@ def to_onnx(ep, path: str, model) -> List[str]:
                 f"{node.target} does not convert ({type(cause).__name__}: {one_line(cause, 300)})") from e
         raise fail(model, "ONNX conversion (torch.onnx.export)", e) from e
     _inline_helpers(prog.model)
+    readable_names(prog.model, ep, model)
     try:  # drop the constants the exporter left unused (the `arg` output of spmm, ...)
         from onnx_ir.passes import common as ir_common
 
