@@ -124,3 +124,32 @@ def test_onnx_readable_names(tmp_path):
         ref = model(*feed.values())
     for g, r in zip(got, ref):
         torch.testing.assert_close(torch.from_numpy(g), r, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- logging
+def test_package_logger_has_a_null_handler():
+    import logging
+
+    assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("gnncompile").handlers)
+
+
+def test_compile_and_export_log(caplog, tmp_path):
+    import logging
+
+    x, ei = _graph()
+    model = _sage()
+    with caplog.at_level(logging.DEBUG, logger="gnncompile"):
+        gnncompile.compile(model, profile=None)(x, ei)
+    ours = [r for r in caplog.records if r.name.startswith("gnncompile.")]
+    info = [r.getMessage() for r in ours if r.levelno == logging.INFO]
+    debug = [r.getMessage() for r in ours if r.levelno == logging.DEBUG]
+    assert any(m.startswith("compile GraphSAGE: profile") for m in info), info
+    assert any("2 fused chain(s), 0 scatter(s) left unfused" in m for m in info), info
+    assert any("fused spmm[max]" in m and "convs.1 (SAGEConv)" in m for m in debug), debug
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gnncompile"):
+        gnncompile.export(model, (x, ei), tmp_path / "m.onnx")
+    info = [r.getMessage() for r in caplog.records if r.name.startswith("gnncompile.")]
+    assert any(m.startswith("export of GraphSAGE: 2 fused chain(s)") for m in info), info
+    assert any(m.startswith(f"wrote {tmp_path / 'm.onnx'}: opset 18") for m in info), info
+    assert not any(r.levelno == logging.DEBUG for r in caplog.records if r.name.startswith("gnncompile."))

@@ -6,7 +6,10 @@ from typing import Any, Optional
 
 import torch
 
+from .._log import get_logger
 from . import backend as _backend
+
+_log = get_logger(__name__)
 
 
 class CompiledModule(torch.nn.Module):
@@ -84,6 +87,8 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     prof.apply()
     if inner == "auto" and prof.inner:
         inner = prof.inner  # what the tuning run measured fastest for this device and workload
+    _log.info("compile %s: profile %s, inner %s", type(model).__name__, prof.summary(),
+              _backend.DEFAULT_INNER if inner == "auto" else inner)
     be = _backend.make_backend(inner)
     compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):

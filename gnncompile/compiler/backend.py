@@ -22,6 +22,9 @@ from typing import Callable, List
 from torch.fx import GraphModule
 
 from .. import passes
+from .._log import get_logger, log_fusions
+
+_log = get_logger(__name__)
 
 INNERS = ("eager", "aot_eager", "inductor")
 # Chosen by measurement on the development CPU (2 cores), training step of 2-layer models at
@@ -86,6 +89,8 @@ def make_backend(inner: str = "auto", rewrite: bool = True) -> Callable:
                   else passes.PassReport())
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused
+        log_fusions(_log, f"graph piece {STATS['graphs']} ({len(gm.graph.nodes)} nodes, "
+                          f"inner {inner})", report)
         for c in _collectors():
             c.append(report)
         return inner_fn(gm, example_inputs)

@@ -9,7 +9,10 @@ import torch
 
 from ..passes.canonical import module_label
 from ..passes.report import Fusions, one_line
+from .._log import get_logger
 from . import backend as _backend
+
+_log = get_logger(__name__)
 
 
 @dataclass
@@ -82,6 +85,7 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         d = c - before.get(reason, 0)
         if d > 0:
             rep.graph_breaks.append(GraphBreak(one_line(reason, 300), d))
+            _log.debug("explain %s: graph break (x%d): %s", type(model).__name__, d, one_line(reason, 300))
     return rep
 
 

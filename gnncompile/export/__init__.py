@@ -29,11 +29,13 @@ from typing import Any, List
 
 import torch
 
+from .._log import get_logger
 from ..passes.report import Fusions
 from .capture import optimize
 from .diagnose import ExportError
 
 FORMATS = ("onnx", "pt2")
+_log = get_logger(__name__)
 
 
 @dataclass
@@ -76,6 +78,7 @@ def export(model, example_inputs, path, format: str = "onnx", dynamic: bool = Tr
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         if format == "pt2":
             torch.export.save(ep, path)
+            _log.info("wrote %s: torch.export program", path)
         else:
             from .onnx_export import to_onnx
 

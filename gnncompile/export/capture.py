@@ -11,9 +11,12 @@ import torch
 from torch.fx import GraphModule
 
 from .. import passes
+from .._log import get_logger, log_fusions
 from ..ops import targets
 from ..ops.checks import INDEX_DTYPES, is_edge_index
 from .diagnose import ExportError, fail
+
+_log = get_logger(__name__)
 
 
 def _dynamic_shapes(args: Sequence[Any]):
@@ -113,6 +116,7 @@ def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True):
             except Exception as e:
                 raise fail(model, "graph capture (torch._dynamo.export)", e) from e
             report = passes.run(gm)
+            log_fusions(_log, f"export of {type(model).__name__}", report)
             _pure_structures(gm)
             try:
                 ep = torch.export.export(

@@ -13,10 +13,12 @@ from torch.fx import Node
 from ..ops import targets
 from ..passes.canonical import layer_of
 from ..passes.report import one_line
+from .._log import get_logger
 from .diagnose import ExportError, chain, fail
 from .onnx_names import readable_names
 
 OPSET = 18
+_log = get_logger(__name__)
 
 
 def _translations():
@@ -92,6 +94,8 @@ def _onnx_program(ep, table):
     try:
         from torch.onnx._internal.exporter import _core, _registration
     except ImportError:  # pragma: no cover - private layout changed
+        _log.info("torch.onnx's _core.export is not importable: the public torch.onnx.export "
+                  "(the fused ops' functions get inlined)")
         return torch.onnx.export(ep, (), dynamo=True, custom_translation_table=table,
                                  opset_version=OPSET, optimize=False, verbose=False)
     import logging
@@ -159,7 +163,10 @@ def to_onnx(ep, path: str, model) -> List[str]:
         node.metadata_props.clear()
     prog.save(path)
     m = onnx.load(path, load_external_data=False)
-    return [f"{f.domain}::{f.name}" for f in m.functions]
+    functions = [f"{f.domain}::{f.name}" for f in m.functions]
+    _log.info("wrote %s: opset %d, inputs %s, outputs %s, functions %s", path, OPSET,
+              [i.name for i in m.graph.input], [o.name for o in m.graph.output], functions)
+    return functions
 
 
 __all__ = ["to_onnx", "OPSET"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import warnings
 
+from .._log import get_logger
+
 _C = None
 LOAD_ERROR: str | None = None
 
@@ -20,7 +22,10 @@ else:
     except Exception as exc:  # ImportError, or an OSError from a broken link
         LOAD_ERROR = f"{type(exc).__name__}: {exc}"
 
-if _C is None:
+if _C is not None:
+    get_logger(__name__).debug("native kernels loaded from %s", getattr(_C, "__file__", "?"))
+else:
+    get_logger(__name__).info("native kernels not loaded (%s): pure-torch references", LOAD_ERROR)
     warnings.warn(
         "gnncompile: native kernels are not available "
         f"({LOAD_ERROR}); every op falls back to its pure-torch reference implementation. "
