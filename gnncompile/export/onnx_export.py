@@ -156,8 +156,8 @@ def to_onnx(ep, path: str, model) -> List[str]:
         from onnx_ir.passes import common as ir_common
 
         ir_common.RemoveUnusedNodesPass()(prog.model)
-    except Exception:  # pragma: no cover - cosmetic only
-        pass
+    except Exception as e:  # pragma: no cover - cosmetic only
+        _log.debug("RemoveUnusedNodesPass failed (the file keeps unused constants): %s", e)
     # the exporter records a Python stack trace per node: most of the file for small models
     for node in prog.model.graph.all_nodes() if hasattr(prog.model.graph, "all_nodes") else prog.model.graph:
         node.metadata_props.clear()
