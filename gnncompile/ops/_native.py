@@ -6,10 +6,9 @@ through its pure-torch reference, and one warning says so.
 """
 from __future__ import annotations
 
+import logging
 import os
 import warnings
-
-from .._log import get_logger
 
 _C = None
 LOAD_ERROR: str | None = None
@@ -22,10 +21,13 @@ else:
     except Exception as exc:  # ImportError, or an OSError from a broken link
         LOAD_ERROR = f"{type(exc).__name__}: {exc}"
 
+# a child of the package logger "gnncompile" (gnncompile/_log.py; ops imports no other part
+# of the package)
+_log = logging.getLogger(__name__)
 if _C is not None:
-    get_logger(__name__).debug("native kernels loaded from %s", getattr(_C, "__file__", "?"))
+    _log.debug("native kernels loaded from %s", getattr(_C, "__file__", "?"))
 else:
-    get_logger(__name__).info("native kernels not loaded (%s): pure-torch references", LOAD_ERROR)
+    _log.info("native kernels not loaded (%s): pure-torch references", LOAD_ERROR)
     warnings.warn(
         "gnncompile: native kernels are not available "
         f"({LOAD_ERROR}); every op falls back to its pure-torch reference implementation. "
