@@ -215,6 +215,12 @@ def test_backend_is_picklable():
     fn = torch.compile(lambda a: torch.relu(a) + 1, backend=be)
     a = torch.randn(5)
     torch.testing.assert_close(fn(a), torch.relu(a) + 1)
+    lin = torch.nn.Linear(3, 2)  # a plain torch.compile result holding one pickles as well
+    buf = io.BytesIO()
+    torch.save(torch.compile(lin, backend=make_backend("eager")), buf)
+    buf.seek(0)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(torch.load(buf, weights_only=False)(x), lin(x))
     with pytest.raises(ValueError, match="unknown inner compiler"):
         make_backend("nope")
 
@@ -267,9 +273,10 @@ def fresh_process(tmp_path_factory):
         save_error = None
     except Exception as e:  # reported by the load test; the by-name part runs regardless
         save_error = f"{type(e).__name__}: {e}"
-    env = dict(os.environ, GNNCOMPILE_INNER="aot_eager")
+    # one thread: the graph is tiny, and OpenMP threads spinning on a busy machine cost minutes
+    env = dict(os.environ, GNNCOMPILE_INNER="aot_eager", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", _FRESH, str(tmp / "model.pt"), str(tmp / "inputs.pt")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp, env=env)
+                          capture_output=True, text=True, timeout=600, cwd=tmp, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return dict(json.loads(lines[-1][len("RESULT "):]), save_error=save_error)
