@@ -34,11 +34,16 @@ fi
 
 # Build tools and the packages the tests and benchmarks use (optuna-dashboard, psycopg2-binary
 # and pgserver, whose PostgreSQL binaries tests/test_tuner_storage.py runs, are for the tuner's
-# storage tests). None of these depends on torch,
-# so none of them can replace the torch chosen above.
-"$PY" -m pip install -q "scikit-build-core>=1.0" "pybind11>=2.12" cmake ninja numpy \
+# storage tests; lightning is for tests/test_ecosystem.py). Of these only lightning and its
+# dependencies pytorch-lightning and torchmetrics require torch (lightning 2.6: torch>=2.1,<4.0),
+# and pip keeps an already-installed torch that satisfies a requirement (no --upgrade here).
+# The constraint pins the torch chosen above anyway, so that pip fails rather than replace it.
+TORCH_PIN="$(mktemp)"
+trap 'rm -f "$TORCH_PIN"' EXIT
+"$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$TORCH_PIN"
+"$PY" -m pip install -q -c "$TORCH_PIN" "scikit-build-core>=1.0" "pybind11>=2.12" cmake ninja numpy \
   "torch_geometric>=2.5" scipy "pytest>=7" "hypothesis>=6" matplotlib "optuna>=3.5" tqdm onnx onnxruntime onnxscript \
-  optuna-dashboard psycopg2-binary pgserver
+  optuna-dashboard psycopg2-binary pgserver lightning
 
 "$PY" -m pip install -q --no-build-isolation --no-deps -e .
 # Check from outside the repository that the installed package loads its native kernels.

@@ -12,15 +12,29 @@ from . import backend as _backend
 _log = get_logger(__name__)
 
 
+_INNER = "_orig_mod."  # the wrapper's own name for the model, hidden from state_dict keys
+
+
 class CompiledModule(torch.nn.Module):
     """Behaves like the wrapped model: same parameters (the very same tensors), same
     ``state_dict`` keys (no prefix), ``train()`` / ``eval()`` reach the model; ``forward`` runs
-    the compiled version. Attributes not found here are looked up on the model."""
+    the compiled version. Attributes not found here are looked up on the model.
 
-    def __init__(self, model: torch.nn.Module, compiled) -> None:
+    Transparent as another module's child too: the parent's ``state_dict`` /
+    ``load_state_dict`` keys and ``named_parameters`` / ``named_buffers`` / ``named_modules``
+    names are those it has with the uncompiled model in its place (no ``_orig_mod.`` level), so
+    checkpoints move both ways between compiled and uncompiled models, nested ones included.
+    Pickling (``torch.save``, ``copy.deepcopy``) stores the model and the ``compile`` options;
+    unpickling compiles again (see :func:`compile`)."""
+
+    def __init__(self, model: torch.nn.Module, compiled, options: Optional[dict] = None) -> None:
         super().__init__()
         self._orig_mod = model
+        self.training = model.training  # train()/eval() set both from here on
         object.__setattr__(self, "_compiled", compiled)  # not a registered submodule
+        object.__setattr__(self, "_options", dict(options or {}))  # compile()'s, for pickling
+        object.__setattr__(self, "_loading", [])  # (prefix, error list) of loads under way
+        self.register_load_state_dict_post_hook(_restore_key_names)
 
     def forward(self, *args, **kwargs):
         return self._compiled(*args, **kwargs)
@@ -35,7 +49,11 @@ class CompiledModule(torch.nn.Module):
         except AttributeError:
             return getattr(self._modules["_orig_mod"], name)
 
-    # the model's own names, without the wrapper's prefix
+    def __reduce__(self):
+        return (_rebuild, (self._orig_mod, self._options))
+
+    # the model's own names, without the wrapper's prefix. A parent's state_dict() calls this
+    # with its destination and prefix; its named_* go through named_modules.
     def state_dict(self, *args, **kwargs):
         return self._orig_mod.state_dict(*args, **kwargs)
 
@@ -48,8 +66,56 @@ class CompiledModule(torch.nn.Module):
     def named_buffers(self, *args, **kwargs):
         return self._orig_mod.named_buffers(*args, **kwargs)
 
+    def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        """This wrapper, then the model's modules under the wrapper's own name."""
+        memo = set() if memo is None else memo
+        if self in memo:
+            return
+        if remove_duplicate:
+            memo.add(self)
+        yield prefix, self
+        yield from self._orig_mod.named_modules(memo, prefix, remove_duplicate)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # Reached only as a child (load_state_dict above delegates): a parent's load_state_dict
+        # calls this, then recurses into _orig_mod with the keys under prefix + "_orig_mod.".
+        # Move this subtree's keys there; _restore_key_names maps the reported names back.
+        inner = prefix + _INNER
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+        self._loading.append((prefix, error_msgs))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
     def extra_repr(self) -> str:
         return f"inner={getattr(self._compiled, '_gnncompile_inner', '?')}"
+
+
+def _restore_key_names(module: CompiledModule, incompatible) -> None:
+    """load_state_dict post-hook: the missing / unexpected keys and error messages of a child
+    wrapper's subtree under the names the caller's state dict uses (without ``_orig_mod.``)."""
+    if not module._loading:
+        return
+    prefix, errors = module._loading.pop()
+    inner = prefix + _INNER
+    for keys in (incompatible.missing_keys, incompatible.unexpected_keys):
+        keys[:] = [prefix + k[len(inner):] if k.startswith(inner) else k for k in keys]
+    errors[:] = [e.replace(inner, prefix) for e in errors]
+
+
+def _rebuild(model: torch.nn.Module, options: dict) -> CompiledModule:
+    """Unpickling a CompiledModule: compiles the model again with the recorded options."""
+    return compile(model, **options)
+
+
+def _portable_profile(request: Any, prof) -> Any:
+    """What a pickled CompiledModule records of its profile: 'auto' and None resolve again where
+    it is loaded; a profile read from a file or given as a document travels as that document
+    (validated again there: a foreign one warns and gives the defaults)."""
+    if request is None or (isinstance(request, str) and request == "auto"):
+        return request
+    return dict(prof.raw) if prof.raw else None
 
 
 def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optional[bool] = None,
@@ -78,6 +144,11 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
         fullgraph: passed to ``torch.compile`` (raise on graph breaks).
         workload: optional description used to pick the nearest profile, e.g.
             ``{"kind": "graphs", "model": "gin"}``; by default the model's class name.
+
+    The returned module pickles (``torch.save(m)``; ``torch.load(path, weights_only=False)``):
+    it is stored as the model plus these options, and loading compiles again, which applies the
+    profile there as this call does: 'auto' and None are resolved on the loading machine, a
+    profile from a file travels as its document and is validated again.
     """
     from ..hardware import profiles as _profiles
 
@@ -85,6 +156,8 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
         workload = {"model": type(model).__name__.lower()}
     prof = _profiles.resolve(profile, workload=workload)
     prof.apply()
+    options = dict(profile=_portable_profile(profile, prof), inner=inner, dynamic=dynamic,
+                   fullgraph=fullgraph, workload=workload)
     if inner == "auto" and prof.inner:
         inner = prof.inner  # what the tuning run measured fastest for this device and workload
     _log.info("compile %s: profile %s, inner %s", type(model).__name__, prof.summary(),
@@ -96,7 +169,7 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
             object.__setattr__(compiled, "_gnncompile_inner", inner)
         except Exception:
             pass
-        out = CompiledModule(model, compiled)
+        out = CompiledModule(model, compiled, options)
         object.__setattr__(out, "gnncompile_profile", prof)
         return out
     try:

@@ -10,8 +10,10 @@ gives several) to :func:`gnncompile_backend`, which
    ``"inductor"``. ``"auto"`` is :data:`DEFAULT_INNER` (chosen by measurement, see
    docs/ARCHITECTURE.md).
 
-``torch.compile(model, backend="gnncompile")`` uses the defaults; :func:`make_backend` builds a
-configured one (what :func:`gnncompile.compile` does).
+``torch.compile(model, backend="gnncompile")`` uses the defaults and works without importing
+gnncompile first: the package declares the name in the ``torch_dynamo_backends`` entry-point group,
+where Dynamo looks up backend names it does not know. :func:`make_backend` builds a configured
+one, a picklable :class:`Backend` (what :func:`gnncompile.compile` does).
 """
 from __future__ import annotations
 
@@ -79,13 +81,20 @@ def _inner(name: str) -> Callable:
     raise ValueError(f"gnncompile: unknown inner compiler {name!r}; expected 'auto' or one of {INNERS}")
 
 
-def make_backend(inner: str = "auto", rewrite: bool = True) -> Callable:
-    """A backend function; ``rewrite=False`` skips the passes (for comparisons)."""
-    inner = DEFAULT_INNER if inner == "auto" else inner
-    inner_fn = _inner(inner)
+class Backend:
+    """A configured gnncompile backend: the rewrite passes (``rewrite=False`` skips them, for
+    comparisons), then the inner compiler ``inner``. A module-level class that holds only the
+    two options, so whatever references it (a ``torch.compile`` result, a
+    :class:`~gnncompile.compiler.CompiledModule`) can be pickled; the inner compiler's function
+    is looked up again when it is unpickled."""
 
-    def backend(gm: GraphModule, example_inputs):
-        report = (passes.run(gm, copy_structures=(inner == "inductor")) if rewrite
+    def __init__(self, inner: str = "auto", rewrite: bool = True) -> None:
+        self.inner = DEFAULT_INNER if inner == "auto" else inner
+        self.rewrite = bool(rewrite)
+        self._inner_fn = _inner(self.inner)  # raises ValueError for an unknown name
+
+    def __call__(self, gm: GraphModule, example_inputs):
+        report = (passes.run(gm, copy_structures=(self.inner == "inductor")) if self.rewrite
                   else passes.PassReport())
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused
@@ -93,10 +102,21 @@ def make_backend(inner: str = "auto", rewrite: bool = True) -> Callable:
                           f"inner {inner})", report)
         for c in _collectors():
             c.append(report)
-        return inner_fn(gm, example_inputs)
+        return self._inner_fn(gm, example_inputs)
 
-    backend.inner = inner  # type: ignore[attr-defined]
-    return backend
+    def __getstate__(self) -> dict:
+        return {"inner": self.inner, "rewrite": self.rewrite}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["inner"], state["rewrite"])
+
+    def __repr__(self) -> str:
+        return f"gnncompile.Backend(inner={self.inner!r}, rewrite={self.rewrite})"
+
+
+def make_backend(inner: str = "auto", rewrite: bool = True) -> Backend:
+    """A configured backend (picklable); ``rewrite=False`` skips the passes (for comparisons)."""
+    return Backend(inner, rewrite)
 
 
 def gnncompile_backend(gm: GraphModule, example_inputs):
@@ -104,12 +124,23 @@ def gnncompile_backend(gm: GraphModule, example_inputs):
     return make_backend("auto")(gm, example_inputs)
 
 
-try:
-    from torch._dynamo import register_backend as _register
+def _register() -> None:
+    """Registers ``"gnncompile"`` with Dynamo at import, so the name works once gnncompile is
+    imported even where the install metadata lacks the ``torch_dynamo_backends`` entry point.
 
-    _register(name="gnncompile")(gnncompile_backend)
-except Exception as _e:  # pragma: no cover - already registered (module reloaded)
-    if "already" not in str(_e).lower() and "duplicate" not in str(_e).lower():
-        raise
+    Where Dynamo has already discovered the entry point (its registry holds an EntryPoint for
+    the name), it registers what the entry point loads when the name is first looked up, and
+    that lookup may be what is importing this module: registering here as well would make
+    Dynamo's own registration fail as a duplicate, so this one is left to Dynamo."""
+    from torch._dynamo.backends import registry
 
-__all__ = ["gnncompile_backend", "make_backend", "collect", "STATS", "INNERS", "DEFAULT_INNER"]
+    if getattr(registry, "_BACKENDS", {}).get("gnncompile") is not None:
+        return  # discovered through the entry point; lookup_backend registers it
+    if "gnncompile" in getattr(registry, "_COMPILER_FNS", {}):
+        return  # already registered (module reloaded)
+    registry.register_backend(compiler_fn=gnncompile_backend, name="gnncompile")
+
+
+_register()
+
+__all__ = ["gnncompile_backend", "make_backend", "Backend", "collect", "STATS", "INNERS", "DEFAULT_INNER"]
