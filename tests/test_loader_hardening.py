@@ -197,7 +197,8 @@ def test_huge_num_workers_is_clamped(monkeypatch, guard):
             loader.close()
 
 
-def test_pool_size_is_bounded(monkeypatch):
+def test_pool_size_is_bounded(monkeypatch, guard):
+    guard(20)  # allocating 10**9 slots would not end
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # more slots than batches: dropped silently
         loader = PooledLoader(DS, batch_size=16, pool_size=10**9)
@@ -251,6 +252,8 @@ def _parent_role(mode: str, conn) -> None:
     stays alive), or runs epochs until a Ctrl-C and reports the workers' exit codes."""
     os.setsid()  # its own process group, as a terminal's job
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if mode == "main":  # only the parent-death signal can end these workers within the test
+        loader_mod._PARENT_POLL_S = 3600.0
     loader = PooledLoader(graph_dataset(200, 3, 12, num_features=4, seed=1), batch_size=8, shuffle=True,
                           num_workers=2, persistent_workers=True)
 
@@ -301,7 +304,8 @@ def _reap_orphans(pids):
 @posix_only
 @pytest.mark.parametrize("mode", ["main", "thread"])
 def test_workers_die_with_a_killed_parent(guard, mode):
-    # main: the kernel's parent-death signal; thread: the workers' getppid() poll
+    # main: the kernel's parent-death signal (the poll is slowed to an hour); thread: the
+    # workers' getppid() poll (no death signal: it would follow the forking thread)
     guard(60)
     proc, _, pids = _parent(mode)
     try:
