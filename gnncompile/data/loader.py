@@ -33,9 +33,15 @@ a dataset with a ``transform``, which must run per access) are collated by PyG's
 from __future__ import annotations
 
 import math
+import numbers
+import os
 import queue as _queue
+import signal
+import sys
+import time
 import traceback
 import warnings
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
@@ -87,6 +93,26 @@ def _top_sum(sizes: torch.Tensor, k: int) -> int:
     return int(torch.topk(sizes, k).values.sum())
 
 
+def _item_row(d, k):
+    """Attribute ``k`` of graph ``d`` as the store concatenates it: (tensor, cat dim). Scalars
+    and 0-d tensors become one row, a stacked attribute (``__cat_dim__`` None) gets a new dim 0."""
+    v = d[k]
+    if isinstance(v, torch.Tensor):
+        if v.layout != torch.strided:
+            raise _Unsupported(f"attribute {k!r} is a {v.layout} tensor")
+        cd = d.__cat_dim__(k, v)
+        if cd is None:
+            return v.unsqueeze(0), 0
+        if not isinstance(cd, int):
+            raise _Unsupported(f"cat dim of {k!r} is {cd!r}")
+        if v.dim() == 0:
+            return v.view(1), 0
+        return v, cd + v.dim() if cd < 0 else cd
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return torch.tensor([v]), 0
+    raise _Unsupported(f"attribute {k!r} of type {type(v).__name__}")
+
+
 class _Store:
     """The dataset, column by column; collates a batch of graph ids into given buffers."""
 
@@ -95,6 +121,7 @@ class _Store:
         first = dataset[0]
         self.data_cls = type(first)
         self.keys = [k for k in first.keys() if k not in exclude_keys and k not in ("ptr",)]
+        self.all_keys = sorted(first.keys())
         self.follow_batch = list(follow_batch)
         parts: Dict[str, list] = {k: [] for k in self.keys}
         sizes: Dict[str, list] = {k: [] for k in self.keys}
@@ -103,36 +130,19 @@ class _Store:
         num_nodes = []
         for i in range(n):
             d = dataset[i]
-            if type(d) is not self.data_cls or sorted(d.keys()) != sorted(first.keys()):
+            if type(d) is not self.data_cls or sorted(d.keys()) != self.all_keys:
                 raise _Unsupported("graphs differ in type or attributes")
             num_nodes.append(int(d.num_nodes))
             for k in self.keys:
-                v = d[k]
                 if k == "num_nodes":
                     continue
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    v = torch.tensor([v])
-                    cd = 0
-                elif isinstance(v, torch.Tensor):
-                    cd = d.__cat_dim__(k, v)
-                    if cd is None:  # stacked attribute
-                        v = v.unsqueeze(0)
-                        cd = 0
-                    elif v.dim() == 0:
-                        v = v.view(1)
-                        cd = 0
-                    elif cd < 0:
-                        cd = v.dim() + cd
-                    inc = d.__inc__(k, d[k])
-                    if isinstance(inc, torch.Tensor):
-                        if inc.numel() != 1:
-                            raise _Unsupported(f"non-scalar increment for {k!r}")
-                        inc = inc.item()
-                    incs[k].append(int(inc) if inc else 0)
-                else:
-                    raise _Unsupported(f"attribute {k!r} of type {type(v).__name__}")
-                if not isinstance(d[k], torch.Tensor):
-                    incs[k].append(0)
+                v, cd = _item_row(d, k)
+                inc = d.__inc__(k, d[k]) if isinstance(d[k], torch.Tensor) else 0
+                if isinstance(inc, torch.Tensor):
+                    if inc.numel() != 1:
+                        raise _Unsupported(f"non-scalar increment for {k!r}")
+                    inc = inc.item()
+                incs[k].append(int(inc) if inc else 0)
                 if k in cat_dims and cat_dims[k] != cd:
                     raise _Unsupported(f"cat dim of {k!r} varies")
                 cat_dims[k] = cd
@@ -140,6 +150,9 @@ class _Store:
                 sizes[k].append(v.size(cd))
         self.num_nodes = torch.tensor(num_nodes, dtype=torch.long)
         self.has_num_nodes_attr = "num_nodes" in self.keys
+        # num_nodes is a function of a graph's attributes: compared on reuse only when some of
+        # them are not in the columns (excluded keys, or an explicit num_nodes)
+        self.check_nodes = bool(exclude_keys) or self.has_num_nodes_attr
         self.columns: List[_Column] = []
         for k in self.keys:
             if k == "num_nodes":
@@ -152,11 +165,53 @@ class _Store:
             if not any(c.key == k for c in self.columns):
                 raise _Unsupported(f"follow_batch key {k!r} is not a tensor attribute")
 
+    def matches(self, dataset) -> bool:
+        """Whether ``dataset`` holds exactly the graphs this store was read from: same length,
+        class and attributes per graph, and every column equal (sizes per graph, dtype and
+        values; num_nodes where it is not implied by the columns). Re-reads every graph but
+        skips the increments and the store's allocation (see ``_cached_store``)."""
+        n = self.num_nodes.numel()
+        if len(dataset) != n:
+            return False
+        parts: Dict[str, list] = {c.key: [] for c in self.columns}
+        for i in range(n):
+            d = dataset[i]
+            if type(d) is not self.data_cls or sorted(d.keys()) != self.all_keys:
+                return False
+            if self.check_nodes and d.num_nodes != int(self.num_nodes[i]):
+                return False
+            for c in self.columns:
+                v, cd = _item_row(d, c.key)
+                if cd != c.cat_dim or v.dim() != c.values.dim():
+                    return False
+                parts[c.key].append(v)
+        for c in self.columns:
+            if [v.size(c.cat_dim) for v in parts[c.key]] != c.sizes.tolist():
+                return False
+            try:
+                vals = torch.cat(parts[c.key], c.cat_dim)
+            except RuntimeError:  # other sizes along the other dims
+                return False
+            if vals.dtype != c.values.dtype or not torch.equal(vals, c.values):
+                return False
+        return True
+
     def set_capacity(self, batch_size: int) -> None:
+        batch_size = min(batch_size, self.num_nodes.numel())  # no batch holds more graphs
         for c in self.columns:
             c.capacity = _top_sum(c.sizes, batch_size)
         self.node_capacity = _top_sum(self.num_nodes, batch_size)
         self.batch_size = batch_size
+
+    def slot_bytes(self) -> int:
+        """The size of one slot's buffers (``allocate``), after ``set_capacity``."""
+        total = 0
+        for c in self.columns:
+            row = c.values.numel() // max(1, c.values.size(c.cat_dim))
+            total += c.capacity * max(1, row) * c.values.element_size()
+            if c.key in self.follow_batch:
+                total += 8 * (c.capacity + self.batch_size + 1)
+        return total + 8 * (self.node_capacity + self.batch_size + 1)
 
     def allocate(self, pin: bool = False, device=None) -> Dict[str, torch.Tensor]:
         """The buffers of one slot (largest possible batch)."""
@@ -260,31 +315,74 @@ class _Unsupported(Exception):
     pass
 
 
-# The last store built, reused by the next loader over the same (unchanged-length) dataset
-# object with the same keys: a tuner builds many loaders over one dataset.
+# The last store built, reused by the next loader over the same dataset object with the same
+# keys if the dataset still holds the same graphs: a tuner builds many loaders over one dataset.
 _LAST_STORE: list = []
 
 
 def _cached_store(dataset, follow_batch, exclude_keys) -> _Store:
-    import weakref
-
-    key = (len(dataset), tuple(follow_batch), tuple(exclude_keys))
+    """The store of ``dataset``: the last one built if it was built from this dataset object
+    and ``_Store.matches`` proves the graphs unchanged (items replaced or edited in place, by
+    torch ops or through numpy, are caught: the check compares values, not versions or ids),
+    else a new one."""
+    key = (tuple(follow_batch), tuple(exclude_keys))
     if _LAST_STORE:
         ref, k, store = _LAST_STORE[0]
         if ref() is dataset and k == key:
-            return store
+            try:
+                if store.matches(dataset):
+                    return store
+            except _Unsupported:  # an attribute changed type: the new build decides
+                pass
+        _LAST_STORE[:] = []  # do not keep a stale copy alive through the build
     store = _Store(dataset, follow_batch, exclude_keys)
     try:
         _LAST_STORE[:] = [(weakref.ref(dataset), key, store)]
     except TypeError:  # not weak-referenceable (e.g. a plain list): no caching
-        _LAST_STORE[:] = []
+        pass
     return store
 
 
-def _worker_loop(store: _Store, slots, jobs, results) -> None:
+# how often an idle worker checks that its parent is still alive
+_PARENT_POLL_S = 0.5
+# num_workers above this many per CPU core is clamped (with a warning)
+_WORKERS_PER_CPU = 4
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: have the kernel SIGKILL this process when the thread that forked it exits."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def _worker_setup(parent: int, death_signal: bool) -> None:
+    # Ctrl-C reaches the whole foreground process group: the parent decides (it stops the
+    # workers). SIGINT was blocked across the fork, so none arrives before it is ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    if death_signal:
+        try:
+            _set_parent_death_signal()
+        except (OSError, AttributeError):
+            pass  # the getppid() poll in _worker_loop still ends an orphan
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(0)
+
+
+def _worker_loop(store: _Store, slots, jobs, results, parent: int, death_signal: bool) -> None:
+    _worker_setup(parent, death_signal)
     torch.set_num_threads(1)
     while True:
-        job = jobs.get()
+        try:
+            job = jobs.get(timeout=_PARENT_POLL_S)
+        except _queue.Empty:
+            if os.getppid() != parent:  # orphaned: leave now, without flushing the queues
+                os._exit(0)
+            continue
         if job is None:
             return
         tag, batch_no, slot, idx = job
@@ -295,20 +393,95 @@ def _worker_loop(store: _Store, slots, jobs, results) -> None:
             results.put((tag, batch_no, slot, None, traceback.format_exc()))
 
 
+def _count(name: str, value, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``, else a ValueError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"PooledLoader: {name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _key_list(name: str, value) -> List[str]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
+            not all(isinstance(k, str) for k in value):
+        raise ValueError(f"PooledLoader: {name} must be a list of attribute names, got {value!r}")
+    return list(value)
+
+
+def _clamp_workers(n: int) -> int:
+    cap = _WORKERS_PER_CPU * (os.cpu_count() or 1)
+    if n > cap:
+        warnings.warn(f"PooledLoader: num_workers={n} clamped to {cap} ({_WORKERS_PER_CPU} per CPU core)")
+        return cap
+    return n
+
+
+def _pool_budget() -> int:
+    """Bytes the pool's slots may take: a quarter of the machine's physical memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 4 << 30
+
+
+class _Pass:
+    """One pass over a :class:`PooledLoader`: what ``iter(loader)`` returns.
+
+    The passes of a loader share its slots, so a loader has one live pass: a new ``iter()``
+    (or ``loader.close()``) ends the previous pass (its jobs in flight are waited for first),
+    and ``next()`` on an ended pass raises RuntimeError instead of yielding overwritten
+    batches. A pass abandoned half-way therefore never blocks the next one."""
+
+    def __init__(self, gen) -> None:
+        self._gen = gen
+        self._ended = False
+
+    def __iter__(self) -> "_Pass":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._ended:
+            raise RuntimeError("PooledLoader: this iterator was ended by a newer iter() of its loader "
+                               "(or by close()); a loader's batches share its buffers, so it serves one "
+                               "iterator at a time (use two loaders for two concurrent passes)")
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Ends the pass now (as exhausting it does)."""
+        self._gen.close()
+
+    def _end(self) -> None:
+        finished = self._gen.gi_frame is None
+        try:
+            self._gen.close()
+        except ValueError:  # "generator already executing": next() runs in another thread
+            raise RuntimeError("PooledLoader: an iterator of this loader is running in another thread; "
+                               "a loader serves one iterator at a time") from None
+        self._ended = not finished
+
+
 class PooledLoader:
     """Mini-batches of graphs with ``torch_geometric.loader.DataLoader`` semantics.
 
     Args:
-        dataset: a sequence of ``Data`` objects (list, ``InMemoryDataset``, ``Dataset``).
+        dataset: a sequence of ``Data`` objects (list, ``InMemoryDataset``, ``Dataset``),
+            read at construction (a later change to it needs a new loader).
         batch_size, shuffle, drop_last, generator, follow_batch, exclude_keys: as in PyG's
             ``DataLoader``.
         pool_size: slots of reusable buffers (>= 1); up to that many batches are in flight.
+            Clamped to the batches of an epoch, and (with a warning) so that the slots take at
+            most a quarter of the machine's memory.
         num_workers: processes that fill slots ahead of the training loop (0: the caller's
-            process collates on demand).
+            process collates on demand); clamped (with a warning) to 4 per CPU core. Workers
+            ignore SIGINT (the parent stops them) and die with their parent.
         pin_memory: page-locked host buffers (only with a CUDA ``device``).
         persistent_workers: keep the workers across epochs.
         device: where batches are delivered; a CUDA device turns on the side-stream copy.
-        timeout: seconds to wait for a worker before raising.
+        timeout: seconds to wait for a batch from the workers before raising RuntimeError.
+
+    Bad arguments (wrong type, out of range) raise ValueError. One iterator at a time: a new
+    ``iter()`` ends the previous one (see :class:`_Pass`).
     """
 
     def __init__(self, dataset: Sequence, batch_size: int = 1, shuffle: bool = False, *,
@@ -316,27 +489,28 @@ class PooledLoader:
                  follow_batch: Optional[List[str]] = None, exclude_keys: Optional[List[str]] = None,
                  pool_size: int = 2, num_workers: int = 0, pin_memory: bool = False,
                  persistent_workers: bool = False, device=None, timeout: float = 120.0) -> None:
-        if batch_size < 1:
-            raise ValueError(f"PooledLoader: batch_size must be >= 1, got {batch_size}")
-        if pool_size < 1:
-            raise ValueError(f"PooledLoader: pool_size must be >= 1, got {pool_size}")
-        if num_workers < 0:
-            raise ValueError(f"PooledLoader: num_workers must be >= 0, got {num_workers}")
+        self._workers: list = []
+        self._pass = None
+        self.batch_size = _count("batch_size", batch_size, 1)
+        self.pool_size = _count("pool_size", pool_size, 1)
+        self.num_workers = _clamp_workers(_count("num_workers", num_workers, 0))
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+            raise ValueError(f"PooledLoader: timeout must be a number of seconds > 0, got {timeout!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"PooledLoader: generator must be a torch.Generator, got {generator!r}")
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise ValueError(f"PooledLoader: dataset must be a sequence of graphs, got {type(dataset).__name__}")
         self.dataset = dataset
-        self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.generator = generator
-        self.follow_batch = list(follow_batch or [])
-        self.exclude_keys = list(exclude_keys or [])
-        self.pool_size = int(pool_size)
-        self.num_workers = int(num_workers)
+        self.follow_batch = _key_list("follow_batch", follow_batch)
+        self.exclude_keys = _key_list("exclude_keys", exclude_keys)
         self.device = torch.device(device) if device is not None else None
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = bool(pin_memory) and self.cuda
         self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
-        self.timeout = timeout
-        self._workers: list = []
+        self.timeout = float(timeout)
         self._store: Optional[_Store] = None
         if len(dataset) > 0 and getattr(dataset, "transform", None) is None:
             try:
@@ -345,21 +519,36 @@ class PooledLoader:
                 warnings.warn(f"PooledLoader: {e}; collating with Batch.from_data_list (no pooling)")
         if self._store is not None:
             self._store.set_capacity(self.batch_size)
-            shared = self.num_workers > 0
-            self._host = []
-            for _ in range(self.pool_size):
-                bufs = self._store.allocate(pin=self.pin_memory and not shared)
-                if shared:
-                    for t in bufs.values():
-                        t.share_memory_()
-                        if self.pin_memory:
-                            _host_register(t)
-                self._host.append(bufs)
-            if self.cuda:
-                self._dev = [self._store.allocate(device=self.device) for _ in range(self.pool_size)]
-                self._stream = torch.cuda.Stream(self.device)
-                self._copied = [None] * self.pool_size
-                self._released = [None] * self.pool_size
+            self.pool_size = self._pool_slots(self.pool_size)
+            self._allocate_pool()
+
+    def _pool_slots(self, requested: int) -> int:
+        """``requested`` slots, less those an epoch never uses and those over the memory budget."""
+        slots = min(requested, max(1, len(self)))
+        per_slot = max(1, self._store.slot_bytes())
+        fit = max(1, _pool_budget() // per_slot)
+        if slots > fit:
+            warnings.warn(f"PooledLoader: pool_size={requested} clamped to {fit}: {slots} slots of "
+                          f"{per_slot / 2**20:.1f} MiB would exceed a quarter of the machine's memory")
+            slots = fit
+        return slots
+
+    def _allocate_pool(self) -> None:
+        shared = self.num_workers > 0
+        self._host = []
+        for _ in range(self.pool_size):
+            bufs = self._store.allocate(pin=self.pin_memory and not shared)
+            if shared:
+                for t in bufs.values():
+                    t.share_memory_()
+                    if self.pin_memory:
+                        _host_register(t)
+            self._host.append(bufs)
+        if self.cuda:
+            self._dev = [self._store.allocate(device=self.device) for _ in range(self.pool_size)]
+            self._stream = torch.cuda.Stream(self.device)
+            self._copied = [None] * self.pool_size
+            self._released = [None] * self.pool_size
 
     # ------------------------------------------------------------------ sampling
     def __len__(self) -> int:
@@ -390,16 +579,25 @@ class PooledLoader:
     # ------------------------------------------------------------------ workers
     def _start_workers(self) -> None:
         import multiprocessing as mp
+        import threading
 
         ctx = mp.get_context("fork")
         self._jobs = ctx.Queue()
         self._results = ctx.Queue()
         self._workers = []
-        for _ in range(self.num_workers):
-            p = ctx.Process(target=_worker_loop, args=(self._store, self._host, self._jobs, self._results),
-                            daemon=True)
-            p.start()
-            self._workers.append(p)
+        # The kernel's parent-death signal fires when the forking *thread* exits: armed only
+        # when that is the main thread (its exit is the process's). Workers forked from another
+        # thread rely on their getppid() poll alone to die with the parent.
+        death_signal = sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
+        args = (self._store, self._host, self._jobs, self._results, os.getpid(), death_signal)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])  # see _worker_setup
+        try:
+            for _ in range(self.num_workers):
+                p = ctx.Process(target=_worker_loop, args=args, daemon=True)
+                p.start()
+                self._workers.append(p)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         self._tag = 0
 
     def _stop_workers(self) -> None:
@@ -414,8 +612,15 @@ class PooledLoader:
                 p.terminate()
         self._workers = []
 
+    def _end_pass(self) -> None:
+        prev = self._pass() if self._pass is not None else None
+        self._pass = None
+        if prev is not None:
+            prev._end()
+
     def close(self) -> None:
-        """Stops the workers (also done at garbage collection)."""
+        """Ends the live iterator and stops the workers (also done at garbage collection)."""
+        self._end_pass()
         if self._workers:
             self._stop_workers()
 
@@ -427,12 +632,21 @@ class PooledLoader:
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[Batch]:
+        self._end_pass()
+        if self._store is not None and len(self.dataset) != self._store.num_nodes.numel():
+            raise RuntimeError(f"PooledLoader: the dataset has {len(self.dataset)} graphs, "
+                               f"{self._store.num_nodes.numel()} when the loader read it; a loader reads "
+                               "its dataset once, at construction: build a new one")
         batches = self._epoch_batches()
         if self._store is None:
-            return self._iter_fallback(batches)
-        if self.num_workers == 0:
-            return self._iter_inline(batches)
-        return self._iter_workers(batches)
+            gen = self._iter_fallback(batches)
+        elif self.num_workers == 0:
+            gen = self._iter_inline(batches)
+        else:
+            gen = self._iter_workers(batches)
+        it = _Pass(gen)
+        self._pass = weakref.ref(it)
+        return it
 
     def _iter_fallback(self, batches):
         for b in batches:
@@ -476,6 +690,23 @@ class PooledLoader:
             used = self._store.collate_into(idx, self._host[slot])
             yield self._deliver(slot, idx, used)
 
+    def _result(self, tag: int) -> tuple:
+        """The next result of pass ``tag`` from the workers: (batch no, slot, used, error)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                t, *rest = self._results.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            except _queue.Empty:
+                if not all(p.is_alive() for p in self._workers):
+                    raise RuntimeError("PooledLoader: a worker process died") from None
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"PooledLoader: no batch from the workers in {self.timeout:g} s "
+                                       "(timeout)") from None
+                continue
+            if t == tag:
+                return tuple(rest)
+            # else a stale result from an abandoned pass
+
     def _iter_workers(self, batches):
         if not self._workers or not all(p.is_alive() for p in self._workers):
             if self._workers:
@@ -493,14 +724,7 @@ class PooledLoader:
                 sent += 1
             for i in range(n):
                 while i not in ready:
-                    try:
-                        t, bno, slot, used, err = self._results.get(timeout=1.0)
-                    except _queue.Empty:
-                        if not all(p.is_alive() for p in self._workers):
-                            raise RuntimeError("PooledLoader: a worker process died") from None
-                        continue
-                    if t != tag:
-                        continue  # a stale result from an abandoned epoch
+                    bno, slot, used, err = self._result(tag)
                     received += 1
                     if err is not None:
                         raise RuntimeError(f"PooledLoader: a worker failed:\n{err}")
@@ -516,16 +740,14 @@ class PooledLoader:
             if not self.persistent_workers:
                 self._stop_workers()
             else:
-                # an abandoned epoch: wait for the jobs still out, so that none of them writes
-                # into a slot that the next epoch hands out again
-                while received < sent and self._workers and all(p.is_alive() for p in self._workers):
+                # an abandoned pass: wait for the jobs still out, so that none of them writes
+                # into a slot that the next pass hands out again
+                while received < sent and self._workers:
                     try:
-                        t, *_ = self._results.get(timeout=self.timeout)
-                    except _queue.Empty:
-                        self._stop_workers()
-                        break
-                    if t == tag:
+                        self._result(tag)
                         received += 1
+                    except RuntimeError:  # a worker died or timed out: start afresh next time
+                        self._stop_workers()
 
 
 def _host_register(t: torch.Tensor) -> None:
