@@ -41,26 +41,47 @@ def _example_inputs(specs, seed: int = 0):
     return tuple(out)
 
 
+class ModelLoadError(Exception):
+    """MODEL cannot be loaded: reported in one line, exit status 2."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
 def _load_model(ref: str):
     """'package.module:attr' (an nn.Module, or a callable returning one) or a file saved with
-    torch.save(model)."""
+    torch.save(model). Raises ModelLoadError saying which step failed."""
     import importlib
     import os
 
     import torch
 
     if os.path.exists(ref):
-        return torch.load(ref, weights_only=False)
-    if ":" not in ref:
-        raise SystemExit(f"gnncompile export: {ref!r} is neither a file nor 'module:attr'")
-    mod_name, attr = ref.split(":", 1)
-    obj = importlib.import_module(mod_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, torch.nn.Module) and callable(obj):
-        obj = obj()
+        try:
+            obj = torch.load(ref, weights_only=False)
+        except Exception as e:
+            raise ModelLoadError(f"cannot load {ref}: {_first_line(e)}") from None
+    elif ":" not in ref:
+        raise ModelLoadError(f"{ref!r} is neither a file nor 'module:attr'")
+    else:
+        mod_name, attr = ref.split(":", 1)
+        try:
+            obj = importlib.import_module(mod_name)
+        except Exception as e:  # ImportError, or whatever the module raises while it imports
+            raise ModelLoadError(f"cannot import {mod_name!r}: {_first_line(e)}") from None
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ModelLoadError(f"{mod_name!r} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        if not isinstance(obj, torch.nn.Module) and callable(obj):
+            try:
+                obj = obj()
+            except Exception as e:
+                raise ModelLoadError(f"{ref}() raised {_first_line(e)}") from None
     if not isinstance(obj, torch.nn.Module):
-        raise SystemExit(f"gnncompile export: {ref} is not an nn.Module (nor returns one)")
+        raise ModelLoadError(f"{ref} is not an nn.Module (nor returns one): got {type(obj).__name__}")
     return obj
 
 
@@ -68,7 +89,11 @@ def run(args) -> int:
     import gnncompile
     from gnncompile.export import ExportError
 
-    model = _load_model(args.model)
+    try:
+        model = _load_model(args.model)
+    except ModelLoadError as e:
+        print(f"gnncompile export: {e}", file=sys.stderr)
+        return 2
     inputs = _example_inputs(args.input, args.seed)
     fmt = args.format or ("pt2" if args.output.endswith(".pt2") else "onnx")
     try:
