@@ -228,12 +228,14 @@ def test_timeout_bounds_the_whole_run(tmp_path, monkeypatch):
 
 
 def test_cli_timeout(tmp_path):
-    p = _cli(["tune", *TINY, "--trials", "1000", "--timeout", "8", "--out", str(tmp_path / "out"),
+    # 20 s: on a loaded 2-core machine, opening the study and the first trial take seconds
+    p = _cli(["tune", *TINY, "--trials", "1000", "--timeout", "20", "--out", str(tmp_path / "out"),
               "--storage", f"sqlite:///{tmp_path / 's.db'}"])
-    stdout, stderr = p.communicate(timeout=120)
+    stdout, stderr = p.communicate(timeout=180)
     assert p.returncode == 0, stderr
     summary = json.loads(stdout)
-    assert summary["elapsed_s"] <= 8 + TIMEOUT_MARGIN_S and summary["profile"]
+    assert summary["elapsed_s"] <= 20 + TIMEOUT_MARGIN_S and summary["profile"]
+    assert "failed with value" not in stderr  # a trial cut by the deadline is not reported as a crash
 
 
 # ----------------------------------------------------------------------------- 17: CLI errors

@@ -69,13 +69,25 @@ class _CompilerRouter(logging.Filter):
         return False
 
 
-class _DropInterruptTracebacks(logging.Filter):
-    """Optuna logs a trial that raised KeyboardInterrupt as failed, with the traceback: the
-    interrupt is reported once, by the command line, in one line."""
+class _DropStoppedTrials(logging.Filter):
+    """Optuna logs a trial stopped by Ctrl-C or by the deadline as failed, with a traceback and a
+    second line ("Trial N failed with value None."): the interrupt is reported once, by the
+    command line, and a trial cut by the deadline is recorded in the study (its 'error')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: Optional[str] = None
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[0] if record.exc_info else None
-        return not (exc is not None and issubclass(exc, (KeyboardInterrupt, DeadlineReached)))
+        msg = record.getMessage()
+        if exc is not None and issubclass(exc, (KeyboardInterrupt, DeadlineReached)):
+            self.stopped = msg.split(" failed", 1)[0] + " failed with value"  # "Trial N ..."
+            return False
+        if self.stopped is not None and msg.startswith(self.stopped):
+            self.stopped = None
+            return False
+        return True
 
 
 class RunGuard:
@@ -91,7 +103,7 @@ class RunGuard:
         self._old_handler = None
         self._installed = False
         self._router = _CompilerRouter(self)
-        self._drop = _DropInterruptTracebacks()
+        self._drop = _DropStoppedTrials()
         self._handlers: list = []
         self._warnings = None
 
