@@ -2,7 +2,8 @@
 
 ``tune(workload, trials=..., timeout=..., storage=..., out=...)``:
 
-* storage: any Optuna storage URL; default ``sqlite:///<cache dir>/tuner/studies.db``
+* storage: any Optuna storage URL, ``journal:PATH`` or a path ending in .log / .journal (an
+  Optuna journal file), or a storage object; default ``sqlite:///<cache dir>/tuner/studies.db``
   (:func:`gnncompile.hardware.profiles.cache_dir`). The study is named after the device key and the
   workload signature and opened with ``load_if_exists``: a run that was interrupted (Ctrl-C,
   kill) resumes with every completed trial kept, and several processes (or machines, given an
@@ -19,7 +20,17 @@
 * the defaults (:func:`tuner.workloads.default_settings`) are measured in the same run, and
   the profile records tuned vs default throughput. The profile JSON goes to ``out`` (default
   :func:`gnncompile.hardware.profiles.profile_dir`) with the optimisation history and parameter
-  importance plots as PNG next to it.
+  importance plots as PNG next to it. Several tuners of one study finishing together: the
+  file keeps the faster result (:func:`save_if_better`, under a lock file).
+* timeout: one deadline for the whole run (opening the study, trials, re-measurements, profile,
+  plots; :mod:`tuner.guard`): the trials stop early enough to leave one round of
+  re-measurements, a trial or round cut by the deadline is dropped (the trial recorded as
+  failed), plots are skipped with less than 3 s left. Overshoot: one training step and closing
+  the loader.
+* interrupts: Ctrl-C raises KeyboardInterrupt at the next training step (:mod:`tuner.guard`);
+  completed trials stay, the running one is marked failed, no profile is written.
+* arguments that cannot work (trials < 1, timeout <= 0, batch size < 1, a batch range with
+  MIN > MAX, an ``out`` that cannot be written) raise :class:`SetupError` before anything runs.
 """
 from __future__ import annotations
 
@@ -637,4 +648,5 @@ def save_plots(study, stem: Path) -> list:
     return written
 
 
-__all__ = ["tune", "default_storage", "study_name", "workload_dict", "suggest", "save_plots", "StorageError"]
+__all__ = ["tune", "default_storage", "study_name", "workload_dict", "suggest", "save_plots", "StorageError",
+           "SetupError", "journal_path", "save_if_better", "profile_value"]

@@ -227,7 +227,8 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     baseline of PyG's own eager model on a compiled workload).
     Peak memory: on CUDA the peak allocated bytes; on CPU the growth of this process's
     resident set over the run (workers not included). Raises MemoryBudgetExceeded when it
-    passes ``memory_budget``.
+    passes ``memory_budget``. Inside a tuning run, :func:`tuner.guard.checkpoint` before each
+    step raises KeyboardInterrupt after a Ctrl-C and DeadlineReached past the run's deadline.
     """
     from gnncompile.ops import get_knobs, set_knobs
 
