@@ -2,7 +2,8 @@
 
 ``tune(workload, trials=..., timeout=..., storage=..., out=...)``:
 
-* storage: any Optuna storage URL; default ``sqlite:///<cache dir>/tuner/studies.db``
+* storage: any Optuna storage URL, ``journal:PATH`` or a path ending in .log / .journal (an
+  Optuna journal file), or a storage object; default ``sqlite:///<cache dir>/tuner/studies.db``
   (:func:`gnncompile.hardware.profiles.cache_dir`). The study is named after the device key and the
   workload signature and opened with ``load_if_exists``: a run that was interrupted (Ctrl-C,
   kill) resumes with every completed trial kept, and several processes (or machines, given an
@@ -19,7 +20,17 @@
 * the defaults (:func:`tuner.workloads.default_settings`) are measured in the same run, and
   the profile records tuned vs default throughput. The profile JSON goes to ``out`` (default
   :func:`gnncompile.hardware.profiles.profile_dir`) with the optimisation history and parameter
-  importance plots as PNG next to it.
+  importance plots as PNG next to it. Several tuners of one study finishing together: the
+  file keeps the faster result (:func:`save_if_better`, under a lock file).
+* timeout: one deadline for the whole run (opening the study, trials, re-measurements, profile,
+  plots; :mod:`tuner.guard`): the trials stop early enough to leave one round of
+  re-measurements, a trial or round cut by the deadline is dropped (the trial recorded as
+  failed), plots are skipped with less than 3 s left. Overshoot: one training step and closing
+  the loader.
+* interrupts: Ctrl-C raises KeyboardInterrupt at the next training step (:mod:`tuner.guard`);
+  completed trials stay, the running one is marked failed, no profile is written.
+* arguments that cannot work (trials < 1, timeout <= 0, batch size < 1, a batch range with
+  MIN > MAX, an ``out`` that cannot be written) raise :class:`SetupError` before anything runs.
 """
 from __future__ import annotations
 
@@ -37,6 +48,7 @@ from gnncompile.hardware import device as _device
 from gnncompile.compiler import INNERS
 from gnncompile.hardware import profiles as _profiles
 
+from . import guard as _guard
 from .workloads import MemoryBudgetExceeded, Workload, default_settings, measure
 
 
@@ -129,6 +141,25 @@ class StorageError(RuntimeError):
     """The study's storage cannot be opened (bad URL, unreachable server, missing driver)."""
 
 
+class SetupError(ValueError):
+    """An argument of the run that cannot work (found before anything is measured)."""
+
+
+JOURNAL_SUFFIXES = (".log", ".journal")
+
+
+def journal_path(storage) -> Optional[str]:
+    """The file of a journal storage spec: ``journal:PATH``, or a path (no ``://``) ending in
+    .log or .journal; None for anything else (an RDB URL, a storage object)."""
+    if not isinstance(storage, str):
+        return None
+    if storage.startswith("journal:"):
+        return os.path.expanduser(storage[len("journal:"):]) or None
+    if "://" not in storage and storage.endswith(JOURNAL_SUFFIXES):
+        return os.path.expanduser(storage)
+    return None
+
+
 def _open_study(optuna, name, storage, sampler, pruner, attempts: int = 6):
     """create_study(load_if_exists=True), retried: processes that open a new database at the
     same moment race to create its tables, and the loser sees 'table ... already exists'. Other
@@ -137,11 +168,17 @@ def _open_study(optuna, name, storage, sampler, pruner, attempts: int = 6):
     import random
 
     backend = _rdb_backend(storage)
-    if backend == "sqlite":
-        # a SQLite file in a folder that does not exist yet: create the folder, as the default does
-        path = storage[len("sqlite:///"):] if storage.startswith("sqlite:///") else ""
-        if path and path != ":memory:":
+    journal = journal_path(storage)
+    # a SQLite or journal file in a folder that does not exist yet: create the folder, as the
+    # default does (a folder that cannot be made, e.g. under a file, is a StorageError now)
+    path = journal or (storage[len("sqlite:///"):] if backend == "sqlite" and storage.startswith("sqlite:///")
+                       else "")
+    if path and path != ":memory:":
+        try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot open {_redact(storage)}: cannot create the folder of {path}: "
+                               f"{e.strerror or e}") from None
     try:
         from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
         racy: tuple = (IntegrityError, OperationalError, ProgrammingError)
@@ -150,7 +187,9 @@ def _open_study(optuna, name, storage, sampler, pruner, attempts: int = 6):
     for i in range(attempts):
         try:
             st = storage
-            if backend is not None:
+            if journal is not None:
+                st = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(journal))
+            elif backend is not None:
                 # heartbeats: a trial whose process was killed is marked failed by the next run
                 # (instead of staying RUNNING forever)
                 with warnings.catch_warnings():
@@ -164,14 +203,14 @@ def _open_study(optuna, name, storage, sampler, pruner, attempts: int = 6):
         except racy as e:
             # the table-creation race, or a server still starting: retry a few times
             if i == attempts - 1:
-                raise StorageError(f"cannot open the study in {_redact(str(storage))}: "
+                raise StorageError(f"cannot open the study in {_redact(storage)}: "
                                    f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
             time.sleep(0.2 * (i + 1) + random.random() * 0.3)
         except ImportError as e:
-            raise StorageError(f"cannot open {_redact(str(storage))}: {e} (install the database "
+            raise StorageError(f"cannot open {_redact(storage)}: {e} (install the database "
                                "driver, e.g. psycopg2-binary for PostgreSQL)") from None
         except Exception as e:
-            raise StorageError(f"cannot open the study in {_redact(str(storage))}: "
+            raise StorageError(f"cannot open the study in {_redact(storage)}: "
                                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
@@ -236,6 +275,21 @@ def _objective(optuna, w: Workload, props: dict, constrain, batch_size, batch_ra
     def objective(trial):
         # first, so that a run killed mid-trial is recognised by the next one (fail_orphans)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        try:
+            return measured(trial)
+        except KeyboardInterrupt:
+            # Optuna marks the trial FAIL and re-raises: the run stops, the study keeps the rest
+            trial.set_user_attr("error", "interrupted (Ctrl-C)")
+            raise
+        except Exception as e:
+            if _guard.active() is not None and _guard.active().interrupts:
+                # a loader worker killed by the same Ctrl-C: an interrupt, not a failed trial
+                trial.set_user_attr("error", "interrupted (Ctrl-C)")
+                raise KeyboardInterrupt from e
+            raise
+
+    def measured(trial):
+        _guard.checkpoint()
         s = suggest(trial, w, props, batch_size, batch_range, max_workers)
         trial.set_user_attr("settings", s)
         constrain(trial, 0.0)
@@ -261,6 +315,7 @@ def _objective(optuna, w: Workload, props: dict, constrain, batch_size, batch_ra
             trial.set_user_attr("error", f"{type(e).__name__}: {e}")
             raise
         trial.set_user_attr("peak_memory", int(peak))
+        _guard.checkpoint(deadline=False)  # a measurement that finished counts
         return value
 
     return objective
@@ -279,18 +334,36 @@ def _candidates(ranked: list, top: int) -> list:
     return cands
 
 
-def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, device, result: dict):
+def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, device, result: dict,
+             guard: Optional[_guard.RunGuard] = None):
     """Re-measures the candidates and the defaults in turn, ``rounds`` times; the highest median
-    becomes the result's best (returns its trial, None when the re-measurement failed)."""
+    becomes the result's best (returns its trial, None when the re-measurement failed). Under a
+    deadline, a round starts only when the last one (or, for the first, the trials' median
+    duration per measurement) says it fits; a round cut by the deadline is dropped, and with no
+    whole round the trials' own values stand (no default throughput)."""
     runs: Dict[int, list] = {t.number: [] for t in cands}
     default_runs: list = []
+    per_round = (len(cands) + 1) * _median_duration(cands)
     try:
         for _ in range(max(1, rounds)):
-            for t in cands:
-                runs[t.number].append(measure(w, _settings_of(t), device=device)[0])
-            default_runs.append(measure(w, defaults, device=device)[0])
+            left = guard.remaining() if guard is not None else None
+            if left is not None and per_round > left:
+                break
+            t0 = time.monotonic()
+            got = [measure(w, _settings_of(t), device=device)[0] for t in cands]
+            d = measure(w, defaults, device=device)[0]
+            for t, v in zip(cands, got):
+                runs[t.number].append(v)
+            default_runs.append(d)
+            per_round = time.monotonic() - t0
+    except _guard.DeadlineReached:
+        pass
     except Exception as e:  # the re-measurement failing must not lose the study's result
         warnings.warn(f"gnncompile tune: re-measuring the best trials and the defaults failed: {e}")
+        return None
+    if not default_runs:
+        warnings.warn("gnncompile tune: no time left to re-measure the best trials and the defaults "
+                      "(timeout); the profile holds the best trial as measured in the study")
         return None
     med = {n: statistics.median(v) for n, v in runs.items()}
     top = max(cands, key=lambda t: med[t.number])
@@ -303,8 +376,15 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
     return top
 
 
+def _median_duration(trials: list) -> float:
+    """The median wall time of finished trials (0 when none recorded one)."""
+    ds = [t.duration.total_seconds() for t in trials if getattr(t, "duration", None) is not None]
+    return statistics.median(ds) if ds else 0.0
+
+
 def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: dict, best,
-                   defaults: Optional[Dict[str, Any]], out, plots: bool) -> None:
+                   defaults: Optional[Dict[str, Any]], out, plots: bool,
+                   guard: Optional[_guard.RunGuard] = None) -> None:
     """The profile holds what was measured fastest: the best trial, or the defaults when they
     beat every trial of this run (short measurements on a noisy machine can do that)."""
     chosen = "best trial"
@@ -324,24 +404,128 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
                                              "confirm_runs": result.get("confirm"),
                                              "default_settings": "torch_geometric.loader.DataLoader"
                                              if w.kind == "graphs" else "kernel defaults"})
-    path = _profiles.save(doc, Path(out) if out is not None else _profiles.profile_dir())
-    result["profile_path"] = path
-    if plots:
+    target = _profile_target(out, doc)
+    if guard is not None:
+        guard.check_interrupt()  # interrupted: no profile (KeyboardInterrupt)
+    path, written = save_if_better(doc, target)
+    result["profile_path"], result["profile_written"] = path, written
+    if not written:
+        warnings.warn(f"gnncompile tune: {path} holds a faster result of this study "
+                      f"({profile_value(_profiles.read(path)):.4g} {w.unit}); kept it")
+        return
+    left = guard.remaining() if guard is not None else None
+    if plots and (left is None or left > PLOT_RESERVE_S):
         result["plots"] = save_plots(study, path.with_suffix(""))
 
 
-def _run_trials(optuna, study, objective, trials: int, timeout: Optional[float], callbacks) -> None:
-    """Runs what is missing for the study to hold ``trials`` finished trials."""
+PLOT_RESERVE_S = 3.0  # plots are skipped when less of the run's timeout is left
+
+
+def _profile_target(out, doc) -> Path:
+    target = Path(out) if out is not None else _profiles.profile_dir()
+    return target if target.suffix == ".json" else target / _profiles.default_filename(doc)
+
+
+def profile_value(doc: Any) -> Optional[float]:
+    """The throughput of a profile's settings: its tuned or default throughput, whichever it
+    chose (the larger); None when it records neither."""
+    tp = doc.get("throughput") if isinstance(doc, dict) else None
+    if not isinstance(tp, dict):
+        return None
+    vals = [float(v) for v in (tp.get("tuned"), tp.get("default"))
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return max(vals) if vals else None
+
+
+def save_if_better(doc: Dict[str, Any], target: Path) -> Tuple[Path, bool]:
+    """Writes the profile unless ``target`` already holds a faster result of the same study and
+    workload (another tuner on the study finished first); returns (path, written). Read, compare
+    and write happen under an exclusive lock on ``.<name>.lock`` next to the profile, so that
+    tuners finishing together do not overwrite each other's better result; ties go to this run.
+    A file of another study, or one that cannot be read, is replaced as before."""
+    import fcntl
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            old = _profiles.read(target) if target.exists() else None
+        except _profiles.ProfileError:
+            old = None
+        if (isinstance(old, dict) and isinstance(old.get("study"), dict)
+                and old["study"].get("name") == doc["study"]["name"]
+                and old.get("workload_signature") == doc["workload_signature"]):
+            mine, theirs = profile_value(doc), profile_value(old)
+            if theirs is not None and (mine is None or theirs > mine):
+                return target, False
+        return _profiles.save(doc, target), True
+
+
+def _budget_callback(guard: _guard.RunGuard, confirm_measures: int, started: list):
+    """An Optuna callback for a run with a deadline: after each trial, the time the
+    re-measurements will need (``confirm_measures`` measurements, each as long as this run's
+    median trial) is kept free: the trials' phase ends (``guard.limit``) that much earlier, and
+    no new trial starts when one more would not fit."""
+
+    def callback(study, trial):
+        started.append(trial)
+        d = _median_duration(started)
+        guard.limit = guard.deadline - confirm_measures * d
+        if time.monotonic() + d > guard.limit:
+            study.stop()
+
+    return callback
+
+
+def _run_trials(optuna, study, objective, trials: int, guard: _guard.RunGuard, callbacks,
+                confirm_measures: int = 0) -> None:
+    """Runs what is missing for the study to hold ``trials`` finished trials, within the
+    guard's deadline (keeping time for ``confirm_measures`` re-measurements)."""
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     finished = [t for t in study.get_trials(deepcopy=False) if t.state in done]
     remaining = max(trials - len(finished), 0)
     cbs = [optuna.study.MaxTrialsCallback(trials, states=done)] + list(callbacks)
-    if remaining > 0 and (timeout is None or timeout > 0):
-        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(Exception,),
+    left = guard.remaining()
+    if left is not None:
+        cbs.append(_budget_callback(guard, confirm_measures, []))
+    if remaining > 0 and (left is None or left > 0):
+        study.optimize(objective, n_trials=remaining, timeout=left, catch=(Exception,),
                        callbacks=cbs, gc_after_trial=True)
+    guard.check_interrupt()  # Ctrl-C between trials
+    guard.limit = guard.deadline
 
 
-def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage: Optional[str] = None,
+def _check_args(trials: int, timeout: Optional[float], batch_size: Optional[int],
+                batch_range: Optional[Tuple[int, int]], out, write_profile: bool) -> None:
+    """Arguments that cannot work raise SetupError before anything is opened or measured."""
+    if not isinstance(trials, int) or trials < 1:
+        raise SetupError(f"trials must be an integer >= 1, got {trials!r}")
+    if timeout is not None and not timeout > 0:
+        raise SetupError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise SetupError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    if batch_range is not None:
+        lo, hi = batch_range
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise SetupError(f"batch range MIN MAX needs integers 1 <= MIN <= MAX, got {lo!r} {hi!r}")
+    if write_profile:
+        _check_writable(Path(out) if out is not None else _profiles.profile_dir())
+
+
+def _check_writable(out: Path) -> None:
+    """The profile folder exists (or can be made) and takes a file."""
+    import tempfile
+
+    folder = out.parent if out.suffix == ".json" else out
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise SetupError(f"cannot write the profile to {folder}: {e.strerror or e}") from None
+
+
+def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage: Optional[Any] = None,
          out: Optional[os.PathLike] = None, name: Optional[str] = None,
          batch_size: Optional[int] = 128, batch_range: Optional[Tuple[int, int]] = None,
          memory_budget: Optional[int] = None, max_workers: Optional[int] = None, seed: Optional[int] = None,
@@ -350,14 +534,31 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
          confirm_rounds: int = 3, confirm_top: int = 3) -> Dict[str, Any]:
     """Runs (or resumes) the study for ``w`` and writes its profile. Returns a dict with
     ``study`` (the Optuna study), ``profile_path``, ``best`` (settings), ``tuned``,
-    ``default`` (throughputs), ``plots``.
+    ``default`` (throughputs), ``plots``, ``elapsed_s``, ``compiler_warnings``.
 
     A trial's value is a single, short measurement (identical settings measured 115-155
     epochs/s in five runs of a 5-step workload here; a loader worker that costs 10% measured
     faster than none in one study), so the settings the profile holds, and the tuned and default
     throughputs it records, come from ``confirm_rounds`` rounds that re-measure the
     ``confirm_top`` best trials (distinct settings) and the defaults in turn: the highest
-    median wins."""
+    median wins.
+
+    ``timeout`` (seconds) bounds the whole call: trials, re-measurements, profile and plots
+    (module docstring, "timeout"). Ctrl-C raises KeyboardInterrupt out of this call (module
+    docstring, "interrupts"); arguments that cannot work raise SetupError, a storage that
+    cannot be opened StorageError, both before anything is measured."""
+    _check_args(trials, timeout, batch_size, batch_range, out, write_profile)
+    with _guard.RunGuard(timeout) as guard:
+        result = _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_budget,
+                       max_workers, seed, measure_defaults, write_profile, plots, callbacks, device,
+                       confirm_rounds, confirm_top)
+    result["elapsed_s"] = guard.elapsed()
+    result["compiler_warnings"] = guard.compiler_warnings
+    return result
+
+
+def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_budget, max_workers,
+          seed, measure_defaults, write_profile, plots, callbacks, device, confirm_rounds, confirm_top):
     optuna = _optuna()
     props = _device.detect(device)
     storage = storage or default_storage()
@@ -375,7 +576,9 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
     study.set_user_attr("unit", w.unit)
     objective = _objective(optuna, w, props, constrain, batch_size, batch_range, max_workers,
                            memory_budget, device)
-    _run_trials(optuna, study, objective, trials, timeout, callbacks)
+    # time kept for one round of re-measurements (more rounds run when they fit)
+    confirm_measures = max(1, confirm_top) + 1 if measure_defaults else 0
+    _run_trials(optuna, study, objective, trials, guard, callbacks, confirm_measures)
 
     result: Dict[str, Any] = {"study": study, "profile_path": None, "plots": [], "best": None,
                               "tuned": None, "default": None, "name": name, "storage": storage}
@@ -391,14 +594,19 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
     defaults = None
     if measure_defaults:
         defaults = default_settings(w, props, batch_size=int(batch_size or 128))
-        best = _confirm(w, _candidates(ranked, confirm_top), defaults, confirm_rounds, device, result) or best
+        best = _confirm(w, _candidates(ranked, confirm_top), defaults, confirm_rounds, device, result,
+                        guard) or best
     if write_profile:
-        _write_profile(optuna, study, w, props, wl, result, best, defaults, out, plots)
+        _write_profile(optuna, study, w, props, wl, result, best, defaults, out, plots, guard)
     return result
 
 
-def _redact(url: str) -> str:
-    """A storage URL without its password."""
+def _redact(url: Any) -> str:
+    """A storage URL without its password; a storage object (e.g. a JournalStorage passed to
+    :func:`tune`) as ``journal:PATH`` when it has a file, else its class name."""
+    if not isinstance(url, str):
+        path = getattr(getattr(url, "_backend", None), "_file_path", None)
+        return f"journal:{path}" if path else type(url).__name__
     if "://" in url and "@" in url.split("://", 1)[1]:
         scheme, rest = url.split("://", 1)
         creds, host = rest.rsplit("@", 1)
@@ -440,4 +648,5 @@ def save_plots(study, stem: Path) -> list:
     return written
 
 
-__all__ = ["tune", "default_storage", "study_name", "workload_dict", "suggest", "save_plots", "StorageError"]
+__all__ = ["tune", "default_storage", "study_name", "workload_dict", "suggest", "save_plots", "StorageError",
+           "SetupError", "journal_path", "save_if_better", "profile_value"]

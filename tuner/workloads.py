@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from .guard import checkpoint
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import torch_geometric.nn as gnn
@@ -202,6 +204,7 @@ def _timed(w: Workload, it, step, watch: _MemoryWatch, dev, report) -> float:
     units, t0, rate = 0, time.perf_counter(), 0.0
     for c in range(max(w.chunks, 1)):
         for _ in range(per_chunk):
+            checkpoint()
             n, inp = next(it)
             step(inp)
             units += n
@@ -224,7 +227,8 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     baseline of PyG's own eager model on a compiled workload).
     Peak memory: on CUDA the peak allocated bytes; on CPU the growth of this process's
     resident set over the run (workers not included). Raises MemoryBudgetExceeded when it
-    passes ``memory_budget``.
+    passes ``memory_budget``. Inside a tuning run, :func:`tuner.guard.checkpoint` before each
+    step raises KeyboardInterrupt after a Ctrl-C and DeadlineReached past the run's deadline.
     """
     from gnncompile.ops import get_knobs, set_knobs
 
@@ -235,6 +239,7 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     set_knobs(dev.type, settings.get("knobs"))
     loader = None
     try:
+        checkpoint()  # Ctrl-C or the run's deadline (tuner.guard): before and between the steps
         torch.manual_seed(w.seed)
         model = build_model(w).to(dev)
         fwd = _compile_with(model, settings, dev) if settings.get("compiled", w.compiled) else model
@@ -253,11 +258,13 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
 
         it = _inputs(w, loader, dev)
         for _ in range(w.warmup):
+            checkpoint()
             step(next(it)[1])
         if w.kind == "graphs" and w.warmup > 0:
             # the last batch of an epoch is smaller: a compiled model sees a new number of graphs
             # there and recompiles once (seconds with inductor), which a long training run pays
             # once per run, not per step; take it here, not in the timed steps
+            checkpoint()
             step(_odd_batch(ds, bs, dev))
         watch.check()
         return _timed(w, it, step, watch, dev, report), watch.peak

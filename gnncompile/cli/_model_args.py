@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 _DTYPES = {"float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
            "int64": "int64", "long": "int64", "int32": "int32", "int": "int32"}
@@ -40,26 +41,47 @@ def example_inputs(specs, seed: int = 0):
     return tuple(out)
 
 
-def load_model(ref: str, prog: str = "gnncompile"):
+class ModelLoadError(Exception):
+    """MODEL cannot be loaded: the subcommand reports it in one line and exits with status 2."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def load_model(ref: str):
     """'package.module:attr' (an nn.Module, or a callable returning one) or a file saved with
-    torch.save(model). ``prog`` names the subcommand in the error messages."""
+    torch.save(model). Raises ModelLoadError saying which step failed."""
     import importlib
     import os
 
     import torch
 
     if os.path.exists(ref):
-        return torch.load(ref, weights_only=False)
-    if ":" not in ref:
-        raise SystemExit(f"{prog}: {ref!r} is neither a file nor 'module:attr'")
-    mod_name, attr = ref.split(":", 1)
-    obj = importlib.import_module(mod_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, torch.nn.Module) and callable(obj):
-        obj = obj()
+        try:
+            obj = torch.load(ref, weights_only=False)
+        except Exception as e:
+            raise ModelLoadError(f"cannot load {ref}: {_first_line(e)}") from None
+    elif ":" not in ref:
+        raise ModelLoadError(f"{ref!r} is neither a file nor 'module:attr'")
+    else:
+        mod_name, attr = ref.split(":", 1)
+        try:
+            obj = importlib.import_module(mod_name)
+        except Exception as e:  # ImportError, or whatever the module raises while it imports
+            raise ModelLoadError(f"cannot import {mod_name!r}: {_first_line(e)}") from None
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise ModelLoadError(f"{mod_name!r} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        if not isinstance(obj, torch.nn.Module) and callable(obj):
+            try:
+                obj = obj()
+            except Exception as e:
+                raise ModelLoadError(f"{ref}() raised {_first_line(e)}") from None
     if not isinstance(obj, torch.nn.Module):
-        raise SystemExit(f"{prog}: {ref} is not an nn.Module (nor returns one)")
+        raise ModelLoadError(f"{ref} is not an nn.Module (nor returns one): got {type(obj).__name__}")
     return obj
 
 
@@ -75,5 +97,11 @@ def add_model_arguments(p, action: str) -> None:
 
 
 def model_and_inputs(args, prog: str):
-    """The model and example inputs that ``args`` (from :func:`add_model_arguments`) describe."""
-    return load_model(args.model, prog), example_inputs(args.input, args.seed)
+    """The model and example inputs that ``args`` (from :func:`add_model_arguments`) describe,
+    or None after printing one line ``prog: reason`` when the model cannot be loaded."""
+    try:
+        model = load_model(args.model)
+    except ModelLoadError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+    return model, example_inputs(args.input, args.seed)

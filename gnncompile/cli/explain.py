@@ -10,7 +10,10 @@ from ._model_args import add_model_arguments, model_and_inputs
 def run(args) -> int:
     import gnncompile
 
-    model, inputs = model_and_inputs(args, "gnncompile explain")
+    loaded = model_and_inputs(args, "gnncompile explain")
+    if loaded is None:
+        return 2
+    model, inputs = loaded
     report = gnncompile.explain(model, *inputs)
     print(json.dumps(report.as_dict(), indent=2) if args.json else str(report))
     return 0

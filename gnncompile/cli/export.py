@@ -12,7 +12,10 @@ def run(args) -> int:
     import gnncompile
     from gnncompile.export import ExportError
 
-    model, inputs = model_and_inputs(args, "gnncompile export")
+    loaded = model_and_inputs(args, "gnncompile export")
+    if loaded is None:
+        return 2
+    model, inputs = loaded
     fmt = args.format or ("pt2" if args.output.endswith(".pt2") else "onnx")
     try:
         res = gnncompile.export(model, inputs, args.output, format=fmt, dynamic=not args.static)

@@ -25,17 +25,12 @@ def run(args) -> int:
         paths = profiles.list_profiles(args.dir)
         if not paths:
             print(f"no profiles in {args.dir or profiles.profile_dir()}")
+        bad = 0
         for p in paths:
-            try:
-                doc = profiles.read(p)
-                wl = doc.get("workload", {})
-                tp = doc.get("throughput", {})
-                mark = "*" if doc.get("device_key") == key else " "
-                sp = f"{tp['speedup']:.2f}x" if tp.get("speedup") else "-"
-                print(f"{mark} {p}  {wl.get('kind', '?')}/{wl.get('model', '?')}  speedup {sp}")
-            except profiles.ProfileError as e:
-                print(f"! {p}  {e}")
-        print(f"(* = this device: {key})")
+            line = _list_line(profiles, p, key)
+            bad += line.startswith("!")
+            print(line)
+        print(f"(* = this device: {key}" + (f"; ! = unreadable: {bad})" if bad else ")"))
         return 0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -47,3 +42,20 @@ def run(args) -> int:
                        "device_key": prof.device_key, "device": prof.device, "settings": prof.settings}
     print(json.dumps(doc, indent=2))
     return 0
+
+
+def _list_line(profiles, path, key: str) -> str:
+    """One line of ``profile list``; a file that is not a profile is marked ``!`` with the reason
+    (the others are still listed)."""
+    try:
+        doc = profiles.read(path)
+    except profiles.ProfileError as e:
+        return f"! {path}  {e}"
+    if not isinstance(doc, dict) or doc.get("format") != profiles.FORMAT:
+        return f"! {path}  corrupt: not a gnncompile profile (no 'format': {profiles.FORMAT!r})"
+    wl, tp = doc.get("workload"), doc.get("throughput")
+    wl, tp = (wl if isinstance(wl, dict) else {}), (tp if isinstance(tp, dict) else {})
+    mark = "*" if doc.get("device_key") == key else " "
+    sp = tp.get("speedup")
+    sp = f"{sp:.2f}x" if isinstance(sp, (int, float)) and not isinstance(sp, bool) else "-"
+    return f"{mark} {path}  {wl.get('kind', '?')}/{wl.get('model', '?')}  speedup {sp}"

@@ -10,18 +10,42 @@ import sys
 import time
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a batch size of 0 is refused, not replaced)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
 def add_parser(sub) -> None:
     t = sub.add_parser("tune", help="tune settings for this device and write a profile",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     t.add_argument("--workload", choices=("fullgraph", "graphs"), default="graphs")
     t.add_argument("--model", choices=("gcn", "sage", "gin", "gat"), default="gin")
-    t.add_argument("--trials", type=int, default=20, help="finished trials the study should hold")
-    t.add_argument("--timeout", type=float, default=None, help="wall-clock seconds for this run")
-    t.add_argument("--storage", default=None, help="Optuna storage URL (default: SQLite in the cache dir)")
+    t.add_argument("--trials", type=_positive_int, default=20, help="finished trials the study should hold")
+    t.add_argument("--timeout", type=_positive_float, default=None,
+                   help="wall-clock seconds for the whole run: trials, re-measurements, profile")
+    t.add_argument("--storage", default=None,
+                   help="Optuna storage URL, or journal:PATH (or a PATH ending in .log/.journal) for "
+                        "a journal file (default: SQLite in the cache dir)")
     t.add_argument("--study-name", default=None, help="default: <device key>__<workload signature>")
     t.add_argument("--out", default=None, help="folder for the profile JSON (default: the profile dir)")
-    t.add_argument("--batch-size", type=int, default=128, help="fixed batch size (graphs)")
-    t.add_argument("--batch-range", type=int, nargs=2, metavar=("MIN", "MAX"), default=None,
+    t.add_argument("--batch-size", type=_positive_int, default=128, help="fixed batch size (graphs)")
+    t.add_argument("--batch-range", type=_positive_int, nargs=2, metavar=("MIN", "MAX"), default=None,
                    help="search the batch size in [MIN, MAX] instead")
     t.add_argument("--memory-budget-mb", type=float, default=None, help="peak memory constraint")
     t.add_argument("--max-workers", type=int, default=None, help="largest num_workers tried")
@@ -78,7 +102,7 @@ def _progress(total: int, enabled: bool):
 def run(args) -> int:
     try:
         from gnncompile.tuner import Workload, tune
-        from gnncompile.tuner.study import StorageError, _redact
+        from gnncompile.tuner.study import SetupError, StorageError, _redact
     except ImportError as e:
         print(f"gnncompile tune: {e}", file=sys.stderr)
         return 2
@@ -95,7 +119,7 @@ def run(args) -> int:
                    memory_budget=budget, max_workers=args.max_workers, seed=args.seed,
                    measure_defaults=not args.no_defaults, callbacks=[cb],
                    confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds)
-    except StorageError as e:
+    except (StorageError, SetupError) as e:
         print(f"gnncompile tune: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -115,5 +139,12 @@ def run(args) -> int:
                "plots": [str(p) for p in res["plots"]]}
     if res["tuned"] and res["default"]:
         summary["speedup"] = res["tuned"] / res["default"]
+    summary["elapsed_s"] = round(res["elapsed_s"], 2)
+    if res.get("profile_written") is False:
+        summary["profile_kept"] = "the file holds a faster result of this study; left as it was"
+    if res["compiler_warnings"]:
+        print(f"gnncompile tune: {res['compiler_warnings']} warnings of torch's compiler (graph breaks, "
+              "recompilations) during the run; set the 'gnncompile.tuner' logger to DEBUG to see them",
+              file=sys.stderr)
     print(json.dumps(summary, indent=2))
     return 0 if res["profile_path"] else 1

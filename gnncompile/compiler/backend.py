@@ -99,7 +99,7 @@ class Backend:
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused
         log_fusions(_log, f"graph piece {STATS['graphs']} ({len(gm.graph.nodes)} nodes, "
-                          f"inner {inner})", report)
+                          f"inner {self.inner})", report)
         for c in _collectors():
             c.append(report)
         return self._inner_fn(gm, example_inputs)
