@@ -50,6 +50,21 @@ def test_explain_layer_labels_with_this():
     assert "L['" not in str(rep)
 
 
+def test_explain_labels_layers_compiled_as_frames_of_their_own():
+    """A graph break inside BasicGNN's layer loop (GCN's self loops) makes Dynamo run that
+    forward eagerly from then on and compile each layer as a frame of its own, also for other
+    BasicGNN models: labels must still be the layers' paths in the user's model."""
+    from torch_geometric.nn import models
+
+    x, ei = _graph(20, 60)
+    torch.manual_seed(0)
+    gcn = gnncompile.compile(models.GCN(8, 16, 2, 4), profile=None)
+    gcn(x, ei)
+    rep = gnncompile.explain(_sage(), x, ei)
+    assert sorted(f.layer for f in rep.fused if f.kind == "spmm") == \
+        ["convs.0 (SAGEConv)", "convs.1 (SAGEConv)"], str(rep)
+
+
 # ----------------------------------------------------------------------------- gnncompile explain
 def _sage():
     from torch_geometric.nn import models
@@ -138,6 +153,9 @@ def test_compile_and_export_log(caplog, tmp_path):
 
     x, ei = _graph()
     model = _sage()
+    # Dynamo's per-code decisions from earlier tests (BasicGNN.forward run eagerly after a graph
+    # break in its loop, each layer a frame) would split the records per layer: start afresh.
+    torch._dynamo.reset()
     with caplog.at_level(logging.DEBUG, logger="gnncompile"):
         gnncompile.compile(model, profile=None)(x, ei)
     ours = [r for r in caplog.records if r.name.startswith("gnncompile.")]

@@ -21,6 +21,7 @@ import os
 import threading
 from typing import Callable, List
 
+import torch
 from torch.fx import GraphModule
 
 from .. import passes
@@ -48,6 +49,22 @@ def _collectors() -> List[list]:
     if not hasattr(_local, "collectors"):
         _local.collectors = []
     return _local.collectors
+
+
+def frame_parameters(gm: GraphModule, example_inputs) -> dict:
+    """id(parameter) -> its path below the root of the frame Dynamo compiled ('lin_l.weight').
+    A frame's root is not always the user's model: after a graph break in a loop Dynamo
+    compiles each layer as a frame of its own."""
+    from ..passes.canonical import module_path
+
+    out = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, v in zip(placeholders, example_inputs):
+        source = getattr(n.meta.get("grapharg"), "source", None)
+        if isinstance(v, torch.nn.Parameter) and source is not None:
+            name = source.name() if callable(source.name) else source.name
+            out[id(v)] = module_path(name)
+    return out
 
 
 class collect:
@@ -100,6 +117,8 @@ class Backend:
         STATS["fused"] += report.num_fused
         log_fusions(_log, f"graph piece {STATS['graphs']} ({len(gm.graph.nodes)} nodes, "
                           f"inner {self.inner})", report)
+        if _collectors():
+            report.frame_params = frame_parameters(gm, example_inputs)
         for c in _collectors():
             c.append(report)
         return self._inner_fn(gm, example_inputs)

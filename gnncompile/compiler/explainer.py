@@ -56,6 +56,31 @@ class ExplainReport(Fusions):
                 "graph_breaks": [asdict(b) for b in self.graph_breaks]}
 
 
+def _frame_root(report, model) -> str:
+    """The path in ``model`` of the module a graph piece was traced from ('' for the model
+    itself), found through a parameter of the piece."""
+    if not isinstance(model, torch.nn.Module):
+        return ""
+    for name, p in model.named_parameters():
+        rel = report.frame_params.get(id(p))
+        if rel is not None:
+            return name[: len(name) - len(rel)].rstrip(".") if name.endswith(rel) else ""
+    return ""
+
+
+def _place_in_model(report, model) -> None:
+    """Layer labels relative to the user's model, also for a piece whose frame is a layer."""
+    root = _frame_root(report, model)
+    owner = model.get_submodule(root) if root else model
+    top = module_label(root, type(owner).__name__)
+    for item in report.fused + report.unfused:
+        if item.layer == "<model>":
+            item.layer = top
+        elif root:  # labels below the piece's root, '<model> (Cls)' for the root itself
+            item.layer = (root + item.layer[len("<model>"):] if item.layer.startswith("<model> ")
+                          else f"{root}.{item.layer}")
+
+
 def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     """Runs ``model`` once through Dynamo with the gnncompile passes and reports what fused.
 
@@ -71,11 +96,8 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     with _backend.collect() as reports:
         compiled(*example_inputs, **example_kwargs)
     rep = ExplainReport(num_graphs=len(reports))
-    top = module_label("", type(model).__name__)
     for r in reports:
-        for item in r.fused + r.unfused:
-            if item.layer == "<model>":
-                item.layer = top
+        _place_in_model(r, model)
         rep.fused += r.fused
         rep.unfused += r.unfused
         rep.structures += r.structures

@@ -135,12 +135,18 @@ def layer_of(n: Node) -> str:
 _ROOT = re.compile(r"""^(?:L\[(['"])\w+\1\]|self)(?:\.|$)""")
 
 
+def module_path(source: Any) -> str:
+    """'convs.0' from a Dynamo source path such as "L['self'].convs._modules['0']" (whatever
+    ``forward``'s first parameter is called); parameters and buffers likewise ('lin.weight')."""
+    path = _ROOT.sub("", str(source), count=1)
+    for part in ("_modules['", "_parameters['", "_buffers['", "']"):
+        path = path.replace(part, "")
+    return path
+
+
 def module_label(path: Any, name: str) -> str:
-    """'convs.0 (SAGEConv)' from a Dynamo module path such as "L['self'].convs._modules['0']"
-    (whatever ``forward``'s first parameter is called)."""
-    path = _ROOT.sub("", str(path), count=1)
-    path = path.replace("_modules['", "").replace("']", "")
-    return f"{path or '<model>'} ({name})"
+    """'convs.0 (SAGEConv)' from a Dynamo module path (see :func:`module_path`)."""
+    return f"{module_path(path) or '<model>'} ({name})"
 
 
 def index_dim(d: Any, ndim: int) -> Optional[int]:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import Dict, List
 
 
 @dataclass
@@ -49,6 +49,9 @@ class PassReport(Fusions):
     structures: int = 0  # CSR structure ops inserted
     transposed: int = 0  # CSC structure ops inserted
     gathers: int = 0  # per-edge gathers given a segment-sum gradient
+    # id(parameter) -> its path below the root of the compiled frame ('lin_l.weight'); filled
+    # only while explain() collects reports, to place a frame rooted at a submodule
+    frame_params: Dict[int, str] = field(default_factory=dict)
 
 
 def one_line(text: object, limit: int) -> str:
