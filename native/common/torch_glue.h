@@ -65,6 +65,10 @@ inline int64_t check_edge_lists(const at::Tensor& dst, const at::Tensor& src, in
                     src.sizes());
   TORCH_CHECK_TYPE(dst.scalar_type() == src.scalar_type(), op, ": dst and src must share one dtype");
   TORCH_CHECK_VALUE(num_dst >= 0 && num_src >= 0, op, ": node counts must be non-negative");
+  // rowptr has num_dst + 1 entries: that count must fit int64 (torch reports the allocation
+  // failure of any count short of that)
+  TORCH_CHECK_VALUE(num_dst < std::numeric_limits<int64_t>::max(), op, ": num_dst (", num_dst,
+                    ") is too large: rowptr needs num_dst + 1 entries");
   const int64_t E = dst.numel();
   if (dst.scalar_type() == at::kInt) {
     TORCH_CHECK_VALUE(E <= std::numeric_limits<int32_t>::max() &&

@@ -57,9 +57,22 @@ inline void raise_status(Status st, const char* op, int64_t num_src, int64_t num
 }
 
 // CPU knobs (explicit kernel arguments, filled from the device profile):
-//   knobs[0] = work chunks per thread (load balance vs. scheduling overhead), default 4.
+//   knobs[0] = work chunks per thread (load balance vs. scheduling overhead), default 4;
+//              0 or negative: the default; clamped to kMaxChunksPerThread (each chunk costs a
+//              binary search and a scheduling step, and chunks never outnumber rows anyway).
+//              gnncompile/hardware/profiles.py clamps a profile's knobs to the same range.
+constexpr int64_t kDefaultChunksPerThread = 4;
+constexpr int64_t kMaxChunksPerThread = 4096;
 inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
-  return (knobs.size() > 0 && knobs[0] > 0) ? knobs[0] : 4;
+  if (knobs.size() == 0 || knobs[0] <= 0) return kDefaultChunksPerThread;
+  return std::min<int64_t>(knobs[0], kMaxChunksPerThread);
+}
+
+// Chunks for num_rows rows on `threads` threads: threads * chunks_per_thread, at most one per
+// row. No overflow: threads is an int and chunks_per_thread at most kMaxChunksPerThread.
+inline int64_t num_chunks(int64_t num_rows, int64_t threads, c10::IntArrayRef knobs) {
+  if (threads <= 1) return 1;
+  return std::min<int64_t>(num_rows, threads * chunks_per_thread(knobs));
 }
 
 // Runs fn(row_begin, row_end) -> Status over rows split into edge-balanced chunks, in
@@ -67,8 +80,7 @@ inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
 template <typename index_t, typename Fn>
 Status parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn) {
   if (num_rows == 0) return Status::Ok;
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t chunks = std::min<int64_t>(num_rows, threads == 1 ? 1 : threads * chunks_per_thread(knobs));
+  const int64_t chunks = num_chunks(num_rows, at::get_num_threads(), knobs);
   if (chunks <= 1) return fn(0, num_rows);
   // The split reads rowptr through a binary search: only valid for a non-decreasing rowptr
   // inside [0, E], so check that here (O(M), far less than the kernel's O(E * F)).
