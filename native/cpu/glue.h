@@ -56,6 +56,31 @@ inline void raise_status(Status st, const char* op, int64_t num_src, int64_t num
   }
 }
 
+// What the kernels check as they walk a structure, for a call that returns before any kernel
+// runs (no edges, rows or features): rowptr non-decreasing within [0, E], col (when defined) in
+// [0, num_src), perm in [0, E). A structure is refused or accepted whatever the sizes of x.
+inline void check_unwalked_structure(const at::Tensor& rowptr, const at::Tensor& col,
+                                     const at::Tensor& perm, int64_t num_src, const char* op) {
+  const int64_t E = perm.numel();
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    const index_t* rp = rowptr.const_data_ptr<index_t>();
+    for (int64_t r = 0; r + 1 < rowptr.numel() && st == Status::Ok; ++r)
+      if (!row_ok(rp, r, E)) st = Status::BadRowptr;
+  });
+  if (st == Status::Ok && col.defined() && !ids_within(col, num_src)) st = Status::BadCol;
+  if (st == Status::Ok && !ids_within(perm, E)) st = Status::BadPerm;
+  raise_status(st, op, num_src, E);
+}
+
+// spmm without a weight never reads perm, so its kernels cannot check it as they go: a perm
+// that build_csr did not make (trust.h) is checked here, as the CUDA glue checks every structure.
+inline void check_unread_perm(const at::Tensor& rowptr, const at::Tensor& perm, const char* op) {
+  const int64_t E = perm.numel();
+  if (structure_facts(rowptr, at::Tensor(), perm).ranges_ok) return;
+  TORCH_CHECK_INDEX(ids_within(perm, E), op, ": perm holds an edge id outside [0, ", E, ")");
+}
+
 // CPU knobs (explicit kernel arguments, filled from the device profile):
 //   knobs[0] = work chunks per thread (load balance vs. scheduling overhead), default 4;
 //              0 or negative: the default; clamped to kMaxChunksPerThread (each chunk costs a
