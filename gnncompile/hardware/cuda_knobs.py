@@ -53,6 +53,13 @@ WAVES = 4
 MAX_GRID_Y = 65535
 MAX_EXPLICIT_ITEMS = 1 << 20
 SCRATCH_FLOOR_BYTES = 64 << 20
+MAX_VEC = 16  # the cap knobs.h puts on an explicit vec_width (elements) before picking a width
+
+# The largest explicit value of each knob that knobs.h does not clamp further (lanes and rows per
+# block are clamped to these before rounding, vec_width to MAX_VEC, items_per_group to
+# [K_mem, max(2^20, K_mem)]): a device profile's knobs are clamped to them when it is loaded
+# (gnncompile.hardware.profiles).
+EXPLICIT_KNOB_MAX = (MAX_LANES, MAX_BLOCK, MAX_VEC, MAX_EXPLICIT_ITEMS)
 
 # Vector widths compiled for each element size, widest first (VecSet in native/cuda/common.cuh).
 COMPILED_VEC = {4: (4, 2, 1), 8: (2, 1, 1), 2: (8, 2, 1)}
@@ -258,6 +265,6 @@ def knobs_for(props: Any, num_features: int, avg_degree: float, profile: Optiona
 
 
 __all__ = [
-    "KNOB_NAMES", "normalize_props", "device_props", "default_knobs", "knobs_for", "spmm_knobs",
-    "edge_dot_knobs", "edge_softmax_knobs", "default_items", "pick_vec",
+    "KNOB_NAMES", "EXPLICIT_KNOB_MAX", "normalize_props", "device_props", "default_knobs", "knobs_for",
+    "spmm_knobs", "edge_dot_knobs", "edge_softmax_knobs", "default_items", "pick_vec",
 ]

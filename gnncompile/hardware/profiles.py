@@ -27,6 +27,28 @@ Loading never crashes: a corrupt file (bad JSON, wrong format, missing or ill-ty
 a foreign one (another device key) or a stale one (another schema version, another gnncompile
 version, another torch major.minor) gives a :class:`ProfileWarning` and the defaults of
 :func:`gnncompile.hardware.default_settings`.
+
+Every setting has a range (:func:`setting_ranges`, from this machine's CPU count; None always
+means "unset, use the default"). A value of the wrong type, or below its range, makes the
+profile corrupt (warning + defaults); a value above its range is clamped to the top of it, with
+a ProfileWarning saying what was changed:
+
+* ``threads``: ``[1, cpus]`` (cpus = the logical CPUs of this machine, the host's for a CUDA
+  device): more threads than CPUs only oversubscribe the cores.
+* ``num_workers``: ``[0, 2 * cpus]`` loader processes.
+* ``pool_size``: ``[1, max(8, 2 * cpus + 2)]`` batch slots: one per worker at the most workers,
+  one ready and one in use; every slot holds buffers for the largest batch, so slots beyond what
+  can be in flight only hold memory.
+* ``batch_size``: ``[1, 2**20]`` (:data:`MAX_BATCH_SIZE`; each pool slot holds
+  ``batch_size + 1`` int64 pointers per batched attribute, at most 8 MiB).
+* ``knobs``: a list of ints >= 0 (0 = the kernel's default), at most one per knob of the device
+  (extra entries are dropped): on the CPU ``[chunks_per_thread]`` in ``[0, 4096]``
+  (:data:`CPU_MAX_CHUNKS_PER_THREAD`, the kernels' own cap in native/cpu/glue.h); on CUDA
+  ``[lanes_per_row, rows_per_block, vec_width, items_per_group]`` up to
+  :data:`gnncompile.hardware.cuda_knobs.EXPLICIT_KNOB_MAX` = ``(32, 256, 16, 2**20)``, the bounds
+  native/cuda/knobs.h applies to explicit knobs.
+* ``pin_memory``, ``persistent_workers``: true or false; ``inner``: one of
+  :data:`gnncompile.compiler.backend.INNERS`.
 """
 from __future__ import annotations
 
@@ -39,12 +61,13 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
 from .. import __version__
 from ..compiler.backend import INNERS  # what settings.inner may hold (None: the default)
+from . import cuda_knobs as _cuda_knobs
 from . import device as _device
 
 FORMAT = "gnncompile-profile"
@@ -53,8 +76,17 @@ SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "p
                 "persistent_workers", "inner")
 
 
+#: The CPU kernels' cap on knobs[0] (chunks per thread): kMaxChunksPerThread in native/cpu/glue.h.
+CPU_MAX_CHUNKS_PER_THREAD = 4096
+#: The largest batch_size a profile may set.
+MAX_BATCH_SIZE = 1 << 20
+#: pool_size may always go up to this many slots, however few CPUs the machine has.
+MIN_POOL_CAP = 8
+
+
 class ProfileWarning(UserWarning):
-    """A profile could not be used; gnncompile fell back to the defaults."""
+    """A profile could not be used (gnncompile fell back to the defaults), or some of its
+    settings were out of range and were clamped."""
 
 
 class ProfileError(ValueError):
@@ -148,10 +180,14 @@ class Profile:
     def summary(self) -> str:
         tp = self.throughput
         speed = ""
-        if tp.get("tuned") and tp.get("default"):
+        if _is_number(tp.get("tuned")) and _is_number(tp.get("default")) and tp["tuned"] and tp["default"]:
             speed = f", tuned {tp['tuned']:.4g} vs default {tp['default']:.4g} {tp.get('unit', '')}"
         where = self.path or "(defaults)"
         return f"{self.device_key} {self.workload.get('kind', '-')}/{self.workload.get('model', '-')}{speed}: {where}"
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def default_profile(props: Optional[Dict[str, Any]] = None) -> Profile:
@@ -240,10 +276,80 @@ def atomic_write(target: Path, write) -> None:
         raise
 
 
-# ------------------------------------------------------------------------------ reading
+# ------------------------------------------------------------------------------ ranges
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
+
+def machine_cpus(props: Optional[Mapping[str, Any]] = None) -> int:
+    """Logical CPUs of the machine ``props`` describes (the host's for a CUDA device), else
+    ``os.cpu_count()``."""
+    for key in ("logical_cpus", "host_logical_cpus"):
+        v = (props or {}).get(key)
+        if _is_int(v) and v >= 1:
+            return v
+    return os.cpu_count() or 1
+
+
+def setting_ranges(props: Optional[Mapping[str, Any]] = None) -> Dict[str, Tuple[int, int]]:
+    """``{setting: (low, high)}`` for the integer settings on the machine ``props`` describes
+    (default: this one by ``os.cpu_count()``); see the module docstring for why."""
+    cpus = machine_cpus(props)
+    return {"threads": (1, cpus), "num_workers": (0, 2 * cpus),
+            "pool_size": (1, max(MIN_POOL_CAP, 2 * cpus + 2)), "batch_size": (1, MAX_BATCH_SIZE)}
+
+
+def knob_ranges(device_type: str) -> List[Tuple[int, int]]:
+    """``(low, high)`` of each kernel knob of a device type; the list's length is the number
+    of knobs the kernels read (a profile's extra entries are dropped)."""
+    if device_type == "cuda":
+        return [(0, hi) for hi in _cuda_knobs.EXPLICIT_KNOB_MAX]
+    return [(0, CPU_MAX_CHUNKS_PER_THREAD)]
+
+
+def _in_range(name: str, v: Any, lo: int, hi: Optional[int], notes: List[str]) -> int:
+    """``v`` clamped to ``hi`` (noted); ProfileError unless it is an int >= ``lo``."""
+    if not (_is_int(v) and v >= lo):
+        raise ProfileError(f"corrupt: {name} must be an int >= {lo}, got {v!r}")
+    if hi is not None and v > hi:
+        notes.append(f"{name} = {v} is above its range [{lo}, {hi}] on this machine; clamped to {hi}")
+        return hi
+    return v
+
+
+def check_settings(settings: Mapping[str, Any], props: Optional[Mapping[str, Any]] = None,
+                   device_type: str = "cpu") -> Tuple[Dict[str, Any], List[str]]:
+    """``settings`` with every value above its range clamped (see :func:`setting_ranges`,
+    :func:`knob_ranges`) and a note for each change. Raises :class:`ProfileError` for a value
+    of the wrong type or below its range. None means unset and is kept."""
+    out, notes = dict(settings), []
+    for key, (lo, hi) in setting_ranges(props).items():
+        if out.get(key) is not None:
+            out[key] = _in_range(f"settings.{key}", out[key], lo, hi, notes)
+    knobs = out.get("knobs")
+    if knobs is not None:
+        if not isinstance(knobs, list):
+            raise ProfileError(f"corrupt: settings.knobs must be a list of ints >= 0, got {knobs!r}")
+        ranges = knob_ranges(device_type)
+        knobs = [_in_range(f"settings.knobs[{i}]", k, *(ranges[i] if i < len(ranges) else (0, None)), notes)
+                 for i, k in enumerate(knobs)]
+        if len(knobs) > len(ranges):
+            notes.append(f"settings.knobs has {len(knobs)} entries, the {device_type} kernels read "
+                         f"{len(ranges)}; dropped the rest")
+        out["knobs"] = knobs[:len(ranges)]
+    for k in ("pin_memory", "persistent_workers"):
+        if out.get(k) is not None and not isinstance(out[k], bool):
+            raise ProfileError(f"corrupt: settings.{k} must be true or false, got {out[k]!r}")
+    if out.get("inner") is not None and out["inner"] not in INNERS:
+        raise ProfileError(f"corrupt: settings.inner must be one of {INNERS} or null, got {out['inner']!r}")
+    return out, notes
+
+
+def _device_type(doc: Mapping[str, Any]) -> str:
+    return str(doc["device"].get("type", "cpu"))
+
+
+# ------------------------------------------------------------------------------ reading
 
 def validate(doc: Any, device_props: Optional[Mapping[str, Any]] = None, check_device: bool = True,
              check_versions: bool = True) -> None:
@@ -256,23 +362,12 @@ def validate(doc: Any, device_props: Optional[Mapping[str, Any]] = None, check_d
     s = doc.get("settings")
     if not isinstance(s, dict):
         raise ProfileError("corrupt: 'settings' is missing or not an object")
-    knobs = s.get("knobs")
-    if knobs is not None and (not isinstance(knobs, list) or not all(_is_int(k) and k >= 0 for k in knobs)):
-        raise ProfileError(f"corrupt: settings.knobs must be a list of non-negative ints, got {knobs!r}")
-    for k in ("threads", "batch_size", "pool_size"):
-        if s.get(k) is not None and not (_is_int(s[k]) and s[k] >= 1):
-            raise ProfileError(f"corrupt: settings.{k} must be a positive int, got {s[k]!r}")
-    if s.get("num_workers") is not None and not (_is_int(s["num_workers"]) and s["num_workers"] >= 0):
-        raise ProfileError(f"corrupt: settings.num_workers must be an int >= 0, got {s['num_workers']!r}")
-    for k in ("pin_memory", "persistent_workers"):
-        if s.get(k) is not None and not isinstance(s[k], bool):
-            raise ProfileError(f"corrupt: settings.{k} must be true or false, got {s[k]!r}")
-    if s.get("inner") is not None and s["inner"] not in INNERS:
-        raise ProfileError(f"corrupt: settings.inner must be one of {INNERS} or null, got {s['inner']!r}")
     if not isinstance(doc.get("device"), dict) or not isinstance(doc.get("device_key"), str):
         raise ProfileError("corrupt: 'device' / 'device_key' missing")
-    if not isinstance(doc.get("workload", {}), dict):
-        raise ProfileError("corrupt: 'workload' is not an object")
+    check_settings(s, device_props, _device_type(doc))  # raises for what cannot be clamped
+    for k in ("workload", "throughput"):
+        if not isinstance(doc.get(k, {}), dict):
+            raise ProfileError(f"corrupt: '{k}' is not an object")
     if check_versions:
         if doc.get("gnncompile_version") != __version__:
             raise ProfileError(f"stale: written by gnncompile {doc.get('gnncompile_version')!r}, "
@@ -299,7 +394,13 @@ def read(path: Union[str, os.PathLike]) -> Dict[str, Any]:
 
 
 def _from_doc(doc: Dict[str, Any], path: Optional[str], props: Mapping[str, Any]) -> Profile:
-    return Profile(settings=_complete(doc["settings"], props), device=dict(doc["device"]),
+    """The Profile of a validated document, its settings clamped to this machine's ranges (a
+    ProfileWarning lists what was clamped)."""
+    settings, notes = check_settings(doc["settings"], props, _device_type(doc))
+    if notes:
+        warnings.warn(f"gnncompile: profile {path or '(given as a dict)'}: " + "; ".join(notes),
+                      ProfileWarning, stacklevel=3)
+    return Profile(settings=_complete(settings, props), device=dict(doc["device"]),
                    device_key=doc["device_key"], workload=dict(doc.get("workload") or {}),
                    throughput=dict(doc.get("throughput") or {}), path=path, source="file", raw=doc)
 
@@ -399,4 +500,5 @@ def resolve(profile: Any = "auto", workload: Optional[Mapping[str, Any]] = None,
 
 __all__ = ["Profile", "ProfileWarning", "ProfileError", "cache_dir", "profile_dir", "make", "save",
            "read", "validate", "load_file", "find", "resolve", "list_profiles", "default_profile",
-           "workload_signature", "workload_distance", "SCHEMA_VERSION", "SETTING_KEYS"]
+           "workload_signature", "workload_distance", "SCHEMA_VERSION", "SETTING_KEYS", "check_settings",
+           "setting_ranges", "knob_ranges", "machine_cpus", "CPU_MAX_CHUNKS_PER_THREAD", "MAX_BATCH_SIZE"]

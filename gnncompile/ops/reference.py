@@ -119,7 +119,10 @@ def edge_dot(rowptr, col, perm, x, g, heads: int, knobs: Sequence[int] = ()):
     E = col.numel()
     check_structure(rowptr, col, perm, x.size(0), "gnncompile.edge_dot")
     check_perm_unique(perm, "gnncompile.edge_dot")
-    C = _features(x) // heads
+    F = _features(x)
+    if heads < 1 or F % heads:
+        raise ValueError(f"gnncompile.edge_dot: heads ({heads}) must divide the feature count ({F})")
+    C = F // heads
     rows = _rows(rowptr)
     xe = _acc(x).index_select(0, col.long()).reshape(E, heads, C)
     ge = _acc(g).index_select(0, rows).reshape(E, heads, C)

@@ -65,6 +65,10 @@ inline int64_t check_edge_lists(const at::Tensor& dst, const at::Tensor& src, in
                     src.sizes());
   TORCH_CHECK_TYPE(dst.scalar_type() == src.scalar_type(), op, ": dst and src must share one dtype");
   TORCH_CHECK_VALUE(num_dst >= 0 && num_src >= 0, op, ": node counts must be non-negative");
+  // rowptr has num_dst + 1 entries: that count must fit int64 (torch reports the allocation
+  // failure of any count short of that)
+  TORCH_CHECK_VALUE(num_dst < std::numeric_limits<int64_t>::max(), op, ": num_dst (", num_dst,
+                    ") is too large: rowptr needs num_dst + 1 entries");
   const int64_t E = dst.numel();
   if (dst.scalar_type() == at::kInt) {
     TORCH_CHECK_VALUE(E <= std::numeric_limits<int32_t>::max() &&
@@ -86,6 +90,12 @@ inline int64_t check_edge_lists(const at::Tensor& dst, const at::Tensor& src, in
   TORCH_CHECK_INDEX(false, which, " holds index ", value, " at edge ", edge, ", out of range for ",
                     is_dst ? num_dst : num_src, is_dst ? " destination" : " source", " nodes");
   TORCH_INTERNAL_ASSERT(false, "unreachable");
+}
+
+// The feature dtypes the kernels compute in (GNN_DISPATCH_FLOAT's), checked up front: a call
+// that needs no kernel (no edges, rows or features) refuses the same dtypes as one that does.
+inline void check_feature_dtype(const at::Tensor& t, const char* op) {
+  GNN_DISPATCH_FLOAT(t.scalar_type(), op, [&] {});
 }
 
 // A structure handed to spmm or edge_dot: shapes and one index dtype. Its values are checked
@@ -198,6 +208,7 @@ SpmmCall spmm_call(const at::Tensor& rowptr, const at::Tensor& col, const at::Te
   c.col = col.contiguous();
   c.perm = perm.contiguous();
   c.x = x.contiguous();
+  check_feature_dtype(c.x, op);
   c.M = c.rowptr.numel() - 1;
   c.E = c.col.numel();
   c.F = c10::multiply_integers(c.x.sizes().slice(1));
@@ -216,15 +227,21 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> built_structure(const at::
   return {rowptr, col, perm};
 }
 
+// Whether every entry of the index tensor `ids` lies in [0, bound) (true when it is empty).
+// Device-agnostic (ATen ops, one small device-to-host copy).
+inline bool ids_within(const at::Tensor& ids, int64_t bound) {
+  if (ids.numel() == 0) return true;
+  const auto mm = at::aminmax(ids);
+  return std::get<0>(mm).item<int64_t>() >= 0 && std::get<1>(mm).item<int64_t>() < bound;
+}
+
 // edge_dot and edge_softmax write out[perm[j]] for every CSR slot j: a perm that repeats an
 // edge id would leave other outputs unwritten. Checked once per structure (build_csr's output is
 // known to be a permutation); an id out of range raises first. Device-agnostic (ATen ops).
 inline void ensure_perm_unique(const at::Tensor& rowptr, const at::Tensor& perm, const char* op) {
   const int64_t E = perm.numel();
   if (E == 0 || structure_facts(rowptr, at::Tensor(), perm).perm_unique) return;
-  const auto mm = at::aminmax(perm);
-  TORCH_CHECK_INDEX(std::get<0>(mm).item<int64_t>() >= 0 && std::get<1>(mm).item<int64_t>() < E, op,
-                    ": perm holds an edge id outside [0, ", E, ")");
+  TORCH_CHECK_INDEX(ids_within(perm, E), op, ": perm holds an edge id outside [0, ", E, ")");
   const at::Tensor counts = at::bincount(perm.to(at::kLong), {}, E);
   TORCH_CHECK_INDEX(counts.eq(1).all().item<bool>(), op, ": perm must hold every edge id in [0, ", E,
                     ") exactly once (a permutation); it repeats some");

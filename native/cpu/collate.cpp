@@ -30,6 +30,15 @@ void check_index_vectors(const at::Tensor& starts, const at::Tensor& sizes, cons
                     op, ": starts and sizes must be contiguous 1-D of one length, idx 1-D");
 }
 
+// total + n for 0 <= total <= cap and n >= 0, raising when the sum exceeds cap. Compares n with
+// cap - total (which cannot overflow) instead of forming total + n (which can, for sizes near
+// 2^63, and would then pass the check and write past out).
+int64_t add_within(int64_t total, int64_t n, int64_t cap, const char* op, const char* what) {
+  TORCH_CHECK_VALUE(n <= cap - total, op, ": the batch needs more ", what, " than out holds (", cap,
+                    "): ", total, " before a graph of ", n);
+  return total + n;
+}
+
 void collate_rows_cpu(const at::Tensor& values, const at::Tensor& starts, const at::Tensor& sizes,
                       const at::Tensor& idx, at::Tensor out, const std::optional<at::Tensor>& incs) {
   const char* op = "gnncompile.collate_rows";
@@ -57,16 +66,20 @@ void collate_rows_cpu(const at::Tensor& values, const at::Tensor& starts, const 
                      op, ": incs must be contiguous int64 with one entry per graph");
     inc = incs->const_data_ptr<int64_t>();
   }
-  // validate everything before writing anything
-  int64_t total = 0;
+  // validate everything before writing anything; no check forms a sum that can overflow
+  int64_t total = 0, inc_sum = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t g = id[b];
     TORCH_CHECK_INDEX(g >= 0 && g < G, op, ": graph index ", g, " out of range for ", G, " graphs");
-    TORCH_CHECK_INDEX(sz[g] >= 0 && st[g] >= 0 && st[g] + sz[g] <= T, op, ": graph ", g,
-                      " spans rows [", st[g], ", ", st[g] + sz[g], ") of ", T);
-    total += sz[g];
+    TORCH_CHECK_INDEX(sz[g] >= 0 && st[g] >= 0 && sz[g] <= T && st[g] <= T - sz[g], op, ": graph ", g,
+                      " spans rows [", st[g], ", ", st[g], " + ", sz[g], ") of ", T);
+    total = add_within(total, sz[g], cap, op, "rows");
+    // the running sum of incs over the graphs before b is added to graph b's values
+    if (inc != nullptr && b + 1 < B) {
+      TORCH_CHECK_VALUE(!__builtin_add_overflow(inc_sum, inc[g], &inc_sum), op,
+                        ": the running sum of incs overflows int64 at graph ", g);
+    }
   }
-  TORCH_CHECK_VALUE(total <= cap, op, ": the batch needs ", total, " rows, out holds ", cap);
   const char* src = static_cast<const char*>(values.const_data_ptr());
   char* dst = static_cast<char*>(out.data_ptr());
   if (inc == nullptr) {
@@ -95,10 +108,8 @@ void segment_ids_cpu(const at::Tensor& sizes, const at::Tensor& idx, at::Tensor 
     TORCH_CHECK_INDEX(id[b] >= 0 && id[b] < G, op, ": graph index ", id[b], " out of range for ", G,
                       " graphs");
     TORCH_CHECK_INDEX(sz[id[b]] >= 0, op, ": negative size for graph ", id[b]);
-    total += sz[id[b]];
+    total = add_within(total, sz[id[b]], out.numel(), op, "ids");
   }
-  TORCH_CHECK_VALUE(total <= out.numel(), op, ": the batch needs ", total, " ids, out holds ",
-                    out.numel());
   fill_segment_ids(sz, id, B, out.data_ptr<int64_t>(), ptr.data_ptr<int64_t>());
 }
 

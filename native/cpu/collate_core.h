@@ -1,6 +1,7 @@
 // The copy loops of the pooled loader's collation on the host (collate_rows, segment_ids; see
 // collate.cpp for what they compute). Torch-free: plain pointers. The glue validates every
-// graph index, span and capacity before calling them, so they never check.
+// graph index, span and capacity (and the running sum of incs) before calling them, without
+// forming sums that can overflow, so they never check: every offset here is <= out's size.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -35,7 +36,7 @@ void collate_add(const scalar_t* s, scalar_t* d, const int64_t* st, const int64_
     const scalar_t a = static_cast<scalar_t>(add);
     for (int64_t k = 0; k < n; ++k) to[k] = from[k] + a;
     o += sz[g];
-    add += inc[g];
+    if (b + 1 < B) add += inc[g];  // the glue checked that these sums fit int64
   }
 }
 

@@ -18,6 +18,7 @@ at::Tensor edge_dot_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in,
   check_cpu(x_in, op, "x");
   check_cpu(g_in, op, "g");
   TORCH_CHECK_TYPE(x_in.scalar_type() == g_in.scalar_type(), op, ": x and g dtypes differ");
+  check_feature_dtype(x_in, op);
   const at::Tensor rowptr = rowptr_in.contiguous(), col = col_in.contiguous(),
                    perm = perm_in.contiguous(), x = x_in.contiguous(), g = g_in.contiguous();
   const int64_t M = rowptr.numel() - 1, E = col.numel();
@@ -26,8 +27,10 @@ at::Tensor edge_dot_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in,
   check_rowptr_ends(rowptr, E, op);
   ensure_perm_unique(rowptr, perm, op);  // out[perm[j]] is written once per slot
   at::Tensor out = at::empty({E, heads}, x.options());
-  if (E == 0) return out;
-  if (F == 0) return out.zero_();
+  if (E == 0 || F == 0) {
+    check_unwalked_structure(rowptr, col, perm, x.size(0), op);
+    return out.zero_();
+  }
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {

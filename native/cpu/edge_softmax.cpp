@@ -33,12 +33,16 @@ at::Tensor run(const at::Tensor& rowptr_in, const at::Tensor& perm_in, const at:
     check_edge_tensor(*b_in, E, op, "grad");
     check_out_grad(a_in, *b_in, op);
   }
+  check_feature_dtype(a_in, op);
   const at::Tensor rowptr = rowptr_in.contiguous(), perm = perm_in.contiguous(), a = a_in.contiguous();
   ensure_perm_unique(rowptr, perm, op);  // out[perm[j]] is written once per slot
   const at::Tensor b = BWD ? b_in->contiguous() : at::Tensor();
   at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
   const int64_t H = c10::multiply_integers(a.sizes().slice(1));
-  if (E == 0 || H == 0) return out;
+  if (E == 0 || H == 0) {
+    check_unwalked_structure(rowptr, at::Tensor(), perm, E, op);
+    return out;
+  }
   const int64_t M = rowptr.numel() - 1;
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {

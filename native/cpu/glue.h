@@ -56,10 +56,48 @@ inline void raise_status(Status st, const char* op, int64_t num_src, int64_t num
   }
 }
 
+// What the kernels check as they walk a structure, for a call that returns before any kernel
+// runs (no edges, rows or features): rowptr non-decreasing within [0, E], col (when defined) in
+// [0, num_src), perm in [0, E). A structure is refused or accepted whatever the sizes of x.
+inline void check_unwalked_structure(const at::Tensor& rowptr, const at::Tensor& col,
+                                     const at::Tensor& perm, int64_t num_src, const char* op) {
+  const int64_t E = perm.numel();
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    const index_t* rp = rowptr.const_data_ptr<index_t>();
+    for (int64_t r = 0; r + 1 < rowptr.numel() && st == Status::Ok; ++r)
+      if (!row_ok(rp, r, E)) st = Status::BadRowptr;
+  });
+  if (st == Status::Ok && col.defined() && !ids_within(col, num_src)) st = Status::BadCol;
+  if (st == Status::Ok && !ids_within(perm, E)) st = Status::BadPerm;
+  raise_status(st, op, num_src, E);
+}
+
+// spmm without a weight never reads perm, so its kernels cannot check it as they go: a perm
+// that build_csr did not make (trust.h) is checked here, as the CUDA glue checks every structure.
+inline void check_unread_perm(const at::Tensor& rowptr, const at::Tensor& perm, const char* op) {
+  const int64_t E = perm.numel();
+  if (structure_facts(rowptr, at::Tensor(), perm).ranges_ok) return;
+  TORCH_CHECK_INDEX(ids_within(perm, E), op, ": perm holds an edge id outside [0, ", E, ")");
+}
+
 // CPU knobs (explicit kernel arguments, filled from the device profile):
-//   knobs[0] = work chunks per thread (load balance vs. scheduling overhead), default 4.
+//   knobs[0] = work chunks per thread (load balance vs. scheduling overhead), default 4;
+//              0 or negative: the default; clamped to kMaxChunksPerThread (each chunk costs a
+//              binary search and a scheduling step, and chunks never outnumber rows anyway).
+//              gnncompile/hardware/profiles.py clamps a profile's knobs to the same range.
+constexpr int64_t kDefaultChunksPerThread = 4;
+constexpr int64_t kMaxChunksPerThread = 4096;
 inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
-  return (knobs.size() > 0 && knobs[0] > 0) ? knobs[0] : 4;
+  if (knobs.size() == 0 || knobs[0] <= 0) return kDefaultChunksPerThread;
+  return std::min<int64_t>(knobs[0], kMaxChunksPerThread);
+}
+
+// Chunks for num_rows rows on `threads` threads: threads * chunks_per_thread, at most one per
+// row. No overflow: threads is an int and chunks_per_thread at most kMaxChunksPerThread.
+inline int64_t num_chunks(int64_t num_rows, int64_t threads, c10::IntArrayRef knobs) {
+  if (threads <= 1) return 1;
+  return std::min<int64_t>(num_rows, threads * chunks_per_thread(knobs));
 }
 
 // Runs fn(row_begin, row_end) -> Status over rows split into edge-balanced chunks, in
@@ -67,8 +105,7 @@ inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
 template <typename index_t, typename Fn>
 Status parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn) {
   if (num_rows == 0) return Status::Ok;
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t chunks = std::min<int64_t>(num_rows, threads == 1 ? 1 : threads * chunks_per_thread(knobs));
+  const int64_t chunks = num_chunks(num_rows, at::get_num_threads(), knobs);
   if (chunks <= 1) return fn(0, num_rows);
   // The split reads rowptr through a binary search: only valid for a non-decreasing rowptr
   // inside [0, E], so check that here (O(M), far less than the kernel's O(E * F)).

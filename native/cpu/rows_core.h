@@ -25,10 +25,18 @@ template <typename index_t>
 void balanced_row_split(const index_t* rowptr, int64_t num_rows, int64_t num_chunks,
                         int64_t* bounds) {
   const int64_t total = num_rows + static_cast<int64_t>(rowptr[num_rows]);
+  // target_k = floor(total * k / num_chunks), without forming total * k (it can overflow on a
+  // large graph cut into many chunks): k * q + floor(k * r / num_chunks), the second term
+  // carried incrementally (frac < num_chunks throughout).
+  const int64_t q = total / num_chunks, r = total % num_chunks;
+  int64_t whole = 0, frac = 0;
   bounds[0] = 0;
   int64_t row = 0;
   for (int64_t k = 1; k < num_chunks; ++k) {
-    const int64_t target = total * k / num_chunks;
+    whole += q;
+    frac += r;
+    if (frac >= num_chunks) { frac -= num_chunks; ++whole; }
+    const int64_t target = whole;
     // smallest row with row + rowptr[row] >= target (the cost function is increasing)
     int64_t lo = row, hi = num_rows;
     while (lo < hi) {

@@ -46,7 +46,11 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
   check_rowptr_ends(rowptr, E, op);
   at::Tensor out = c.o.out, arg = c.o.arg;
   const bool need_arg = c.o.need_arg;
-  if (c.o.done) return {out, arg};
+  if (c.o.done) {
+    check_unwalked_structure(rowptr, col, perm, x.size(0), op);
+    return {out, arg};
+  }
+  if (c.w.mode == WeightMode::None) check_unread_perm(rowptr, perm, op);
 
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {

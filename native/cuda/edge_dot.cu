@@ -20,6 +20,7 @@ at::Tensor edge_dot_cuda(const at::Tensor& rowptr_in, const at::Tensor& col_in, 
   check_on(perm_in, dev, op, "perm");
   check_on(g_in, dev, op, "g");
   TORCH_CHECK_TYPE(x_in.scalar_type() == g_in.scalar_type(), op, ": x and g dtypes differ");
+  check_feature_dtype(x_in, op);
   TORCH_CHECK_VALUE(x_in.dim() >= 1, op, ": x must have a node dimension");
   const c10::cuda::CUDAGuard guard(dev);
   const at::Tensor rowptr = rowptr_in.contiguous(), col = col_in.contiguous(), perm = perm_in.contiguous(),

@@ -32,6 +32,7 @@ at::Tensor run(const at::Tensor& rowptr_in, const at::Tensor& perm_in, const at:
     check_edge_tensor(*b_in, E, dev, op, "grad");
     check_out_grad(a_in, *b_in, op);
   }
+  check_feature_dtype(a_in, op);
   const c10::cuda::CUDAGuard guard(dev);
   const at::Tensor rowptr = rowptr_in.contiguous(), perm = perm_in.contiguous(), a = a_in.contiguous();
   const at::Tensor b = BWD ? b_in->contiguous() : at::Tensor();
