@@ -158,6 +158,18 @@ def check_mode_from_env() -> str:
     return mode
 
 
+def fingerprint(edge_index: Tensor):
+    """The content fingerprint (``gnncompile::fingerprint``) of ``edge_index``: an int for a CPU
+    tensor, a 0-d tensor on its device otherwise (computing it does not wait for the device,
+    comparing it does)."""
+    fp = ops.fingerprint.default(edge_index)
+    return fp.item() if edge_index.is_cpu else fp
+
+
+def _same_fingerprint(a, b) -> bool:
+    return a == b if isinstance(a, int) else bool(torch.equal(a, b))
+
+
 @dataclass
 class _Owner:
     """One edge_index tensor an entry belongs to, and its state when the entry was made."""
@@ -172,7 +184,7 @@ class _Entry:
     by_num_dst: Dict[int, Structure] = field(default_factory=dict)
     owners: Dict[int, _Owner] = field(default_factory=dict)  # id(tensor) -> owner
     content: Optional[Tensor] = None  # private copy, for entries shared by content
-    fingerprint: Optional[Tensor] = None  # of the content it was built from (0-d, on its device)
+    fingerprint: object = None  # fingerprint() of the content it was built from
 
     def owns(self, edge_index: Tensor) -> bool:
         o = self.owners.get(id(edge_index))
@@ -208,15 +220,15 @@ class StructureCache:
         """Whether a hit by identity on ``edge_index`` is confirmed by its fingerprint."""
         if edge_index.is_inference():
             return True  # no version counter: the fingerprint is the only witness of an edit
-        return self.check == "all" or (self.check == "cpu" and edge_index.device.type == "cpu")
+        return self.check == "all" or (self.check == "cpu" and edge_index.is_cpu)
 
-    def _find(self, edge_index: Tensor, share: bool, fp: Optional[Tensor]) -> Tuple[Optional[_Entry], str]:
+    def _find(self, edge_index: Tensor, share: bool, fp) -> Tuple[Optional[_Entry], str]:
         """The entry of ``edge_index``: by identity (confirmed by ``fp`` unless it is None), else,
         with ``share``, by content."""
         key = id(edge_index)
         entry = self._live.get(key)
         if entry is not None and entry.owns(edge_index):
-            if fp is None or torch.equal(entry.fingerprint, fp):
+            if fp is None or _same_fingerprint(entry.fingerprint, fp):
                 return entry, "identity"
             # written behind its version counter: the entry still describes its old content
             entry.owners.pop(key, None)
@@ -229,8 +241,7 @@ class StructureCache:
                     return cand, "content"
         return None, ""
 
-    def _adopt(self, entry: Optional[_Entry], edge_index: Tensor, share: bool,
-               fp: Optional[Tensor]) -> _Entry:
+    def _adopt(self, entry: Optional[_Entry], edge_index: Tensor, share: bool, fp) -> _Entry:
         """Makes ``entry`` (a new one of fingerprint ``fp`` when None) the entry of ``edge_index``;
         with ``share``, one of the shared entries too."""
         entry = _Entry(fingerprint=fp) if entry is None else entry
@@ -250,7 +261,7 @@ class StructureCache:
 
     def get(self, edge_index: Tensor, num_dst: int, share: bool = False) -> Structure:
         """The structure of ``edge_index`` for ``num_dst`` destinations, built on a miss."""
-        fp = ops.fingerprint(edge_index) if self.checks(edge_index) else None
+        fp = fingerprint(edge_index) if self.checks(edge_index) else None
         with self._lock:
             entry, how = self._find(edge_index, share, fp)
             if entry is not None and num_dst in entry.by_num_dst:
@@ -262,7 +273,7 @@ class StructureCache:
                     self._adopt(entry, edge_index, share, fp)
                 return entry.by_num_dst[num_dst]
         if fp is None:
-            fp = ops.fingerprint(edge_index)  # recorded with the structure, whatever the mode
+            fp = fingerprint(edge_index)  # recorded with the structure, whatever the mode
         with outside_inference_mode():
             s = build(edge_index, num_dst)  # outside the lock: may raise for a bad edge_index
         with self._lock:
@@ -400,5 +411,6 @@ def _(rowptr, dtype):
 
 
 __all__ = ["Structure", "StructureCache", "CACHE", "MAX_SHARED", "CHECK_MODES", "build", "structure",
-           "cache_info", "clear_cache", "set_structure_check", "structure_check", "outside_inference_mode", "transpose_structure", "cached_csr", "cached_csc", "pair_csr", "pair_csc",
-           "csr_degree"]
+           "cache_info", "clear_cache", "set_structure_check", "structure_check", "fingerprint",
+           "outside_inference_mode", "transpose_structure", "cached_csr", "cached_csc", "pair_csr",
+           "pair_csc", "csr_degree"]
