@@ -15,7 +15,8 @@ from __future__ import annotations
 from . import reference, schemas  # noqa: F401  (schemas first: it defines the ops)
 from . import autograd, structure, targets  # noqa: F401
 from .functional import REDUCES, collate_rows, edge_softmax, get_knobs, segment_ids, set_knobs, spmm
-from .structure import cache_info, clear_cache, transpose_structure
+from .structure import cache_info, clear_cache, set_structure_check, structure_check, transpose_structure
 
 __all__ = ["spmm", "edge_softmax", "set_knobs", "get_knobs", "collate_rows", "segment_ids", "REDUCES",
-           "reference", "structure", "transpose_structure", "cache_info", "clear_cache"]
+           "reference", "structure", "transpose_structure", "cache_info", "clear_cache", "set_structure_check",
+           "structure_check"]

@@ -172,6 +172,43 @@ def clone_structure(rowptr, col, perm):
     return rowptr.clone(), col.clone(), perm.clone()
 
 
+# ----------------------------------------------------------------------------- fingerprint
+_U64 = (1 << 64) - 1
+_FP_POS = 0x9e3779b97f4a7c15  # the constants of native/common/fingerprint.h
+
+
+def _i64(u: int) -> int:
+    """The int64 with the bits of the uint64 ``u``."""
+    u &= _U64
+    return u - (1 << 64) if u >> 63 else u
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 words (torch's ``>>`` is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _fp_mix(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ _shr(x, 30)
+    x = x * _i64(0xbf58476d1ce4e5b9)
+    x = x ^ _shr(x, 27)
+    x = x * _i64(0x94d049bb133111eb)
+    return x ^ _shr(x, 31)
+
+
+def fingerprint(index: torch.Tensor) -> torch.Tensor:
+    """``mix(sum_i mix(v[i] ^ i * K) ^ mix(n + K))`` modulo 2^64 over the elements in row-major
+    order (native/common/fingerprint.h explains the choice); int64 arithmetic wraps like uint64."""
+    if index.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"gnncompile.fingerprint: unsupported index dtype {index.dtype} (expected int32 or int64)")
+    v = index.reshape(-1).long()
+    n = v.numel()
+    pos = torch.arange(n, dtype=torch.long, device=v.device) * _i64(_FP_POS)
+    total = _fp_mix(v ^ pos).sum()
+    size_key = _fp_mix(torch.tensor(_i64(n + _FP_POS), dtype=torch.long, device=v.device))
+    return _fp_mix(total ^ size_key)
+
+
 # ----------------------------------------------------------------------------- collation
 def _segment_offsets(sizes: torch.Tensor, idx: torch.Tensor):
     sel = sizes[idx]

@@ -37,6 +37,9 @@ _lib.define(
 # A copy of a structure that keeps what the native code knows of the original (built by
 # build_csr, or validated once: native/common/trust.h), so that ops need not validate it again.
 _lib.define("clone_structure(Tensor rowptr, Tensor col, Tensor perm) -> (Tensor, Tensor, Tensor)")
+# A 64-bit content fingerprint of an index tensor (0-d int64 on its device; native/common/
+# fingerprint.h): the structure cache compares it to notice edits that bypass the version counter.
+_lib.define("fingerprint(Tensor index) -> Tensor")
 
 # The pooled loader's collation (gnncompile.data): copies of whole graphs into a batch buffer.
 _lib.define("collate_rows(Tensor values, Tensor starts, Tensor sizes, Tensor idx, Tensor(a!) out, "
@@ -48,7 +51,7 @@ _lib.define("segment_ids(Tensor sizes, Tensor idx, Tensor(a!) out, Tensor(b!) pt
 from . import _native  # noqa: E402,F401  (must come after the schemas are defined)
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
-              "segment_ids", "clone_structure"):
+              "segment_ids", "clone_structure", "fingerprint"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
@@ -85,6 +88,11 @@ def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t
 @torch.library.register_fake("gnncompile::clone_structure")
 def _clone_structure_fake(rowptr, col, perm):
     return torch.empty_like(rowptr), torch.empty_like(col), torch.empty_like(perm)
+
+
+@torch.library.register_fake("gnncompile::fingerprint")
+def _fingerprint_fake(index):
+    return index.new_empty((), dtype=torch.long)
 
 
 @torch.library.register_fake("gnncompile::edge_dot")

@@ -13,6 +13,17 @@ The cache policy
   was made: an in-place change (``ei[0, 0] = 3``, ``ei.add_(1)``, a write through a view) is a
   miss and builds anew. When the tensor is freed, its entry goes (autograd keeps the structure
   tensors it saved, never the entry or the user's tensor).
+* **Content check.** Writes through ``ei.numpy()``, ``ei.data`` or DLPack do not move the version
+  counter, and inference tensors have none. So every entry also records a 64-bit content
+  fingerprint of the ``edge_index`` it was built from (``gnncompile::fingerprint``: one parallel
+  pass, about 1 ms per 1M edges on 2 threads, against about 12 ms for the structure build), and
+  a hit by identity is confirmed by recomputing it when the check applies; a mismatch drops the
+  tensor from its entry and builds anew (``cache_info()["stale"]`` counts those). The check
+  applies to inference tensors always, and to other tensors per :func:`set_structure_check`
+  (environment: ``GNNCOMPILE_STRUCTURE_CHECK``): ``"cpu"`` (default: CPU tensors; on CUDA
+  comparing means a host wait per call, so CUDA trusts the version counter), ``"all"`` (CUDA
+  too: the fingerprint is computed on the device, the comparison waits), ``"off"`` (the version
+  counter only: writes that bypass it are missed).
 * **Content, for the compiled graphs.** A lookup that asks for it (``share=True``, which the
   rewritten graphs do) also matches a cached ``edge_index`` of equal content (same shape,
   dtype and device, ``torch.equal``: an O(E) comparison, about 1 ms for 1M edges here, against
@@ -22,6 +33,9 @@ The cache policy
   what shares one structure between layers that each compute the same ``edge_index``
   (``add_remaining_self_loops`` in every GCNConv / GATConv) and between training steps. An
   edited tensor has other content, so it never matches a stale entry.
+* Structures are built outside inference mode, even for a call inside it: they are normal
+  tensors (version counters, so the native code's record of validated structures keeps them;
+  and they may be saved for backward by a later call with autograd).
 * Inside a Dynamo trace the eager functions build without caching (the compiled graph has its
   own structure ops, which consult the cache when the graph runs).
 
@@ -36,7 +50,10 @@ The structure ops (``torch.ops.gnncompile.*``, Python custom ops, opaque to the 
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -49,9 +66,19 @@ from .checks import check_edge_index
 from .schemas import ops
 
 MAX_SHARED = 4
+CHECK_MODES = ("off", "cpu", "all")
+_CHECK_WORDS = {"0": "off", "off": "off", "1": "cpu", "on": "cpu", "cpu": "cpu", "2": "all", "all": "all"}
 
 
 # ----------------------------------------------------------------------------- structures
+def outside_inference_mode():
+    """Leaves torch.inference_mode() for a structure build (see the module docstring); a no-op
+    outside it and inside a Dynamo trace."""
+    if torch.is_inference_mode_enabled() and not torch.compiler.is_compiling():
+        return torch.inference_mode(False)
+    return contextlib.nullcontext()
+
+
 def transpose_structure(rowptr, col, perm, num_src: int):
     """CSC (by source) from CSR (by destination), with perm_t in original edge ids."""
     deg = rowptr[1:] - rowptr[:-1]
@@ -89,7 +116,8 @@ class Structure:
         """(rowptr_t, col_t, perm_t): the edges sorted by source, for the backward pass."""
         t = self.csc.get(num_src)
         if t is None:
-            t = transpose_structure(self.rowptr, self.col, self.perm, num_src)
+            with outside_inference_mode():
+                t = transpose_structure(self.rowptr, self.col, self.perm, num_src)
             self.csc[num_src] = t
         return t
 
@@ -111,12 +139,43 @@ def build(edge_index: Tensor, num_dst: int) -> Structure:
 
 
 # ----------------------------------------------------------------------------- the cache
+def _version(t: Tensor) -> Optional[int]:
+    """The version counter, None for an inference tensor (it has none)."""
+    return None if t.is_inference() else t._version
+
+
+def check_mode_from_env() -> str:
+    """``GNNCOMPILE_STRUCTURE_CHECK``: 0/off, 1/cpu (the default when unset), 2/all; any other
+    value warns and gives the default."""
+    raw = os.environ.get("GNNCOMPILE_STRUCTURE_CHECK", "").strip()
+    if not raw:
+        return "cpu"
+    mode = _CHECK_WORDS.get(raw.lower())
+    if mode is None:
+        warnings.warn(f"GNNCOMPILE_STRUCTURE_CHECK={raw!r} is not one of 0/off, 1/cpu, 2/all; "
+                      "using the default, 'cpu'", RuntimeWarning, stacklevel=2)
+        return "cpu"
+    return mode
+
+
+def fingerprint(edge_index: Tensor):
+    """The content fingerprint (``gnncompile::fingerprint``) of ``edge_index``: an int for a CPU
+    tensor, a 0-d tensor on its device otherwise (computing it does not wait for the device,
+    comparing it does)."""
+    fp = ops.fingerprint.default(edge_index)
+    return fp.item() if edge_index.is_cpu else fp
+
+
+def _same_fingerprint(a, b) -> bool:
+    return a == b if isinstance(a, int) else bool(torch.equal(a, b))
+
+
 @dataclass
 class _Owner:
     """One edge_index tensor an entry belongs to, and its state when the entry was made."""
 
     ref: "weakref.ReferenceType[Tensor]"
-    version: int
+    version: Optional[int]
     data_ptr: int
 
 
@@ -125,10 +184,11 @@ class _Entry:
     by_num_dst: Dict[int, Structure] = field(default_factory=dict)
     owners: Dict[int, _Owner] = field(default_factory=dict)  # id(tensor) -> owner
     content: Optional[Tensor] = None  # private copy, for entries shared by content
+    fingerprint: object = None  # fingerprint() of the content it was built from
 
     def owns(self, edge_index: Tensor) -> bool:
         o = self.owners.get(id(edge_index))
-        return (o is not None and o.ref() is edge_index and o.version == edge_index._version
+        return (o is not None and o.ref() is edge_index and o.version == _version(edge_index)
                 and o.data_ptr == edge_index.data_ptr())
 
     def same_content(self, edge_index: Tensor) -> bool:
@@ -144,9 +204,11 @@ class StructureCache:
         self._live: Dict[int, _Entry] = {}  # id(edge_index) -> entry, while the tensor lives
         self._shared: "OrderedDict[int, _Entry]" = OrderedDict()  # id(entry) -> entry, LRU
         self._lock = threading.RLock()  # a weakref callback may run inside
+        self.check = check_mode_from_env()
         self.builds = 0
         self.identity_hits = 0
         self.content_hits = 0
+        self.stale = 0
 
     def _forget(self, key: int) -> None:
         with self._lock:
@@ -154,25 +216,39 @@ class StructureCache:
             if entry is not None:
                 entry.owners.pop(key, None)
 
-    def _find(self, edge_index: Tensor, share: bool) -> Tuple[Optional[_Entry], str]:
-        entry = self._live.get(id(edge_index))
+    def checks(self, edge_index: Tensor) -> bool:
+        """Whether a hit by identity on ``edge_index`` is confirmed by its fingerprint."""
+        if edge_index.is_inference():
+            return True  # no version counter: the fingerprint is the only witness of an edit
+        return self.check == "all" or (self.check == "cpu" and edge_index.is_cpu)
+
+    def _find(self, edge_index: Tensor, share: bool, fp) -> Tuple[Optional[_Entry], str]:
+        """The entry of ``edge_index``: by identity (confirmed by ``fp`` unless it is None), else,
+        with ``share``, by content."""
+        key = id(edge_index)
+        entry = self._live.get(key)
         if entry is not None and entry.owns(edge_index):
-            return entry, "identity"
+            if fp is None or _same_fingerprint(entry.fingerprint, fp):
+                return entry, "identity"
+            # written behind its version counter: the entry still describes its old content
+            entry.owners.pop(key, None)
+            del self._live[key]
+            self.stale += 1
         if share:
-            for key, cand in self._shared.items():
+            for k, cand in self._shared.items():
                 if cand.same_content(edge_index):
-                    self._shared.move_to_end(key)
+                    self._shared.move_to_end(k)
                     return cand, "content"
         return None, ""
 
-    def _adopt(self, entry: Optional[_Entry], edge_index: Tensor, share: bool) -> _Entry:
-        """Makes ``entry`` (a new one when None) the entry of ``edge_index``; with ``share``,
-        one of the shared entries too."""
-        entry = _Entry() if entry is None else entry
+    def _adopt(self, entry: Optional[_Entry], edge_index: Tensor, share: bool, fp) -> _Entry:
+        """Makes ``entry`` (a new one of fingerprint ``fp`` when None) the entry of ``edge_index``;
+        with ``share``, one of the shared entries too."""
+        entry = _Entry(fingerprint=fp) if entry is None else entry
         if not entry.owns(edge_index):
             key = id(edge_index)
             ref = weakref.ref(edge_index, lambda _r, k=key: self._forget(k))
-            entry.owners[key] = _Owner(ref, edge_index._version, edge_index.data_ptr())
+            entry.owners[key] = _Owner(ref, _version(edge_index), edge_index.data_ptr())
             self._live[key] = entry
         if share:
             if entry.content is None:
@@ -185,28 +261,32 @@ class StructureCache:
 
     def get(self, edge_index: Tensor, num_dst: int, share: bool = False) -> Structure:
         """The structure of ``edge_index`` for ``num_dst`` destinations, built on a miss."""
+        fp = fingerprint(edge_index) if self.checks(edge_index) else None
         with self._lock:
-            entry, how = self._find(edge_index, share)
+            entry, how = self._find(edge_index, share, fp)
             if entry is not None and num_dst in entry.by_num_dst:
                 if how == "identity":
                     self.identity_hits += 1
                 else:
                     self.content_hits += 1
                 if share:
-                    self._adopt(entry, edge_index, share)
+                    self._adopt(entry, edge_index, share, fp)
                 return entry.by_num_dst[num_dst]
-        s = build(edge_index, num_dst)  # outside the lock: may raise for a bad edge_index
+        if fp is None:
+            fp = fingerprint(edge_index)  # recorded with the structure, whatever the mode
+        with outside_inference_mode():
+            s = build(edge_index, num_dst)  # outside the lock: may raise for a bad edge_index
         with self._lock:
             self.builds += 1
-            entry, _ = self._find(edge_index, share)
-            self._adopt(entry, edge_index, share).by_num_dst[num_dst] = s
+            entry, _ = self._find(edge_index, share, fp)
+            self._adopt(entry, edge_index, share, fp).by_num_dst[num_dst] = s
         return s
 
     def clear(self) -> None:
         with self._lock:
             self._live.clear()
             self._shared.clear()
-            self.builds = self.identity_hits = self.content_hits = 0
+            self.builds = self.identity_hits = self.content_hits = self.stale = 0
 
     def __len__(self) -> int:
         """Live edge_index tensors with an entry."""
@@ -215,7 +295,7 @@ class StructureCache:
     def info(self) -> dict:
         return {"entries": len(self._live), "shared": len(self._shared), "builds": self.builds,
                 "hits": self.identity_hits + self.content_hits, "identity_hits": self.identity_hits,
-                "content_hits": self.content_hits}
+                "content_hits": self.content_hits, "stale": self.stale, "check": self.check}
 
 
 CACHE = StructureCache()
@@ -230,8 +310,25 @@ def structure(edge_index: Tensor, num_dst: int) -> Structure:
 
 def cache_info() -> dict:
     """``entries`` (live edge_index tensors), ``shared`` (entries matched by content), ``builds``,
-    ``hits`` (= ``identity_hits`` + ``content_hits``)."""
+    ``hits`` (= ``identity_hits`` + ``content_hits``), ``stale`` (identity hits refused because the
+    content fingerprint changed) and ``check`` (the mode, see :func:`set_structure_check`)."""
     return CACHE.info()
+
+
+def set_structure_check(mode: str) -> None:
+    """When a hit by identity is confirmed by the content fingerprint (inference tensors: always):
+    ``"cpu"`` (the default) for CPU tensors, ``"all"`` for every device (on CUDA one host wait per
+    lookup), ``"off"`` never (an edit through ``.numpy()`` / ``.data`` is then missed). The
+    environment variable ``GNNCOMPILE_STRUCTURE_CHECK`` (0/off, 1/cpu, 2/all) sets the default."""
+    if mode not in CHECK_MODES:
+        raise ValueError(f"gnncompile.ops.set_structure_check: mode must be one of {', '.join(CHECK_MODES)}, "
+                         f"got {mode!r}")
+    CACHE.check = mode
+
+
+def structure_check() -> str:
+    """The current mode of :func:`set_structure_check`."""
+    return CACHE.check
 
 
 def clear_cache() -> None:
@@ -313,6 +410,7 @@ def _(rowptr, dtype):
     return rowptr.new_empty(rowptr.shape[0] - 1, dtype=dtype)
 
 
-__all__ = ["Structure", "StructureCache", "CACHE", "MAX_SHARED", "build", "structure", "cache_info",
-           "clear_cache", "transpose_structure", "cached_csr", "cached_csc", "pair_csr", "pair_csc",
-           "csr_degree"]
+__all__ = ["Structure", "StructureCache", "CACHE", "MAX_SHARED", "CHECK_MODES", "build", "structure",
+           "cache_info", "clear_cache", "set_structure_check", "structure_check", "fingerprint",
+           "outside_inference_mode", "transpose_structure", "cached_csr", "cached_csc", "pair_csr",
+           "pair_csc", "csr_degree"]

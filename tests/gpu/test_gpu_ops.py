@@ -474,6 +474,42 @@ def test_public_api_on_cuda():
                                rtol=1e-5, atol=1e-6)
 
 
+def test_fingerprint_matches_cpu_and_reference():
+    for index in INDEX:
+        t = torch.randint(-2**31, 2**31 - 1, (2, 300_001)).to(index)
+        want = int(ops.fingerprint(t))
+        assert int(ops.fingerprint(t.to(DEV))) == want
+        assert int(reference.fingerprint(t.to(DEV))) == want
+    empty = torch.empty(0, dtype=torch.long)
+    assert int(ops.fingerprint(empty.to(DEV))) == int(ops.fingerprint(empty))
+
+
+def test_structure_check_modes_on_cuda():
+    """Default mode ("cpu"): a CUDA edge_index is trusted by its version counter, so a lookup
+    never waits for the device; "all": a write through .data is seen (one wait per lookup)."""
+    import torch_geometric.utils as pyg
+    from gnncompile.ops import structure as cache
+
+    ei = graph(50, 50, 400).to(DEV)
+    x = torch.randn(50, 8, device=DEV)
+    saved = cache.structure_check()
+    try:
+        cache.set_structure_check("cpu")
+        gnncompile.ops.spmm(ei, x)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            gnncompile.ops.spmm(ei, x)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        cache.set_structure_check("all")
+        ei.data[0, :200] = 0
+        want = pyg.scatter(x[ei[0]], ei[1], dim=0, dim_size=50, reduce="sum")
+        torch.testing.assert_close(gnncompile.ops.spmm(ei, x), want, rtol=1e-5, atol=1e-5)
+    finally:
+        cache.set_structure_check(saved)
+
+
 # =============================================================================== opcheck
 def _opcheck_cases():
     ei = graph(12, 10, 80, self_loops=True, dup=True, isolated=2)

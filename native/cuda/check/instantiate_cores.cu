@@ -6,6 +6,7 @@
 #include "../build_csr_core.cuh"
 #include "../edge_dot_core.cuh"
 #include "../edge_softmax_core.cuh"
+#include "../fingerprint_core.cuh"
 #include "../knobs.h"
 #include "../spmm_core.cuh"
 #include "../validate_core.cuh"
@@ -33,7 +34,8 @@ namespace gpu {
   template cudaError_t radix_scatter_launch<I>(const I*, const I*, I*, I*, const I*, I*, int64_t, int,       \
                                                const int64_t*, const int*, cudaStream_t);                    \
   template cudaError_t rowptr_from_sorted_launch<I>(const I*, int64_t, int64_t, I*, int, cudaStream_t);      \
-  template cudaError_t identity_perm_launch<I>(const I*, int64_t, I*, I*, int, cudaStream_t);
+  template cudaError_t identity_perm_launch<I>(const I*, int64_t, I*, I*, int, cudaStream_t);                \
+  template cudaError_t fingerprint_launch<I>(const I*, int64_t, unsigned long long*, int, cudaStream_t);
 
 GNN_INSTANTIATE_INDEX(int32_t)
 GNN_INSTANTIATE_INDEX(int64_t)
