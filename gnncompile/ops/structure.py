@@ -16,7 +16,7 @@ The cache policy
 * **Content check.** Writes through ``ei.numpy()``, ``ei.data`` or DLPack do not move the version
   counter, and inference tensors have none. So every entry also records a 64-bit content
   fingerprint of the ``edge_index`` it was built from (``gnncompile::fingerprint``: one parallel
-  pass, about 1 ms per 1M edges on 2 threads, against about 12 ms for the structure build), and
+  pass, 1.6 ms per 1M edges on 2 threads here, benchmarks/results/structure_check.md), and
   a hit by identity is confirmed by recomputing it when the check applies; a mismatch drops the
   tensor from its entry and builds anew (``cache_info()["stale"]`` counts those). The check
   applies to inference tensors always, and to other tensors per :func:`set_structure_check`
