@@ -88,9 +88,9 @@ def _csr_adj(name: str, ei, N: int):
 
         ei2, w = gcn_norm(ei, None, N, add_self_loops=True)
     else:
-        ei2, w = ei, torch.ones(ei.size(1))
+        ei2, w = ei, torch.ones(ei.size(1), device=ei.device)
         if name == "GraphSAGE":  # mean over edges with multiplicity: weights 1/in-degree, reduce sum
-            deg = torch.zeros(N).index_add_(0, ei[1], w)
+            deg = torch.zeros(N, device=ei.device).index_add_(0, ei[1], w)
             w = w / deg.clamp(min=1)[ei[1]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -14,13 +14,16 @@
 #              TORCH_CUDA_ARCH_LIST says otherwise); --cpu: reused when
 #              gnncompile already loads its native kernels
 #   gpu-tests  pytest tests/gpu (every CUDA op test, no -x)                   -> gpu_tests.log
-#   gpu-bench  benchmarks/gpu_ops.py (spmm sum, F = 128, 1M nodes / 10M       -> gpu_ops.{json,txt},
+#   gpu-bench  benchmarks/gpu_ops.py (spmm sum, F = 128, 1M nodes / 10M       -> gpu_ops.json,
 #              edges)                                                            bench.log
+#   gpu-models benchmarks/gpu_models.py (training step of GCN, GraphSAGE,     -> gpu_models.json,
+#              GAT on 1M nodes / 10M edges: eager, CSR, gnncompile,             bench.log
+#              inductor)
 #   op-tests   the op tests, CPU and CUDA parametrisations (GPU mode), or the -> op_tests.log
 #              host checks of the native rules (--cpu)
 #
 # OUTDIR/summary.txt gets the plan first, then a line per phase (status, seconds) and the
-# benchmark's table. At most 8 files. Exit status 0 when no phase failed.
+# benchmarks' tables. At most 8 files. Exit status 0 when no phase failed.
 set -u -o pipefail
 
 OUT="${1:?usage: tests/gpu/run.sh OUTDIR [--cpu]}"
@@ -40,8 +43,8 @@ SUMMARY="$OUT/summary.txt"
 STATUS=0
 T_START=$(date +%s)
 
-PHASES=(env build gpu-tests gpu-bench op-tests)
-declare -A LIMIT=([env]=15 [build]=200 [gpu-tests]=120 [gpu-bench]=120 [op-tests]=75)
+PHASES=(env build gpu-tests gpu-bench gpu-models op-tests)
+declare -A LIMIT=([env]=15 [build]=180 [gpu-tests]=100 [gpu-bench]=75 [gpu-models]=115 [op-tests]=45)
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(( $(date +%s) - T_START )); }
@@ -127,6 +130,7 @@ fi
 if [ "$MODE" = cpu ]; then
   skip gpu-tests "--cpu: no CUDA device"
   skip gpu-bench "--cpu: no CUDA device"
+  skip gpu-models "--cpu: no CUDA device"
   phase op-tests "$OUT/op_tests.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
       tests/test_native_rules.py tests/test_cuda_knobs.py
 else
@@ -136,7 +140,11 @@ else
     STATUS=1
   fi
   phase gpu-bench "$OUT/bench.log" "$PY" benchmarks/gpu_ops.py --out "$OUT"
-  [ -f "$OUT/gpu_ops.txt" ] && cat "$OUT/gpu_ops.txt" >> "$SUMMARY"
+  phase gpu-models "$OUT/bench.log" "$PY" benchmarks/gpu_models.py --out "$OUT" \
+      --budget $(( ${LIMIT[gpu-models]} - 40 ))
+  for t in gpu_ops gpu_models; do  # the tables go into the summary (at most 8 files come back)
+    [ -f "$OUT/$t.txt" ] && cat "$OUT/$t.txt" >> "$SUMMARY" && rm -f "$OUT/$t.txt"
+  done
   phase op-tests "$OUT/op_tests.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
       tests/test_spmm.py tests/test_edge_softmax.py tests/test_bad_input.py tests/test_graph.py
 fi
