@@ -98,7 +98,30 @@ native_loads() {  # does gnncompile load its native kernels (and, in GPU mode, t
   (cd / && "$PY" -c "import gnncompile; i = gnncompile.info(); raise SystemExit(0 if i['native'] and (i['cuda_kernels'] or '$MODE' == 'cpu') else 1)") >/dev/null 2>&1
 }
 
+# The first C++ compiler (CXX, then the system's) whose shared objects load libstdc++ as a shared
+# library: a module with a static copy of it crashes on its first error message (seen on a GPU
+# image whose default g++ only had libstdc++.a; CMakeLists.txt refuses such a link).
+pick_cxx() {
+  local c dir
+  dir="$(mktemp -d)"
+  printf '#include <sstream>\n#include <string>\nstd::string f(long v) { std::ostringstream s; s << v; return s.str(); }\n' > "$dir/t.cpp"
+  for c in "${CXX:-}" /usr/bin/g++ g++ c++; do
+    [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 || continue
+    if "$c" -shared -fPIC $LDFLAGS "$dir/t.cpp" -o "$dir/t.so" 2>/dev/null &&
+       readelf -d "$dir/t.so" 2>/dev/null | grep -q 'NEEDED.*libstdc++'; then
+      echo "$(command -v "$c")"; rm -rf "$dir"; return 0
+    fi
+    echo "C++ compiler $c links libstdc++ statically: not used" >&2
+  done
+  rm -rf "$dir"; return 1
+}
+
 build() {
+  local cxx
+  if cxx="$(pick_cxx)"; then
+    export CXX="$cxx" CUDAHOSTCXX="${CUDAHOSTCXX:-$cxx}"
+    echo "C++ compiler: $CXX (CUDA host compiler: $CUDAHOSTCXX)"
+  fi
   if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
@@ -112,8 +135,8 @@ build() {
       --config-settings=cmake.define.GNNCOMPILE_CUDA=ON -e "$ROOT" &&
   (cd / && "$PY" -c 'import json, gnncompile; i = gnncompile.info(); print(json.dumps(i, indent=1, default=str)); raise SystemExit(0 if i["cuda_kernels"] else "no CUDA kernels after the build")')
 }
-export -f build
-export PY ROOT JOBS
+export -f build pick_cxx
+export PY ROOT JOBS LDFLAGS="${LDFLAGS:-}"
 
 # ---------------------------------------------------------------------------------------------
 plan
