@@ -2,10 +2,13 @@
 
 * :class:`PooledLoader` (:mod:`.loader`): PyG ``DataLoader`` batches collated natively into
   reused buffers, optionally filled by worker processes.
+* :class:`NeighborLoader` / :class:`NeighborSampler` (:mod:`.neighbor`): PyG-compatible
+  neighbor sampling for mini-batch training on large graphs, with a native kernel.
 * :mod:`.synthetic`: :func:`power_law_graph` and :func:`graph_dataset`, for the demo, the
   benchmarks and the tuner's default workloads.
 """
 from .loader import PooledLoader
+from .neighbor import NeighborLoader, NeighborSampler
 from .synthetic import GraphList, graph_dataset, power_law_graph
 
-__all__ = ["PooledLoader", "power_law_graph", "graph_dataset", "GraphList"]
+__all__ = ["PooledLoader", "NeighborLoader", "NeighborSampler", "power_law_graph", "graph_dataset", "GraphList"]

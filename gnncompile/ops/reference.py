@@ -246,3 +246,100 @@ def segment_ids(sizes, idx, out, ptr) -> None:
     out[:total] = torch.repeat_interleave(torch.arange(idx.numel()), sel)
     ptr[0] = 0
     torch.cumsum(sel, 0, out=ptr[1:idx.numel() + 1])
+
+
+# ----------------------------------------------------------------------------- neighbor sampling
+# The same algorithm as native/cpu/neighbor_sample{_core.h,.cpp}, bit for bit (a Python loop:
+# for tests and for devices without the native kernel).
+_M64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+class _NodeStream:
+    def __init__(self, seed: int, hop: int, local: int) -> None:
+        base = _mix64(((seed & _M64) + _GOLDEN * (hop + 1)) & _M64)
+        self.state = base ^ ((local * 0xD1B54A32D192ED03) & _M64)
+
+    def below(self, n: int) -> int:
+        self.state = (self.state + _GOLDEN) & _M64
+        return (_mix64(self.state) * n) >> 64
+
+
+def _draw_offsets(rng: _NodeStream, deg: int, k: int, replace: bool) -> list:
+    if k < 0 or (not replace and deg <= k):
+        return list(range(deg))
+    if deg == 0:
+        return []
+    if replace:
+        return [rng.below(deg) for _ in range(k)]
+    out: list = []
+    for t in range(deg - k, deg):
+        r = rng.below(t + 1)
+        out.append(t if r in out else r)
+    return sorted(out)
+
+
+def _check_sample_inputs(colptr, row, seeds, num_neighbors, directed, disjoint, N) -> None:
+    op = "gnncompile.neighbor_sample"
+    if any(t.dtype != torch.int64 for t in (colptr, row, seeds)):
+        raise TypeError(f"{op}: colptr, row and seeds must be int64")
+    if colptr.dim() != 1 or colptr.numel() < 1 or row.dim() != 1 or seeds.dim() != 1:
+        raise ValueError(f"{op}: colptr (num_nodes + 1 entries), row and seeds must be 1-D")
+    if any(k < -1 for k in num_neighbors):
+        raise ValueError(f"{op}: num_neighbors entries must be >= 0, or -1 for all")
+    if disjoint and not directed:
+        raise ValueError(f"{op}: directed=False (the induced subgraph) is not supported with disjoint=True")
+    bad = [(i, v) for i, v in enumerate(seeds.tolist()) if not 0 <= v < N]
+    if bad:
+        raise IndexError(f"{op}: seed node {bad[0][1]} (position {bad[0][0]}) is out of range for a "
+                         f"graph of {N} nodes")
+
+
+def neighbor_sample(colptr, row, seeds, num_neighbors: Sequence[int], replace: bool, directed: bool,
+                    disjoint: bool, seed: int):
+    N = colptr.numel() - 1
+    _check_sample_inputs(colptr, row, seeds, num_neighbors, directed, disjoint, N)
+    cp, rw = colptr.tolist(), row.tolist()
+    node = seeds.tolist()
+    batch = list(range(len(node))) if disjoint else []
+    mapping: dict = {}
+    for i, v in enumerate(node):
+        mapping.setdefault((i if disjoint else 0, v), i)
+    out_row, out_col, out_edge, n_nodes, n_edges = [], [], [], [len(node)], []
+    begin = 0
+    for hop, k in enumerate(num_neighbors):
+        end, count = len(node), 0
+        for dst in range(begin, end):
+            b = cp[node[dst]]
+            tree = batch[dst] if disjoint else 0
+            for off in _draw_offsets(_NodeStream(seed, hop, dst), cp[node[dst] + 1] - b, k, replace):
+                u = rw[b + off]
+                if (tree, u) not in mapping:
+                    mapping[(tree, u)] = len(node)
+                    node.append(u)
+                    if disjoint:
+                        batch.append(tree)
+                out_row.append(mapping[(tree, u)])
+                out_col.append(dst)
+                out_edge.append(b + off)
+                count += 1
+        n_edges.append(count)
+        n_nodes.append(len(node) - end)
+        begin = end
+    if not directed:
+        out_row, out_col, out_edge = [], [], []
+        for i, v in enumerate(node):
+            for p in range(cp[v], cp[v + 1]):
+                if (0, rw[p]) in mapping:
+                    out_row.append(mapping[(0, rw[p])])
+                    out_col.append(i)
+                    out_edge.append(p)
+        n_edges = [len(out_edge)]
+    return tuple(torch.tensor(x, dtype=torch.long) for x in
+                 (node, out_row, out_col, out_edge, batch, n_nodes, n_edges))

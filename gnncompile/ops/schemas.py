@@ -46,12 +46,20 @@ _lib.define("collate_rows(Tensor values, Tensor starts, Tensor sizes, Tensor idx
             "Tensor? incs=None) -> ()")
 _lib.define("segment_ids(Tensor sizes, Tensor idx, Tensor(a!) out, Tensor(b!) ptr) -> ()")
 
+# Multi-hop neighbor sampling from a CSC (colptr over destinations, row = sources) for mini-batch
+# training (gnncompile.data.NeighborSampler): seeds first, then each hop's new nodes; row/col are
+# local indices (source, destination) of the sampled edges, edge their CSC slots; batch is the
+# seed of each node's tree (disjoint) or empty. Not traceable: a loader step, not a model op.
+_lib.define("neighbor_sample(Tensor colptr, Tensor row, Tensor seeds, int[] num_neighbors, bool replace, "
+            "bool directed, bool disjoint, int seed) -> (Tensor node, Tensor row, Tensor col, Tensor edge, "
+            "Tensor batch, Tensor num_sampled_nodes, Tensor num_sampled_edges)")
+
 # Kernels: the native module registers CPU (and CUDA) implementations when it loads; the
 # references fill every other backend, and all of them when the native module is missing.
 from . import _native  # noqa: E402,F401  (must come after the schemas are defined)
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
-              "segment_ids", "clone_structure", "fingerprint"):
+              "segment_ids", "clone_structure", "fingerprint", "neighbor_sample"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
