@@ -1,0 +1,55 @@
+"""Smoke tests of benchmarks/sampler.py and benchmarks/neighbor_epoch.py: their main functions
+on tiny inputs, results written to a temporary folder (the benchmarks' own agreement checks
+run inside and raise on a disagreement)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import neighbor_epoch  # noqa: E402
+import sampler  # noqa: E402
+
+
+def _check_sampler(p: dict, out: Path, name: str) -> None:
+    assert json.loads((out / f"{name}.json").read_text())["fanout"] == [15, 10]
+    assert (out / f"{name}.md").read_text().count("| native |") == len(p["timings"])
+    for t in p["timings"].values():
+        assert set(t) == set(sampler.IMPLS) and all(r["median_s"] > 0 for r in t.values())
+    assert p["checks"]["full_fanout_batches"] == 5 and p["mean_sampled_edges"] > 0
+
+
+def test_sampler_tiny(tmp_path):
+    p = sampler.main(["--quick", "--batches", "2", "--warmup", "1", "--batch-size", "256",
+                      "--threads", "1", "--results-dir", str(tmp_path), "--out", "s"])
+    _check_sampler(p, tmp_path, "s")
+
+
+def _check_epoch(p: dict, out: Path, name: str, seeds: int) -> None:
+    assert json.loads((out / f"{name}.json").read_text())["train_seeds"] == seeds
+    assert set(p["results"]) == {"eager/default", "gnncompile/default"}
+    for r in p["results"].values():
+        assert r["batches"] >= 1 and r["epoch_s"] > 0 and r["structure_s_per_batch"] > 0
+        assert abs(r["first_loss"] - r["first_loss_eager"]) < 1e-4
+        assert r["recompiles_in_epoch"] == 0
+    e, c = p["results"]["eager/default"], p["results"]["gnncompile/default"]
+    assert e["first_loss"] == pytest.approx(c["first_loss"], rel=1e-4)  # same batches, same weights
+    assert "gnncompile/default" in (out / f"{name}.md").read_text()
+
+
+def test_neighbor_epoch_tiny(tmp_path):
+    p = neighbor_epoch.main(["--quick", "--nodes", "2000", "--train-fraction", "0.1", "--batch-size", "64",
+                             "--warmup", "2", "--structure-batches", "2", "--results-dir", str(tmp_path),
+                             "--out", "e"])
+    _check_epoch(p, tmp_path, "e", 200)
+
+
+@pytest.mark.slow
+def test_quick_modes(tmp_path):
+    _check_sampler(sampler.main(["--quick", "--results-dir", str(tmp_path)]), tmp_path, "sampler_quick")
+    p = neighbor_epoch.main(["--quick", "--results-dir", str(tmp_path)])
+    _check_epoch(p, tmp_path, "neighbor_epoch_quick", 1000)
