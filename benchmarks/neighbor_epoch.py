@@ -20,16 +20,21 @@ Variants (each a model variant x a loader setting):
                        prefetch depth, ...; NeighborLoader(profile=...)), its thread count, and
                        for gnncompile its kernel knobs (``compile(profile=PATH)``)
 
-Per variant (its own process, under MALLOC_MMAP_THRESHOLD_=65536, unless ``--in-process``):
+Per variant, in processes of its own (unless ``--in-process``, as ``--quick`` is):
 ``--warmup`` batches first (compilation happens there), then the first batch's loss is
-checked against the eager model on the same batch, then one timed epoch (a new shuffle),
-inside ``_common.read_peak_rss_delta``. Reported: seconds per epoch, seeds/s, peak RSS added
-during the epoch, recompilations during the timed epoch (Dynamo's ``unique_graphs`` counter;
-0 is wanted), the sampling-only time of an epoch (the loader iterated without training), and
-the time to build the per-batch structure (CSR by destination + its transpose, what the
-compiled graph's structure ops build once per batch) measured with
-``gnncompile.ops.structure.build`` on the first ``--structure-batches`` batches, next to the
-structure cache's build count. Writes benchmarks/results/neighbor_epoch[_quick].{json,md,png}.
+checked against the eager model on the same batch, then ``--epochs`` timed epochs (each a new
+shuffle; the median is reported) under the default allocator. Peak memory comes from a second
+process that repeats the warm-up and runs ``--memory-batches`` batches inside
+``_common.read_peak_rss_delta`` under MALLOC_MMAP_THRESHOLD_=65536 (freed memory leaves the
+process, so the high-water mark is the batches' own; that setting makes every large
+allocation page-fault afresh, several times slower, so the timing run does not use it).
+
+Reported: seconds per epoch, seeds/s, peak RSS added during training, recompilations during
+the timed epochs (Dynamo's ``unique_graphs`` counter; 0 is wanted), the sampling-only time of
+an epoch (the loader iterated without training), and the time to build the per-batch
+structure (CSR by destination + its transpose, what the compiled graph's structure ops build
+once per batch) measured with ``gnncompile.ops.structure.build`` on the first
+``--structure-batches`` batches, next to the structure cache's build count. Writes benchmarks/results/neighbor_epoch[_quick].{json,md,png}.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
@@ -100,74 +106,101 @@ def sampling_epoch(loader) -> float:
     return time.perf_counter() - t0
 
 
+class _Trainer:
+    """A model variant, its optimizer and loader; ``step`` trains on one batch."""
+
+    def __init__(self, data, train, model_kind: str, setting: str, opts) -> None:
+        from torch_geometric.nn.models import GraphSAGE
+
+        from gnncompile.hardware import profiles
+
+        torch.set_num_threads(opts.threads)
+        if setting == "profile":
+            profiles.resolve(opts.profile).apply(threads=True)
+        torch.manual_seed(0)
+        model = GraphSAGE(F, 128, 2, C)
+        self.ref = GraphSAGE(F, 128, 2, C)
+        self.ref.load_state_dict(model.state_dict())
+        dynamic = None if opts.dynamic == "none" else True
+        self.run = model if model_kind == "eager" else gnncompile.compile(
+            model, dynamic=dynamic, profile=opts.profile if setting == "profile" else None)
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        self.loader = make_loader(data, train, setting, opts)
+        self.losses = []
+
+    def step(self, batch) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss = _loss(self.run, batch)
+        loss.backward()
+        self.opt.step()
+        self.losses.append(float(loss))
+
+    def warm_up(self, batches: int) -> dict:
+        """The first ``batches`` batches of an epoch; checks the first loss against eager."""
+        t0 = time.perf_counter()
+        it = iter(self.loader)
+        first = next(it)
+        with torch.no_grad():
+            expect = float(_loss(self.ref, first))
+        self.step(first)
+        for _, batch in zip(range(batches - 1), it):
+            self.step(batch)
+        del it
+        if abs(self.losses[0] - expect) > 1e-4 * max(1.0, abs(expect)):
+            raise AssertionError(f"first-batch loss {self.losses[0]} != eager {expect}")
+        return {"warmup_s": time.perf_counter() - t0, "warmup_batches": batches,
+                "first_loss": self.losses[0], "first_loss_eager": expect}
+
+    def epoch(self, limit: Optional[int] = None, keep: int = 0):
+        """One pass over the loader (``limit`` batches at most); returns the batch count and the
+        first ``keep`` batches' (edge_index, num_nodes)."""
+        kept, n = [], 0
+        for batch in self.loader:
+            if len(kept) < keep:
+                kept.append((batch.edge_index.clone(), batch.num_nodes))
+            self.step(batch)
+            n += 1
+            if limit is not None and n >= limit:
+                break
+        return n, kept
+
+
 def run_variant(data, train, model_kind: str, setting: str, opts) -> dict:
-    """Warm-up, agreement check, one timed epoch; see the module docstring."""
+    """Warm-up, agreement check, the timed epochs (or, with ``opts.peak_only``, only the peak
+    memory of that many batches); see the module docstring."""
     from torch._dynamo.utils import counters
-    from torch_geometric.nn.models import GraphSAGE
 
     from gnncompile.compiler import STATS
-    from gnncompile.hardware import profiles
     from gnncompile.ops import structure
 
-    torch.set_num_threads(opts.threads)
-    if setting == "profile":
-        profiles.resolve(opts.profile).apply(threads=True)
-    torch.manual_seed(0)
-    model = GraphSAGE(F, 128, 2, C)
-    ref = GraphSAGE(F, 128, 2, C)
-    ref.load_state_dict(model.state_dict())
-    dynamic = None if opts.dynamic == "none" else True
-    run = model if model_kind == "eager" else gnncompile.compile(
-        model, dynamic=dynamic, profile=opts.profile if setting == "profile" else None)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loader = make_loader(data, train, setting, opts)
+    tr = _Trainer(data, train, model_kind, setting, opts)
     counters.clear()
-    losses = []
-
-    def step(batch):
-        opt.zero_grad(set_to_none=True)
-        loss = _loss(run, batch)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss))
-
-    t0 = time.perf_counter()
-    it = iter(loader)
-    first = next(it)
-    with torch.no_grad():
-        expect = float(_loss(ref, first))
-    step(first)
-    for _, batch in zip(range(opts.warmup - 1), it):
-        step(batch)
-    warm_s = time.perf_counter() - t0
-    del it
-    if abs(losses[0] - expect) > 1e-4 * max(1.0, abs(expect)):
-        raise AssertionError(f"{model_kind}: first-batch loss {losses[0]} != eager {expect}")
-    graphs_before = counters["stats"]["unique_graphs"]
-    backend_before = STATS["graphs"]
-    builds_before = structure.cache_info()["builds"]
-    kept, n_batches = [], [0]
-
-    def epoch():
-        for batch in loader:
-            if len(kept) < opts.structure_batches:
-                kept.append((batch.edge_index.clone(), batch.num_nodes))
-            step(batch)
-            n_batches[0] += 1
-
-    t0 = time.perf_counter()
-    peak = _common.read_peak_rss_delta(epoch)
-    epoch_s = time.perf_counter() - t0
-    return {"epoch_s": epoch_s, "seeds_per_s": train.numel() / epoch_s, "peak_bytes": peak,
-            "batches": n_batches[0], "warmup_s": warm_s, "warmup_batches": opts.warmup,
-            "first_loss": losses[0], "first_loss_eager": expect, "last_loss": losses[-1],
-            "recompiles_in_epoch": counters["stats"]["unique_graphs"] - graphs_before,
-            "graphs_compiled": counters["stats"]["unique_graphs"],
-            "backend_compiles_in_epoch": STATS["graphs"] - backend_before,
-            "structure_builds_in_epoch": structure.cache_info()["builds"] - builds_before,
-            "structure_s_per_batch": structure_time(kept), "sampling_epoch_s": sampling_epoch(loader),
-            "loader_settings": {k: v for k, v in loader.settings.items() if v is not None},
-            "threads": torch.get_num_threads()}
+    res = tr.warm_up(opts.warmup)
+    if opts.peak_only:
+        res["peak_bytes"] = _common.read_peak_rss_delta(lambda: tr.epoch(opts.peak_only))
+        res["peak_batches"] = opts.peak_only
+        return res
+    graphs, backend, builds = counters["stats"]["unique_graphs"], STATS["graphs"], structure.cache_info()["builds"]
+    out, times = {}, []
+    for e in range(opts.epochs):
+        t0 = time.perf_counter()
+        if opts.in_process and e == 0:  # no separate memory run: this epoch's peak, in this process
+            res["peak_bytes"] = _common.read_peak_rss_delta(lambda: out.update(r=tr.epoch(keep=opts.structure_batches)))
+        else:
+            out["r"] = tr.epoch(keep=opts.structure_batches)
+        times.append(time.perf_counter() - t0)
+    epoch_s = statistics.median(times)
+    n, kept = out["r"]
+    res.update({"epoch_s": epoch_s, "epoch_times_s": times, "seeds_per_s": train.numel() / epoch_s, "batches": n,
+                "last_loss": tr.losses[-1],
+                "recompiles_in_epoch": counters["stats"]["unique_graphs"] - graphs,
+                "graphs_compiled": counters["stats"]["unique_graphs"],
+                "backend_compiles_in_epoch": STATS["graphs"] - backend,
+                "structure_builds_in_epoch": structure.cache_info()["builds"] - builds,
+                "structure_s_per_batch": structure_time(kept), "sampling_epoch_s": sampling_epoch(tr.loader),
+                "loader_settings": {k: v for k, v in tr.loader.settings.items() if v is not None},
+                "threads": torch.get_num_threads()})
+    return res
 
 
 # ----------------------------------------------------------------------------- driver
@@ -178,9 +211,29 @@ def variants(opts):
 
 def child_args(opts) -> list:
     args = ["--nodes", str(opts.nodes), "--train-fraction", str(opts.train_fraction), "--batch-size",
-            str(opts.batch_size), "--warmup", str(opts.warmup), "--threads", str(opts.threads),
+            str(opts.batch_size), "--warmup", str(opts.warmup), "--epochs", str(opts.epochs), "--threads", str(opts.threads),
             "--dynamic", opts.dynamic, "--structure-batches", str(opts.structure_batches)]
     return args + (["--profile", opts.profile] if opts.profile else [])
+
+
+def child(opts, model_kind: str, setting: str, memory: bool) -> dict:
+    """One variant in a fresh process: timing under the default allocator, or (``memory``) the
+    peak of ``--memory-batches`` batches under MALLOC_MMAP_THRESHOLD_=65536 (freed memory leaves
+    the process at once, so the high-water mark is the batches' own; that setting slows every
+    large allocation, so it is not used for timing)."""
+    import os
+
+    cmd = [sys.executable, __file__, "--child", model_kind, setting] + child_args(opts)
+    env = _common.isolated_env() if memory else dict(os.environ)
+    if memory:
+        cmd += ["--peak-only", str(opts.memory_batches)]
+    else:
+        env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=opts.timeout)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode == 0 and lines:
+        return json.loads(lines[-1][7:])
+    return {"error": ((p.stderr or p.stdout).strip().splitlines() or ["failed"])[-1]}
 
 
 def run_all(opts) -> dict:
@@ -196,21 +249,20 @@ def run_all(opts) -> dict:
             finally:
                 torch._dynamo.reset()
         else:
-            cmd = [sys.executable, __file__, "--child", model_kind, setting] + child_args(opts)
-            p = subprocess.run(cmd, capture_output=True, text=True, env=_common.isolated_env(),
-                               timeout=opts.timeout)
-            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            results[key] = (json.loads(lines[-1][7:]) if p.returncode == 0 and lines else
-                            {"error": ((p.stderr or p.stdout).strip().splitlines() or ["failed"])[-1]})
+            r = results[key] = child(opts, model_kind, setting, memory=False)
+            if "epoch_s" in r:
+                m = child(opts, model_kind, setting, memory=True)
+                r.update({k: m[k] for k in ("peak_bytes", "peak_batches")} if "peak_bytes" in m
+                         else {"peak_error": m.get("error")})
         r = results[key]
         print(f"{key:<22} " + (f"{r['epoch_s']:.2f} s/epoch, {r['seeds_per_s']:.0f} seeds/s, peak "
-                               f"{r['peak_bytes'] / 2**20:.0f} MiB, recompiles {r['recompiles_in_epoch']}"
-                               if "epoch_s" in r else str(r)), flush=True)
+                               f"{r.get('peak_bytes', float('nan')) / 2**20:.0f} MiB, recompiles "
+                               f"{r['recompiles_in_epoch']}" if "epoch_s" in r else str(r)), flush=True)
     return results
 
 
 def markdown(p: dict) -> str:
-    head = ["variant", "s / epoch", "seeds / s", "vs eager", "peak MiB", "recompiles in epoch",
+    head = ["variant", "s / epoch", "seeds / s", "vs eager", "peak MiB", "recompiles in timed epochs",
             "sampling-only s / epoch", "structure ms / batch (builds in epoch)", "first loss (eager)",
             "warm-up s", "loader settings"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -220,7 +272,8 @@ def markdown(p: dict) -> str:
             continue
         eager = p["results"].get("eager/" + key.split("/")[1], {})
         ratio = f"{eager['epoch_s'] / r['epoch_s']:.2f}x" if "epoch_s" in eager else "n/a"
-        cells = [key, f"{r['epoch_s']:.2f}", f"{r['seeds_per_s']:.0f}", ratio, f"{r['peak_bytes'] / 2**20:.0f}",
+        cells = [key, f"{r['epoch_s']:.2f}", f"{r['seeds_per_s']:.0f}", ratio,
+                 f"{r['peak_bytes'] / 2**20:.0f}" if "peak_bytes" in r else "n/a",
                  str(r["recompiles_in_epoch"]), f"{r['sampling_epoch_s']:.2f}",
                  f"{r['structure_s_per_batch'] * 1e3:.2f} ({r['structure_builds_in_epoch']})",
                  f"{r['first_loss']:.5f} ({r['first_loss_eager']:.5f})", f"{r['warmup_s']:.1f}",
@@ -231,10 +284,12 @@ def markdown(p: dict) -> str:
               f"{p['train_fraction']:.0%} of the {p['nodes']:,} nodes of power_law_graph({p['nodes']:,}, "
               f"{10 * p['nodes']:,}, seed=0)), fanout {FANOUT}, GraphSAGE(128, 128, 2, 16), Adam; "
               f"gnncompile.compile(dynamic={p['dynamic']}), inner compiler {p['inner']}. Timed after "
-              f"{p['warmup']} warm-up batches (compilation); 'vs eager' = eager s / variant s with the "
+              f"{p['warmup']} warm-up batches (compilation), median of {p['epochs']} epochs; 'vs eager' = eager s / variant s with the "
               f"same loader setting. Structure: median time to build one batch's CSR + transpose "
               f"(gnncompile.ops.structure.build), with the structure cache's builds during the epoch. "
-              f"Peak: resident memory added during the epoch. torch {m['torch']}. Command: `{p['command']}`"]
+              f"Peak: resident memory added over {p['memory_batches']} training batches (a separate process "
+              f"under MALLOC_MMAP_THRESHOLD_=65536; --quick: the epoch, in-process). Timing under the "
+              f"default allocator. torch {m['torch']}. Command: `{p['command']}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -269,17 +324,22 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", default=None, help="a profile file whose loader settings are a variant")
     ap.add_argument("--dynamic", choices=("true", "none"), default="true")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=None, help="timed epochs, median reported (default 3, quick 1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--structure-batches", type=int, default=10)
+    ap.add_argument("--memory-batches", type=int, default=10, help="batches in the peak-memory run")
     ap.add_argument("--in-process", action="store_true", help="run the variants in this process")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--out", default=None)
     ap.add_argument("--results-dir", default=str(_common.RESULTS))
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--peak-only", type=int, default=0, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     if opts.nodes is None:
         opts.nodes = 20_000 if opts.quick else 1_000_000
+    if opts.epochs is None:
+        opts.epochs = 1 if opts.quick else 3
     if opts.batch_size is None:
         opts.batch_size = 512 if opts.quick else 1024
     opts.in_process = opts.in_process or opts.quick
@@ -292,7 +352,8 @@ def main(argv=None) -> dict:
     results = run_all(opts)
     payload = {"machine": _common.machine(), "nodes": opts.nodes, "train_fraction": opts.train_fraction,
                "train_seeds": max(1, int(opts.nodes * opts.train_fraction)), "fanout": FANOUT,
-               "batch_size": opts.batch_size, "dynamic": opts.dynamic, "warmup": opts.warmup,
+               "batch_size": opts.batch_size, "dynamic": opts.dynamic, "memory_batches": opts.memory_batches,
+               "warmup": opts.warmup, "epochs": opts.epochs,
                "inner": DEFAULT_INNER, "profile": opts.profile, "results": results,
                "command": " ".join(["python", "benchmarks/neighbor_epoch.py"]
                                    + list(sys.argv[1:] if argv is None else argv))}
