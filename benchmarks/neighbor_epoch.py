@@ -34,7 +34,8 @@ the timed epochs (Dynamo's ``unique_graphs`` counter; 0 is wanted), the sampling
 an epoch (the loader iterated without training), and the time to build the per-batch
 structure (CSR by destination + its transpose, what the compiled graph's structure ops build
 once per batch) measured with ``gnncompile.ops.structure.build`` on the first
-``--structure-batches`` batches, next to the structure cache's build count. Writes benchmarks/results/neighbor_epoch[_quick].{json,md,png}.
+``--structure-batches`` batches, next to the structure cache's build count. Writes
+benchmarks/results/neighbor_epoch[_quick].{json,md,png}.
 """
 from __future__ import annotations
 
@@ -244,10 +245,12 @@ def run_all(opts) -> dict:
         if opts.in_process:
             if data is None:
                 data, train = make_data(opts.nodes, opts.train_fraction)
+            threads = torch.get_num_threads()
             try:
                 results[key] = run_variant(data, train, model_kind, setting, opts)
-            finally:
+            finally:  # leave the calling process as it was
                 torch._dynamo.reset()
+                torch.set_num_threads(threads)
         else:
             r = results[key] = child(opts, model_kind, setting, memory=False)
             if "epoch_s" in r:

@@ -224,7 +224,11 @@ def main(argv=None) -> dict:
     opts.thread_counts = [int(t) for t in opts.threads.split(",")]
     if opts.batches is None:
         opts.batches = 5 if opts.quick else 30
-    payload = run(opts)
+    threads = torch.get_num_threads()
+    try:
+        payload = run(opts)
+    finally:
+        torch.set_num_threads(threads)
     name = opts.out or ("sampler_quick" if opts.quick else "sampler")
     out = Path(opts.results_dir)
     _common.write_json(out / f"{name}.json", payload)

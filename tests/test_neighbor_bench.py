@@ -29,9 +29,9 @@ def test_sampler_tiny(tmp_path):
     _check_sampler(p, tmp_path, "s")
 
 
-def _check_epoch(p: dict, out: Path, name: str, seeds: int) -> None:
+def _check_epoch(p: dict, out: Path, name: str, seeds: int, settings=("default",)) -> None:
     assert json.loads((out / f"{name}.json").read_text())["train_seeds"] == seeds
-    assert set(p["results"]) == {"eager/default", "gnncompile/default"}
+    assert set(p["results"]) == {f"{m}/{s}" for m in ("eager", "gnncompile") for s in settings}
     for r in p["results"].values():
         assert r["batches"] >= 1 and r["epoch_s"] > 0 and r["structure_s_per_batch"] > 0
         assert abs(r["first_loss"] - r["first_loss_eager"]) < 1e-4
@@ -42,10 +42,20 @@ def _check_epoch(p: dict, out: Path, name: str, seeds: int) -> None:
 
 
 def test_neighbor_epoch_tiny(tmp_path):
+    """Default loader settings and a profile's (batch size 50, one thread)."""
+    from gnncompile.hardware import device, profiles
+
+    doc = profiles.make(device.detect(), {"kind": "neighbor", "model": "graphsage"},
+                        {"batch_size": 50, "num_workers": 0, "threads": 1, "knobs": []})
+    prof = tmp_path / "prof.json"
+    prof.write_text(json.dumps(doc))
     p = neighbor_epoch.main(["--quick", "--nodes", "2000", "--train-fraction", "0.1", "--batch-size", "64",
                              "--warmup", "2", "--structure-batches", "2", "--results-dir", str(tmp_path),
-                             "--out", "e"])
-    _check_epoch(p, tmp_path, "e", 200)
+                             "--out", "e", "--profile", str(prof)])
+    _check_epoch(p, tmp_path, "e", 200, ("default", "profile"))
+    r = p["results"]["gnncompile/profile"]
+    assert r["loader_settings"]["batch_size"] == 50 and r["threads"] == 1 and r["batches"] == 4
+    assert p["results"]["eager/default"]["batches"] == 4  # 200 seeds in batches of 64
 
 
 @pytest.mark.slow
