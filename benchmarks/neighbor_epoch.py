@@ -20,11 +20,12 @@ Variants (each a model variant x a loader setting):
                        prefetch depth, ...; NeighborLoader(profile=...)), its thread count, and
                        for gnncompile its kernel knobs (``compile(profile=PATH)``)
 
-Per variant, in processes of its own (unless ``--in-process``, as ``--quick`` is):
-``--warmup`` batches first (compilation happens there), then the first batch's loss is
-checked against the eager model on the same batch, then ``--epochs`` timed epochs (each a new
-shuffle; the median is reported) under the default allocator. Peak memory comes from a second
-process that repeats the warm-up and runs ``--memory-batches`` batches inside
+Per loader setting, one process (unless ``--in-process``, as ``--quick`` is) holds both
+models, each with its own loader of the same seed: ``--warmup`` batches each (compilation
+happens there; the first batch's loss is checked against an eager copy of the model), then
+``--epochs`` timed epochs of each, alternating, on the same batches (each epoch a new
+shuffle; the median is reported), under the default allocator. Peak memory comes from one more
+process per variant that repeats the warm-up and runs ``--memory-batches`` batches inside
 ``_common.read_peak_rss_delta`` under MALLOC_MMAP_THRESHOLD_=65536 (freed memory leaves the
 process, so the high-water mark is the batches' own; that setting makes every large
 allocation page-fault afresh, several times slower, so the timing run does not use it).
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,6 +58,7 @@ import gnncompile  # noqa: E402,F401  (the installed package; imported before an
 import torch  # noqa: E402
 
 F, C, FANOUT = 128, 16, [15, 10]
+MODELS = ("eager", "gnncompile")
 
 
 # ----------------------------------------------------------------------------- one variant
@@ -166,71 +169,73 @@ class _Trainer:
         return n, kept
 
 
-def run_variant(data, train, model_kind: str, setting: str, opts) -> dict:
-    """Warm-up, agreement check, the timed epochs (or, with ``opts.peak_only``, only the peak
-    memory of that many batches); see the module docstring."""
+def peak_only(data, train, model_kind: str, setting: str, opts) -> dict:
+    """Warm-up, then the peak memory added by ``opts.peak_only`` training batches."""
+    tr = _Trainer(data, train, model_kind, setting, opts)
+    res = tr.warm_up(opts.warmup)
+    res["peak_bytes"] = _common.read_peak_rss_delta(lambda: tr.epoch(opts.peak_only))
+    res["peak_batches"] = opts.peak_only
+    return res
+
+
+def run_setting(data, train, setting: str, opts) -> dict:
+    """Eager and compiled with one loader setting, in this process: warm-ups (with the agreement
+    check), then ``--epochs`` timed epochs of each, alternating (eager first in even epochs),
+    the same batches for both in each epoch (their loaders share the seed)."""
     from torch._dynamo.utils import counters
 
     from gnncompile.compiler import STATS
     from gnncompile.ops import structure
 
-    tr = _Trainer(data, train, model_kind, setting, opts)
     counters.clear()
-    res = tr.warm_up(opts.warmup)
-    if opts.peak_only:
-        res["peak_bytes"] = _common.read_peak_rss_delta(lambda: tr.epoch(opts.peak_only))
-        res["peak_batches"] = opts.peak_only
-        return res
+    trainers = {m: _Trainer(data, train, m, setting, opts) for m in MODELS}
+    res = {m: tr.warm_up(opts.warmup) for m, tr in trainers.items()}
     graphs, backend, builds = counters["stats"]["unique_graphs"], STATS["graphs"], structure.cache_info()["builds"]
-    out, times = {}, []
+    times, last = {m: [] for m in MODELS}, {}
     for e in range(opts.epochs):
-        t0 = time.perf_counter()
-        if opts.in_process and e == 0:  # no separate memory run: this epoch's peak, in this process
-            res["peak_bytes"] = _common.read_peak_rss_delta(lambda: out.update(r=tr.epoch(keep=opts.structure_batches)))
-        else:
-            out["r"] = tr.epoch(keep=opts.structure_batches)
-        times.append(time.perf_counter() - t0)
-    epoch_s = statistics.median(times)
-    n, kept = out["r"]
-    res.update({"epoch_s": epoch_s, "epoch_times_s": times, "seeds_per_s": train.numel() / epoch_s, "batches": n,
-                "last_loss": tr.losses[-1],
-                "recompiles_in_epoch": counters["stats"]["unique_graphs"] - graphs,
+        for m in MODELS if e % 2 == 0 else MODELS[::-1]:
+            t0 = time.perf_counter()
+            if opts.in_process and e == 0:  # no separate memory run: this epoch's peak, in this process
+                res[m]["peak_bytes"] = _common.read_peak_rss_delta(
+                    lambda: last.update({m: trainers[m].epoch(keep=opts.structure_batches)}))
+            else:
+                last[m] = trainers[m].epoch(keep=opts.structure_batches)
+            times[m].append(time.perf_counter() - t0)
+    compiled = {"recompiles_in_epoch": counters["stats"]["unique_graphs"] - graphs,
                 "graphs_compiled": counters["stats"]["unique_graphs"],
                 "backend_compiles_in_epoch": STATS["graphs"] - backend,
-                "structure_builds_in_epoch": structure.cache_info()["builds"] - builds,
-                "structure_s_per_batch": structure_time(kept), "sampling_epoch_s": sampling_epoch(tr.loader),
-                "loader_settings": {k: v for k, v in tr.loader.settings.items() if v is not None},
-                "threads": torch.get_num_threads()})
+                "structure_builds_per_epoch": (structure.cache_info()["builds"] - builds) / opts.epochs}
+    for m, tr in trainers.items():
+        n, kept = last[m]
+        epoch_s = statistics.median(times[m])
+        res[m].update({"epoch_s": epoch_s, "epoch_times_s": times[m], "seeds_per_s": train.numel() / epoch_s,
+                       "batches": n, "last_loss": tr.losses[-1],
+                       "structure_s_per_batch": structure_time(kept), "sampling_epoch_s": sampling_epoch(tr.loader),
+                       "loader_settings": {k: v for k, v in tr.loader.settings.items() if v is not None},
+                       "threads": torch.get_num_threads()})
+        res[m].update(compiled if m == "gnncompile" else
+                      {"recompiles_in_epoch": 0, "structure_builds_per_epoch": 0})  # eager: no Dynamo
     return res
 
 
 # ----------------------------------------------------------------------------- driver
-def variants(opts):
-    settings = ["default"] + (["profile"] if opts.profile else [])
-    return [(m, s) for s in settings for m in ("eager", "gnncompile")]
-
-
 def child_args(opts) -> list:
     args = ["--nodes", str(opts.nodes), "--train-fraction", str(opts.train_fraction), "--batch-size",
-            str(opts.batch_size), "--warmup", str(opts.warmup), "--epochs", str(opts.epochs), "--threads", str(opts.threads),
-            "--dynamic", opts.dynamic, "--structure-batches", str(opts.structure_batches)]
+            str(opts.batch_size), "--warmup", str(opts.warmup), "--epochs", str(opts.epochs), "--threads",
+            str(opts.threads), "--dynamic", opts.dynamic, "--structure-batches", str(opts.structure_batches)]
     return args + (["--profile", opts.profile] if opts.profile else [])
 
 
-def child(opts, model_kind: str, setting: str, memory: bool) -> dict:
-    """One variant in a fresh process: timing under the default allocator, or (``memory``) the
-    peak of ``--memory-batches`` batches under MALLOC_MMAP_THRESHOLD_=65536 (freed memory leaves
-    the process at once, so the high-water mark is the batches' own; that setting slows every
-    large allocation, so it is not used for timing)."""
+def child(opts, what: list, memory: bool) -> dict:
+    """``what`` (``--child SETTING`` or ``--child MODEL SETTING --peak-only N``) in a fresh
+    process: timing under the default allocator; ``memory`` under MALLOC_MMAP_THRESHOLD_=65536."""
     import os
 
-    cmd = [sys.executable, __file__, "--child", model_kind, setting] + child_args(opts)
     env = _common.isolated_env() if memory else dict(os.environ)
-    if memory:
-        cmd += ["--peak-only", str(opts.memory_batches)]
-    else:
+    if not memory:
         env.pop("MALLOC_MMAP_THRESHOLD_", None)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=opts.timeout)
+    p = subprocess.run([sys.executable, __file__] + what + child_args(opts), capture_output=True, text=True,
+                       env=env, timeout=opts.timeout)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     if p.returncode == 0 and lines:
         return json.loads(lines[-1][7:])
@@ -239,34 +244,34 @@ def child(opts, model_kind: str, setting: str, memory: bool) -> dict:
 
 def run_all(opts) -> dict:
     results = {}
-    data = train = None
-    for model_kind, setting in variants(opts):
-        key = f"{model_kind}/{setting}"
+    for setting in ["default"] + (["profile"] if opts.profile else []):
         if opts.in_process:
-            if data is None:
-                data, train = make_data(opts.nodes, opts.train_fraction)
             threads = torch.get_num_threads()
             try:
-                results[key] = run_variant(data, train, model_kind, setting, opts)
+                res = run_setting(*make_data(opts.nodes, opts.train_fraction), setting, opts)
             finally:  # leave the calling process as it was
                 torch._dynamo.reset()
                 torch.set_num_threads(threads)
         else:
-            r = results[key] = child(opts, model_kind, setting, memory=False)
-            if "epoch_s" in r:
-                m = child(opts, model_kind, setting, memory=True)
-                r.update({k: m[k] for k in ("peak_bytes", "peak_batches")} if "peak_bytes" in m
-                         else {"peak_error": m.get("error")})
-        r = results[key]
-        print(f"{key:<22} " + (f"{r['epoch_s']:.2f} s/epoch, {r['seeds_per_s']:.0f} seeds/s, peak "
-                               f"{r.get('peak_bytes', float('nan')) / 2**20:.0f} MiB, recompiles "
-                               f"{r['recompiles_in_epoch']}" if "epoch_s" in r else str(r)), flush=True)
+            res = child(opts, ["--child", setting], memory=False)
+            res = {m: res[m] for m in MODELS} if "error" not in res else {m: res for m in MODELS}
+            for m, r in res.items():
+                if "epoch_s" in r:
+                    mem = child(opts, ["--child", m, setting, "--peak-only", str(opts.memory_batches)], memory=True)
+                    r.update({k: mem[k] for k in ("peak_bytes", "peak_batches")} if "peak_bytes" in mem
+                             else {"peak_error": mem.get("error")})
+        for m, r in res.items():
+            key = f"{m}/{setting}"
+            results[key] = r
+            print(f"{key:<22} " + (f"{r['epoch_s']:.2f} s/epoch, {r['seeds_per_s']:.0f} seeds/s, peak "
+                                   f"{r.get('peak_bytes', float('nan')) / 2**20:.0f} MiB, recompiles "
+                                   f"{r['recompiles_in_epoch']}" if "epoch_s" in r else str(r)), flush=True)
     return results
 
 
 def markdown(p: dict) -> str:
     head = ["variant", "s / epoch", "seeds / s", "vs eager", "peak MiB", "recompiles in timed epochs",
-            "sampling-only s / epoch", "structure ms / batch (builds in epoch)", "first loss (eager)",
+            "sampling-only s / epoch", "structure ms / batch (cache builds / epoch)", "first loss (eager)",
             "warm-up s", "loader settings"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, r in p["results"].items():
@@ -278,7 +283,7 @@ def markdown(p: dict) -> str:
         cells = [key, f"{r['epoch_s']:.2f}", f"{r['seeds_per_s']:.0f}", ratio,
                  f"{r['peak_bytes'] / 2**20:.0f}" if "peak_bytes" in r else "n/a",
                  str(r["recompiles_in_epoch"]), f"{r['sampling_epoch_s']:.2f}",
-                 f"{r['structure_s_per_batch'] * 1e3:.2f} ({r['structure_builds_in_epoch']})",
+                 f"{r['structure_s_per_batch'] * 1e3:.2f} ({r['structure_builds_per_epoch']:.0f})",
                  f"{r['first_loss']:.5f} ({r['first_loss_eager']:.5f})", f"{r['warmup_s']:.1f}",
                  ", ".join(f"{k}={v}" for k, v in r["loader_settings"].items()) + f", threads={r['threads']}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -292,7 +297,9 @@ def markdown(p: dict) -> str:
               f"(gnncompile.ops.structure.build), with the structure cache's builds during the epoch. "
               f"Peak: resident memory added over {p['memory_batches']} training batches (a separate process "
               f"under MALLOC_MMAP_THRESHOLD_=65536; --quick: the epoch, in-process). Timing under the "
-              f"default allocator. torch {m['torch']}. Command: `{p['command']}`"]
+              f"default allocator. torch {m['torch']}. Load average (1 min) before / after: "
+              f"{p['loadavg_before_after'][0][0]:.1f} / {p['loadavg_before_after'][1][0]:.1f} (a shared "
+              f"machine). Command: `{p['command']}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -335,7 +342,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--out", default=None)
     ap.add_argument("--results-dir", default=str(_common.RESULTS))
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--peak-only", type=int, default=0, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -348,12 +355,15 @@ def main(argv=None) -> dict:
     opts.in_process = opts.in_process or opts.quick
     if opts.child:
         data, train = make_data(opts.nodes, opts.train_fraction)
-        print("RESULT " + json.dumps(run_variant(data, train, *opts.child, opts)), flush=True)
+        out = peak_only(data, train, *opts.child, opts) if opts.peak_only else run_setting(data, train, *opts.child, opts)
+        print("RESULT " + json.dumps(out), flush=True)
         return {}
     from gnncompile.compiler import DEFAULT_INNER
 
+    load_before = os.getloadavg()
     results = run_all(opts)
-    payload = {"machine": _common.machine(), "nodes": opts.nodes, "train_fraction": opts.train_fraction,
+    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
+               "nodes": opts.nodes, "train_fraction": opts.train_fraction,
                "train_seeds": max(1, int(opts.nodes * opts.train_fraction)), "fanout": FANOUT,
                "batch_size": opts.batch_size, "dynamic": opts.dynamic, "memory_batches": opts.memory_batches,
                "warmup": opts.warmup, "epochs": opts.epochs,

@@ -28,6 +28,7 @@ benchmarks/results/sampler[_quick].{json,md,png}.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -123,6 +124,7 @@ def time_interleaved(fns: dict, batches, warmup: int) -> dict:
 
 
 def run(opts) -> dict:
+    load_before = os.getloadavg()  # the machine is shared: record how busy it was
     torch.set_num_threads(opts.thread_counts[0])
     N, E = (20_000, 200_000) if opts.quick else (1_000_000, 10_000_000)
     fanout = [int(k) for k in opts.fanout.split(",")]
@@ -153,7 +155,8 @@ def run(opts) -> dict:
     for t in opts.thread_counts:
         torch.set_num_threads(t)
         timings[str(t)] = time_interleaved(fns, batches, opts.warmup)
-    return {"machine": _common.machine(), "graph": {"N": N, "E": E, "generator": "power_law_graph(seed=0)"},
+    return {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
+            "graph": {"N": N, "E": E, "generator": "power_law_graph(seed=0)"},
             "fanout": fanout, "batch_size": opts.batch_size, "batches": opts.batches, "warmup": opts.warmup,
             "threads": opts.thread_counts, "graph_gen_s": gen_s, "csc_build_s": csc_s,
             "neighbor_sampler_init_s": sampler_init_s, "checks": checks, "timings": timings,
@@ -176,7 +179,8 @@ def markdown(p: dict) -> str:
     lines += ["", f"Graph: {g['generator']}, N = {g['N']:,}, E = {g['E']:,}; CSC build (build_csr) "
               f"{p['csc_build_s']:.2f} s once; NeighborSampler construction {p['neighbor_sampler_init_s']:.2f} s. "
               f"Fanout {p['fanout']}, {p['batch_size']} random seeds per batch, {p['batches']} batches after "
-              f"{p['warmup']} warm-up, implementations interleaved; torch {m['torch']}. "
+              f"{p['warmup']} warm-up, implementations interleaved; torch {m['torch']}. Load average (1 min) before / after: "
+              f"{p['loadavg_before_after'][0][0]:.1f} / {p['loadavg_before_after'][1][0]:.1f} (a shared machine). "
               f"Mean sampled edges per batch: {p['mean_sampled_edges']:.0f}. Native op >= 5x faster than the "
               f"PyTorch sampler is the issue's target; measured: "
               f"{speedup}. Agreement checked first (fanout -1: same nodes per hop "
