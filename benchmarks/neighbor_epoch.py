@@ -302,6 +302,9 @@ def markdown(p: dict) -> str:
               f"default allocator. torch {m['torch']}. Load average (1 min) before / after: "
               f"{p['loadavg_before_after'][0][0]:.1f} / {p['loadavg_before_after'][1][0]:.1f} (a shared "
               f"machine). Command: `{p['command']}`"]
+    if p.get("profile"):
+        lines.append(f"\nProfile {p['profile']}: settings {p['profile_settings']}, tuned on workload "
+                     f"{p['profile_workload']}.")
     return "\n".join(lines) + "\n"
 
 
@@ -372,6 +375,11 @@ def main(argv=None) -> dict:
                "inner": DEFAULT_INNER, "profile": opts.profile, "results": results,
                "command": " ".join(["python", "benchmarks/neighbor_epoch.py"]
                                    + list(sys.argv[1:] if argv is None else argv))}
+    if opts.profile:
+        from gnncompile.hardware import profiles
+
+        prof = profiles.resolve(opts.profile)
+        payload["profile_settings"], payload["profile_workload"] = prof.settings, prof.workload
     name = opts.out or ("neighbor_epoch_quick" if opts.quick else "neighbor_epoch")
     out = Path(opts.results_dir)
     _common.write_json(out / f"{name}.json", payload)
