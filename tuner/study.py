@@ -49,7 +49,7 @@ from gnncompile.compiler import INNERS
 from gnncompile.hardware import profiles as _profiles
 
 from . import guard as _guard
-from .workloads import MemoryBudgetExceeded, Workload, default_settings, measure
+from .workloads import NEIGHBOR_BATCH_RANGE, MemoryBudgetExceeded, Workload, default_settings, measure
 
 
 def default_storage() -> str:
@@ -60,9 +60,14 @@ def default_storage() -> str:
 
 def workload_dict(w: Workload, batch_size: Optional[int] = 128,
                   batch_range: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
-    """The workload as recorded in the study and the profile (with the batch-size search)."""
+    """The workload as recorded in the study and the profile (with the batch-size search; a
+    neighbor workload always searches it, in :data:`NEIGHBOR_BATCH_RANGE` unless given a range,
+    and records the defaults' batch size too)."""
     d = w.signature_dict()
-    if w.kind == "graphs":
+    if w.kind == "neighbor":
+        d["batch_range"] = [int(v) for v in (batch_range or NEIGHBOR_BATCH_RANGE)]
+        d["default_batch_size"] = int(batch_size or 128)
+    elif w.kind == "graphs":
         if batch_range is not None:
             d["batch_range"] = [int(batch_range[0]), int(batch_range[1])]
         else:
@@ -92,16 +97,22 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
     cuda = props.get("type") == "cuda"
     cpus = int(props.get("logical_cpus") or props.get("host_logical_cpus") or os.cpu_count() or 1)
     s: Dict[str, Any] = {"loader": "pooled"}
-    if w.kind == "graphs":
+    if w.kind == "neighbor":
+        lo, hi = batch_range or NEIGHBOR_BATCH_RANGE
+        s["loader"] = "neighbor"
+        s["batch_size"] = trial.suggest_int("batch_size", lo, hi, log=True)
+        s["num_workers"] = trial.suggest_int("num_workers", 0, max_workers)
+        # batches in flight (the DataLoader's prefetch depth): only with workers
+        s["pool_size"] = trial.suggest_int("pool_size", 1, 6) if s["num_workers"] > 0 else None
+        _suggest_worker_flags(trial, s, cuda)
+    elif w.kind == "graphs":
         if batch_range is not None:
             s["batch_size"] = trial.suggest_int("batch_size", batch_range[0], batch_range[1], log=True)
         else:
             s["batch_size"] = int(batch_size or 128)
         s["pool_size"] = trial.suggest_int("pool_size", 1, 6)
         s["num_workers"] = trial.suggest_int("num_workers", 0, max_workers)
-        s["persistent_workers"] = (trial.suggest_categorical("persistent_workers", [True, False])
-                                   if s["num_workers"] > 0 else False)
-        s["pin_memory"] = trial.suggest_categorical("pin_memory", [True, False]) if cuda else False
+        _suggest_worker_flags(trial, s, cuda)
     else:
         s.update(batch_size=None, pool_size=None, num_workers=0, persistent_workers=False,
                  pin_memory=False)
@@ -120,6 +131,12 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
     else:
         s["knobs"] = default_knobs
     return s
+
+
+def _suggest_worker_flags(trial, s: Dict[str, Any], cuda: bool) -> None:
+    s["persistent_workers"] = (trial.suggest_categorical("persistent_workers", [True, False])
+                               if s["num_workers"] > 0 else False)
+    s["pin_memory"] = trial.suggest_categorical("pin_memory", [True, False]) if cuda else False
 
 
 HEARTBEAT_S = 15
@@ -402,8 +419,7 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
                                              "best_trial": best.number, "trials": counts,
                                              "chosen": chosen,
                                              "confirm_runs": result.get("confirm"),
-                                             "default_settings": "torch_geometric.loader.DataLoader"
-                                             if w.kind == "graphs" else "kernel defaults"})
+                                             "default_settings": _DEFAULTS_LABEL.get(w.kind, "kernel defaults")})
     target = _profile_target(out, doc)
     if guard is not None:
         guard.check_interrupt()  # interrupted: no profile (KeyboardInterrupt)
@@ -417,6 +433,9 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
     if plots and (left is None or left > PLOT_RESERVE_S):
         result["plots"] = save_plots(study, path.with_suffix(""))
 
+
+_DEFAULTS_LABEL = {"graphs": "torch_geometric.loader.DataLoader",
+                   "neighbor": "gnncompile.data.NeighborLoader defaults (no workers, no prefetch)"}
 
 PLOT_RESERVE_S = 3.0  # plots are skipped when less of the run's timeout is left
 
