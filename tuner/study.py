@@ -309,7 +309,9 @@ def _objective(optuna, w: Workload, props: dict, constrain, batch_size, batch_ra
         _guard.checkpoint()
         s = suggest(trial, w, props, batch_size, batch_range, max_workers)
         trial.set_user_attr("settings", s)
-        constrain(trial, 0.0)
+        # feasible unless the measurement says otherwise; Optuna >= 5 keeps the first value of a
+        # trial's constraint and ignores later ones, so it is set once, when it is known
+        trial.set_user_attr("memory_excess", 0.0)
 
         def report(step, value):
             trial.report(value, step)
@@ -332,6 +334,7 @@ def _objective(optuna, w: Workload, props: dict, constrain, batch_size, batch_ra
             trial.set_user_attr("error", f"{type(e).__name__}: {e}")
             raise
         trial.set_user_attr("peak_memory", int(peak))
+        constrain(trial, 0.0)
         _guard.checkpoint(deadline=False)  # a measurement that finished counts
         return value
 

@@ -311,7 +311,7 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     if settings.get("threads"):
         torch.set_num_threads(int(settings["threads"]))
     set_knobs(dev.type, settings.get("knobs"))
-    loader = None
+    loader = it = None
     try:
         checkpoint()  # Ctrl-C or the run's deadline (tuner.guard): before and between the steps
         torch.manual_seed(w.seed)
@@ -349,10 +349,26 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
         watch.check()
         return _timed(w, it, step, watch, dev, report), watch.peak
     finally:
-        if loader is not None and hasattr(loader, "close"):
-            loader.close()
+        _close(it, loader)
         torch.set_num_threads(old_threads)
         set_knobs(dev.type, old_knobs)
+
+
+def _close(it, loader) -> None:
+    """Ends the run's batches now: the PooledLoader's close(); for a torch DataLoader (the
+    NeighborLoader), its worker processes are shut down here, not whenever the garbage collector
+    gets to the iterator (a collection inside the next trial's freshly forked workers would try
+    to shut down workers that are not their children)."""
+    if it is not None:
+        it.close()  # drops the generator's iterator over the loader
+    if loader is None:
+        return
+    if hasattr(loader, "close"):
+        loader.close()
+    persistent = getattr(loader, "_iterator", None)  # kept by persistent_workers
+    if persistent is not None and hasattr(persistent, "_shutdown_workers"):
+        persistent._shutdown_workers()
+        loader._iterator = None
 
 
 def _odd_batch(ds, bs: int, dev):
