@@ -10,7 +10,9 @@
   RDB URL) can work on one study at once. ``trials`` is the number of finished (complete or
   pruned) trials the study should hold: a resumed or parallel run only adds what is missing.
 * search space: batch size (``batch_size`` fixed, or a ``batch_range`` searched on a log
-  scale), pool size, num_workers, persistent workers, pin memory (CUDA only), threads, and the
+  scale; a neighbor workload always searches it, by default in
+  :data:`tuner.workloads.NEIGHBOR_BATCH_RANGE`, and measures the defaults at ``batch_size``), pool size
+  (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
   kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
 * objective: training throughput after warm-up (:func:`tuner.workloads.measure`), reported
