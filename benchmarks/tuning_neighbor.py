@@ -10,7 +10,9 @@
 2. checks that the model compiled as chosen (gnncompile.compile with the chosen inner compiler)
    computes what the eager model computes on a sampled batch (output and gradients);
 3. measures the chosen settings once more and counts torch compilations per timed chunk, to show
-   that batches of varying size do not recompile the model after the warm-up.
+   that batches of varying size do not recompile the model after the warm-up;
+4. splits the gain: the defaults, the defaults with the tuned thread count, then also the tuned
+   batch size, and the tuned settings, measured in turn for --rounds rounds (medians).
 
 Writes benchmarks/results/tuning_neighbor.{json,md} and the profile with its optimisation history
 and parameter importance plots in benchmarks/results/tuning_profiles/. The study goes to a new
@@ -56,6 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-range", type=int, nargs=2, default=[128, 4096])
     ap.add_argument("--max-workers", type=int, default=2)
     ap.add_argument("--confirm-rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the gain split (0: skip)")
     ap.add_argument("--eager", action="store_true", help="tune for PyG's eager model")
     ap.add_argument("--storage", default=None, help="Optuna storage (default: a new SQLite file)")
     ap.add_argument("--out", default=str(RESULTS))
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
               "loadavg_start": os.getloadavg()}
     report["default_settings"] = default_settings(w, props, batch_size=args.default_batch_size)
 
-    print(f"[1/3] tuning ({args.trials} trials, timeout {args.timeout}s)", flush=True)
+    print(f"[1/4] tuning ({args.trials} trials, timeout {args.timeout}s)", flush=True)
     res = tune(w, trials=args.trials, timeout=args.timeout, storage=storage, out=out / "tuning_profiles",
                batch_size=args.default_batch_size, batch_range=tuple(args.batch_range),
                max_workers=args.max_workers, seed=0, confirm_rounds=args.confirm_rounds)
@@ -87,9 +90,11 @@ def main(argv=None) -> int:
     if w.compiled:
         inner = report["best"].get("inner") or "inductor"
         report["agreement"] = {inner: _agreement(w, inner)}
-        print(f"[2/3] compiled ({inner}) vs eager on a sampled batch: {report['agreement']}", flush=True)
-    print("[3/3] compilations per timed chunk with the chosen settings", flush=True)
+        print(f"[2/4] compiled ({inner}) vs eager on a sampled batch: {report['agreement']}", flush=True)
+    print("[3/4] compilations per timed chunk with the chosen settings", flush=True)
     report["compiles_per_chunk"] = _compiles(w, report["best"])
+    print(f"[4/4] where the gain comes from, {args.rounds} interleaved rounds", flush=True)
+    report["split"] = _split(w, report["default_settings"], report["best"], args.rounds)
     report["seconds"] = time.perf_counter() - t0
     report["loadavg_end"] = os.getloadavg()
     (out / "tuning_neighbor.json").write_text(json.dumps(report, indent=2, default=str))
@@ -150,6 +155,30 @@ def _compiles(w: Workload, settings: dict) -> list:
     return seen
 
 
+SPLIT = (("defaults", "defaults"), ("threads", "defaults + tuned threads"),
+         ("threads_batch", "defaults + tuned threads + tuned batch size"), ("tuned", "tuned (all settings)"))
+
+
+def _split(w: Workload, defaults: dict, best: dict, rounds: int) -> dict:
+    """The defaults, then the tuned threads, then also the tuned batch size, then every tuned
+    setting, measured in turn ``rounds`` times; medians and ratios to the defaults' median."""
+    import statistics
+
+    rows = {"defaults": defaults, "threads": {**defaults, "threads": best["threads"]},
+            "threads_batch": {**defaults, "threads": best["threads"], "batch_size": best["batch_size"]},
+            "tuned": best}
+    runs = {k: [] for k in rows}
+    for r in range(rounds):
+        for k, st in rows.items():
+            runs[k].append(measure(w, st)[0])
+        print(f"  round {r}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items()) + " seeds/s", flush=True)
+    if not rounds:
+        return {}
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return {"settings": rows, "runs": runs, "median": med,
+            "ratio": {k: med[k] / med["defaults"] for k in rows}}
+
+
 def _fmt(s) -> str:
     keys = ("batch_size", "num_workers", "pool_size", "persistent_workers", "threads", "knobs", "inner")
     return ", ".join(f"{k}={s.get(k)}" for k in keys if k in s)
@@ -184,6 +213,14 @@ def _markdown(r, args) -> str:
     if "agreement" in r:
         lines += ["Compiled vs eager on one sampled batch (max abs difference, output / gradients): " +
                   "; ".join(f"{k} {v['output']:.1e} / {v['grad']:.1e}" for k, v in r["agreement"].items()) + ".", ""]
+    sp = r.get("split") or {}
+    if sp:
+        lines += ["Where the gain comes from (each row measured in turn with the others, "
+                  f"{len(sp['runs']['defaults'])} rounds; medians):", "",
+                  "| | seeds/s (median) | vs defaults | runs |", "|---|---|---|---|"]
+        lines += [f"| {label} | {sp['median'][k]:.0f} | {sp['ratio'][k]:.2f}x | "
+                  f"{', '.join(f'{v:.0f}' for v in sp['runs'][k])} |" for k, label in SPLIT]
+        lines.append("")
     lines += [f"Compiled graphs after each timed chunk (chosen settings): {r['compiles_per_chunk']} "
               "(constant: no recompilation after the warm-up, though every batch has its own size).", "",
               f"Study: {r['trial_states']} in {r['study_seconds']:.0f} s; trials:", "",
