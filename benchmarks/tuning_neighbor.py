@@ -84,6 +84,7 @@ def main(argv=None) -> int:
                batch_size=args.default_batch_size, batch_range=tuple(args.batch_range),
                max_workers=args.max_workers, seed=0, confirm_rounds=args.confirm_rounds)
     report.update(_study_report(res))
+    report["profile_settings"] = json.loads(Path(report["profile"]).read_text())["settings"]
     print(json.dumps({k: report[k] for k in ("best", "chosen", "tuned", "default", "trial_states")},
                      indent=1), flush=True)
 
@@ -155,8 +156,9 @@ def _compiles(w: Workload, settings: dict) -> list:
     return seen
 
 
-SPLIT = (("defaults", "defaults"), ("threads", "defaults + tuned threads"),
-         ("threads_batch", "defaults + tuned threads + tuned batch size"), ("tuned", "tuned (all settings)"))
+SPLIT = (("defaults", "defaults"), ("threads", "defaults + the best trial's threads"),
+         ("threads_batch", "defaults + the best trial's threads and batch size"),
+         ("tuned", "the best trial's settings"))
 
 
 def _split(w: Workload, defaults: dict, best: dict, rounds: int) -> dict:
@@ -167,15 +169,17 @@ def _split(w: Workload, defaults: dict, best: dict, rounds: int) -> dict:
     rows = {"defaults": defaults, "threads": {**defaults, "threads": best["threads"]},
             "threads_batch": {**defaults, "threads": best["threads"], "batch_size": best["batch_size"]},
             "tuned": best}
-    runs = {k: [] for k in rows}
+    runs, load = {k: [] for k in rows}, []
     for r in range(rounds):
         for k, st in rows.items():
             runs[k].append(measure(w, st)[0])
-        print(f"  round {r}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items()) + " seeds/s", flush=True)
+        load.append(os.getloadavg()[0])
+        print(f"  round {r}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items()) +
+              f" seeds/s; load {load[-1]:.1f}", flush=True)
     if not rounds:
         return {}
     med = {k: statistics.median(v) for k, v in runs.items()}
-    return {"settings": rows, "runs": runs, "median": med,
+    return {"settings": rows, "runs": runs, "median": med, "loadavg_after_round": load,
             "ratio": {k: med[k] / med["defaults"] for k in rows}}
 
 
@@ -203,11 +207,12 @@ def _markdown(r, args) -> str:
         f"| defaults: NeighborLoader, no workers, no prefetch, batch {args.default_batch_size} | "
         f"threads={r['default_settings']['threads']}, knobs={r['default_settings']['knobs']}, inner=default | "
         f"{r['default']:.0f} | {', '.join(f'{v:.0f}' for v in c.get('default', []))} |",
-        f"| tuned ({r['chosen']}) | {_fmt(r['best'])} | {r['tuned']:.0f} | "
+        f"| best trial of the study, re-measured | {_fmt(r['best'])} | {r['tuned']:.0f} | "
         f"{', '.join(f'{v:.0f}' for v in c.get('tuned', []))} |",
         "",
-        f"Tuned / defaults: **{r['tuned'] / r['default']:.2f}x** (medians of {len(c.get('default', []))} "
-        "interleaved re-measurements of the best trials and the defaults, in the same run).",
+        f"Best trial / defaults: **{r['tuned'] / r['default']:.2f}x** (medians of {len(c.get('default', []))} "
+        "re-measurements of the 3 best trials and the defaults in turn, in the same run). The profile holds "
+        f"the {r['chosen']}: {_fmt(r['profile_settings'])}.",
         "",
     ]
     if "agreement" in r:
@@ -216,13 +221,16 @@ def _markdown(r, args) -> str:
     sp = r.get("split") or {}
     if sp:
         lines += ["Where the gain comes from (each row measured in turn with the others, "
-                  f"{len(sp['runs']['defaults'])} rounds; medians):", "",
+                  f"{len(sp['runs']['defaults'])} rounds; medians; 1-min load average after each round: "
+                  f"{', '.join(f'{v:.1f}' for v in sp['loadavg_after_round'])}):", "",
                   "| | seeds/s (median) | vs defaults | runs |", "|---|---|---|---|"]
         lines += [f"| {label} | {sp['median'][k]:.0f} | {sp['ratio'][k]:.2f}x | "
                   f"{', '.join(f'{v:.0f}' for v in sp['runs'][k])} |" for k, label in SPLIT]
         lines.append("")
-    lines += [f"Compiled graphs after each timed chunk (chosen settings): {r['compiles_per_chunk']} "
-              "(constant: no recompilation after the warm-up, though every batch has its own size).", "",
+    cc = r["compiles_per_chunk"]
+    lines += [f"Compiled graphs after each timed chunk (the best trial's settings): {cc} " +
+              ("(constant: no recompilation after the warm-up, though every batch has its own size)."
+               if len(set(cc)) == 1 else "(it changed: the model recompiled during the timed steps)."), "",
               f"Study: {r['trial_states']} in {r['study_seconds']:.0f} s; trials:", "",
               "| trial | state | seeds/s | settings | peak RSS growth (MB) |", "|---|---|---|---|---|"]
     for t in r["trials"]:
