@@ -318,3 +318,20 @@ def test_compiled_sage_on_sampled_batches_fuses_and_stops_recompiling():
     assert len({b for b in frames[2:]}) == 1, f"recompiled after warm-up: frames per step {frames}"
     report = gnncompile.explain(model, b.x, b.edge_index)
     assert report.num_graph_breaks == 0 and len(report.fused) >= 2 and not report.unfused
+
+
+@pytest.mark.parametrize("fan,replace,directed,disjoint", CONFIGS[:5])
+def test_edge_ids_from_pairs_equal_edge_ids_from_perm(fan, replace, directed, disjoint):
+    data = graph()
+    cp, row, perm = csc(data)
+    pairs = torch.stack([row, perm], 1).int()
+    seeds = torch.arange(0, 600, 15)
+    by_perm = ops.neighbor_sample(cp, row, seeds, fan, replace, directed, disjoint, 4, perm)
+    by_pairs = ops.neighbor_sample(cp, pairs, seeds, fan, replace, directed, disjoint, 4)
+    slots = ops.neighbor_sample(cp, row, seeds, fan, replace, directed, disjoint, 4)
+    ref = reference.neighbor_sample(cp, pairs, seeds, fan, replace, directed, disjoint, 4)
+    for a, b, c in zip(by_perm, by_pairs, ref):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert torch.equal(by_perm[3], perm[slots[3]])
+    with pytest.raises(ValueError, match="either in the pairs or as perm"):
+        ops.neighbor_sample(cp, pairs, seeds, fan, replace, directed, disjoint, 4, perm)

@@ -10,7 +10,9 @@
   RDB URL) can work on one study at once. ``trials`` is the number of finished (complete or
   pruned) trials the study should hold: a resumed or parallel run only adds what is missing.
 * search space: batch size (``batch_size`` fixed, or a ``batch_range`` searched on a log
-  scale), pool size, num_workers, persistent workers, pin memory (CUDA only), threads, and the
+  scale; a neighbor workload always searches it, by default in
+  :data:`tuner.workloads.NEIGHBOR_BATCH_RANGE`, and measures the defaults at ``batch_size``), pool size
+  (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
   kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
 * objective: training throughput after warm-up (:func:`tuner.workloads.measure`), reported
@@ -49,7 +51,7 @@ from gnncompile.compiler import INNERS
 from gnncompile.hardware import profiles as _profiles
 
 from . import guard as _guard
-from .workloads import MemoryBudgetExceeded, Workload, default_settings, measure
+from .workloads import NEIGHBOR_BATCH_RANGE, MemoryBudgetExceeded, Workload, default_settings, measure
 
 
 def default_storage() -> str:
@@ -60,9 +62,14 @@ def default_storage() -> str:
 
 def workload_dict(w: Workload, batch_size: Optional[int] = 128,
                   batch_range: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
-    """The workload as recorded in the study and the profile (with the batch-size search)."""
+    """The workload as recorded in the study and the profile (with the batch-size search; a
+    neighbor workload always searches it, in :data:`NEIGHBOR_BATCH_RANGE` unless given a range,
+    and records the defaults' batch size too)."""
     d = w.signature_dict()
-    if w.kind == "graphs":
+    if w.kind == "neighbor":
+        d["batch_range"] = [int(v) for v in (batch_range or NEIGHBOR_BATCH_RANGE)]
+        d["default_batch_size"] = int(batch_size or 128)
+    elif w.kind == "graphs":
         if batch_range is not None:
             d["batch_range"] = [int(batch_range[0]), int(batch_range[1])]
         else:
@@ -92,16 +99,22 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
     cuda = props.get("type") == "cuda"
     cpus = int(props.get("logical_cpus") or props.get("host_logical_cpus") or os.cpu_count() or 1)
     s: Dict[str, Any] = {"loader": "pooled"}
-    if w.kind == "graphs":
+    if w.kind == "neighbor":
+        lo, hi = batch_range or NEIGHBOR_BATCH_RANGE
+        s["loader"] = "neighbor"
+        s["batch_size"] = trial.suggest_int("batch_size", lo, hi, log=True)
+        s["num_workers"] = trial.suggest_int("num_workers", 0, max_workers)
+        # batches in flight (the DataLoader's prefetch depth): only with workers
+        s["pool_size"] = trial.suggest_int("pool_size", 1, 6) if s["num_workers"] > 0 else None
+        _suggest_worker_flags(trial, s, cuda)
+    elif w.kind == "graphs":
         if batch_range is not None:
             s["batch_size"] = trial.suggest_int("batch_size", batch_range[0], batch_range[1], log=True)
         else:
             s["batch_size"] = int(batch_size or 128)
         s["pool_size"] = trial.suggest_int("pool_size", 1, 6)
         s["num_workers"] = trial.suggest_int("num_workers", 0, max_workers)
-        s["persistent_workers"] = (trial.suggest_categorical("persistent_workers", [True, False])
-                                   if s["num_workers"] > 0 else False)
-        s["pin_memory"] = trial.suggest_categorical("pin_memory", [True, False]) if cuda else False
+        _suggest_worker_flags(trial, s, cuda)
     else:
         s.update(batch_size=None, pool_size=None, num_workers=0, persistent_workers=False,
                  pin_memory=False)
@@ -120,6 +133,12 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
     else:
         s["knobs"] = default_knobs
     return s
+
+
+def _suggest_worker_flags(trial, s: Dict[str, Any], cuda: bool) -> None:
+    s["persistent_workers"] = (trial.suggest_categorical("persistent_workers", [True, False])
+                               if s["num_workers"] > 0 else False)
+    s["pin_memory"] = trial.suggest_categorical("pin_memory", [True, False]) if cuda else False
 
 
 HEARTBEAT_S = 15
@@ -292,7 +311,9 @@ def _objective(optuna, w: Workload, props: dict, constrain, batch_size, batch_ra
         _guard.checkpoint()
         s = suggest(trial, w, props, batch_size, batch_range, max_workers)
         trial.set_user_attr("settings", s)
-        constrain(trial, 0.0)
+        # feasible unless the measurement says otherwise; Optuna >= 5 keeps the first value of a
+        # trial's constraint and ignores later ones, so it is set once, when it is known
+        trial.set_user_attr("memory_excess", 0.0)
 
         def report(step, value):
             trial.report(value, step)
@@ -315,6 +336,7 @@ def _objective(optuna, w: Workload, props: dict, constrain, batch_size, batch_ra
             trial.set_user_attr("error", f"{type(e).__name__}: {e}")
             raise
         trial.set_user_attr("peak_memory", int(peak))
+        constrain(trial, 0.0)
         _guard.checkpoint(deadline=False)  # a measurement that finished counts
         return value
 
@@ -402,8 +424,7 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
                                              "best_trial": best.number, "trials": counts,
                                              "chosen": chosen,
                                              "confirm_runs": result.get("confirm"),
-                                             "default_settings": "torch_geometric.loader.DataLoader"
-                                             if w.kind == "graphs" else "kernel defaults"})
+                                             "default_settings": _DEFAULTS_LABEL.get(w.kind, "kernel defaults")})
     target = _profile_target(out, doc)
     if guard is not None:
         guard.check_interrupt()  # interrupted: no profile (KeyboardInterrupt)
@@ -417,6 +438,9 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
     if plots and (left is None or left > PLOT_RESERVE_S):
         result["plots"] = save_plots(study, path.with_suffix(""))
 
+
+_DEFAULTS_LABEL = {"graphs": "torch_geometric.loader.DataLoader",
+                   "neighbor": "gnncompile.data.NeighborLoader defaults (no workers, no prefetch)"}
 
 PLOT_RESERVE_S = 3.0  # plots are skipped when less of the run's timeout is left
 

@@ -1,11 +1,16 @@
 """Workloads the tuner measures: what is trained, and how throughput is measured.
 
-Two kinds:
+Three kinds:
 
 * ``fullgraph``: one generated power-law graph (:func:`gnncompile.data.synthetic.power_law_graph`),
   node classification, one optimizer step per epoch; throughput in epochs/s.
 * ``graphs``: mini-batch graph classification over a generated dataset of many small graphs
   (:func:`gnncompile.data.synthetic.graph_dataset`), a pooled readout; throughput in graphs/s.
+* ``neighbor``: node classification on one large generated power-law graph, trained on sampled
+  subgraphs (:class:`gnncompile.data.NeighborLoader`, ``fanout`` neighbors per hop, seeds drawn
+  from the first ``train_fraction`` of a fixed permutation of the nodes); the loss is taken on
+  each batch's seed nodes (its first ``batch_size`` rows, as PyG's examples do); throughput in
+  seed nodes trained per second (seeds/s).
 
 :func:`measure` runs ``warmup`` steps (compilation, allocator, worker start-up), then times
 ``steps`` steps in ``chunks`` pieces, calling ``report(step, throughput_so_far)`` after each
@@ -17,9 +22,9 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -31,7 +36,9 @@ with warnings.catch_warnings():
     from torch_geometric.nn import models as pyg_models
 
 MODELS = ("gcn", "sage", "gin", "gat")
-KINDS = ("fullgraph", "graphs")
+KINDS = ("fullgraph", "graphs", "neighbor")
+#: The batch sizes (seed nodes) the tuner searches on a neighbor workload unless given a range.
+NEIGHBOR_BATCH_RANGE = (128, 4096)
 
 
 @dataclass
@@ -43,9 +50,12 @@ class Workload:
     num_features: int = 16
     num_classes: int = 2
     compiled: bool = True
-    # fullgraph
+    # fullgraph, neighbor
     num_nodes: int = 20000
     num_edges: int = 200000
+    # neighbor: neighbors sampled per hop, and the share of the nodes that are training seeds
+    fanout: List[int] = field(default_factory=lambda: [15, 10])
+    train_fraction: float = 0.1
     # graphs
     num_graphs: int = 20000
     min_nodes: int = 10
@@ -61,21 +71,41 @@ class Workload:
             raise ValueError(f"workload kind must be one of {KINDS}, got {self.kind!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.kind == "neighbor":
+            self.fanout = _check_fanout(self.fanout)
+            if isinstance(self.train_fraction, bool) or not 0 < float(self.train_fraction) <= 1:
+                raise ValueError(f"train_fraction must be in (0, 1], got {self.train_fraction!r}")
+            self.train_fraction = float(self.train_fraction)
+            if self.num_nodes < 1 or round(self.num_nodes * self.train_fraction) < 1:
+                raise ValueError(f"a neighbor workload needs at least one training node: num_nodes="
+                                 f"{self.num_nodes}, train_fraction={self.train_fraction}")
 
     def signature_dict(self) -> Dict[str, Any]:
         """What identifies the workload in a profile (not the measurement lengths)."""
         d = {"kind": self.kind, "model": self.model, "hidden": self.hidden, "layers": self.layers,
              "num_features": self.num_features, "num_classes": self.num_classes,
              "compiled": self.compiled}
-        if self.kind == "fullgraph":
+        if self.kind in ("fullgraph", "neighbor"):
             d.update(num_nodes=self.num_nodes, num_edges=self.num_edges)
+            if self.kind == "neighbor":
+                d.update(fanout=list(self.fanout), train_fraction=self.train_fraction)
         else:
             d.update(num_graphs=self.num_graphs, min_nodes=self.min_nodes, max_nodes=self.max_nodes)
         return d
 
     @property
     def unit(self) -> str:
-        return "epochs/s" if self.kind == "fullgraph" else "graphs/s"
+        return {"fullgraph": "epochs/s", "graphs": "graphs/s", "neighbor": "seeds/s"}[self.kind]
+
+
+def _check_fanout(fanout: Any) -> List[int]:
+    """A list of ints >= 1 (or -1: every neighbor), one per hop."""
+    if isinstance(fanout, (str, bytes)) or not hasattr(fanout, "__iter__"):
+        raise ValueError(f"fanout must be a list of ints, one per hop, got {fanout!r}")
+    out = list(fanout)
+    if not out or any(isinstance(k, bool) or not isinstance(k, int) or (k < 1 and k != -1) for k in out):
+        raise ValueError(f"fanout must be a non-empty list of ints >= 1 (or -1: all neighbors), got {fanout!r}")
+    return out
 
 
 class GraphClassifier(torch.nn.Module):
@@ -132,12 +162,14 @@ def _rss_bytes() -> int:
 
 
 def default_settings(w: Workload, device_props: Optional[dict] = None, batch_size: int = 128) -> Dict[str, Any]:
-    """The baseline a tuned profile is compared with: PyG's DataLoader with its defaults, torch's
-    thread count as it is, the kernels' default knobs."""
+    """The baseline a tuned profile is compared with: PyG's DataLoader with its defaults (on a
+    neighbor workload, :class:`gnncompile.data.NeighborLoader` with its defaults: no workers, no
+    prefetch), torch's thread count as it is, the kernels' default knobs."""
     from gnncompile.hardware import device as _device
 
     p = _device.detect() if device_props is None else device_props
-    return {"loader": "pyg", "batch_size": batch_size if w.kind == "graphs" else None,
+    return {"loader": "neighbor" if w.kind == "neighbor" else "pyg",
+            "batch_size": batch_size if w.kind in ("graphs", "neighbor") else None,
             "pool_size": None, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
             "threads": torch.get_num_threads(), "knobs": _device.default_settings(p)["knobs"],
             "inner": None}
@@ -182,18 +214,59 @@ def _graph_loader(ds, bs: int, settings: Dict[str, Any], dev: torch.device):
                         device=dev if dev.type == "cuda" else None)
 
 
+@lru_cache(maxsize=2)
+def _neighbor_data(num_nodes, num_edges, num_features, num_classes, seed, train_fraction):
+    """The neighbor workload's graph (a Data on the CPU, where the sampler runs) and its training
+    nodes: the first ``train_fraction`` of a permutation drawn from ``seed``."""
+    from torch_geometric.data import Data
+
+    x, ei, y = _graph(num_nodes, num_edges, num_features, num_classes, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    train = torch.randperm(num_nodes, generator=g)[:max(1, round(num_nodes * train_fraction))]
+    return Data(x=x, edge_index=ei, y=y, num_nodes=num_nodes), train
+
+
+def neighbor_data(w: Workload):
+    """(graph, training node ids) of a neighbor workload (cached: the CSC the sampler builds for
+    the graph is shared by every trial)."""
+    return _neighbor_data(w.num_nodes, w.num_edges, w.num_features, w.num_classes, w.seed,
+                          w.train_fraction)
+
+
+def _neighbor_loader(w: Workload, settings: Dict[str, Any], dev: torch.device):
+    """:class:`gnncompile.data.NeighborLoader` with the settings under test; ``pool_size`` is
+    the batches in flight, the DataLoader's prefetch depth (``prefetch_factor`` per worker), as
+    ``NeighborLoader(profile=...)`` applies it."""
+    from gnncompile.data import NeighborLoader
+
+    data, train = neighbor_data(w)
+    workers = int(settings.get("num_workers") or 0)
+    kw = {}
+    if workers > 0 and settings.get("pool_size"):
+        kw["prefetch_factor"] = max(1, math.ceil(int(settings["pool_size"]) / workers))
+    return NeighborLoader(data, list(w.fanout), input_nodes=train, batch_size=int(settings["batch_size"]),
+                          shuffle=True, seed=w.seed, num_workers=workers,
+                          persistent_workers=bool(settings.get("persistent_workers")) and workers > 0,
+                          pin_memory=bool(settings.get("pin_memory")) and dev.type == "cuda", **kw)
+
+
 def _inputs(w: Workload, loader, dev: torch.device):
-    """Endless (units, (x, edge_index, batch or None, y)): the one graph, or the loader's batches."""
+    """Endless (units, (x, edge_index, batch or None, y, k)): the one graph, or the loader's
+    batches; ``k``: the loss is on the first k rows of the output (None: all)."""
     if w.kind == "fullgraph":
         x, ei, y = (t.to(dev) for t in _graph(w.num_nodes, w.num_edges, w.num_features,
                                               w.num_classes, w.seed))
         while True:
-            yield 1, (x, ei, None, y)
+            yield 1, (x, ei, None, y, None)
     while True:
         for b in loader:
             if dev.type == "cuda" and b.x.device != dev:
                 b = b.to(dev, non_blocking=True)
-            yield b.num_graphs, (b.x, b.edge_index, b.batch, b.y)
+            if w.kind == "neighbor":
+                k = int(b.batch_size)
+                yield k, (b.x, b.edge_index, None, b.y[:k], k)
+            else:
+                yield b.num_graphs, (b.x, b.edge_index, b.batch, b.y, None)
 
 
 def _timed(w: Workload, it, step, watch: _MemoryWatch, dev, report) -> float:
@@ -221,7 +294,8 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
             device: Optional[str] = None, memory_budget: Optional[int] = None) -> Tuple[float, int]:
     """Trains ``w`` with ``settings``; returns (throughput in ``w.unit``, peak memory in bytes).
 
-    settings: ``loader`` ('pooled' or 'pyg', graphs only), ``batch_size``, ``pool_size``,
+    settings: ``loader`` ('pooled' or 'pyg', graphs only; a neighbor workload always uses
+    :class:`gnncompile.data.NeighborLoader`), ``batch_size``, ``pool_size``,
     ``num_workers``, ``pin_memory``, ``persistent_workers``, ``threads``, ``knobs``, ``inner``
     (the inner compiler; None: the default), ``compiled`` (overrides ``w.compiled``: a
     baseline of PyG's own eager model on a compiled workload).
@@ -237,7 +311,7 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     if settings.get("threads"):
         torch.set_num_threads(int(settings["threads"]))
     set_knobs(dev.type, settings.get("knobs"))
-    loader = None
+    loader = it = None
     try:
         checkpoint()  # Ctrl-C or the run's deadline (tuner.guard): before and between the steps
         torch.manual_seed(w.seed)
@@ -248,16 +322,22 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
         if w.kind == "graphs":
             ds, bs = dataset_for(w), int(settings["batch_size"])
             loader = _graph_loader(ds, bs, settings, dev)
+        elif w.kind == "neighbor":
+            loader = _neighbor_loader(w, settings, dev)
 
         def step(inp):
-            xx, ee, bb, yy = inp
+            xx, ee, bb, yy, k = inp
             opt.zero_grad(set_to_none=True)
             out = fwd(xx, ee) if bb is None else fwd(xx, ee, bb)
-            torch.nn.functional.cross_entropy(out, yy).backward()
+            torch.nn.functional.cross_entropy(out if k is None else out[:k], yy).backward()
             opt.step()
 
         it = _inputs(w, loader, dev)
-        for _ in range(w.warmup):
+        # neighbor batches differ in size: a compiled model compiles the first for its sizes and
+        # the second (other sizes) once more with symbolic sizes, then no more (torch's automatic
+        # dynamic shapes); both in the warm-up
+        warmup = max(w.warmup, 2) if w.kind == "neighbor" and w.warmup > 0 else w.warmup
+        for _ in range(warmup):
             checkpoint()
             step(next(it)[1])
         if w.kind == "graphs" and w.warmup > 0:
@@ -269,10 +349,26 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
         watch.check()
         return _timed(w, it, step, watch, dev, report), watch.peak
     finally:
-        if loader is not None and hasattr(loader, "close"):
-            loader.close()
+        _close(it, loader)
         torch.set_num_threads(old_threads)
         set_knobs(dev.type, old_knobs)
+
+
+def _close(it, loader) -> None:
+    """Ends the run's batches now: the PooledLoader's close(); for a torch DataLoader (the
+    NeighborLoader), its worker processes are shut down here, not whenever the garbage collector
+    gets to the iterator (a collection inside the next trial's freshly forked workers would try
+    to shut down workers that are not their children)."""
+    if it is not None:
+        it.close()  # drops the generator's iterator over the loader
+    if loader is None:
+        return
+    if hasattr(loader, "close"):
+        loader.close()
+    persistent = getattr(loader, "_iterator", None)  # kept by persistent_workers
+    if persistent is not None and hasattr(persistent, "_shutdown_workers"):
+        persistent._shutdown_workers()
+        loader._iterator = None
 
 
 def _odd_batch(ds, bs: int, dev):
@@ -280,7 +376,7 @@ def _odd_batch(ds, bs: int, dev):
 
     k = max(1, min(len(ds), bs) // 2 + 1)
     b = Batch.from_data_list([ds[i] for i in range(k)]).to(dev)
-    return b.x, b.edge_index, b.batch, b.y
+    return b.x, b.edge_index, b.batch, b.y, None
 
 
 def _compile_with(model, settings, dev):
@@ -298,5 +394,5 @@ def workload_from_dict(d: Dict[str, Any]) -> Workload:
     return Workload(**{k: v for k, v in d.items() if k in fields})
 
 
-__all__ = ["Workload", "measure", "build_model", "default_settings", "dataset_for", "MODELS", "KINDS",
-           "MemoryBudgetExceeded", "workload_from_dict"]
+__all__ = ["Workload", "measure", "build_model", "default_settings", "dataset_for", "neighbor_data", "MODELS",
+           "KINDS", "NEIGHBOR_BATCH_RANGE", "MemoryBudgetExceeded", "workload_from_dict"]

@@ -31,11 +31,39 @@ def _positive_float(text: str) -> float:
     return v
 
 
+#: the batch size when --batch-size is not given
+DEFAULT_BATCH = {"graphs": 128, "fullgraph": 128, "neighbor": 1024}
+
+
+def _fanout(text: str) -> int:
+    """An argparse type: a fanout entry, an integer >= 1 or -1 (all neighbors)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or -1, got {text!r}") from None
+    if v < 1 and v != -1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 or -1 (all neighbors), got {v}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return v
+
+
 def add_parser(sub) -> None:
     t = sub.add_parser("tune", help="tune settings for this device and write a profile",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    t.add_argument("--workload", choices=("fullgraph", "graphs"), default="graphs")
-    t.add_argument("--model", choices=("gcn", "sage", "gin", "gat"), default="gin")
+    t.add_argument("--workload", choices=("fullgraph", "graphs", "neighbor"), default="graphs",
+                   help="fullgraph: one graph, epochs/s; graphs: many small graphs, graphs/s; neighbor: "
+                        "sampled mini-batches of one large graph (gnncompile.data.NeighborLoader), seeds/s")
+    t.add_argument("--model", choices=("gcn", "sage", "gin", "gat"), default=None,
+                   help="default: sage for neighbor, else gin")
     t.add_argument("--trials", type=_positive_int, default=20, help="finished trials the study should hold")
     t.add_argument("--timeout", type=_positive_float, default=None,
                    help="wall-clock seconds for the whole run: trials, re-measurements, profile")
@@ -44,17 +72,24 @@ def add_parser(sub) -> None:
                         "a journal file (default: SQLite in the cache dir)")
     t.add_argument("--study-name", default=None, help="default: <device key>__<workload signature>")
     t.add_argument("--out", default=None, help="folder for the profile JSON (default: the profile dir)")
-    t.add_argument("--batch-size", type=_positive_int, default=128, help="fixed batch size (graphs)")
+    t.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="fixed batch size (graphs, default 128); neighbor: the batch size (seed nodes) "
+                        "the defaults are measured at (default 1024, as PyG's neighbor-sampling examples)")
     t.add_argument("--batch-range", type=_positive_int, nargs=2, metavar=("MIN", "MAX"), default=None,
-                   help="search the batch size in [MIN, MAX] instead")
+                   help="search the batch size in [MIN, MAX] instead (neighbor: always searched, "
+                        "default 128 4096)")
     t.add_argument("--memory-budget-mb", type=float, default=None, help="peak memory constraint")
     t.add_argument("--max-workers", type=int, default=None, help="largest num_workers tried")
     t.add_argument("--no-compile", action="store_true", help="train the eager model (no kernel knob)")
     t.add_argument("--hidden", type=int, default=64)
-    t.add_argument("--layers", type=int, default=3)
+    t.add_argument("--layers", type=int, default=None, help="default: one per hop for neighbor, else 3")
     t.add_argument("--num-features", type=int, default=16)
-    t.add_argument("--num-nodes", type=int, default=20000, help="fullgraph")
-    t.add_argument("--num-edges", type=int, default=200000, help="fullgraph")
+    t.add_argument("--num-nodes", type=_positive_int, default=20000, help="fullgraph, neighbor")
+    t.add_argument("--num-edges", type=_positive_int, default=200000, help="fullgraph, neighbor")
+    t.add_argument("--fanout", type=_fanout, nargs="+", default=[15, 10], metavar="K",
+                   help="neighbor: neighbors sampled per hop (-1: all)")
+    t.add_argument("--train-fraction", type=_fraction, default=0.1,
+                   help="neighbor: share of the nodes used as training seeds")
     t.add_argument("--num-graphs", type=int, default=20000, help="graphs")
     t.add_argument("--min-nodes", type=int, default=10, help="graphs")
     t.add_argument("--max-nodes", type=int, default=40, help="graphs")
@@ -99,6 +134,18 @@ def _progress(total: int, enabled: bool):
     return callback
 
 
+def _workload(Workload, args):
+    """The Workload of the arguments (ValueError for one that cannot work)."""
+    neighbor = args.workload == "neighbor"
+    model = args.model or ("sage" if neighbor else "gin")
+    layers = args.layers if args.layers is not None else (len(args.fanout) if neighbor else 3)
+    return Workload(kind=args.workload, model=model, hidden=args.hidden, layers=layers,
+                    num_features=args.num_features, compiled=not args.no_compile, num_nodes=args.num_nodes,
+                    num_edges=args.num_edges, num_graphs=args.num_graphs, min_nodes=args.min_nodes,
+                    max_nodes=args.max_nodes, warmup=args.warmup, steps=args.steps,
+                    fanout=list(args.fanout), train_fraction=args.train_fraction)
+
+
 def run(args) -> int:
     try:
         from gnncompile.tuner import Workload, tune
@@ -106,15 +153,16 @@ def run(args) -> int:
     except ImportError as e:
         print(f"gnncompile tune: {e}", file=sys.stderr)
         return 2
-    w = Workload(kind=args.workload, model=args.model, hidden=args.hidden, layers=args.layers,
-                 num_features=args.num_features, compiled=not args.no_compile, num_nodes=args.num_nodes,
-                 num_edges=args.num_edges, num_graphs=args.num_graphs, min_nodes=args.min_nodes,
-                 max_nodes=args.max_nodes, warmup=args.warmup, steps=args.steps)
+    try:
+        w = _workload(Workload, args)
+    except ValueError as e:
+        print(f"gnncompile tune: {e}", file=sys.stderr)
+        return 2
     budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
     cb = _progress(args.trials, not args.no_progress)
     try:
         res = tune(w, trials=args.trials, timeout=args.timeout, storage=args.storage, out=args.out,
-                   name=args.study_name, batch_size=args.batch_size,
+                   name=args.study_name, batch_size=args.batch_size or DEFAULT_BATCH[args.workload],
                    batch_range=tuple(args.batch_range) if args.batch_range else None,
                    memory_budget=budget, max_workers=args.max_workers, seed=args.seed,
                    measure_defaults=not args.no_defaults, callbacks=[cb],

@@ -302,8 +302,12 @@ def _check_sample_inputs(colptr, row, seeds, num_neighbors, directed, disjoint, 
 
 
 def neighbor_sample(colptr, row, seeds, num_neighbors: Sequence[int], replace: bool, directed: bool,
-                    disjoint: bool, seed: int):
+                    disjoint: bool, seed: int, perm: Optional[torch.Tensor] = None):
     N = colptr.numel() - 1
+    if row.dim() == 2:  # (source, edge id) pairs
+        if perm is not None or row.dtype != torch.int32 or row.size(1) != 2:
+            raise ValueError("gnncompile.neighbor_sample: pairs must be int32 [E, 2], without perm")
+        row, perm = row[:, 0].long(), row[:, 1].long()
     _check_sample_inputs(colptr, row, seeds, num_neighbors, directed, disjoint, N)
     cp, rw = colptr.tolist(), row.tolist()
     node = seeds.tolist()
@@ -341,5 +345,9 @@ def neighbor_sample(colptr, row, seeds, num_neighbors: Sequence[int], replace: b
                     out_col.append(i)
                     out_edge.append(p)
         n_edges = [len(out_edge)]
+    if perm is not None:
+        if perm.dtype != torch.int64 or perm.dim() != 1 or perm.numel() != row.numel():
+            raise ValueError("gnncompile.neighbor_sample: perm must be int64 with one entry per slot of row")
+        out_edge = perm[torch.tensor(out_edge, dtype=torch.long)].tolist()
     return tuple(torch.tensor(x, dtype=torch.long) for x in
                  (node, out_row, out_col, out_edge, batch, n_nodes, n_edges))

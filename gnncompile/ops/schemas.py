@@ -48,10 +48,11 @@ _lib.define("segment_ids(Tensor sizes, Tensor idx, Tensor(a!) out, Tensor(b!) pt
 
 # Multi-hop neighbor sampling from a CSC (colptr over destinations, row = sources) for mini-batch
 # training (gnncompile.data.NeighborSampler): seeds first, then each hop's new nodes; row/col are
-# local indices (source, destination) of the sampled edges, edge their CSC slots; batch is the
+# local indices (source, destination) of the sampled edges, edge their CSC slots (their edge ids
+# perm[slot] when perm is given); batch is the
 # seed of each node's tree (disjoint) or empty. Not traceable: a loader step, not a model op.
 _lib.define("neighbor_sample(Tensor colptr, Tensor row, Tensor seeds, int[] num_neighbors, bool replace, "
-            "bool directed, bool disjoint, int seed) -> (Tensor node, Tensor row, Tensor col, Tensor edge, "
+            "bool directed, bool disjoint, int seed, Tensor? perm=None) -> (Tensor node, Tensor row, Tensor col, Tensor edge, "
             "Tensor batch, Tensor num_sampled_nodes, Tensor num_sampled_edges)")
 
 # Kernels: the native module registers CPU (and CUDA) implementations when it loads; the

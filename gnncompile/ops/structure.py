@@ -57,7 +57,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -100,6 +100,9 @@ class Structure:
     src_min: int
     src_max: int
     csc: Dict[int, Tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict)
+    # What other users derive from this structure once (e.g. the neighbor sampler's slot pairs);
+    # dropped with it when edge_index changes.
+    extras: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_edges(self) -> int:

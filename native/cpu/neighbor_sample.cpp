@@ -5,6 +5,14 @@
 // order of first appearance.
 #include <torch/library.h>
 
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <utility>
+#include <limits>
+#include <optional>
 #include <unordered_map>
 
 #include "glue.h"
@@ -13,69 +21,151 @@
 namespace gnncompile {
 namespace cpu {
 namespace {
-
 constexpr const char* kOp = "gnncompile.neighbor_sample";
 
-// Global node id -> local index. Not disjoint: one dense array of N entries per thread, reset
-// (only where it was written) when the call ends, even by an exception. Disjoint: a hash map
-// keyed by (seed of the tree, node).
+// Global node id -> local index. Not disjoint: one dense int32 array of N entries per thread,
+// reset (only where it was written) when the call ends, even by an exception. Disjoint: a hash
+// map keyed by (seed of the tree, node).
+// This thread's dense map of at least n entries, all -1: 2 MiB-aligned and advised to use huge
+// pages (it is read at random; with 4 KiB pages nearly every read is also a TLB miss).
+int32_t* dense_storage(int64_t n) {
+  struct Block {
+    int32_t* p = nullptr;
+    int64_t n = 0;
+    ~Block() { std::free(p); }
+  };
+  thread_local Block b;
+  if (b.n < n) {
+    constexpr size_t kHuge = size_t(2) << 20;
+    const size_t bytes = (static_cast<size_t>(n) * sizeof(int32_t) + kHuge - 1) / kHuge * kHuge;
+    void* p = std::aligned_alloc(kHuge, bytes);
+    TORCH_CHECK(p != nullptr, kOp, ": out of memory for a node map of ", n, " entries");
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    std::fill_n(static_cast<int32_t*>(p), bytes / sizeof(int32_t), -1);
+    std::free(b.p);
+    b.p = static_cast<int32_t*>(p);
+    b.n = static_cast<int64_t>(bytes / sizeof(int32_t));
+  }
+  return b.p;
+}
+
 class NodeMap {
  public:
   NodeMap(int64_t num_nodes, bool disjoint) : n_(num_nodes), disjoint_(disjoint) {
-    if (!disjoint_ && static_cast<int64_t>(dense().size()) < n_) dense().resize(n_, -1);
+    if (!disjoint_) d_ = dense_storage(n_);  // one thread-local lookup per call, not per access
   }
   ~NodeMap() {
     if (!disjoint_)
-      for (int64_t v : written_) dense()[v] = -1;
+      for (int64_t v : written_) d_[v] = -1;
   }
   // The local index of (tree, v), or -1.
   int64_t find(int64_t tree, int64_t v) const {
-    if (!disjoint_) return dense()[v];
+    if (!disjoint_) return d_[v];
     auto it = hash_.find(tree * n_ + v);
     return it == hash_.end() ? -1 : it->second;
   }
   void insert(int64_t tree, int64_t v, int64_t local) {
     if (disjoint_) {
       hash_.emplace(tree * n_ + v, local);
-    } else if (dense()[v] < 0) {
-      dense()[v] = local;
+    } else if (d_[v] < 0) {
+      d_[v] = static_cast<int32_t>(local);
       written_.push_back(v);
     }
   }
+  void prefetch(int64_t v) const {
+    if (!disjoint_) __builtin_prefetch(d_ + v);
+  }
 
  private:
-  static std::vector<int64_t>& dense() {
-    thread_local std::vector<int64_t> d;
-    return d;
-  }
+  int32_t* d_ = nullptr;
   int64_t n_;
   bool disjoint_;
   std::vector<int64_t> written_;
   std::unordered_map<int64_t, int64_t> hash_;
 };
 
+constexpr int64_t kAhead = 48;  // prefetch distance of the gathers, in items
+
 struct Csc {
   const int64_t* colptr;
-  const int64_t* row;
+  const int64_t* row;    // slot -> source (nullptr when pairs are given)
+  const int64_t* perm;   // slot -> edge id, or nullptr (edge = slot)
+  const int32_t* pairs;  // or (source, edge id) of each slot side by side: one cache line, not two
   int64_t num_nodes, num_slots;
+  int64_t source_at(int64_t slot) const { return pairs ? pairs[2 * slot] : row[slot]; }
+  bool has_ids() const { return pairs != nullptr || perm != nullptr; }
+  int64_t id_at(int64_t slot) const { return pairs ? pairs[2 * slot + 1] : perm[slot]; }
+  const void* line_of(int64_t slot) const { return pairs ? static_cast<const void*>(pairs + 2 * slot) : row + slot; }
+  bool span_ok(int64_t b, int64_t e) const { return 0 <= b && b <= e && e <= num_slots; }
+  [[noreturn]] void bad_span(int64_t v) const {
+    TORCH_CHECK_VALUE(false, kOp, ": colptr must be non-decreasing within [0, ", num_slots, "], but node ", v,
+                      " spans [", colptr[v], ", ", colptr[v + 1], ")");
+    TORCH_INTERNAL_ASSERT(false);
+  }
   // The slot range of node v's in-edges; a malformed colptr raises.
   std::pair<int64_t, int64_t> range(int64_t v) const {
-    const int64_t b = colptr[v], e = colptr[v + 1];
-    TORCH_CHECK_VALUE(0 <= b && b <= e && e <= num_slots, kOp, ": colptr must be non-decreasing within [0, ",
-                      num_slots, "], but node ", v, " spans [", b, ", ", e, ")");
-    return {b, e};
+    if (!span_ok(colptr[v], colptr[v + 1])) bad_span(v);
+    return {colptr[v], colptr[v + 1]};
+  }
+  [[noreturn]] void bad_source(int64_t slot) const {
+    TORCH_CHECK_INDEX(false, kOp, ": row holds node ", source_at(slot), " at slot ", slot, ", out of range for ",
+                      num_nodes, " nodes");
+    TORCH_INTERNAL_ASSERT(false);
   }
   int64_t source(int64_t slot) const {
-    const int64_t u = row[slot];
-    TORCH_CHECK_INDEX(0 <= u && u < num_nodes, kOp, ": row holds node ", u, " at slot ", slot,
-                      ", out of range for ", num_nodes, " nodes");
+    const int64_t u = source_at(slot);
+    if (u < 0 || u >= num_nodes) bad_source(slot);
     return u;
   }
 };
 
-struct Sample {
-  std::vector<int64_t> node, batch, row, col, edge, num_nodes, num_edges;
+// A vector whose resize leaves new elements uninitialised (every one is written before it is
+// read): no memset of buffers that the sampler fills anyway.
+template <typename T>
+struct NoInit : std::allocator<T> {
+  template <typename U> struct rebind { using other = NoInit<U>; };
+  template <typename U, typename... Args> void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) ::new (static_cast<void*>(p)) U; else ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
 };
+using Index = std::vector<int64_t, NoInit<int64_t>>;
+
+struct Sample {
+  Index node, batch, row, col, edge, num_nodes, num_edges;
+};
+
+// The first item of [0, n) for which bad(i) holds, or -1 (for the error after a parallel pass).
+template <typename Bad>
+int64_t first_bad(int64_t n, const Bad& bad) {
+  for (int64_t i = 0; i < n; ++i)
+    if (bad(i)) return i;
+  return -1;
+}
+
+// Pass 1 of a hop (parallel): each frontier node's slot span and draw count.
+void hop_spans(const Csc& g, const Sample& s, int64_t begin, int64_t F, int64_t k, bool replace,
+               std::vector<std::pair<int64_t, int64_t>>& span, std::vector<int64_t>& off) {
+  std::atomic<bool> bad{false};
+  at::parallel_for(0, F, 2048, [&](int64_t f0, int64_t f1) {
+    for (int64_t f = f0; f < f1; ++f) {
+      if (f + kAhead < f1) __builtin_prefetch(g.colptr + s.node[begin + f + kAhead]);
+      const int64_t v = s.node[begin + f], b = g.colptr[v], e = g.colptr[v + 1];
+      if (!g.span_ok(b, e)) { bad = true; continue; }
+      span[f] = {b, e};
+      off[f + 1] = draw_count(e - b, k, replace);
+    }
+  });
+  if (bad) {
+    const int64_t f = first_bad(F, [&](int64_t i) {
+      const int64_t v = s.node[begin + i];
+      return !g.span_ok(g.colptr[v], g.colptr[v + 1]);
+    });
+    g.bad_span(s.node[begin + f]);
+  }
+  for (int64_t f = 0; f < F; ++f) off[f + 1] += off[f];
+}
 
 // One hop from the frontier [begin, end) of s.node: returns the number of sampled edges.
 int64_t sample_hop(const Csc& g, Sample& s, NodeMap& map, int64_t begin, int64_t end, int64_t hop,
@@ -83,37 +173,60 @@ int64_t sample_hop(const Csc& g, Sample& s, NodeMap& map, int64_t begin, int64_t
   const int64_t F = end - begin;
   std::vector<int64_t> off(F + 1, 0);
   std::vector<std::pair<int64_t, int64_t>> span(F);
-  for (int64_t f = 0; f < F; ++f) {  // ranges checked here, on one thread, so errors raise
-    span[f] = g.range(s.node[begin + f]);
-    off[f + 1] = off[f] + draw_count(span[f].second - span[f].first, k, replace);
-  }
-  std::vector<int64_t> slot(off[F]);
+  hop_spans(g, s, begin, F, k, replace, span, off);
+  const int64_t base = static_cast<int64_t>(s.edge.size()), total = off[F];
+  s.row.resize(base + total);
+  s.col.resize(base + total);
+  s.edge.resize(base + total);
+  Index src(total), eid(g.has_ids() ? total : 0);
+  std::atomic<bool> bad{false};
+  // Pass 2 (parallel): draws, then the sources and edge ids of the drawn slots.
   at::parallel_for(0, F, 1024, [&](int64_t f0, int64_t f1) {
-    for (int64_t f = f0; f < f1; ++f) {
+    for (int64_t f = f0; f < f1; ++f) {  // the draws (slots) first
       NodeStream rng(seed, hop, begin + f);
-      int64_t* out = slot.data() + off[f];
-      draw_offsets(rng, span[f].second - span[f].first, k, replace, out);
-      for (int64_t t = 0; t < off[f + 1] - off[f]; ++t) out[t] += span[f].first;
-    }
-  });
-  for (int64_t f = 0; f < F; ++f) {
-    const int64_t dst = begin + f;
-    const int64_t tree = disjoint ? s.batch[dst] : 0;
-    for (int64_t t = off[f]; t < off[f + 1]; ++t) {
-      const int64_t u = g.source(slot[t]);
-      int64_t local = map.find(tree, u);
-      if (local < 0) {
-        local = static_cast<int64_t>(s.node.size());
-        map.insert(tree, u, local);
-        s.node.push_back(u);
-        if (disjoint) s.batch.push_back(tree);
+      int64_t* slot = s.edge.data() + base + off[f];
+      draw_offsets(rng, span[f].second - span[f].first, k, replace, slot);
+      for (int64_t t = 0; t < off[f + 1] - off[f]; ++t) {
+        slot[t] += span[f].first;
+        s.col[base + off[f] + t] = begin + f;
       }
-      s.row.push_back(local);
-      s.col.push_back(dst);
-      s.edge.push_back(slot[t]);
     }
+    // then the gathers of the drawn slots' sources and edge ids, prefetched ahead
+    const int64_t* slot = s.edge.data() + base;
+    bool chunk_bad = false;
+    for (int64_t t = off[f0]; t < off[f1]; ++t) {
+      if (t + kAhead < off[f1]) {
+        __builtin_prefetch(g.line_of(slot[t + kAhead]));
+        if (g.perm != nullptr) __builtin_prefetch(g.perm + slot[t + kAhead]);
+      }
+      const int64_t u = g.source_at(slot[t]);
+      chunk_bad |= u < 0 || u >= g.num_nodes;
+      if (g.has_ids()) eid[t] = g.id_at(slot[t]);
+      src[t] = u;
+    }
+    if (chunk_bad) bad = true;
+  });
+  if (bad) g.bad_source(s.edge[base + first_bad(total, [&](int64_t t) {
+    const int64_t u = src[t];
+    return u < 0 || u >= g.num_nodes;
+  })]);
+  if (g.has_ids()) std::copy(eid.begin(), eid.end(), s.edge.begin() + base);
+  // Pass 3 (sequential): local indices in order of first appearance.
+  s.node.reserve(s.node.size() + total);
+  for (int64_t t = 0; t < total; ++t) {
+    if (t + kAhead < total) map.prefetch(src[t + kAhead]);
+    const int64_t dst = s.col[base + t];
+    const int64_t tree = disjoint ? s.batch[dst] : 0;
+    int64_t local = map.find(tree, src[t]);
+    if (local < 0) {
+      local = static_cast<int64_t>(s.node.size());
+      map.insert(tree, src[t], local);
+      s.node.push_back(src[t]);
+      if (disjoint) s.batch.push_back(tree);
+    }
+    s.row[base + t] = local;
   }
-  return off[F];
+  return total;
 }
 
 // directed = false: every edge of the graph between sampled nodes (the induced subgraph).
@@ -132,10 +245,11 @@ void induced_edges(const Csc& g, Sample& s, const NodeMap& map) {
   s.num_edges.assign(1, static_cast<int64_t>(s.edge.size()));
 }
 
-at::Tensor to_tensor(const std::vector<int64_t>& v) {
-  at::Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::kLong);
-  if (!v.empty()) std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
-  return t;
+// Hands a vector's buffer to a tensor without copying it.
+at::Tensor to_tensor(Index&& v) {
+  auto* owner = new Index(std::move(v));
+  return at::from_blob(owner->data(), {static_cast<int64_t>(owner->size())},
+                       [owner](void*) { delete owner; }, at::TensorOptions().dtype(at::kLong));
 }
 
 void check_inputs(const at::Tensor& colptr, const at::Tensor& row, const at::Tensor& seeds,
@@ -143,23 +257,46 @@ void check_inputs(const at::Tensor& colptr, const at::Tensor& row, const at::Ten
   check_cpu(colptr, kOp, "colptr");
   check_cpu(row, kOp, "row");
   check_cpu(seeds, kOp, "seeds");
-  TORCH_CHECK_TYPE(colptr.scalar_type() == at::kLong && row.scalar_type() == at::kLong &&
-                       seeds.scalar_type() == at::kLong,
-                   kOp, ": colptr, row and seeds must be int64");
-  TORCH_CHECK_VALUE(colptr.dim() == 1 && colptr.numel() >= 1 && row.dim() == 1 && seeds.dim() == 1, kOp,
-                    ": colptr (num_nodes + 1 entries), row and seeds must be 1-D");
+  const bool pairs = row.dim() == 2;
+  TORCH_CHECK_TYPE(colptr.scalar_type() == at::kLong && seeds.scalar_type() == at::kLong &&
+                       row.scalar_type() == (pairs ? at::kInt : at::kLong),
+                   kOp, ": colptr and seeds must be int64, row int64 (or int32 pairs [E, 2])");
+  TORCH_CHECK_VALUE(colptr.dim() == 1 && colptr.numel() >= 1 && seeds.dim() == 1 &&
+                        (row.dim() == 1 || (pairs && row.size(1) == 2)),
+                    kOp, ": colptr (num_nodes + 1 entries) and seeds must be 1-D, row [E] or pairs [E, 2]");
   for (int64_t k : num_neighbors)
     TORCH_CHECK_VALUE(k >= -1, kOp, ": num_neighbors entries must be >= 0, or -1 for all, got ", k);
   TORCH_CHECK_VALUE(directed || !disjoint, kOp, ": directed=False (the induced subgraph) is not "
                     "supported with disjoint=True");
 }
 
+// Slots -> edge ids through perm (parallel gather), in place.
+void slots_to_edge_ids(const Csc& g, Index& edge) {
+  if (!g.has_ids()) return;
+  at::parallel_for(0, static_cast<int64_t>(edge.size()), 8192, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) edge[t] = g.id_at(edge[t]);
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 neighbor_sample_cpu(const at::Tensor& colptr_in, const at::Tensor& row_in, const at::Tensor& seeds_in,
-                    c10::IntArrayRef num_neighbors, bool replace, bool directed, bool disjoint, int64_t seed) {
+                    c10::IntArrayRef num_neighbors, bool replace, bool directed, bool disjoint, int64_t seed,
+                    const std::optional<at::Tensor>& perm_in) {
   check_inputs(colptr_in, row_in, seeds_in, num_neighbors, directed, disjoint);
   const at::Tensor colptr = colptr_in.contiguous(), row = row_in.contiguous(), seeds = seeds_in.contiguous();
-  const Csc g{colptr.const_data_ptr<int64_t>(), row.const_data_ptr<int64_t>(), colptr.numel() - 1, row.numel()};
+  at::Tensor perm;
+  if (perm_in.has_value() && perm_in->defined()) {
+    check_cpu(*perm_in, kOp, "perm");
+    TORCH_CHECK_VALUE(perm_in->scalar_type() == at::kLong && perm_in->dim() == 1 && perm_in->numel() == row.size(0),
+                      kOp, ": perm must be int64 with one entry per slot of row");
+    perm = perm_in->contiguous();
+  }
+  const bool pairs = row.dim() == 2;
+  TORCH_CHECK_VALUE(!(pairs && perm.defined()), kOp, ": give edge ids either in the pairs or as perm");
+  const Csc g{colptr.const_data_ptr<int64_t>(), pairs ? nullptr : row.const_data_ptr<int64_t>(),
+              perm.defined() ? perm.const_data_ptr<int64_t>() : nullptr,
+              pairs ? row.const_data_ptr<int32_t>() : nullptr, colptr.numel() - 1, row.size(0)};
+  TORCH_CHECK_VALUE(seeds.numel() < std::numeric_limits<int32_t>::max(), kOp, ": too many seeds");
   const int64_t S = seeds.numel();
   Sample s;
   s.node.assign(seeds.const_data_ptr<int64_t>(), seeds.const_data_ptr<int64_t>() + S);
@@ -177,11 +314,17 @@ neighbor_sample_cpu(const at::Tensor& colptr_in, const at::Tensor& row_in, const
     const int64_t end = static_cast<int64_t>(s.node.size());
     s.num_edges.push_back(sample_hop(g, s, map, begin, end, h, num_neighbors[h], replace, disjoint, seed));
     s.num_nodes.push_back(static_cast<int64_t>(s.node.size()) - end);
+    TORCH_CHECK_VALUE(s.node.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()), kOp,
+                      ": the sample exceeds 2^31 nodes");
     begin = end;
   }
-  if (!directed) induced_edges(g, s, map);
-  return {to_tensor(s.node), to_tensor(s.row), to_tensor(s.col), to_tensor(s.edge), to_tensor(s.batch),
-          to_tensor(s.num_nodes), to_tensor(s.num_edges)};
+  if (!directed) {
+    induced_edges(g, s, map);
+    slots_to_edge_ids(g, s.edge);
+  }
+  return {to_tensor(std::move(s.node)), to_tensor(std::move(s.row)), to_tensor(std::move(s.col)),
+          to_tensor(std::move(s.edge)), to_tensor(std::move(s.batch)), to_tensor(std::move(s.num_nodes)),
+          to_tensor(std::move(s.num_edges))};
 }
 
 }  // namespace
