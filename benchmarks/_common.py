@@ -80,3 +80,18 @@ def machine() -> dict:
         "threads": torch.get_num_threads(),
         "python": sys.version.split()[0],
     }
+
+
+def write_results(folder: Path, name: str, payload: dict, markdown: Callable[[dict], str],
+                  plot: Callable[[dict, Path], None]) -> None:
+    """Writes folder/name.{json,md,png} (the plot skipped, with a note, where it fails: the table
+    is the result) and prints the markdown."""
+    folder = Path(folder)
+    write_json(folder / f"{name}.json", payload)
+    md = markdown(payload)
+    (folder / f"{name}.md").write_text(md)
+    print(md)
+    try:
+        plot(payload, folder / f"{name}.png")
+    except Exception as e:  # matplotlib missing
+        print(f"(no plot: {e})")

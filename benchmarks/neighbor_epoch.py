@@ -381,15 +381,7 @@ def main(argv=None) -> dict:
         prof = profiles.resolve(opts.profile)
         payload["profile_settings"], payload["profile_workload"] = prof.settings, prof.workload
     name = opts.out or ("neighbor_epoch_quick" if opts.quick else "neighbor_epoch")
-    out = Path(opts.results_dir)
-    _common.write_json(out / f"{name}.json", payload)
-    md = markdown(payload)
-    (out / f"{name}.md").write_text(md)
-    print(md)
-    try:
-        plot(payload, out / f"{name}.png")
-    except Exception as e:  # matplotlib missing: the table is the result
-        print(f"(no plot: {e})")
+    _common.write_results(Path(opts.results_dir), name, payload, markdown, plot)
     return payload
 
 
