@@ -29,24 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import gnncompile  # noqa: E402
-from models import _csr_adj, _model  # noqa: E402
+from gpu_ops import cuda_time  # noqa: E402
+from models import _csr_adj, _model, train_step  # noqa: E402
 
 VARIANTS = ("eager", "csr", "gnncompile", "inductor")
-
-
-def cuda_step_times(step, repeats: int, warmup: int):
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return times
 
 
 def run_variant(name: str, variant: str, x, ei, y, C: int, args) -> dict:
@@ -72,29 +58,22 @@ def run_variant(name: str, variant: str, x, ei, y, C: int, args) -> dict:
         graph_arg, run = ei, gnncompile.compile(model)
     else:
         raise ValueError(variant)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        out = run(x, graph_arg)
-        loss = torch.nn.functional.cross_entropy(out, y)
-        loss.backward()
-        opt.step()
-        return out
+    step = train_step(run, model, x, graph_arg, y)
 
     with torch.no_grad():
         expect = ref_model(x, ei)
     del ref_model
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    out = step()
+    out, _ = step()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
     err = ((out.detach() - expect).abs().max() / expect.abs().max().clamp(min=1e-12)).item()
     del out, expect
     if err > 1e-3:
         raise AssertionError(f"{variant} disagrees with eager: relative error {err:.2e}")
-    times = cuda_step_times(step, args.repeats, args.warmup)
+    _, times = cuda_time(step, args.repeats, args.warmup)
+    times = [t / 1e3 for t in times]  # seconds
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

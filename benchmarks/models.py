@@ -98,6 +98,23 @@ def _csr_adj(name: str, ei, N: int):
     return adj
 
 
+def train_step(run, model, x, graph_arg, y):
+    """One training step (forward, cross-entropy, backward, Adam step) as a closure -> (out, loss)."""
+    import torch
+
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = run(x, graph_arg)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        return out, loss
+
+    return step
+
+
 def child(args) -> dict:
     import torch
 
@@ -131,15 +148,7 @@ def child(args) -> dict:
         graph_arg, run = ei, gnncompile.compile(model, inner=inner)
     else:
         raise ValueError(args.variant)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        out = run(x, graph_arg)
-        loss = torch.nn.functional.cross_entropy(out, y)
-        loss.backward()
-        opt.step()
-        return out, loss
+    step = train_step(run, model, x, graph_arg, y)
 
     # agreement check against eager (same parameters, before any optimizer step)
     with torch.no_grad():

@@ -10,50 +10,28 @@ import sys
 import time
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (a batch size of 0 is refused, not replaced)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+def _arg_type(convert, ok, expected: str, must: str):
+    """An argparse type: ``convert(text)``, refused (not replaced) unless ``ok(value)``."""
+    def parse(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
+        return v
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
+_positive_int = _arg_type(int, lambda v: v >= 1, "an integer >= 1", ">= 1")
+_positive_float = _arg_type(float, lambda v: v > 0, "a number of seconds", "> 0")
+#: a fanout entry: an integer >= 1, or -1 (all neighbors)
+_fanout = _arg_type(int, lambda v: v >= 1 or v == -1, "an integer >= 1 or -1", ">= 1 or -1 (all neighbors)")
+_fraction = _arg_type(float, lambda v: 0 < v <= 1, "a number in (0, 1]", "in (0, 1]")
 
 
 #: the batch size when --batch-size is not given
 DEFAULT_BATCH = {"graphs": 128, "fullgraph": 128, "neighbor": 1024}
-
-
-def _fanout(text: str) -> int:
-    """An argparse type: a fanout entry, an integer >= 1 or -1 (all neighbors)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or -1, got {text!r}") from None
-    if v < 1 and v != -1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 or -1 (all neighbors), got {v}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return v
 
 
 def add_parser(sub) -> None:
