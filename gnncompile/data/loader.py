@@ -433,9 +433,19 @@ class _Pass:
     and ``next()`` on an ended pass raises RuntimeError instead of yielding overwritten
     batches. A pass abandoned half-way therefore never blocks the next one."""
 
-    def __init__(self, gen) -> None:
+    def __init__(self, gen, loader: Optional["PooledLoader"] = None) -> None:
         self._gen = gen
         self._ended = False
+        self._loader = weakref.ref(loader) if loader is not None else None
+
+    def __del__(self) -> None:
+        # Dropped half-way: its jobs in flight are waited for by the loader's next iter() or
+        # close(), in the caller's context, not here: Python swallows exceptions in finalizers,
+        # and a Ctrl-C that landed during that wait would be lost.
+        ref = getattr(self, "_loader", None)  # absent if a Ctrl-C cut __init__ short
+        loader = ref() if ref is not None else None
+        if loader is not None and self._gen.gi_frame is not None:
+            loader._abandoned.append(self._gen)
 
     def __iter__(self) -> "_Pass":
         return self
@@ -491,6 +501,7 @@ class PooledLoader:
                  persistent_workers: bool = False, device=None, timeout: float = 120.0) -> None:
         self._workers: list = []
         self._pass = None
+        self._abandoned: List[Any] = []  # generators of passes dropped half-way, not yet closed
         self.batch_size = _count("batch_size", batch_size, 1)
         self.pool_size = _count("pool_size", pool_size, 1)
         self.num_workers = _clamp_workers(_count("num_workers", num_workers, 0))
@@ -617,6 +628,8 @@ class PooledLoader:
         self._pass = None
         if prev is not None:
             prev._end()
+        while self._abandoned:  # passes dropped half-way (_Pass.__del__)
+            self._abandoned.pop().close()
 
     def close(self) -> None:
         """Ends the live iterator and stops the workers (also done at garbage collection)."""
@@ -644,7 +657,7 @@ class PooledLoader:
             gen = self._iter_inline(batches)
         else:
             gen = self._iter_workers(batches)
-        it = _Pass(gen)
+        it = _Pass(gen, self)
         self._pass = weakref.ref(it)
         return it
 
@@ -748,6 +761,9 @@ class PooledLoader:
                         received += 1
                     except RuntimeError:  # a worker died or timed out: start afresh next time
                         self._stop_workers()
+                    except KeyboardInterrupt:  # stop them rather than wait: no job writes later
+                        self._stop_workers()
+                        raise
 
 
 def _host_register(t: torch.Tensor) -> None:
