@@ -24,10 +24,10 @@ demo: $(STAMP)
 	$(PY) benchmarks/ops.py --quick
 
 test: $(STAMP)
-	$(VENV)/bin/pytest -q -m "not slow"
+	$(VENV)/bin/python -m pytest -q -m "not slow"
 
 test-all: $(STAMP)
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/ops.py --memory
