@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import gnncompile
-from gnncompile.ops import structure
+from gnncompile.ops import hoisted, structure
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -125,9 +125,12 @@ def test_explain_report_contents():
     assert kinds == ["edge_softmax", "spmm"]
     assert rep.num_fused == 2
     assert all("GATConv" in f.layer or "<model>" in f.layer for f in rep.fused)
-    assert rep.graph_breaks, "GATConv breaks on add_remaining_self_loops"
+    # remove_self_loops / add_self_loops are traced (no graph break) and hoisted with the
+    # structure ops into one cached region
+    assert not rep.graph_breaks and rep.num_graphs == 1, str(rep)
+    assert rep.hoisted == 1 and rep.hoisted_nodes >= 5, str(rep)
     text = str(rep)
-    assert "fused" in text and "graph breaks" in text and "left unfused" in text
+    assert "fused" in text and "graph breaks" in text and "left unfused" in text and "hoisted" in text
     rep2 = gnncompile.explain(gnn.GINEConv(torch.nn.Linear(F, F)), X, EI, EA)
     assert rep2.num_fused == 0
     assert any("message" in u.reason for u in rep2.unfused)
@@ -366,14 +369,15 @@ def test_structure_built_once_and_shared():
     info = structure.cache_info()
     assert info["builds"] == 1, info  # 3 layers x 3 steps, one counting sort
     assert info["identity_hits"] > 0, info
-    # GCN adds self loops in every layer (a new tensor each time): shared by content
+    # GCN adds self loops in every layer: traced, merged across layers and hoisted with the
+    # structure and the normalization into one region, computed once for all steps
     model = models.GCN(F, 16, 2, 5)
     c = gnncompile.compile(model)
     structure.clear_cache()
-    for _ in range(2):
+    for _ in range(3):
         c(X, EI).sum().backward()
-    info = structure.cache_info()
-    assert info["builds"] == 1 and info["content_hits"] > 0, info
+    info, h = structure.cache_info(), hoisted.hoist_info()
+    assert info["builds"] == 1 and h["computes"] == 1 and h["hits"] >= 2, (info, h)
 
 
 def test_compiled_graphs_do_not_keep_edge_index_alive():

@@ -2,6 +2,7 @@
 backend and the device profile's settings."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch
@@ -37,7 +38,8 @@ class CompiledModule(torch.nn.Module):
         self.register_load_state_dict_post_hook(_restore_key_names)
 
     def forward(self, *args, **kwargs):
-        return self._compiled(*args, **kwargs)
+        with _backend.dynamic_output_shapes():
+            return self._compiled(*args, **kwargs)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -172,10 +174,14 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
         out = CompiledModule(model, compiled, options)
         object.__setattr__(out, "gnncompile_profile", prof)
         return out
-    try:
-        compiled.gnncompile_profile = prof
-    except Exception:
-        pass
+    compiled_fn = compiled
+
+    @functools.wraps(model)
+    def compiled(*args, **kwargs):
+        with _backend.dynamic_output_shapes():
+            return compiled_fn(*args, **kwargs)
+
+    compiled.gnncompile_profile = prof
     return compiled
 
 

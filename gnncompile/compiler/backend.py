@@ -40,6 +40,34 @@ INNERS = ("eager", "aot_eager", "inductor")
 _ENV_INNER = os.environ.get("GNNCOMPILE_INNER", "").strip()
 DEFAULT_INNER = _ENV_INNER if _ENV_INNER in INNERS else "inductor"
 
+# Data-dependent output sizes (``edge_index[:, mask]`` in add_remaining_self_loops and
+# remove_self_loops, in every default GCNConv / GATConv) are traced into the graph instead of
+# breaking it: Dynamo's capture_dynamic_output_shape_ops, set while a gnncompile-compiled
+# callable runs (see :func:`dynamic_output_shapes`). The hoisting pass then moves them, with
+# the rest of the graph-only work, into a cached region. GNNCOMPILE_CAPTURE_DYNAMIC=0 turns
+# this off (the graph breaks there again, as with plain torch.compile).
+CAPTURE_DYNAMIC = os.environ.get("GNNCOMPILE_CAPTURE_DYNAMIC", "1").strip() not in ("0", "off", "false")
+
+
+class dynamic_output_shapes:
+    """Context manager: Dynamo captures ops with data-dependent output sizes while it is
+    active (restored afterwards; a no-op when it is already on or CAPTURE_DYNAMIC is off)."""
+
+    __slots__ = ("_set",)
+
+    def __enter__(self):
+        cfg = torch._dynamo.config
+        self._set = CAPTURE_DYNAMIC and not cfg.capture_dynamic_output_shape_ops
+        if self._set:
+            cfg.capture_dynamic_output_shape_ops = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._set:
+            torch._dynamo.config.capture_dynamic_output_shape_ops = False
+        return False
+
+
 # What the backend has done in this process (for tests and explain()).
 STATS = {"graphs": 0, "fused": 0}
 _local = threading.local()
@@ -111,7 +139,7 @@ class Backend:
         self._inner_fn = _inner(self.inner)  # raises ValueError for an unknown name
 
     def __call__(self, gm: GraphModule, example_inputs):
-        report = (passes.run(gm, copy_structures=(self.inner == "inductor")) if self.rewrite
+        report = (passes.run(gm, copy_structures=(self.inner == "inductor"), hoist=True) if self.rewrite
                   else passes.PassReport())
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused
@@ -162,4 +190,5 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["gnncompile_backend", "make_backend", "Backend", "collect", "STATS", "INNERS", "DEFAULT_INNER"]
+__all__ = ["gnncompile_backend", "make_backend", "Backend", "collect", "dynamic_output_shapes", "STATS",
+           "INNERS", "DEFAULT_INNER", "CAPTURE_DYNAMIC"]

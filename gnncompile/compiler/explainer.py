@@ -30,6 +30,8 @@ class ExplainReport(Fusions):
     graph_breaks: List[GraphBreak] = field(default_factory=list)
     structures: int = 0
     transposed: int = 0
+    hoisted: int = 0  # graph-only regions computed once per graph (gnncompile::hoisted)
+    hoisted_nodes: int = 0
 
     @property
     def num_graph_breaks(self) -> int:
@@ -38,7 +40,8 @@ class ExplainReport(Fusions):
     def __str__(self) -> str:
         lines = [f"gnncompile.explain: {self.num_fused} fused chain(s) in {self.num_graphs} graph "
                  f"piece(s), {self.num_graph_breaks} graph break(s), {self.structures} CSR / "
-                 f"{self.transposed} CSC structure op(s)"]
+                 f"{self.transposed} CSC structure op(s), {self.hoisted_nodes} graph-only node(s) "
+                 f"hoisted into {self.hoisted} cached region(s)"]
         for title, items in (("fused:", self.fused), ("left unfused:", self.unfused),
                              ("graph breaks:", self.graph_breaks)):
             lines.append(title)
@@ -51,7 +54,8 @@ class ExplainReport(Fusions):
         """The report as plain data (what ``gnncompile explain --json`` prints)."""
         return {"num_fused": self.num_fused, "num_graphs": self.num_graphs,
                 "num_graph_breaks": self.num_graph_breaks, "structures": self.structures,
-                "transposed": self.transposed, "fused": [asdict(f) for f in self.fused],
+                "transposed": self.transposed, "hoisted": self.hoisted,
+                "hoisted_nodes": self.hoisted_nodes, "fused": [asdict(f) for f in self.fused],
                 "unfused": [asdict(u) for u in self.unfused],
                 "graph_breaks": [asdict(b) for b in self.graph_breaks]}
 
@@ -93,7 +97,7 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     before = dict(counters.get("graph_break", {}))
     be = _backend.make_backend("eager")
     compiled = torch.compile(model, backend=be, dynamic=False)
-    with _backend.collect() as reports:
+    with _backend.collect() as reports, _backend.dynamic_output_shapes():
         compiled(*example_inputs, **example_kwargs)
     rep = ExplainReport(num_graphs=len(reports))
     for r in reports:
@@ -102,6 +106,8 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         rep.unfused += r.unfused
         rep.structures += r.structures
         rep.transposed += r.transposed
+        rep.hoisted += r.hoisted
+        rep.hoisted_nodes += r.hoisted_nodes
     after = counters.get("graph_break", {})
     for reason, c in after.items():
         d = c - before.get(reason, 0)

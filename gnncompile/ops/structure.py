@@ -335,7 +335,12 @@ def structure_check() -> str:
 
 
 def clear_cache() -> None:
+    """Drops every cached structure, and the graph-only results computed from them
+    (:mod:`gnncompile.ops.hoisted`)."""
+    from . import hoisted
+
     CACHE.clear()
+    hoisted.CACHE.clear()
 
 
 # ----------------------------------------------------------------------------- structure ops

@@ -4,6 +4,7 @@ through this module, never through ``torch.ops.gnncompile``."""
 from __future__ import annotations
 
 from . import autograd  # noqa: F401  (the ops carry their autograd formulas wherever they go)
+from . import hoisted as _hoisted  # noqa: F401  (defines gnncompile::hoisted)
 from . import structure  # noqa: F401  (defines the structure ops)
 from .schemas import ops
 
@@ -16,6 +17,7 @@ CACHED_CSC = ops.cached_csc.default
 PAIR_CSR = ops.pair_csr.default
 PAIR_CSC = ops.pair_csc.default
 CSR_DEGREE = ops.csr_degree.default
+HOISTED = ops.hoisted.default
 
 __all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
-           "PAIR_CSC", "CSR_DEGREE"]
+           "PAIR_CSC", "CSR_DEGREE", "HOISTED"]

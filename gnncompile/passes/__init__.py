@@ -7,6 +7,8 @@ module per phase, typed records between them:
    :class:`~.match.Softmax`, :class:`~.match.Degree`) or as unfused with a reason.
 3. :mod:`.plan`: the graph structures the chains share (:class:`~.plan.SharedStructure`).
 4. :mod:`.rewrite`: structure ops and fused ops inserted, replaced nodes removed.
+5. :mod:`.hoist` (``hoist=True``): the work that depends only on the graph moved into one
+   cached region (``gnncompile::hoisted``), computed once per graph instead of once per call.
 
 :func:`run` does all four and returns a :class:`~.report.PassReport`. Passes never launch
 kernels: they insert calls to the ops of :mod:`gnncompile.ops`, which run with the graph.
@@ -18,22 +20,28 @@ from typing import Callable, Optional
 from torch.fx import GraphModule
 
 from .canonical import drop_identity_dropout
+from .hoist import hoist as hoist_pass
 from .match import match
 from .plan import plan
 from .report import Fused, Fusions, PassReport, Unfused
 from .rewrite import node_order, rewrite
 
 
-def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Callable] = None) -> PassReport:
+def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Callable] = None,
+        hoist: bool = False) -> PassReport:
     """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
 
     ``copy_structures``: the cached graph structure is handed out as copies (for inner
     compilers that recycle buffers). ``knobs_for(device)``: the kernel knobs baked into the
-    fused calls (default :func:`gnncompile.ops.get_knobs`)."""
+    fused calls (default :func:`gnncompile.ops.get_knobs`). ``hoist``: run :func:`.hoist.hoist`
+    (compiled graphs do; export does not, its graphs must hold standard ops)."""
     graph = gm.graph
     drop_identity_dropout(graph)
     order = node_order(graph)
     report = rewrite(graph, plan(match(graph, order), order), order, copy_structures, knobs_for)
+    if hoist:
+        h = hoist_pass(gm, copy=copy_structures)
+        report.hoisted, report.hoisted_nodes = h.regions, h.nodes
     graph.lint()
     gm.recompile()
     return report

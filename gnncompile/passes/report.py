@@ -49,6 +49,8 @@ class PassReport(Fusions):
     structures: int = 0  # CSR structure ops inserted
     transposed: int = 0  # CSC structure ops inserted
     gathers: int = 0  # per-edge gathers given a segment-sum gradient
+    hoisted: int = 0  # graph-invariant regions moved into gnncompile::hoisted
+    hoisted_nodes: int = 0  # the nodes they hold
     # id(parameter) -> its path below the root of the compiled frame ('lin_l.weight'); filled
     # only while explain() collects reports, to place a frame rooted at a submodule
     frame_params: Dict[int, str] = field(default_factory=dict)

@@ -1,0 +1,198 @@
+"""``gnncompile::hoisted``: graph-only work computed once per graph, not once per call.
+
+:mod:`gnncompile.passes.hoist` moves the nodes of a compiled graph whose inputs are only the
+graph (integer index tensors such as ``edge_index``, and sizes) into a region: a small
+``GraphModule`` registered here under a key derived from its code. The compiled graph calls
+``hoisted(key, roots, sizes, copy)`` instead, which returns the region's outputs from a cache:
+
+* **Validity.** A result belongs to the exact root tensors it was computed from, under the
+  rules of the structure cache (:mod:`gnncompile.ops.structure`): the same tensor objects
+  (held by weak references), the same version counters and data pointers, and, where
+  :meth:`~gnncompile.ops.structure.StructureCache.checks` says so (CPU tensors by default,
+  inference tensors always), the same content fingerprint. Any change recomputes; a root
+  that is freed drops its results. The sizes are part of the key.
+* **What may be a root.** Only tensors that need no gradient and hold integers: nothing
+  trainable and nothing computed from features can reach a region (the pass checks; see
+  :mod:`gnncompile.passes.hoist`).
+* ``copy=True`` hands out clones, for inner compilers that may reuse an op's output buffers
+  (inductor), as the structure ops do.
+* Outputs whose size depends on the data (``add_remaining_self_loops``: the number of edges
+  kept) get one fresh unbacked size per distinct size expression in the fake implementation,
+  so that a backward graph can bind them from the tensors it receives.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import structure as _structure
+
+MAX_RESULTS = 16  # cached results kept (least recently used goes first)
+
+_REGIONS: Dict[int, torch.fx.GraphModule] = {}
+_lock = threading.RLock()
+
+
+def register(gm: torch.fx.GraphModule) -> int:
+    """Registers region ``gm`` and returns its key: a 63-bit hash of its code, the same in every
+    process for the same region (so persistent compile caches that store the key stay valid)."""
+    key = int.from_bytes(hashlib.blake2b(gm.code.encode(), digest_size=8).digest(), "little") >> 1
+    with _lock:
+        _REGIONS.setdefault(key, gm)
+    return key
+
+
+def region(key: int) -> torch.fx.GraphModule:
+    try:
+        return _REGIONS[key]
+    except KeyError:
+        raise RuntimeError(f"gnncompile::hoisted: no region {key} in this process; the compiled "
+                           "graph calling it was made by another process without its pass run") from None
+
+
+# ----------------------------------------------------------------------------- results cache
+@dataclass
+class _Root:
+    ref: "weakref.ReferenceType[Tensor]"
+    version: Optional[int]
+    data_ptr: int
+    fingerprint: object
+
+    def holds(self, t: Tensor, fp) -> bool:
+        return (self.ref() is t and self.version == _structure._version(t) and self.data_ptr == t.data_ptr()
+                and (fp is None or _structure._same_fingerprint(self.fingerprint, fp)))
+
+
+@dataclass
+class _Result:
+    roots: Tuple[_Root, ...]
+    outputs: Tuple[Tensor, ...]
+
+
+class HoistCache:
+    def __init__(self) -> None:
+        self._results: "OrderedDict[tuple, _Result]" = OrderedDict()
+        self.computes = 0
+        self.hits = 0
+        self.stale = 0
+
+    def _drop_root(self, rid: int) -> None:
+        with _lock:
+            for k in [k for k in self._results if rid in k[1]]:
+                del self._results[k]
+
+    def get(self, key: int, roots: List[Tensor], sizes: List[int]) -> Tuple[Tensor, ...]:
+        fps = [(_structure.fingerprint(r) if _structure.CACHE.checks(r) else None) for r in roots]
+        ck = (key, tuple(id(r) for r in roots), tuple(int(s) for s in sizes))
+        with _lock:
+            res = self._results.get(ck)
+            if res is not None:
+                if all(o.holds(r, fp) for o, r, fp in zip(res.roots, roots, fps)):
+                    self._results.move_to_end(ck)
+                    self.hits += 1
+                    return res.outputs
+                del self._results[ck]
+                self.stale += 1
+        outputs = self._compute(key, roots, sizes)
+        held = []
+        for r, fp in zip(roots, fps):
+            rid = id(r)
+            held.append(_Root(weakref.ref(r, lambda _w, rid=rid: self._drop_root(rid)), _structure._version(r),
+                              r.data_ptr(), fp if fp is not None else _structure.fingerprint(r)))
+        with _lock:
+            self.computes += 1
+            self._results[ck] = _Result(tuple(held), outputs)
+            while len(self._results) > MAX_RESULTS:
+                self._results.popitem(last=False)
+        return outputs
+
+    @staticmethod
+    def _compute(key: int, roots: List[Tensor], sizes: List[int]) -> Tuple[Tensor, ...]:
+        gm = region(key)
+        with torch.no_grad(), _structure.outside_inference_mode():
+            outs = gm(*roots, *[int(s) for s in sizes])
+            # contiguous, and never sharing memory with a root or another output (an op's
+            # outputs must not alias its inputs or each other)
+            seen = {r.untyped_storage().data_ptr() for r in roots if r.numel()}
+            result = []
+            for o in outs:
+                ptr = o.untyped_storage().data_ptr() if o.numel() else None
+                if not o.is_contiguous() or (ptr is not None and ptr in seen):
+                    o = o.clone(memory_format=torch.contiguous_format)
+                    ptr = o.untyped_storage().data_ptr() if o.numel() else None
+                if ptr is not None:
+                    seen.add(ptr)
+                result.append(o)
+            return tuple(result)
+
+    def clear(self) -> None:
+        with _lock:
+            self._results.clear()
+            self.computes = self.hits = self.stale = 0
+
+    def info(self) -> dict:
+        return {"results": len(self._results), "computes": self.computes, "hits": self.hits,
+                "stale": self.stale, "regions": len(_REGIONS)}
+
+
+CACHE = HoistCache()
+
+
+def hoist_info() -> dict:
+    """``results`` held, ``computes`` (region runs), ``hits``, ``stale`` (results refused
+    because a root changed) and ``regions`` registered in this process."""
+    return CACHE.info()
+
+
+# ----------------------------------------------------------------------------- the op
+@torch.library.custom_op("gnncompile::hoisted", mutates_args=())
+def hoisted(key: int, roots: List[Tensor], sizes: List[int], copy: bool) -> List[Tensor]:
+    for r in roots:
+        if r.requires_grad or r.is_floating_point() or r.is_complex():
+            raise TypeError("gnncompile::hoisted: roots must be integer tensors that need no gradient")
+    outs = CACHE.get(int(key), list(roots), list(sizes))
+    return [o.clone() for o in outs] if copy else list(outs)
+
+
+@hoisted.register_fake
+def _(key, roots, sizes, copy):
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    gm = region(int(key))
+    ctx = torch.library.get_ctx()
+    shape_env = getattr(ctx, "_shape_env", None)
+    guard = shape_env.ignore_fresh_unbacked_symbols() if shape_env is not None else _null()
+    with guard:  # the region's own data-dependent sizes are replaced below
+        outs = gm(*roots, *sizes)
+    fresh: Dict[str, torch.SymInt] = {}
+    result = []
+    for o in outs:
+        shape = []
+        for s in o.shape:
+            if isinstance(s, torch.SymInt) and free_unbacked_symbols(s):
+                k = str(s)
+                if k not in fresh:
+                    fresh[k] = ctx.new_dynamic_size()
+                shape.append(fresh[k])
+            else:
+                shape.append(s)
+        result.append(o.new_empty(shape))
+    return result
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+__all__ = ["hoisted", "register", "region", "hoist_info", "HoistCache", "CACHE", "MAX_RESULTS"]

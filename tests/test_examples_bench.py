@@ -1,0 +1,70 @@
+"""Smoke tests of benchmarks/cora_examples.py (with benchmarks/examples/{gcn,gat}_cora.py) and
+benchmarks/gin_batches.py: their main functions on tiny settings, results written to a
+temporary folder. gin_batches checks each variant's first-batch loss against eager itself (and
+reports a failure as an error entry, which fails the test here)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import cora_examples  # noqa: E402
+import gin_batches  # noqa: E402
+
+CORA_RAW = cora_examples.DEFAULT_ROOT / "Cora" / "raw"
+
+
+@pytest.mark.skipif(not (CORA_RAW.is_dir() and any(CORA_RAW.iterdir())), reason=f"no Cora raw files in {CORA_RAW}")
+def test_cora_examples_tiny(tmp_path):
+    """GCN only, 3 epochs, one run per variant (the suite's inner compiler, see conftest)."""
+    p = cora_examples.main(["--examples", "gcn", "--epochs", "3", "--repeats", "1",
+                            "--results-dir", str(tmp_path), "--out", "c"])
+    assert json.loads((tmp_path / "c.json").read_text())["epochs"] == 3
+    assert (tmp_path / "c.png").stat().st_size > 0
+    md = (tmp_path / "c.md").read_text()
+    res = p["results"]["gcn"]
+    assert set(res) == {"eager", "compiled", "compiled-warm"}
+    for v, r in res.items():
+        assert r["ok"] == r["runs"] == 1, r.get("errors")
+        assert len(r["epoch_times_s"]) == 3 and all(t > 0 for t in r["epoch_times_s"])
+        assert r["median_epoch_s"] > 0 and r["first_epoch_s"] > 0
+        assert 0 < r["wall_s"] <= r["process_wall_s"]
+        assert 0.0 <= r["final_test_acc"] <= 1.0
+        assert f"| gcn | {v} |" in md
+    for v in ("compiled", "compiled-warm"):
+        assert res[v]["wall_ratio"] > 0 and res[v]["epoch_ratio"] > 0
+    assert res["compiled"]["cache_bytes"] >= 0
+    if p["inner"] != "inductor":  # same dropout masks as eager (inductor draws its own)
+        for v in ("compiled", "compiled-warm"):
+            assert res[v]["final_loss"] == pytest.approx(res["eager"]["final_loss"], rel=1e-4)
+
+
+def test_cora_examples_skips_without_data(tmp_path, capsys):
+    p = cora_examples.main(["--root", str(tmp_path / "nothing"), "--results-dir", str(tmp_path)])
+    assert "skipped" in p and "skipped" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_gin_batches_tiny(tmp_path):
+    """96 graphs in batches of 32, in-process (--quick), without the inductor variant."""
+    variants = ("eager", "gnncompile", "gnncompile-static-first")
+    p = gin_batches.main(["--quick", "--graphs", "96", "--batch-size", "32", "--variants", ",".join(variants),
+                          "--results-dir", str(tmp_path), "--out", "g"])
+    assert json.loads((tmp_path / "g.json").read_text())["dataset"]["graphs"] == 96
+    assert (tmp_path / "g.png").stat().st_size > 0
+    assert set(p["results"]) == set(variants)
+    d = p["dataset"]
+    assert 10 <= d["nodes_min"] <= d["nodes_max"] <= 40 and 2.5 <= d["edges_mean"] / d["nodes_mean"] <= 5.5
+    for v, r in p["results"].items():
+        assert "error" not in r, r
+        assert r["batches_per_epoch"] == 3
+        assert r["step_s"] > 0 and r["epoch_s"] > 0 and r["warmup_s"] > 0
+        assert r["first_loss"] == pytest.approx(r["first_loss_eager"], rel=1e-4)
+        assert r["first_loss_eager"] == p["results"]["eager"]["first_loss_eager"]  # the same initial weights
+        assert r["recompiles_in_epochs"] == 0
+        assert r["eager_over_this"] > 0
+    assert p["results"]["gnncompile"]["graphs_compiled"] >= 1
