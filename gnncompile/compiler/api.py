@@ -137,8 +137,10 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
             (its loader settings: ``.gnncompile_profile.loader_kwargs()``). Knobs are set per
             device type and read when a graph is compiled, so the last ``compile`` wins.
         inner: compiler for the rest of the graph: 'auto' (the profile's ``inner`` when the
-            profile has one, else the measured default :data:`gnncompile.compiler.DEFAULT_INNER`:
-            inductor, or ``$GNNCOMPILE_INNER``), 'eager', 'aot_eager' or 'inductor'.
+            profile has one, else ``$GNNCOMPILE_INNER``, else chosen per graph piece by
+            :func:`gnncompile.compiler.backend.choose_inner`: inductor for graphs of at least
+            ``AUTO_INDUCTOR_MIN_SIZE`` nodes + edges, "eager" below, where inductor's compile
+            time would not be repaid), 'eager', 'aot_eager' or 'inductor'.
         dynamic: passed to ``torch.compile``. ``None`` (automatic dynamic shapes): the first call
             compiles each graph piece for its exact sizes, and the first call with other sizes
             recompiles it once with symbolic sizes, after which changing N and E (mini-batches)
@@ -162,8 +164,7 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
                    fullgraph=fullgraph, workload=workload)
     if inner == "auto" and prof.inner:
         inner = prof.inner  # what the tuning run measured fastest for this device and workload
-    _log.info("compile %s: profile %s, inner %s", type(model).__name__, prof.summary(),
-              _backend.DEFAULT_INNER if inner == "auto" else inner)
+    _log.info("compile %s: profile %s, inner %s", type(model).__name__, prof.summary(), inner)
     be = _backend.make_backend(inner)
     compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):

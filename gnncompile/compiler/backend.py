@@ -7,8 +7,9 @@ gives several) to :func:`gnncompile_backend`, which
    with the fused custom ops (whose registered autograd formulas give the fused backward), and
 2. hands the rewritten graph to an inner compiler: ``"eager"`` (run the FX graph as is; autograd
    at run time), ``"aot_eager"`` (AOTAutograd traces forward + backward, no code generation) or
-   ``"inductor"``. ``"auto"`` is :data:`DEFAULT_INNER` (chosen by measurement, see
-   docs/ARCHITECTURE.md).
+   ``"inductor"``. ``"auto"`` is ``$GNNCOMPILE_INNER`` when set, else chosen per graph piece
+   from its size by :func:`choose_inner` (a measured rule: inductor for large graphs,
+   :data:`DEFAULT_INNER`; "eager" for small ones, where compiling costs more than it saves).
 
 ``torch.compile(model, backend="gnncompile")`` uses the defaults and works without importing
 gnncompile first: the package declares the name in the ``torch_dynamo_backends`` entry-point group,
@@ -25,6 +26,7 @@ import torch
 from torch.fx import GraphModule
 
 from .. import passes
+from ..ops import loops
 from .._log import get_logger, log_fusions
 
 _log = get_logger(__name__)
@@ -39,6 +41,38 @@ INNERS = ("eager", "aot_eager", "inductor")
 # trades those steps for a faster first call (the test suite does that, for speed).
 _ENV_INNER = os.environ.get("GNNCOMPILE_INNER", "").strip()
 DEFAULT_INNER = _ENV_INNER if _ENV_INNER in INNERS else "inductor"
+
+# 'auto' without a profile and without $GNNCOMPILE_INNER: each graph piece gets inductor when its
+# graph is large enough that inductor's faster steps repay its longer compile within a typical
+# training run, else "eager" (the rewritten graph run op by op: fused kernels and hoisted
+# graph-only work, nothing generated, a first call of about a second). Size = nodes + edges of
+# the piece's largest inputs. Measured with benchmarks/inner_rule.py (results/inner_rule.md):
+# the break-even over 200 steps lies between the sizes quoted there.
+AUTO_INDUCTOR_MIN_SIZE = 150_000
+
+
+def graph_size(example_inputs) -> int:
+    """Nodes + edges of a graph piece's inputs: the longest dim 0 of a float tensor that is not
+    a parameter, plus the longest dim 1 of an integer ``[2, E]`` tensor."""
+    nodes = edges = 0
+    for t in example_inputs:
+        if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.dim() == 0:
+            continue
+        try:
+            if t.is_floating_point():
+                nodes = max(nodes, int(t.shape[0]))
+            elif t.dim() == 2 and int(t.shape[0]) == 2:
+                edges = max(edges, int(t.shape[1]))
+        except Exception:  # an unhinted symbolic size: treat the graph as large
+            return AUTO_INDUCTOR_MIN_SIZE
+    return nodes + edges
+
+
+def choose_inner(example_inputs) -> str:
+    """The inner compiler 'auto' uses for a graph piece (see AUTO_INDUCTOR_MIN_SIZE)."""
+    if _ENV_INNER in INNERS:
+        return _ENV_INNER
+    return "inductor" if graph_size(example_inputs) >= AUTO_INDUCTOR_MIN_SIZE else "eager"
 
 # Data-dependent output sizes (``edge_index[:, mask]`` in add_remaining_self_loops and
 # remove_self_loops, in every default GCNConv / GATConv) are traced into the graph instead of
@@ -111,8 +145,6 @@ class collect:
 
 
 def _inner(name: str) -> Callable:
-    if name == "auto":
-        name = DEFAULT_INNER
     if name == "eager":
         return lambda gm, example_inputs: gm.forward
     if name == "aot_eager":
@@ -134,22 +166,27 @@ class Backend:
     is looked up again when it is unpickled."""
 
     def __init__(self, inner: str = "auto", rewrite: bool = True) -> None:
-        self.inner = DEFAULT_INNER if inner == "auto" else inner
+        if inner == "auto" and _ENV_INNER in INNERS:
+            inner = _ENV_INNER
+        self.inner = inner  # 'auto': chosen per graph piece by choose_inner()
         self.rewrite = bool(rewrite)
-        self._inner_fn = _inner(self.inner)  # raises ValueError for an unknown name
+        self._inner_fn = None if inner == "auto" else _inner(inner)  # ValueError for an unknown name
 
     def __call__(self, gm: GraphModule, example_inputs):
-        report = (passes.run(gm, copy_structures=(self.inner == "inductor"), hoist=True) if self.rewrite
+        inner = choose_inner(example_inputs) if self.inner == "auto" else self.inner
+        report = (passes.run(gm, copy_structures=(inner == "inductor"), hoist=True) if self.rewrite
                   else passes.PassReport())
+        report.inner = inner
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused
         log_fusions(_log, f"graph piece {STATS['graphs']} ({len(gm.graph.nodes)} nodes, "
-                          f"inner {self.inner})", report)
+                          f"inner {inner}{' (auto)' if self.inner == 'auto' else ''})", report)
         if _collectors():
             report.frame_params = frame_parameters(gm, example_inputs)
         for c in _collectors():
             c.append(report)
-        return self._inner_fn(gm, example_inputs)
+        fn = self._inner_fn if self._inner_fn is not None else _inner(inner)
+        return fn(gm, example_inputs)
 
     def __getstate__(self) -> dict:
         return {"inner": self.inner, "rewrite": self.rewrite}
@@ -189,6 +226,7 @@ def _register() -> None:
 
 
 _register()
+loops.install()  # PyG's self-loop functions traced as gnncompile ops (see gnncompile.ops.loops)
 
 __all__ = ["gnncompile_backend", "make_backend", "Backend", "collect", "dynamic_output_shapes", "STATS",
-           "INNERS", "DEFAULT_INNER", "CAPTURE_DYNAMIC"]
+           "INNERS", "DEFAULT_INNER", "CAPTURE_DYNAMIC", "AUTO_INDUCTOR_MIN_SIZE", "choose_inner", "graph_size"]

@@ -11,6 +11,7 @@ import torch
 from torch.fx import GraphModule
 
 from .. import passes
+from ..ops import loops
 from .._log import get_logger, log_fusions
 from ..ops import targets
 from ..ops.checks import INDEX_DTYPES, is_edge_index
@@ -108,7 +109,8 @@ def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True):
     if isinstance(model, torch.nn.Module):
         model.eval()
     try:
-        with torch.no_grad(), _no_duck_shapes(), warnings.catch_warnings():
+        # self loops as standard ops (nonzero, cat), which ONNX and torch.export know
+        with torch.no_grad(), _no_duck_shapes(), warnings.catch_warnings(), loops.use_loop_ops(False):
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             try:
                 gm, _guards = torch._dynamo.export(

@@ -32,6 +32,7 @@ from torch.fx import Graph, GraphModule, Node
 from ..ops import targets
 from ..ops.checks import INDEX_DTYPES
 from .canonical import fake_value, opname
+from .rewrite import _earlier_size
 
 _RANDOM = {"dropout", "dropout_", "feature_alpha_dropout", "alpha_dropout", "rand", "randn", "randint",
            "rand_like", "randn_like", "randint_like", "randperm", "bernoulli", "bernoulli_", "multinomial",
@@ -57,6 +58,8 @@ def _name(n: Node) -> str:
     t = n.target
     if t is operator.setitem:
         return "setitem"
+    if isinstance(t, torch._ops.OpOverload):
+        return t._opname  # 'sym_size' for aten.sym_size.int
     return getattr(t, "__name__", None) or str(t)
 
 
@@ -129,6 +132,7 @@ def find_invariant(graph: Graph) -> Optional[tuple]:
     root_views: Set[Node] = set()
     consts: Dict[Node, None] = {}  # zeros, arange, ones(E'): copied into a region that reads them
     inv: Dict[Node, None] = {}
+    inv_sizes: Set[Node] = set()
     views: Set[Node] = set()
     nodes = list(graph.nodes)
     for n in nodes:
@@ -147,8 +151,10 @@ def find_invariant(graph: Graph) -> Optional[tuple]:
             target = _base(n.args[0], views)
             if target in roots or target in root_views:
                 return None  # the model writes its graph: leave everything as it is
-        if name in _SIZES and _is_size_value(fake_value(n)):
-            free.add(n)
+        if name in _SIZES and (_is_size_value(fake_value(n)) or "example_value" not in n.meta):
+            free.add(n)  # (a size node a pass inserted has no recorded value)
+            if any(a in inv for a in n.all_input_nodes):
+                inv_sizes.add(n)  # a size of an invariant tensor: reading it makes a node invariant
             continue
         ins = list(n.all_input_nodes)
         if name in _RANDOM or any(t.requires_grad for t in _tensors_in(fake_value(n))):
@@ -159,7 +165,7 @@ def find_invariant(graph: Graph) -> Optional[tuple]:
             continue
         if not all(a in inv or a in roots or a in root_views or a in free or a in consts for a in ins):
             continue
-        if not any(a in inv or a in roots or a in root_views for a in ins):
+        if not any(a in inv or a in roots or a in root_views or a in inv_sizes for a in ins):
             consts[n] = None  # built from sizes only: hoisted only with a reader
             continue
         inv[n] = None
@@ -201,7 +207,7 @@ def dedupe(graph: Graph, inv: List[Node], mutated: Set[Node]) -> List[Node]:
             kept.append(n)
             continue
         try:
-            key = (n.op, n.target, _freeze(n.args), _freeze(n.kwargs))
+            key = (n.op, n.target, _freeze(_canon_sizes(n.args)), _freeze(_canon_sizes(n.kwargs)))
             hash(key)
         except TypeError:
             kept.append(n)
@@ -214,6 +220,31 @@ def dedupe(graph: Graph, inv: List[Node], mutated: Set[Node]) -> List[Node]:
             n.replace_all_uses_with(rep)
             graph.erase_node(n)
     return kept
+
+
+def _size_expr(a: Node) -> Optional[str]:
+    """The printed value of a size node (x.size(d)), recorded or read from its tensor."""
+    v = fake_value(a)
+    if _is_size_value(v):
+        return str(v)
+    t = fake_value(a.args[0]) if a.args and isinstance(a.args[0], Node) else None
+    d = a.args[1] if len(a.args) > 1 else None
+    if isinstance(t, torch.Tensor) and isinstance(d, int) and -t.dim() <= d < t.dim():
+        return str(t.shape[d])
+    return None
+
+
+def _canon_sizes(v):
+    """Arguments with size nodes replaced by their printed value (equal sizes read from
+    different tensors are the same argument)."""
+    if isinstance(v, Node):
+        e = _size_expr(v) if _name(v) in _SIZES else None
+        return ("size", e) if e is not None else v
+    if isinstance(v, (list, tuple)):
+        return type(v)(_canon_sizes(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _canon_sizes(x) for k, x in v.items()}
+    return v
 
 
 def _freeze(v):
@@ -261,7 +292,9 @@ def hoist(gm: GraphModule, copy: bool = False) -> HoistReport:
 
     # region inputs: roots and free nodes read by region members (free views of roots are
     # copied in, reading the roots; sizes of region tensors too)
-    outputs = [n for n in inv_list if any(u not in inv for u in n.users)]
+    # size nodes read only by the region go with it
+    region_sizes = {f for f in free if f.op != "placeholder" and f.users and all(u in inv for u in f.users)}
+    outputs = [n for n in inv_list if any(u not in inv and u not in region_sizes for u in n.users)]
     if not outputs or not all(_is_tensor_node(n) for n in outputs):
         return report
     # a value the region writes in place after the rest of the graph may have read it
@@ -304,7 +337,8 @@ def hoist(gm: GraphModule, copy: bool = False) -> HoistReport:
                 visit_free(a)
             elif a in consts:
                 visit_const(a)
-    size_inputs = [f for f in used_free if _is_size_value(fake_value(f))]
+    size_inputs = [f for f in used_free if _is_size_value(fake_value(f)) or
+                   (_name(f) in _SIZES and "example_value" not in f.meta)]
     if len(size_inputs) != len(used_free):
         return report  # a free tensor that is not a view of a root: leave the graph alone
     used_roots = [r for r in roots if any(r in n.all_input_nodes for n in inv_list + copied_in)]
@@ -325,15 +359,20 @@ def hoist(gm: GraphModule, copy: bool = False) -> HoistReport:
     key = _hoisted.register(region)
 
     # the call goes after its inputs and before the first reader of an output
-    first_reader = min((u for o in outputs for u in o.users if u not in inv), key=order.__getitem__)
-    if any(order[f] >= order[first_reader] for f in size_inputs):
-        return report
+    first_reader = min((u for o in outputs for u in o.users if u not in inv and u not in region_sizes),
+                       key=order.__getitem__)
+    for i, f in enumerate(size_inputs):
+        if order[f] >= order[first_reader]:  # a size defined later: the same size, read earlier
+            sub = _earlier_size(graph, f, first_reader) if _name(f) == "size" else None
+            if sub is None:
+                return report
+            size_inputs[i] = sub
     with graph.inserting_before(first_reader):
         call = graph.call_function(targets.HOISTED, (key, list(used_roots), list(size_inputs), copy))
         got = [graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
     for o, g in zip(outputs, got):
         o.replace_all_uses_with(g, delete_user_cb=lambda u: u not in inv)
-    for n in reversed(inv_list):
+    for n in sorted(set(inv_list) | region_sizes, key=order.__getitem__, reverse=True):
         if not n.users:
             graph.erase_node(n)
     report.regions, report.nodes, report.outputs = 1, len(inv_list), len(outputs)

@@ -51,6 +51,7 @@ class PassReport(Fusions):
     gathers: int = 0  # per-edge gathers given a segment-sum gradient
     hoisted: int = 0  # graph-invariant regions moved into gnncompile::hoisted
     hoisted_nodes: int = 0  # the nodes they hold
+    inner: str = ""  # the inner compiler the backend handed the piece to
     # id(parameter) -> its path below the root of the compiled frame ('lin_l.weight'); filled
     # only while explain() collects reports, to place a frame rooted at a submodule
     frame_params: Dict[int, str] = field(default_factory=dict)

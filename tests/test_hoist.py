@@ -1,0 +1,208 @@
+"""Graph-invariant hoisting (gnncompile/passes/hoist.py, gnncompile/ops/hoisted.py): graph-only
+work is computed once per graph and reused, and nothing that depends on features, parameters,
+float inputs or randomness is ever cached; every change to the graph recomputes."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch_geometric.nn as gnn
+from torch_geometric.nn import models
+from torch_geometric.utils import add_remaining_self_loops, degree
+
+import gnncompile
+from gnncompile.compiler import backend as _backend
+from gnncompile.ops import hoisted, structure
+
+N, F = 40, 8
+
+
+def _graph(seed=0, n=N, e=160):
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    ei[:, :5] = torch.arange(5).repeat(2, 1)  # a few self loops already present
+    return torch.randn(n, F, generator=g), ei
+
+
+def _fresh():
+    torch._dynamo.reset()
+    structure.clear_cache()
+
+
+def _grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _step(fn, model, *inputs):
+    model.zero_grad()
+    out = fn(*inputs)
+    out.square().sum().backward()
+    return out.detach(), _grads(model)
+
+
+def _same_step(model, compiled, *inputs):
+    e_out, e_grads = _step(model, model, *inputs)
+    c_out, c_grads = _step(compiled, model, *inputs)
+    torch.testing.assert_close(c_out, e_out, rtol=1e-4, atol=1e-5)
+    for a, b in zip(c_grads, e_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("factory", [lambda: models.GCN(F, 16, 2, 4), lambda: models.GAT(F, 8, 2, 4, heads=2)],
+                         ids=["GCN", "GAT"])
+def test_default_gcn_gat_one_piece_and_computed_once(factory):
+    _fresh()
+    torch.manual_seed(0)
+    model = factory()
+    x, ei = _graph()
+    rep = gnncompile.explain(model, x, ei)
+    assert rep.num_graph_breaks == 0 and rep.num_graphs == 1, str(rep)
+    assert rep.hoisted == 1 and not rep.unfused, str(rep)
+    c = gnncompile.compile(model)
+    hoisted.CACHE.clear()
+    for _ in range(3):
+        _same_step(model, c, x, ei)
+    h = hoisted.hoist_info()
+    assert h["computes"] == 1 and h["hits"] == 2, h
+
+
+def test_every_change_of_the_graph_recomputes():
+    _fresh()
+    torch.manual_seed(0)
+    model = models.GCN(F, 16, 2, 4)
+    c = gnncompile.compile(model)
+    x, ei = _graph()
+    _same_step(model, c, x, ei)
+    assert hoisted.hoist_info()["computes"] == 1
+    ei[1, 7:20] = (ei[1, 7:20] + 3) % N  # in place: the version counter moves
+    _same_step(model, c, x, ei)
+    assert hoisted.hoist_info()["computes"] == 2
+    ei.numpy()[0, 30:50] = 2  # behind the version counter: the fingerprint notices
+    _same_step(model, c, x, ei)
+    h = hoisted.hoist_info()
+    assert h["computes"] == 3 and h["stale"] == 2, h  # both edits refused the old result
+    _, other = _graph(seed=5)  # another graph of the same shape
+    _same_step(model, c, x, other)
+    assert hoisted.hoist_info()["computes"] == 4
+    _same_step(model, c, x, ei)  # the earlier graph again: still cached, still valid
+    assert hoisted.hoist_info()["computes"] == 4
+
+
+def test_results_go_with_the_graph():
+    _fresh()
+    model = models.GCN(F, 16, 2, 4)
+    c = gnncompile.compile(model)
+    x, ei = _graph()
+    c(x, ei)
+    assert hoisted.hoist_info()["results"] == 1
+    del ei
+    assert hoisted.hoist_info()["results"] == 0
+
+
+def test_float_edge_weights_are_never_cached():
+    """A user's edge weights (float, no gradient) reach the normalization every call."""
+    _fresh()
+    torch.manual_seed(0)
+    model = models.GCN(F, 16, 2, 4)
+    c = gnncompile.compile(model)
+    x, ei = _graph()
+    w = torch.rand(ei.shape[1])
+    for _ in range(2):
+        _same_step(model, c, x, ei, w)
+        w.mul_(3.0).add_(0.5)  # in place, same tensor
+    w.numpy()[:10] = 7.0
+    _same_step(model, c, x, ei, w)
+
+
+def test_trainable_edge_weights_get_their_gradient():
+    _fresh()
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.rand(160 + N))
+            self.conv = gnn.GCNConv(F, 4, add_self_loops=False)
+
+        def forward(self, x, ei):
+            ei, _ = add_remaining_self_loops(ei, num_nodes=x.size(0))
+            return self.conv(x, ei, self.w[: ei.size(1)].sigmoid())
+
+    model = Net()
+    c = gnncompile.compile(model)
+    x, ei = _graph()
+    for _ in range(2):
+        _same_step(model, c, x, ei)
+        with torch.no_grad():
+            model.w.add_(0.1)
+
+
+class _WritesDegree(torch.nn.Module):
+    """Graph-only degree, then written in place with feature-dependent values."""
+
+    def forward(self, x, ei):
+        deg = degree(ei[1], x.size(0), dtype=x.dtype)
+        deg.add_(x.sum(1))  # the rest of the graph writes the invariant value
+        return x * deg.unsqueeze(1)
+
+
+class _RandomEdges(torch.nn.Module):
+    def forward(self, x, ei):
+        keep = torch.rand(ei.size(1)) < 0.5
+        src, dst = ei[0][keep], ei[1][keep]
+        return torch.zeros_like(x).index_add_(0, dst, x[src])
+
+
+def test_values_written_later_are_not_cached():
+    _fresh()
+    m = _WritesDegree()
+    c = gnncompile.compile(m)
+    x, ei = _graph()
+    for s in range(3):
+        x = torch.randn(N, F, generator=torch.Generator().manual_seed(s))
+        torch.testing.assert_close(c(x, ei), m(x, ei))
+
+
+def test_random_graph_work_is_not_cached():
+    _fresh()
+    c = gnncompile.compile(_RandomEdges(), inner="aot_eager")
+    x, ei = _graph()
+    outs = [c(x, ei) for _ in range(3)]
+    assert not torch.equal(outs[0], outs[1]) or not torch.equal(outs[1], outs[2])
+    assert hoisted.hoist_info()["computes"] == 0
+
+
+def test_mini_batches_and_inductor():
+    """New graphs every call (mini-batches) with the inductor inner: correct each time, and
+    the copies handed to inductor leave the cached results intact."""
+    _fresh()
+    torch.manual_seed(0)
+    model = models.GCN(F, 16, 2, 4)
+    c = gnncompile.compile(model, inner="inductor", dynamic=True)
+    for s in range(3):
+        x, ei = _graph(seed=s, n=N + 4 * s, e=160 + 8 * s)
+        _same_step(model, c, x, ei)
+        _same_step(model, c, x, ei)  # cached now
+    assert hoisted.hoist_info()["hits"] >= 3
+
+
+def test_capture_flag_is_restored_and_can_be_turned_off(monkeypatch):
+    _fresh()
+    cfg = torch._dynamo.config
+    assert not cfg.capture_dynamic_output_shape_ops
+    model = models.GCN(F, 16, 2, 4)
+    x, ei = _graph()
+    gnncompile.compile(model)(x, ei)
+    assert not cfg.capture_dynamic_output_shape_ops
+    monkeypatch.setattr(_backend, "CAPTURE_DYNAMIC", False)
+    _fresh()
+    rep = gnncompile.explain(model, x, ei)
+    assert rep.num_graph_breaks >= 1  # as plain torch.compile: the nonzero breaks the graph
+
+
+def test_hoisted_op_refuses_float_roots():
+    from gnncompile.ops import targets
+
+    with pytest.raises(TypeError, match="integer tensors"):
+        targets.HOISTED(0, [torch.rand(3)], [], False)
+    with pytest.raises(RuntimeError, match="no region"):
+        targets.HOISTED(12345, [torch.zeros(2, 3, dtype=torch.long)], [], False)
