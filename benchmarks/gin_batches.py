@@ -20,6 +20,8 @@ Variants:
   gnncompile               ``gnncompile.compile(model, dynamic=True)``
   gnncompile-static-first  ``gnncompile.compile(model)`` (dynamic=None: the first batch compiles
                            for its exact sizes, the second recompiles with symbolic sizes)
+  gnncompile-aot_eager     ``gnncompile.compile(model, dynamic=True, inner="aot_eager")`` (and
+  gnncompile-inductor      ``inner="inductor"``): the inner compiler forced instead of 'auto'
   inductor                 ``torch.compile(model, dynamic=True)``
 The model is built once (seed 0) and deep-copied per variant (and for an eager reference);
 each variant runs in its own process (``--in-process``, as ``--quick`` is: one process,
@@ -51,7 +53,8 @@ import gnncompile  # noqa: E402  (the installed package; imported before anythin
 import torch  # noqa: E402
 
 F, HIDDEN, LAYERS, C = 32, 64, 3, 2
-VARIANTS = ("eager", "gnncompile", "gnncompile-static-first", "inductor")
+VARIANTS = ("eager", "gnncompile", "gnncompile-static-first", "gnncompile-aot_eager", "gnncompile-inductor",
+            "inductor")
 
 
 # ----------------------------------------------------------------------------- data and model
@@ -109,6 +112,8 @@ def wrap(model, variant: str):
         return gnncompile.compile(model, dynamic=True)
     if variant == "gnncompile-static-first":
         return gnncompile.compile(model, dynamic=None)
+    if variant.startswith("gnncompile-"):
+        return gnncompile.compile(model, dynamic=True, inner=variant.split("-", 1)[1])
     if variant == "inductor":
         return torch.compile(model, dynamic=True)
     raise ValueError(f"unknown variant {variant!r}")

@@ -206,3 +206,18 @@ def test_hoisted_op_refuses_float_roots():
         targets.HOISTED(0, [torch.rand(3)], [], False)
     with pytest.raises(RuntimeError, match="no region"):
         targets.HOISTED(12345, [torch.zeros(2, 3, dtype=torch.long)], [], False)
+
+
+def test_auto_inner_rule_by_graph_size(monkeypatch):
+    """'auto' without a profile or $GNNCOMPILE_INNER: eager below the measured size, inductor
+    at and above it (benchmarks/inner_rule.py); parameters do not count as nodes."""
+    monkeypatch.setattr(_backend, "_ENV_INNER", "")
+    T = _backend.AUTO_INDUCTOR_MIN_SIZE
+    small = [torch.empty(2708, 16), torch.empty(2, 10556, dtype=torch.long), torch.nn.Parameter(torch.empty(T, 1))]
+    assert _backend.graph_size(small) == 2708 + 10556
+    assert _backend.choose_inner(small) == "eager"
+    big = [torch.empty(T // 10, 4), torch.empty(2, T - T // 10, dtype=torch.long)]
+    assert _backend.choose_inner(big) == "inductor"
+    assert _backend.Backend("auto").inner == "auto"
+    monkeypatch.setattr(_backend, "_ENV_INNER", "aot_eager")
+    assert _backend.choose_inner(big) == "aot_eager" and _backend.Backend("auto").inner == "aot_eager"

@@ -45,10 +45,14 @@ DEFAULT_INNER = _ENV_INNER if _ENV_INNER in INNERS else "inductor"
 # 'auto' without a profile and without $GNNCOMPILE_INNER: each graph piece gets inductor when its
 # graph is large enough that inductor's faster steps repay its longer compile within a typical
 # training run, else "eager" (the rewritten graph run op by op: fused kernels and hoisted
-# graph-only work, nothing generated, a first call of about a second). Size = nodes + edges of
-# the piece's largest inputs. Measured with benchmarks/inner_rule.py (results/inner_rule.md):
-# the break-even over 200 steps lies between the sizes quoted there.
-AUTO_INDUCTOR_MIN_SIZE = 150_000
+# graph-only work, nothing generated, a first call of about two seconds). Size = nodes + edges
+# of the piece's largest inputs. Measured with benchmarks/inner_rule.py (results/inner_rule.md,
+# inner_rule_sage_gin.md; 2-layer models, F = 128, 2 threads, fresh process and empty compile
+# cache): inductor's extra compile is 10-20 s; over 200 steps it repays that for GraphSAGE, GIN
+# and GAT at 1.1M (100k nodes + 1M edges: 1014 -> 667, 1094 -> 886, 1351 -> 1105 ms per step)
+# and for none of them at 110k or 330k (GCN not even at 1.1M: 596 vs 601 ms). The threshold
+# sits between the two measured sizes.
+AUTO_INDUCTOR_MIN_SIZE = 600_000
 
 
 def graph_size(example_inputs) -> int:

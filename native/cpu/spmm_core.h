@@ -63,6 +63,10 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
           xbase + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * a.F);
       for (int b = 0; b < static_cast<int>(TILE * sizeof(scalar_t)); b += 64)
         __builtin_prefetch(p + b, 0, 0);
+      if (W != WeightMode::None) {  // the edge's weight: read through perm, a random access
+        const int64_t e = static_cast<int64_t>(a.perm[j + kPrefetchDistance]);
+        __builtin_prefetch(a.weight + (W == WeightMode::Head ? e * a.H + h : e), 0, 0);
+      }
     }
     const int64_t src = static_cast<int64_t>(a.col[j]);
     if (!in_range(src, a.num_src)) return Status::BadCol;
