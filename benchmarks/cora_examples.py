@@ -23,8 +23,9 @@ epoch (includes compilation) and median epoch time, the final loss and test accu
 eager process wall / compiled process wall, eager median epoch / compiled median epoch. The
 children run with OMP_NUM_THREADS and torch.set_num_threads = ``--threads`` (on a 2-core machine
 shared with other work, 2 threads can be many times slower than 1: compare runs made with the
-same setting). The inner compiler is gnncompile's default (inductor) unless $GNNCOMPILE_INNER
-says otherwise (recorded). With inductor, dropout inside the compiled graph draws other random
+same setting). The inner compiler is gnncompile's default, 'auto' (recorded): $GNNCOMPILE_INNER when
+set, else the size rule of gnncompile.compiler.backend.choose_inner, which gives Cora (2.7k nodes +
+13k edges with self loops) the "eager" inner. With inductor, dropout inside the compiled graph draws other random
 numbers than eager, so final accuracies differ by the usual run-to-run spread; with aot_eager
 they are identical. ``--examples gcn-uncached`` (not in the default list) runs the GCN script
 with ``--no-cached``: GCNConv(cached=False), the normalisation on every call, which gnncompile's
@@ -225,13 +226,15 @@ def main(argv=None) -> dict:
         msg = f"skipped: the raw Cora files are not in {raw}"
         print(msg)
         return {"skipped": msg}
-    from gnncompile.compiler import DEFAULT_INNER
+    from gnncompile.compiler import backend as _be
 
     load_before = os.getloadavg()
     results = {ex: run_example(ex, opts) for ex in examples}
     payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
                "examples": examples, "epochs": opts.epochs, "repeats": opts.repeats, "threads": opts.threads,
-               "inner": DEFAULT_INNER, "results": results,
+               "inner": (_be._ENV_INNER if _be._ENV_INNER in _be.INNERS else
+                         f"auto (eager below {_be.AUTO_INDUCTOR_MIN_SIZE} nodes + edges, else inductor)"),
+               "results": results,
                "command": " ".join(["python", "benchmarks/cora_examples.py"]
                                    + list(sys.argv[1:] if argv is None else argv))}
     _common.write_results(Path(opts.results_dir), opts.out, payload, markdown, plot)

@@ -103,7 +103,7 @@ def measure(name: str, inner: str, x, ei, min_run_time: float) -> dict:
             gm, args, fn = rec.pieces[0]
             r["inner_graph_us"] = _us(lambda: fn(*args), min_run_time)
             r["dynamo_and_wrapper_us"] = r["compiled_us"] - r["inner_graph_us"]
-            calls = [n for n in gm.graph.nodes if n.target is targets.HOISTED]
+            calls = [n for n in gm.graph.nodes if n.target is getattr(targets, "HOISTED", None)]
             if calls:
                 n = calls[0]
                 env = {p: a for p, a in zip([p for p in gm.graph.nodes if p.op == "placeholder"], args)}
