@@ -178,7 +178,8 @@ class Backend:
 
     def __call__(self, gm: GraphModule, example_inputs):
         inner = choose_inner(example_inputs) if self.inner == "auto" else self.inner
-        report = (passes.run(gm, copy_structures=(inner == "inductor"), hoist=True) if self.rewrite
+        report = (passes.run(gm, copy_structures=(inner == "inductor"), hoist=True,
+                             fast_dropout=(inner != "inductor")) if self.rewrite
                   else passes.PassReport())
         report.inner = inner
         STATS["graphs"] += 1

@@ -188,3 +188,17 @@ def _gather_backward(ctx, grad):
 
 
 torch.library.register_autograd("gnncompile::gather", _gather_backward, setup_context=_gather_setup)
+
+
+# dropout: the mask is a function of (seed, index), so the gradient is the same op on it
+def _dropout_setup(ctx, inputs, output):
+    ctx.p = inputs[1]
+    ctx.save_for_backward(inputs[2])
+
+
+def _dropout_backward(ctx, grad):
+    (seed,) = ctx.saved_tensors
+    return ops.dropout(grad.contiguous(), ctx.p, seed), None, None
+
+
+torch.library.register_autograd("gnncompile::dropout", _dropout_backward, setup_context=_dropout_setup)

@@ -209,6 +209,46 @@ def fingerprint(index: torch.Tensor) -> torch.Tensor:
     return _fp_mix(total ^ size_key)
 
 
+# ----------------------------------------------------------------------------- dropout
+def _splitmix_int(z: int) -> int:
+    """splitmix64 of a Python int, as uint64 (native/cpu/dropout.cpp)."""
+    z = (z + _FP_POS) & _U64
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & _U64
+    return z ^ (z >> 31)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on int64 words holding uint32 values."""
+    h = h ^ (h >> 16)
+    h = (h * 0x85ebca6b) & _M32
+    h = h ^ (h >> 13)
+    h = (h * 0xc2b2ae35) & _M32
+    return h ^ (h >> 16)
+
+
+def dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
+    """The mask of native/cpu/dropout.cpp, bit for bit: element i is kept when
+    draw(splitmix64(seed), i) >= floor(p * 2^32) (two murmur3 finaliser rounds, there)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"gnncompile.dropout: p must be in [0, 1), got {p}")
+    if seed.numel() != 1 or seed.dtype != torch.long:
+        raise ValueError("gnncompile.dropout: seed must be one int64")
+    key = _splitmix_int(int(seed.reshape(()).item()) & _U64)
+    i = torch.arange(x.numel(), dtype=torch.long, device=x.device)
+    k1 = (key & _M32) ^ (((i >> 32) * 0x9e3779b1) & _M32)
+    k2 = key >> 32
+    r = _fmix32(_fmix32(((i & _M32) * 0x9e3779b1 & _M32) ^ k1) ^ k2)
+    keep = (r >= int(p * 4294967296.0)).reshape(x.shape)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=acc, device=x.device)
+    kept = (x.to(acc) * scale).to(x.dtype)
+    return torch.where(keep, kept, torch.zeros((), dtype=x.dtype, device=x.device)).contiguous()
+
+
 # ----------------------------------------------------------------------------- collation
 def _segment_offsets(sizes: torch.Tensor, idx: torch.Tensor):
     sel = sizes[idx]

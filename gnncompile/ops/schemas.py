@@ -40,6 +40,10 @@ _lib.define("clone_structure(Tensor rowptr, Tensor col, Tensor perm) -> (Tensor,
 # A 64-bit content fingerprint of an index tensor (0-d int64 on its device; native/common/
 # fingerprint.h): the structure cache compares it to notice edits that bypass the version counter.
 _lib.define("fingerprint(Tensor index) -> Tensor")
+# Dropout whose mask is a counter-based function of (seed, element index): x / (1 - p) where
+# kept, 0 elsewhere; its backward is the same op on the gradient (nothing stored). seed: a 0-d
+# int64 tensor (the compiled graph draws it from torch's generator each call).
+_lib.define("dropout(Tensor x, float p, Tensor seed) -> Tensor")
 
 # The pooled loader's collation (gnncompile.data): copies of whole graphs into a batch buffer.
 _lib.define("collate_rows(Tensor values, Tensor starts, Tensor sizes, Tensor idx, Tensor(a!) out, "
@@ -60,7 +64,7 @@ _lib.define("neighbor_sample(Tensor colptr, Tensor row, Tensor seeds, int[] num_
 from . import _native  # noqa: E402,F401  (must come after the schemas are defined)
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
-              "segment_ids", "clone_structure", "fingerprint", "neighbor_sample"):
+              "segment_ids", "clone_structure", "fingerprint", "neighbor_sample", "dropout"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
@@ -97,6 +101,11 @@ def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t
 @torch.library.register_fake("gnncompile::clone_structure")
 def _clone_structure_fake(rowptr, col, perm):
     return torch.empty_like(rowptr), torch.empty_like(col), torch.empty_like(perm)
+
+
+@torch.library.register_fake("gnncompile::dropout")
+def _dropout_fake(x, p, seed):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("gnncompile::fingerprint")

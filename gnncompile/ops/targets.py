@@ -18,6 +18,7 @@ PAIR_CSR = ops.pair_csr.default
 PAIR_CSC = ops.pair_csc.default
 CSR_DEGREE = ops.csr_degree.default
 HOISTED = ops.hoisted.default
+DROPOUT = ops.dropout.default
 
 __all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
-           "PAIR_CSC", "CSR_DEGREE", "HOISTED"]
+           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT"]

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 from torch.fx import GraphModule
 
 from .canonical import drop_identity_dropout
+from .canonical import fast_dropout as fast_dropout_pass
 from .hoist import hoist as hoist_pass
 from .match import match
 from .plan import plan
@@ -28,17 +29,20 @@ from .rewrite import node_order, rewrite
 
 
 def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Callable] = None,
-        hoist: bool = False) -> PassReport:
+        hoist: bool = False, fast_dropout: bool = False) -> PassReport:
     """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
 
     ``copy_structures``: the cached graph structure is handed out as copies (for inner
     compilers that recycle buffers). ``knobs_for(device)``: the kernel knobs baked into the
     fused calls (default :func:`gnncompile.ops.get_knobs`). ``hoist``: run :func:`.hoist.hoist`
-    (compiled graphs do; export does not, its graphs must hold standard ops)."""
+    (compiled graphs do; export does not, its graphs must hold standard ops). ``fast_dropout``:
+    :func:`.canonical.fast_dropout` (compiled graphs whose inner compiler is not inductor)."""
     graph = gm.graph
     drop_identity_dropout(graph)
+    dropouts = fast_dropout_pass(graph) if fast_dropout else 0
     order = node_order(graph)
     report = rewrite(graph, plan(match(graph, order), order), order, copy_structures, knobs_for)
+    report.dropouts = dropouts
     if hoist:
         h = hoist_pass(gm, copy=copy_structures)
         report.hoisted, report.hoisted_nodes = h.regions, h.nodes

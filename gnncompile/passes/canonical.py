@@ -175,3 +175,34 @@ def drop_identity_dropout(graph) -> int:
             graph.erase_node(n)
             removed += 1
     return removed
+
+
+def fast_dropout(graph) -> int:
+    """Replaces ``F.dropout(x, p, training=True)`` on CPU float tensors (``p`` a literal in
+    (0, 1), not in place) with ``gnncompile::dropout``: one parallel counter-based pass whose
+    backward recomputes the mask, where torch's kernel draws from one sequential generator.
+    The seed is drawn from torch's default generator in the graph (``torch.manual_seed`` makes
+    runs repeat; the masks differ from eager's, as with any compiler's dropout). Returns how
+    many were replaced. For inner compilers that generate their own (inductor) it is not run."""
+    from ..ops import targets
+    from ..ops.checks import FLOAT_DTYPES
+
+    done = 0
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n.target is not torch.nn.functional.dropout or not n.args:
+            continue
+        x = n.args[0]
+        p = argument(n, 1, "p", 0.5)
+        training = argument(n, 2, "training", True)
+        inplace = argument(n, 3, "inplace", False)
+        xv = fake_tensor(x)
+        if (not isinstance(p, float) or not 0.0 < p < 1.0 or training is not True or inplace is not False
+                or xv is None or xv.device.type != "cpu" or xv.dtype not in FLOAT_DTYPES):
+            continue
+        with graph.inserting_before(n):
+            seed = graph.call_function(torch.randint, (0, 1 << 62, ()), {"dtype": torch.int64})
+            out = graph.call_function(targets.DROPOUT, (x, p, seed))
+        n.replace_all_uses_with(out)
+        graph.erase_node(n)
+        done += 1
+    return done

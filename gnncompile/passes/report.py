@@ -52,6 +52,7 @@ class PassReport(Fusions):
     hoisted: int = 0  # graph-invariant regions moved into gnncompile::hoisted
     hoisted_nodes: int = 0  # the nodes they hold
     inner: str = ""  # the inner compiler the backend handed the piece to
+    dropouts: int = 0  # F.dropout calls replaced by gnncompile::dropout
     # id(parameter) -> its path below the root of the compiled frame ('lin_l.weight'); filled
     # only while explain() collects reports, to place a frame rooted at a submodule
     frame_params: Dict[int, str] = field(default_factory=dict)

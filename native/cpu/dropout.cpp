@@ -1,0 +1,75 @@
+// gnncompile::dropout on the CPU: out[i] = x[i] / (1 - p) where a counter-based random number
+// of (seed, i) keeps element i, else 0. The mask is a function of (seed, i) alone, so the
+// backward is the same op on the gradient with the same seed (nothing stored), and the result
+// does not depend on the number of threads. One parallel pass, where torch's bernoulli_ draws
+// from one sequential generator (the cost of dropout on wide inputs: Cora's 2708 x 1433
+// features, benchmarks/cora_examples.py). The Python reference (ops/reference.py) gives the
+// same mask bit for bit.
+#include <torch/library.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "glue.h"
+
+namespace gnncompile {
+namespace cpu {
+namespace {
+
+constexpr int64_t kDropoutGrain = 1 << 15;
+
+inline uint64_t splitmix64(uint64_t z) {  // z + golden ratio, then the splitmix64 finaliser
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+inline uint32_t fmix32(uint32_t h) {  // murmur3's finaliser: 32-bit lanes, so the loop vectorises
+  h ^= h >> 16;
+  h *= 0x85ebca6bU;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35U;
+  return h ^ (h >> 16);
+}
+
+// 32 random bits of element i: two finaliser rounds keyed by the 64-bit mixed seed; the high
+// half of i joins the first key, so tensors of more than 2^32 elements do not repeat.
+inline uint32_t draw(uint64_t key, uint64_t i) {
+  const uint32_t k1 = static_cast<uint32_t>(key) ^ (static_cast<uint32_t>(i >> 32) * 0x9e3779b1U);
+  const uint32_t k2 = static_cast<uint32_t>(key >> 32);
+  return fmix32(fmix32(static_cast<uint32_t>(i) * 0x9e3779b1U ^ k1) ^ k2);
+}
+
+at::Tensor dropout_cpu(const at::Tensor& x_in, double p, const at::Tensor& seed) {
+  const char* op = "gnncompile.dropout";
+  check_cpu(x_in, op, "x");
+  TORCH_CHECK_VALUE(p >= 0.0 && p < 1.0, op, ": p must be in [0, 1), got ", p);
+  TORCH_CHECK_VALUE(seed.numel() == 1 && seed.scalar_type() == at::kLong && seed.device().is_cpu(), op,
+                    ": seed must be one int64 on the CPU");
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const uint64_t base = splitmix64(static_cast<uint64_t>(seed.item<int64_t>()));
+  const uint64_t threshold = static_cast<uint64_t>(p * 4294967296.0);  // keep iff draw() >= it
+  const int64_t n = x.numel();
+  GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const acc_t scale = static_cast<acc_t>(1.0 / (1.0 - p));
+    const scalar_t* xv = x.const_data_ptr<scalar_t>();
+    scalar_t* ov = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n, kDropoutGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const bool keep = static_cast<uint64_t>(draw(base, static_cast<uint64_t>(i))) >= threshold;
+        ov[i] = keep ? static_cast<scalar_t>(static_cast<acc_t>(xv[i]) * scale) : static_cast<scalar_t>(0);
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(gnncompile, CPU, m) { m.impl("dropout", &dropout_cpu); }
+
+}  // namespace cpu
+}  // namespace gnncompile
