@@ -200,17 +200,20 @@ def test_module_behaves_like_model():
     assert c.convs is model.convs  # attribute access reaches the model
 
 
-def test_dropout_rng_matches_eager():
-    """GAT with attention dropout: the rewrite drops no random op, so the same seed gives the
-    same masks compiled and eager."""
+def test_dropout_rng_repeats_under_manual_seed():
+    """GAT with attention dropout: no random op is dropped, the compiled dropout
+    (gnncompile::dropout, its own counter-based masks, as any compiler's) repeats under
+    torch.manual_seed and draws new masks each call; without dropout (eval) it equals eager."""
     torch.manual_seed(0)
     model = models.GAT(F, 16, 2, 5, heads=2, dropout=0.3)
     c = gnncompile.compile(model, inner="eager")
     torch.manual_seed(5)
     a = c(X, EI)
     torch.manual_seed(5)
-    b = model(X, EI)
-    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(c(X, EI), a)
+    assert not torch.equal(c(X, EI), a)
+    model.eval()
+    torch.testing.assert_close(c(X, EI), model(X, EI))
 
 
 # ----------------------------------------------------------------------------- user layers

@@ -38,9 +38,10 @@ def test_cora_examples_tiny(tmp_path):
     for v in ("compiled", "compiled-warm"):
         assert res[v]["wall_ratio"] > 0 and res[v]["epoch_ratio"] > 0
     assert res["compiled"]["cache_bytes"] >= 0
-    if p["inner"] != "inductor":  # same dropout masks as eager (inductor draws its own)
-        for v in ("compiled", "compiled-warm"):
-            assert res[v]["final_loss"] == pytest.approx(res["eager"]["final_loss"], rel=1e-4)
+    # compiled runs draw their own dropout masks (gnncompile::dropout, or inductor's), the
+    # same in both processes (torch.manual_seed(0)); eager's differ, so its loss is close only
+    assert res["compiled-warm"]["final_loss"] == pytest.approx(res["compiled"]["final_loss"], rel=1e-4)
+    assert abs(res["compiled"]["final_loss"] - res["eager"]["final_loss"]) < 0.3
 
 
 def test_cora_examples_skips_without_data(tmp_path, capsys):
