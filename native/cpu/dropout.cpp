@@ -7,6 +7,7 @@
 // same mask bit for bit.
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -34,11 +35,17 @@ inline uint32_t fmix32(uint32_t h) {  // murmur3's finaliser: 32-bit lanes, so t
 }
 
 // 32 random bits of element i: two finaliser rounds keyed by the 64-bit mixed seed; the high
-// half of i joins the first key, so tensors of more than 2^32 elements do not repeat.
-inline uint32_t draw(uint64_t key, uint64_t i) {
-  const uint32_t k1 = static_cast<uint32_t>(key) ^ (static_cast<uint32_t>(i >> 32) * 0x9e3779b1U);
+// half of i joins the first key, so tensors of more than 2^32 elements do not repeat. Drawn a
+// block at a time (blocks never cross a multiple of 2^32, so k1 is fixed per block), in a loop
+// of plain uint32 arithmetic that the compiler vectorises.
+constexpr int64_t kBlock = 1024;
+
+inline void draw_block(uint64_t key, int64_t b0, int64_t len, uint32_t* r) {
+  const uint32_t k1 = static_cast<uint32_t>(key) ^ (static_cast<uint32_t>(static_cast<uint64_t>(b0) >> 32) * 0x9e3779b1U);
   const uint32_t k2 = static_cast<uint32_t>(key >> 32);
-  return fmix32(fmix32(static_cast<uint32_t>(i) * 0x9e3779b1U ^ k1) ^ k2);
+  const uint32_t lo0 = static_cast<uint32_t>(b0);
+  for (int64_t k = 0; k < len; ++k)
+    r[k] = fmix32(fmix32((lo0 + static_cast<uint32_t>(k)) * 0x9e3779b1U ^ k1) ^ k2);
 }
 
 at::Tensor dropout_cpu(const at::Tensor& x_in, double p, const at::Tensor& seed) {
@@ -50,17 +57,24 @@ at::Tensor dropout_cpu(const at::Tensor& x_in, double p, const at::Tensor& seed)
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
   const uint64_t base = splitmix64(static_cast<uint64_t>(seed.item<int64_t>()));
-  const uint64_t threshold = static_cast<uint64_t>(p * 4294967296.0);  // keep iff draw() >= it
+  const uint32_t threshold = static_cast<uint32_t>(p * 4294967296.0);  // keep iff the draw >= it (p < 1)
   const int64_t n = x.numel();
   GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
     using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
     const acc_t scale = static_cast<acc_t>(1.0 / (1.0 - p));
     const scalar_t* xv = x.const_data_ptr<scalar_t>();
     scalar_t* ov = out.data_ptr<scalar_t>();
-    at::parallel_for(0, n, kDropoutGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const bool keep = static_cast<uint64_t>(draw(base, static_cast<uint64_t>(i))) >= threshold;
-        ov[i] = keep ? static_cast<scalar_t>(static_cast<acc_t>(xv[i]) * scale) : static_cast<scalar_t>(0);
+    // tasks start on block boundaries, so every block is whole but the last
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    at::parallel_for(0, blocks, std::max<int64_t>(1, kDropoutGrain / kBlock), [&](int64_t bb, int64_t be) {
+      uint32_t r[kBlock];
+      for (int64_t b = bb; b < be; ++b) {
+        const int64_t b0 = b * kBlock, len = std::min<int64_t>(kBlock, n - b0);
+        draw_block(base, b0, len, r);
+        const scalar_t* xb = xv + b0;
+        scalar_t* ob = ov + b0;
+        for (int64_t k = 0; k < len; ++k)
+          ob[k] = r[k] >= threshold ? static_cast<scalar_t>(static_cast<acc_t>(xb[k]) * scale) : static_cast<scalar_t>(0);
       }
     });
   });
