@@ -22,6 +22,7 @@ graph (integer index tensors such as ``edge_index``, and sizes) into a region: a
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import weakref
@@ -168,7 +169,7 @@ def _(key, roots, sizes, copy):
     gm = region(int(key))
     ctx = torch.library.get_ctx()
     shape_env = getattr(ctx, "_shape_env", None)
-    guard = shape_env.ignore_fresh_unbacked_symbols() if shape_env is not None else _null()
+    guard = shape_env.ignore_fresh_unbacked_symbols() if shape_env is not None else contextlib.nullcontext()
     with guard:  # the region's own data-dependent sizes are replaced below
         outs = gm(*roots, *sizes)
     fresh: Dict[str, torch.SymInt] = {}
@@ -185,14 +186,6 @@ def _(key, roots, sizes, copy):
                 shape.append(s)
         result.append(o.new_empty(shape))
     return result
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 __all__ = ["hoisted", "register", "region", "hoist_info", "HoistCache", "CACHE", "MAX_RESULTS"]
