@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from . import reference, schemas  # noqa: F401  (schemas first: it defines the ops)
-from . import autograd, loops, structure, targets  # noqa: F401
+from . import autograd, loops, message, program, structure, targets  # noqa: F401
 from .functional import REDUCES, collate_rows, edge_softmax, get_knobs, segment_ids, set_knobs, spmm
 from .structure import cache_info, clear_cache, set_structure_check, structure_check, transpose_structure
 

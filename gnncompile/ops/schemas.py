@@ -45,6 +45,21 @@ _lib.define("fingerprint(Tensor index) -> Tensor")
 # int64 tensor (the compiled graph draws it from torch's generator each call).
 _lib.define("dropout(Tensor x, float p, Tensor seed) -> Tensor")
 
+# Message programs (gnncompile/ops/program.py; the ops in gnncompile/ops/message.py): a per-edge
+# elementwise expression over inputs read per neighbour / destination / edge / not at all
+# (`sides`), reduced over each CSR row in one pass (message_reduce: sum, mean, max, min; `arg`
+# as spmm's), or written per edge in the user's edge order (message_edges, column g summing
+# `width / out_width` features). `csc`: the transposed structure
+# (rowptr_t, col_t, perm_t) for the backward pass, or [] (then built when needed).
+_lib.define(
+    "message_reduce(Tensor rowptr, Tensor col, Tensor perm, Tensor[] inputs, int[] sides, int[] code, "
+    "float[] consts, int width, str reduce, int[] knobs, Tensor[] csc) -> (Tensor out, Tensor arg)"
+)
+_lib.define(
+    "message_edges(Tensor rowptr, Tensor col, Tensor perm, Tensor[] inputs, int[] sides, int[] code, "
+    "float[] consts, int width, int out_width, int[] knobs, Tensor[] csc) -> Tensor"
+)
+
 # The pooled loader's collation (gnncompile.data): copies of whole graphs into a batch buffer.
 _lib.define("collate_rows(Tensor values, Tensor starts, Tensor sizes, Tensor idx, Tensor(a!) out, "
             "Tensor? incs=None) -> ()")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from . import autograd  # noqa: F401  (the ops carry their autograd formulas wherever they go)
 from . import hoisted as _hoisted  # noqa: F401  (defines gnncompile::hoisted)
+from . import message as _message  # noqa: F401  (message programs: reference, fake, autograd)
 from . import structure  # noqa: F401  (defines the structure ops)
 from .schemas import ops
 
@@ -19,6 +20,8 @@ PAIR_CSC = ops.pair_csc.default
 CSR_DEGREE = ops.csr_degree.default
 HOISTED = ops.hoisted.default
 DROPOUT = ops.dropout.default
+MESSAGE_REDUCE = ops.message_reduce.default
+MESSAGE_EDGES = ops.message_edges.default
 
 __all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
-           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT"]
+           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES"]

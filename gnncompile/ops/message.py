@@ -1,0 +1,283 @@
+"""``gnncompile::message_reduce`` and ``gnncompile::message_edges``: message programs
+(:mod:`.program`) run over a CSR structure, with their references, fake kernels and autograd.
+
+The native CPU kernels (native/cpu/message.cpp) interpret the program on register tiles; the
+references here (every other backend) evaluate it with torch ops on gathered ``E x F`` tensors.
+
+Backward, derived from the program (:func:`.program.derivative`), nothing of the forward pass
+stored. With ``G`` the upstream gradient and ``d_k = G * dm/d(input k)``:
+
+* sum / mean: an input read per destination row gets ``message_reduce(CSR, d_k, sum)``; one
+  read per neighbour ``message_reduce(CSC, d_k, sum)`` (the sides swap on the CSC); a per-edge
+  input ``message_edges(CSR, d_k)`` summed to its width; a constant input the total of
+  ``message_reduce(CSR, d_k, sum)``.
+* max / min: ``d_k`` evaluated at the chosen edge of every (row, feature) (``[M, F]`` tensors)
+  and added to the rows it was read from.
+* message_edges (whose gradient is per edge): the same, with ``G`` read per edge.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from . import program as P
+from .reference import _rows
+from .schemas import _lib, ops
+from .structure import transpose_structure
+
+
+# ----------------------------------------------------------------------------- reference
+def _check(rowptr, col, perm, inputs, sides, width: int, op: str) -> None:
+    if len(inputs) == 0 or len(inputs) != len(sides):
+        raise ValueError(f"{op}: {len(inputs)} inputs for {len(sides)} sides (at least one input)")
+    M, E = rowptr.numel() - 1, col.numel()
+    for k, (t, s) in enumerate(zip(inputs, sides)):
+        if t.dim() != 2 or t.shape[1] < 1 or width % t.shape[1]:
+            raise ValueError(f"{op}: input {k} of shape {list(t.shape)} is not [rows, W] with W dividing {width}")
+        if t.dtype != inputs[0].dtype or not t.is_floating_point():
+            raise TypeError(f"{op}: input {k} has dtype {t.dtype}; inputs must share one float dtype")
+        if s == P.EDGE and t.shape[0] != E:
+            raise ValueError(f"{op}: input {k} is read per edge but has {t.shape[0]} rows for {E} edges")
+        if s == P.ROW and t.shape[0] < M:
+            raise ValueError(f"{op}: input {k} is read per destination row but has {t.shape[0]} rows for {M} rows")
+        if s not in (P.COL, P.ROW, P.EDGE, P.CONST):
+            raise ValueError(f"{op}: input {k} has unknown side {s}")
+
+
+def _slot_values(rowptr, col, perm, inputs, sides) -> Tuple[List[torch.Tensor], torch.Tensor]:
+    """Every input read for every CSR slot (``[E, W_k]``; constants ``[1, W_k]``), and the row
+    of every slot."""
+    rows = _rows(rowptr)
+    vals = []
+    for t, s in zip(inputs, sides):
+        if s == P.COL:
+            vals.append(t.index_select(0, col.long()))
+        elif s == P.ROW:
+            vals.append(t.index_select(0, rows))
+        elif s == P.EDGE:
+            vals.append(t.index_select(0, perm.long()))
+        else:
+            vals.append(t[:1])
+    return vals, rows
+
+
+def message_reduce(rowptr, col, perm, inputs, sides, code, consts, width: int, reduce: str,
+                   knobs: Sequence[int] = (), csc: Sequence[torch.Tensor] = ()):
+    _check(rowptr, col, perm, inputs, sides, width, "gnncompile.message_reduce")
+    if reduce not in ("sum", "mean", "max", "min"):
+        raise ValueError(f"gnncompile.message_reduce: unknown reduce {reduce!r}")
+    M, E, F = rowptr.numel() - 1, col.numel(), width
+    vals, rows = _slot_values(rowptr, col, perm, inputs, sides)
+    m = P.evaluate(code, consts, vals, F).expand(E, F)
+    x0 = inputs[0]
+    out = torch.zeros(M, F, dtype=x0.dtype, device=x0.device)
+    empty = torch.empty(0, dtype=torch.long, device=x0.device)
+    if reduce in ("sum", "mean"):
+        out.index_add_(0, rows, m)
+        if reduce == "mean":
+            out = out / (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(out.dtype).view(-1, 1)
+        return out, empty
+    idx = rows.view(-1, 1).expand(E, F)
+    best = out.scatter_reduce(0, idx, m, "amax" if reduce == "max" else "amin", include_self=False)
+    chosen = best.index_select(0, rows)
+    hit = (m == chosen) | (torch.isnan(m) & torch.isnan(chosen))
+    slots = torch.arange(E, device=x0.device).view(-1, 1).expand(E, F)
+    cand = torch.where(hit, slots, torch.full_like(slots, E))
+    arg = torch.full((M, F), E, dtype=torch.long, device=x0.device).scatter_reduce(0, idx, cand, "amin")
+    has = (rowptr[1:] > rowptr[:-1]).view(-1, 1)
+    return torch.where(has, best, torch.zeros_like(best)), torch.where(has, arg, torch.full_like(arg, -1))
+
+
+def message_edges(rowptr, col, perm, inputs, sides, code, consts, width: int, out_width: int,
+                  knobs: Sequence[int] = (), csc: Sequence[torch.Tensor] = ()):
+    _check(rowptr, col, perm, inputs, sides, width, "gnncompile.message_edges")
+    if out_width < 1 or width % out_width:
+        raise ValueError(f"gnncompile.message_edges: out_width {out_width} does not divide {width}")
+    E, F = col.numel(), width
+    vals, _ = _slot_values(rowptr, col, perm, inputs, sides)
+    m = P.evaluate(code, consts, vals, F).expand(E, F)
+    if out_width != F:
+        m = m.reshape(E, out_width, F // out_width).sum(-1)
+    out = torch.empty(E, out_width, dtype=inputs[0].dtype, device=inputs[0].device)
+    out[perm.long()] = m
+    return out
+
+
+_lib.impl("message_reduce", message_reduce, "CompositeExplicitAutograd")
+_lib.impl("message_edges", message_edges, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("gnncompile::message_reduce")
+def _message_reduce_fake(rowptr, col, perm, inputs, sides, code, consts, width, reduce, knobs, csc):
+    M = rowptr.shape[0] - 1
+    x = inputs[0]
+    out = x.new_empty((M, width))
+    arg = x.new_empty((M, width) if reduce in ("max", "min") else (0,), dtype=torch.long)
+    return out, arg
+
+
+@torch.library.register_fake("gnncompile::message_edges")
+def _message_edges_fake(rowptr, col, perm, inputs, sides, code, consts, width, out_width, knobs, csc):
+    return inputs[0].new_empty((col.shape[0], out_width))
+
+
+# ----------------------------------------------------------------------------- autograd
+_SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST}
+
+
+def _group(t: torch.Tensor, W: int) -> torch.Tensor:
+    """[R, F] -> [R, W]: the sum of each run of F / W columns (input k read at f // (F / W))."""
+    F = t.shape[1]
+    return t if W == F else t.reshape(t.shape[0], W, F // W).sum(-1)
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    if t.shape[0] == rows:
+        return t
+    return torch.cat([t, t.new_zeros((rows - t.shape[0],) + tuple(t.shape[1:]))])
+
+
+def _derivative(code, consts, k: int, n: int):
+    dcode, dconsts = P.derivative(tuple(int(c) for c in code), tuple(float(c) for c in consts), k, n)
+    if P.OPS[dcode[0]][0] == "const" and len(dcode) == P.INSTR and dconsts[dcode[2]] == 0.0:
+        return None  # the message does not depend on input k
+    return list(dcode), list(dconsts)
+
+
+def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs) -> List[Optional[torch.Tensor]]:
+    """Gradients of every input of a sum-like program (``message_reduce`` sum / mean, or
+    ``message_edges``) given ``g``, the upstream gradient read on side ``g_side``."""
+    rowptr, col, perm = csr
+    n = len(inputs)
+    ins, sides_g = list(inputs) + [g], list(sides) + [g_side]
+    out: List[Optional[torch.Tensor]] = []
+    for k, t in enumerate(inputs):
+        d = _derivative(code, consts, k, n) if need[k] else None
+        if d is None:
+            out.append(torch.zeros_like(t) if need[k] else None)
+            continue
+        dcode, dconsts = d
+        W, side = t.shape[1], sides[k]
+        if side == P.ROW:
+            r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [])[0]
+            out.append(_pad_rows(_group(r, W), t.shape[0]))
+        elif side == P.COL:
+            if not csc:
+                csc = transpose_structure(rowptr, col, perm, t.shape[0])
+            swapped = [_SWAP[s] for s in sides_g]
+            r = ops.message_reduce(*csc, ins, swapped, dcode, dconsts, F, "sum", knobs, [])[0]
+            out.append(_group(r, W))
+        elif side == P.EDGE:
+            out.append(ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, knobs, list(csc or [])))
+        else:
+            r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [])[0]
+            out.append(_pad_rows(_group(r.sum(0, keepdim=True), W), t.shape[0]))
+    return out
+
+
+def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad) -> List[Optional[torch.Tensor]]:
+    """max / min: d_k at the chosen edge of every (row, feature), added where input k was read."""
+    rowptr, col, perm = csr
+    M = arg.shape[0]
+    valid = arg >= 0
+    slot = arg.clamp(min=0)
+    f = torch.arange(F, device=arg.device).view(1, F)
+    g = torch.where(valid, grad, torch.zeros_like(grad))
+    if col.numel() == 0:
+        return [torch.zeros_like(t) if need[k] else None for k, t in enumerate(inputs)]
+    flat = []
+    for t, s in zip(inputs, sides):
+        if s == P.COL:
+            r = col.long()[slot]
+        elif s == P.ROW:
+            r = torch.arange(M, device=arg.device).view(M, 1).expand(M, F)
+        elif s == P.EDGE:
+            r = perm.long()[slot]
+        else:
+            r = torch.zeros_like(slot)
+        W = t.shape[1]
+        flat.append(r * W + torch.div(f, F // W, rounding_mode="floor"))
+    vals = [t.reshape(-1)[i] for t, i in zip(inputs, flat)]
+    n = len(inputs)
+    out: List[Optional[torch.Tensor]] = []
+    for k, t in enumerate(inputs):
+        d = _derivative(code, consts, k, n) if need[k] else None
+        if d is None:
+            out.append(torch.zeros_like(t) if need[k] else None)
+            continue
+        dk = P.evaluate(d[0], d[1], vals + [g], F).expand(M, F)
+        dk = torch.where(valid, dk, torch.zeros_like(dk))
+        gk = torch.zeros(t.numel(), dtype=t.dtype, device=t.device)
+        gk.index_put_((flat[k].reshape(-1),), dk.reshape(-1), accumulate=True)
+        out.append(gk.reshape(t.shape))
+    return out
+
+
+def _backward_return(n_csc: int, grads) -> tuple:
+    """The backward's return in the structure torch.library flattens the arguments to:
+    ``grads`` for the inputs, a list for the csc tensor list, ``[]`` for an empty int or float
+    list (it cannot tell one from an empty tensor list), None for everything else."""
+    return (None, None, None, grads, None, None, None, None, None, None, [None] * n_csc)
+
+
+def _reduce_setup(ctx, inputs, output):
+    rowptr, col, perm, ins, sides, code, consts, width, reduce, knobs, csc = inputs
+    ctx.meta = (list(sides), list(code), list(consts), width, reduce, list(knobs), len(ins), len(csc))
+    ctx.empty = (len(consts) == 0, len(knobs) == 0)
+    ctx.need = [t.requires_grad for t in ins]
+    ctx.save_for_backward(rowptr, col, perm, output[1], *csc, *ins)
+
+
+def _fix_empty(ret: tuple, ctx) -> tuple:
+    ret = list(ret)
+    if ctx.empty[0]:
+        ret[6] = []
+    if ctx.empty[1]:
+        ret[9] = []
+    return tuple(ret)
+
+
+def _reduce_backward(ctx, grad_out, grad_arg):
+    sides, code, consts, F, reduce, knobs, n, n_csc = ctx.meta
+    saved = ctx.saved_tensors
+    rowptr, col, perm, arg = saved[:4]
+    csc = list(saved[4:4 + n_csc])
+    ins = list(saved[4 + n_csc:4 + n_csc + n])
+    csr = (rowptr, col, perm)
+    g = grad_out.contiguous()
+    if reduce in ("sum", "mean"):
+        if reduce == "mean":
+            g = g / (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(g.dtype).view(-1, 1)
+        grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, g, P.ROW, knobs)
+    else:
+        grads = _arg_grads(csr, ins, sides, code, consts, F, ctx.need, arg, g)
+    return _fix_empty(_backward_return(n_csc, grads), ctx)
+
+
+torch.library.register_autograd("gnncompile::message_reduce", _reduce_backward, setup_context=_reduce_setup)
+
+
+def _edges_setup(ctx, inputs, output):
+    rowptr, col, perm, ins, sides, code, consts, width, out_width, knobs, csc = inputs
+    ctx.meta = (list(sides), list(code), list(consts), width, list(knobs), len(ins), len(csc))
+    ctx.empty = (len(consts) == 0, len(knobs) == 0)
+    ctx.need = [t.requires_grad for t in ins]
+    ctx.save_for_backward(rowptr, col, perm, *csc, *ins)
+
+
+def _edges_backward(ctx, grad):
+    sides, code, consts, F, knobs, n, n_csc = ctx.meta
+    saved = ctx.saved_tensors
+    rowptr, col, perm = saved[:3]
+    csc = list(saved[3:3 + n_csc])
+    ins = list(saved[3 + n_csc:3 + n_csc + n])
+    grads = _segment_grads((rowptr, col, perm), csc, ins, sides, code, consts, F, ctx.need,
+                           grad.contiguous(), P.EDGE, knobs)
+    return _fix_empty(_backward_return(n_csc, grads), ctx)
+
+
+torch.library.register_autograd("gnncompile::message_edges", _edges_backward, setup_context=_edges_setup)
+
+
+__all__ = ["message_reduce", "message_edges"]

@@ -1,0 +1,375 @@
+"""Message programs: a per-edge elementwise expression, encoded for one interpreter kernel.
+
+A message program computes one value per edge and feature ``f`` of a message of width ``F``
+(the message's features flattened) from its *inputs*, each a 2-D tensor ``[rows, W]`` read at
+column ``f // (F // W)``:
+
+=========  ======  ===================================================================
+side       code    the row read for the edge ``e = perm[j]`` in CSR slot ``j`` of row ``r``
+=========  ======  ===================================================================
+``col``    0       ``col[j]`` (the neighbour: PyG's ``x_j``)
+``row``    1       ``r`` (the node being aggregated into: PyG's ``x_i``)
+``edge``   2       ``e`` (a per-edge tensor in the user's edge order)
+``const``  3       row 0 (a tensor that does not depend on the edge: a parameter)
+=========  ======  ===================================================================
+
+``W`` is ``F`` (one value per feature), ``1`` (one per edge) or any divisor of ``F`` (one per
+head: ``[E, H, 1]`` against ``[E, H, C]`` messages).
+
+Expressions are hash-consed tuples ``(op, children, params)``; equal sub-expressions are the
+same tuple, so the encoding computes each once. The encoding is a flat ``int`` list of
+5-int instructions ``(opcode, dst, a, b, c)`` over register tiles (slots) plus a ``float``
+list of constants; the result is the last instruction's ``dst``. The kernels
+(native/cpu/message_core.h) and the torch evaluator here (:func:`evaluate`) run the same code.
+
+Backward programs are derived from the same code (:func:`derivative`): the gradient with
+respect to input ``k`` is the program ``G * dm/d(input k)`` with the upstream gradient ``G``
+as one more input; nothing of the forward pass is stored.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+COL, ROW, EDGE, CONST = 0, 1, 2, 3
+SIDES = {"col": COL, "row": ROW, "edge": EDGE, "const": CONST}
+
+# opcode -> (name, number of slot operands, number of float params)
+OPS: Dict[int, Tuple[str, int, int]] = {
+    0: ("in", 0, 0), 1: ("const", 0, 1),
+    2: ("add", 2, 0), 3: ("sub", 2, 0), 4: ("mul", 2, 0), 5: ("div", 2, 0), 6: ("neg", 1, 0),
+    7: ("relu", 1, 0), 8: ("leaky_relu", 1, 1), 9: ("elu", 1, 1), 10: ("gelu", 1, 0),
+    11: ("sigmoid", 1, 0), 12: ("tanh", 1, 0), 13: ("softplus", 1, 2), 14: ("exp", 1, 0),
+    15: ("log", 1, 0), 16: ("clamp", 1, 2), 17: ("pow", 2, 0), 18: ("sqrt", 1, 0),
+    # derivative helpers (never matched from a graph)
+    19: ("step", 1, 0), 20: ("leaky_relu_grad", 1, 1), 21: ("elu_grad", 1, 1), 22: ("gelu_grad", 1, 0),
+    23: ("softplus_grad", 1, 2), 24: ("clamp_grad", 1, 2), 25: ("pow_exp_grad", 2, 0),
+    26: ("abs", 1, 0), 27: ("sign", 1, 0),
+}
+OPCODE = {name: code for code, (name, _, _) in OPS.items()}
+MAX_SLOTS = 32
+INSTR = 5
+
+Expr = tuple  # (op, children, params)
+
+
+# ----------------------------------------------------------------------------- construction
+def inp(k: int) -> Expr:
+    return ("in", (), (k,))
+
+
+def const(v: float) -> Expr:
+    return ("const", (), (float(v),))
+
+
+def _is_const(e: Expr, v=None) -> bool:
+    return e[0] == "const" and (v is None or e[2][0] == v)
+
+
+def node(op: str, *children: Expr, params: Sequence[float] = ()) -> Expr:
+    """``op`` applied to ``children``, folding the identities that derivatives produce."""
+    params = tuple(float(p) for p in params)
+    if op == "add":
+        a, b = children
+        if _is_const(a, 0.0):
+            return b
+        if _is_const(b, 0.0):
+            return a
+    elif op == "sub":
+        a, b = children
+        if _is_const(b, 0.0):
+            return a
+        if _is_const(a, 0.0):
+            return node("neg", b)
+    elif op == "mul":
+        a, b = children
+        if _is_const(a, 0.0) or _is_const(b, 0.0):
+            return const(0.0)
+        if _is_const(a, 1.0):
+            return b
+        if _is_const(b, 1.0):
+            return a
+    elif op == "div":
+        a, b = children
+        if _is_const(b, 1.0):
+            return a
+        if _is_const(a, 0.0):
+            return const(0.0)
+    elif op == "neg":
+        (a,) = children
+        if a[0] == "neg":
+            return a[1][0]
+        if _is_const(a):
+            return const(-a[2][0])
+    if children and all(_is_const(c) for c in children) and op in _FOLD:
+        return const(_FOLD[op](*(c[2][0] for c in children)))
+    return (op, tuple(children), params)
+
+
+_FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
+
+
+def inputs_of(e: Expr) -> List[int]:
+    seen, out = set(), set()
+
+    def walk(x):
+        if x in seen:
+            return
+        seen.add(x)
+        if x[0] == "in":
+            out.add(x[2][0])
+        for c in x[1]:
+            walk(c)
+    walk(e)
+    return sorted(out)
+
+
+# ----------------------------------------------------------------------------- encoding
+def _topo(root: Expr) -> List[Expr]:
+    order, seen = [], set()
+    stack = [(root, False)]
+    while stack:
+        x, done = stack.pop()
+        if done:
+            order.append(x)
+            continue
+        if x in seen:
+            continue
+        seen.add(x)
+        stack.append((x, True))
+        for c in reversed(x[1]):
+            if c not in seen:
+                stack.append((c, False))
+    return order
+
+
+def encode(root: Expr) -> Tuple[List[int], List[float]]:
+    """(code, consts) of ``root``; slots are reused once their last reader has run."""
+    order = _topo(root)
+    last_use = {}
+    for i, x in enumerate(order):
+        for c in x[1]:
+            last_use[c] = i
+    last_use[root] = len(order)
+    free: List[int] = []
+    slot: Dict[Expr, int] = {}
+    n_slots = 0
+    code: List[int] = []
+    consts: List[float] = []
+    cidx: Dict[float, int] = {}
+
+    def c_index(v: float) -> int:
+        key = ("nan",) if math.isnan(v) else v
+        if key not in cidx:
+            cidx[key] = len(consts)
+            consts.append(v)
+        return cidx[key]
+
+    for i, x in enumerate(order):
+        op, children, params = x
+        operands = [slot[c] for c in children]
+        for c in set(children):  # operands whose last reader this is free their slot
+            if last_use[c] == i:
+                free.append(slot[c])
+        if free:
+            dst = free.pop()
+        else:
+            dst = n_slots
+            n_slots += 1
+        if n_slots > MAX_SLOTS:
+            raise ValueError(f"message program needs more than {MAX_SLOTS} registers")
+        slot[x] = dst
+        if op == "in":
+            ins = [OPCODE["in"], dst, int(params[0]), 0, 0]
+        elif op == "const":
+            ins = [OPCODE["const"], dst, c_index(params[0]), 0, 0]
+        else:
+            ar = OPS[OPCODE[op]][1]
+            a = operands[0]
+            b = operands[1] if ar == 2 else (c_index(params[0]) if params else 0)
+            c = c_index(params[1]) if (ar == 1 and len(params) > 1) else 0
+            ins = [OPCODE[op], dst, a, b, c]
+        code += ins
+    return code, consts
+
+
+def decode(code: Sequence[int], consts: Sequence[float]) -> Expr:
+    """The expression of an encoded program (the inverse of :func:`encode`)."""
+    if len(code) == 0 or len(code) % INSTR:
+        raise ValueError("message program: code length is not a positive multiple of 5")
+    regs: Dict[int, Expr] = {}
+    out = None
+    for i in range(0, len(code), INSTR):
+        opc, dst, a, b, c = (int(v) for v in code[i:i + INSTR])
+        if opc not in OPS or not 0 <= dst < MAX_SLOTS:
+            raise ValueError(f"message program: bad instruction {list(code[i:i + INSTR])}")
+        name, ar, npar = OPS[opc]
+        if name == "in":
+            out = inp(a)
+        elif name == "const":
+            out = const(consts[a])
+        else:
+            kids = [regs[a]] + ([regs[b]] if ar == 2 else [])
+            params = []
+            if ar == 1 and npar >= 1:
+                params.append(consts[b])
+            if ar == 1 and npar == 2:
+                params.append(consts[c])
+            out = (name, tuple(kids), tuple(float(p) for p in params))
+        regs[dst] = out
+    return out
+
+
+# ----------------------------------------------------------------------------- derivatives
+def _local(x: Expr) -> List[Expr]:
+    """d x / d child, one expression per child of ``x``."""
+    op, ch, p = x
+    one = const(1.0)
+    if op == "add":
+        return [one, one]
+    if op == "sub":
+        return [one, const(-1.0)]
+    if op == "mul":
+        return [ch[1], ch[0]]
+    if op == "div":
+        a, b = ch
+        return [node("div", one, b), node("neg", node("div", x, b))]
+    if op == "neg":
+        return [const(-1.0)]
+    if op == "relu":
+        return [node("step", ch[0])]
+    if op == "leaky_relu":
+        return [node("leaky_relu_grad", ch[0], params=p)]
+    if op == "elu":
+        return [node("elu_grad", ch[0], params=p)]
+    if op == "gelu":
+        return [node("gelu_grad", ch[0])]
+    if op == "sigmoid":
+        return [node("mul", x, node("sub", one, x))]
+    if op == "tanh":
+        return [node("sub", one, node("mul", x, x))]
+    if op == "softplus":
+        return [node("softplus_grad", ch[0], params=p)]
+    if op == "exp":
+        return [x]
+    if op == "log":
+        return [node("div", one, ch[0])]
+    if op == "clamp":
+        return [node("clamp_grad", ch[0], params=p)]
+    if op == "sqrt":
+        return [node("div", const(0.5), x)]
+    if op == "abs":
+        return [node("sign", ch[0])]
+    if op == "pow":
+        a, b = ch
+        if _is_const(b):
+            c = b[2][0]
+            da = const(0.0) if c == 0.0 else node("mul", const(c), node("pow", a, const(c - 1.0)))
+        else:
+            da = node("mul", b, node("pow", a, node("sub", b, one)))
+        return [da, node("pow_exp_grad", a, b)]
+    raise ValueError(f"message program: no derivative for '{op}'")
+
+
+def backward_expr(root: Expr, grad: Expr) -> Dict[int, Expr]:
+    """Reverse mode over the expression DAG: ``{input k: grad * d root / d input k}``."""
+    order = _topo(root)
+    adj: Dict[Expr, Expr] = {root: grad}
+    out: Dict[int, Expr] = {}
+    for x in reversed(order):
+        g = adj.get(x)
+        if g is None:
+            continue
+        if x[0] == "in":
+            k = x[2][0]
+            out[k] = node("add", out[k], g) if k in out else g
+            continue
+        if x[0] == "const":
+            continue
+        for c, d in zip(x[1], _local(x)):
+            term = node("mul", g, d)
+            adj[c] = node("add", adj[c], term) if c in adj else term
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def derivative(code: Tuple[int, ...], consts: Tuple[float, ...], k: int, n_inputs: int
+               ) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
+    """The program ``G * d m / d input k`` of program (code, consts), with ``G`` (the upstream
+    gradient) read as input ``n_inputs``; a program of the constant 0 when m ignores input k."""
+    grads = backward_expr(decode(code, consts), inp(n_inputs))
+    c, cs = encode(grads.get(k, const(0.0)))
+    return tuple(c), tuple(cs)
+
+
+def uses_input(code: Sequence[int], k: int) -> bool:
+    return any(code[i] == OPCODE["in"] and code[i + 2] == k for i in range(0, len(code), INSTR))
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _gelu_grad(a):
+    cdf = 0.5 * (1.0 + torch.erf(a * (1.0 / math.sqrt(2.0))))
+    pdf = torch.exp(-0.5 * a * a) * (1.0 / math.sqrt(2.0 * math.pi))
+    return cdf + a * pdf
+
+
+def _softplus_grad(a, beta, thr):
+    z = torch.exp(a * beta)
+    return torch.where(a * beta > thr, torch.ones_like(a), z / (z + 1.0))
+
+
+def _pow_exp_grad(a, b):
+    r = torch.pow(a, b) * torch.log(a)
+    return torch.where((a == 0) & (b >= 0), torch.zeros_like(r), r)
+
+
+_TORCH = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
+    "relu": torch.relu, "gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "abs": torch.abs, "sign": torch.sign,
+    "pow": torch.pow, "step": lambda a: (a > 0).to(a.dtype), "gelu_grad": _gelu_grad,
+    "pow_exp_grad": _pow_exp_grad,
+    "leaky_relu": lambda a, s: torch.nn.functional.leaky_relu(a, s),
+    "elu": lambda a, al: torch.nn.functional.elu(a, al),
+    "softplus": lambda a, b, t: torch.nn.functional.softplus(a, b, t),
+    "clamp": lambda a, lo, hi: torch.clamp(a, None if lo == -math.inf else lo, None if hi == math.inf else hi),
+    "leaky_relu_grad": lambda a, s: torch.where(a > 0, torch.ones_like(a), torch.full_like(a, s)),
+    "elu_grad": lambda a, al: torch.where(a > 0, torch.ones_like(a), al * torch.exp(a)),
+    "softplus_grad": _softplus_grad,
+    "clamp_grad": lambda a, lo, hi: ((a >= lo) & (a <= hi)).to(a.dtype),
+}
+
+
+def evaluate(code: Sequence[int], consts: Sequence[float], values: Sequence[torch.Tensor], F: int
+             ) -> torch.Tensor:
+    """Runs a program with torch ops on ``values`` (input k: ``[R, W_k]`` or ``[1, W_k]``, read
+    at column ``f // (F // W_k)``); returns ``[R, F]``. The reference of the kernels."""
+    regs: Dict[int, torch.Tensor] = {}
+    like = next((v for v in values if v is not None), None)
+    out = None
+    for i in range(0, len(code), INSTR):
+        opc, dst, a, b, c = (int(v) for v in code[i:i + INSTR])
+        name, ar, npar = OPS[opc]
+        if name == "in":
+            v = values[a]
+            W = v.shape[1]
+            out = v if W == F else v.repeat_interleave(F // W, dim=1)
+        elif name == "const":
+            out = torch.full((1, F), consts[a], dtype=like.dtype, device=like.device)
+        else:
+            args = [regs[a]] + ([regs[b]] if ar == 2 else [])
+            params = []
+            if ar == 1 and npar >= 1:
+                params.append(consts[b])
+            if ar == 1 and npar == 2:
+                params.append(consts[c])
+            out = _TORCH[name](*args, *params)
+        regs[dst] = out
+    return out
+
+
+__all__ = ["COL", "ROW", "EDGE", "CONST", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
+           "encode", "decode", "derivative", "backward_expr", "evaluate", "inputs_of", "uses_input"]

@@ -1,0 +1,247 @@
+// gnncompile::message_reduce and gnncompile::message_edges on the CPU: message programs
+// (gnncompile/ops/program.py) run by the interpreter of message_core.h.
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "glue.h"
+#include "message_core.h"
+
+namespace gnncompile {
+namespace cpu {
+namespace {
+
+// The number of (slot, float-param) operands each opcode reads: program.py's OPS table.
+constexpr int kArity[msg::NumOps] = {0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1,
+                                     1, 1, 1, 1, 1, 1, 2, 1, 1};
+constexpr int kParams[msg::NumOps] = {0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 2, 0, 0, 2, 0, 0,
+                                      0, 1, 1, 0, 2, 2, 0, 0, 0};
+
+struct Program {
+  std::vector<int32_t> code;
+  int64_t n_instr = 0;
+};
+
+// Every instruction checked before a kernel runs: known opcode, slots in range and written
+// before they are read, inputs and constants that exist. A program that fails here would
+// otherwise read uninitialised registers or out of bounds.
+Program check_program(c10::IntArrayRef code, int64_t n_consts, int64_t n_inputs, const char* op) {
+  TORCH_CHECK_VALUE(code.size() > 0 && code.size() % msg::kInstr == 0, op,
+                    ": code must hold whole 5-int instructions (got ", code.size(), " ints)");
+  Program p;
+  p.n_instr = static_cast<int64_t>(code.size()) / msg::kInstr;
+  p.code.resize(code.size());
+  bool written[msg::kMaxSlots] = {false};
+  for (int64_t i = 0; i < p.n_instr; ++i) {
+    const int64_t* ins = code.data() + i * msg::kInstr;
+    const int64_t opc = ins[0], dst = ins[1], a = ins[2], b = ins[3], c = ins[4];
+    TORCH_CHECK_VALUE(opc >= 0 && opc < msg::NumOps, op, ": instruction ", i, " has unknown opcode ", opc);
+    TORCH_CHECK_VALUE(dst >= 0 && dst < msg::kMaxSlots, op, ": instruction ", i, " writes slot ", dst,
+                      " outside [0, ", msg::kMaxSlots, ")");
+    auto slot_ok = [&](int64_t s) { return s >= 0 && s < msg::kMaxSlots && written[s]; };
+    auto const_ok = [&](int64_t k) { return k >= 0 && k < n_consts; };
+    if (opc == msg::In) {
+      TORCH_CHECK_VALUE(a >= 0 && a < n_inputs, op, ": instruction ", i, " reads input ", a, " of ", n_inputs);
+    } else if (opc == msg::Const) {
+      TORCH_CHECK_VALUE(const_ok(a), op, ": instruction ", i, " reads constant ", a, " of ", n_consts);
+    } else {
+      TORCH_CHECK_VALUE(slot_ok(a), op, ": instruction ", i, " reads slot ", a, " before it is written");
+      if (kArity[opc] == 2)
+        TORCH_CHECK_VALUE(slot_ok(b), op, ": instruction ", i, " reads slot ", b, " before it is written");
+      if (kParams[opc] >= 1)
+        TORCH_CHECK_VALUE(const_ok(b), op, ": instruction ", i, " reads constant ", b, " of ", n_consts);
+      if (kParams[opc] == 2)
+        TORCH_CHECK_VALUE(const_ok(c), op, ": instruction ", i, " reads constant ", c, " of ", n_consts);
+    }
+    written[dst] = true;
+    for (int k = 0; k < msg::kInstr; ++k) p.code[i * msg::kInstr + k] = static_cast<int32_t>(ins[k]);
+  }
+  return p;
+}
+
+struct Inputs {
+  std::vector<at::Tensor> tensors;
+  int64_t num_src = 0;
+  bool reads_col = false, reads_perm = false;
+};
+
+Inputs check_inputs(const at::TensorList inputs, c10::IntArrayRef sides, int64_t F, int64_t M, int64_t E,
+                    const char* op) {
+  TORCH_CHECK_VALUE(inputs.size() == sides.size(), op, ": ", inputs.size(), " inputs but ", sides.size(),
+                    " sides");
+  TORCH_CHECK_VALUE(inputs.size() > 0, op, ": a message program needs at least one input");
+  TORCH_CHECK_VALUE(F >= 0, op, ": width must be >= 0");
+  Inputs r;
+  const auto dtype = inputs[0].scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kDouble, op,
+                   ": inputs must be float32 or float64, got ", dtype);
+  r.num_src = -1;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const at::Tensor& t = inputs[k];
+    check_cpu(t, op, "inputs");
+    TORCH_CHECK_TYPE(t.scalar_type() == dtype, op, ": input ", k, " has dtype ", t.scalar_type(),
+                     ", input 0 has ", dtype);
+    TORCH_CHECK_VALUE(t.dim() == 2, op, ": input ", k, " must be 2-D [rows, width], got ", t.dim(), "-D");
+    const int64_t W = t.size(1), rows = t.size(0), side = sides[k];
+    TORCH_CHECK_VALUE(W >= 1 && F % W == 0, op, ": input ", k, " has width ", W,
+                      ", which does not divide the message width ", F);
+    switch (side) {
+      case msg::Col:
+        TORCH_CHECK_VALUE(r.num_src < 0 || rows == r.num_src, op, ": neighbour inputs have ", r.num_src,
+                          " and ", rows, " rows");
+        r.num_src = rows;
+        r.reads_col = true;
+        break;
+      case msg::Row:
+        TORCH_CHECK_VALUE(rows >= M, op, ": input ", k, " is read per destination row but has ", rows,
+                          " rows for ", M, " rows");
+        break;
+      case msg::Edge:
+        TORCH_CHECK_VALUE(rows == E, op, ": input ", k, " is read per edge but has ", rows, " rows for ", E,
+                          " edges");
+        r.reads_perm = true;
+        break;
+      case msg::Global:
+        TORCH_CHECK_VALUE(rows >= 1, op, ": constant input ", k, " has no row");
+        break;
+      default:
+        TORCH_CHECK_VALUE(false, op, ": input ", k, " has unknown side ", side);
+    }
+    r.tensors.push_back(t.contiguous());
+  }
+  if (r.num_src < 0) r.num_src = 0;
+  return r;
+}
+
+template <typename scalar_t, typename acc_t, typename index_t>
+msg::Args<scalar_t, acc_t, index_t> make_args(const at::Tensor& rowptr, const at::Tensor& col,
+                                             const at::Tensor& perm, const Inputs& in,
+                                             std::vector<msg::Input<scalar_t>>& views,
+                                             c10::IntArrayRef sides, const Program& p,
+                                             const std::vector<acc_t>& consts, int64_t F) {
+  for (size_t k = 0; k < in.tensors.size(); ++k) {
+    const at::Tensor& t = in.tensors[k];
+    views.push_back({t.const_data_ptr<scalar_t>(), static_cast<int32_t>(sides[k]), t.size(1), F / t.size(1)});
+  }
+  msg::Args<scalar_t, acc_t, index_t> a;
+  a.rowptr = rowptr.const_data_ptr<index_t>();
+  a.col = col.const_data_ptr<index_t>();
+  a.perm = perm.const_data_ptr<index_t>();
+  a.inputs = views.data();
+  a.code = p.code.data();
+  a.n_instr = p.n_instr;
+  a.consts = consts.data();
+  a.F = F;
+  a.num_src = in.num_src;
+  a.num_edges = col.numel();
+  a.reads_col = in.reads_col;
+  a.reads_perm = in.reads_perm;
+  a.out = nullptr;
+  a.arg = nullptr;
+  a.out_width = F;
+  return a;
+}
+
+// float32 / float64 only (checked by check_inputs): the programs compute in the input dtype.
+#define GNN_DISPATCH_F32_F64(dtype, ...)                                          \
+  [&] {                                                                           \
+    if (dtype == at::kDouble) { using scalar_t = double; return __VA_ARGS__(); } \
+    using scalar_t = float;                                                       \
+    return __VA_ARGS__();                                                         \
+  }()
+
+template <typename scalar_t> struct Tile { static constexpr int value = 64; };
+template <> struct Tile<double> { static constexpr int value = 32; };
+
+std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
+    const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in, at::TensorList inputs,
+    c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts, int64_t F,
+    c10::string_view reduce_s, c10::IntArrayRef knobs, at::TensorList /*csc: backward only*/) {
+  const char* op = "gnncompile.message_reduce";
+  check_structure(rowptr_in, col_in, perm_in, op);
+  check_cpu(rowptr_in, op, "rowptr");
+  check_cpu(col_in, op, "col");
+  check_cpu(perm_in, op, "perm");
+  const Reduce reduce = parse_reduce(reduce_s);
+  const at::Tensor rowptr = rowptr_in.contiguous(), col = col_in.contiguous(), perm = perm_in.contiguous();
+  const int64_t M = rowptr.numel() - 1, E = col.numel();
+  check_rowptr_ends(rowptr, E, op);
+  const Inputs in = check_inputs(inputs, sides, F, M, E, op);
+  const Program p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
+  const bool need_arg = reduce == Reduce::Max || reduce == Reduce::Min;
+  at::Tensor out = at::empty({M, F}, in.tensors[0].options());
+  at::Tensor arg = need_arg ? at::empty({M, F}, in.tensors[0].options().dtype(at::kLong))
+                            : at::empty({0}, in.tensors[0].options().dtype(at::kLong));
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    GNN_DISPATCH_F32_F64(out.scalar_type(), [&] {
+      using acc_t = scalar_t;
+      constexpr int TILE = Tile<scalar_t>::value;
+      std::vector<acc_t> cs(consts.begin(), consts.end());
+      std::vector<msg::Input<scalar_t>> views;
+      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, in, views, sides, p, cs, F);
+      a.out = out.data_ptr<scalar_t>();
+      a.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;
+      st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
+        switch (reduce) {
+          case Reduce::Sum: return msg::reduce_rows<scalar_t, acc_t, index_t, Reduce::Sum, TILE>(a, r0, r1);
+          case Reduce::Mean: return msg::reduce_rows<scalar_t, acc_t, index_t, Reduce::Mean, TILE>(a, r0, r1);
+          case Reduce::Max: return msg::reduce_rows<scalar_t, acc_t, index_t, Reduce::Max, TILE>(a, r0, r1);
+          case Reduce::Min: return msg::reduce_rows<scalar_t, acc_t, index_t, Reduce::Min, TILE>(a, r0, r1);
+        }
+        return Status::Ok;
+      });
+    });
+  });
+  raise_status(st, op, in.num_src, E);
+  return {out, arg};
+}
+
+at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
+                             at::TensorList inputs, c10::IntArrayRef sides, c10::IntArrayRef code,
+                             c10::ArrayRef<double> consts, int64_t F, int64_t out_width, c10::IntArrayRef knobs,
+                             at::TensorList /*csc: backward only*/) {
+  const char* op = "gnncompile.message_edges";
+  check_structure(rowptr_in, col_in, perm_in, op);
+  check_cpu(rowptr_in, op, "rowptr");
+  check_cpu(col_in, op, "col");
+  check_cpu(perm_in, op, "perm");
+  const at::Tensor rowptr = rowptr_in.contiguous(), col = col_in.contiguous(), perm = perm_in.contiguous();
+  const int64_t M = rowptr.numel() - 1, E = col.numel();
+  check_rowptr_ends(rowptr, E, op);
+  const Inputs in = check_inputs(inputs, sides, F, M, E, op);
+  TORCH_CHECK_VALUE(out_width >= 1 && F % out_width == 0, op, ": out_width ", out_width,
+                    " does not divide the message width ", F);
+  const Program p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
+  at::Tensor out = out_width == F ? at::empty({E, out_width}, in.tensors[0].options())
+                                  : at::zeros({E, out_width}, in.tensors[0].options());
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    GNN_DISPATCH_F32_F64(out.scalar_type(), [&] {
+      using acc_t = scalar_t;
+      constexpr int TILE = Tile<scalar_t>::value;
+      std::vector<acc_t> cs(consts.begin(), consts.end());
+      std::vector<msg::Input<scalar_t>> views;
+      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, in, views, sides, p, cs, F);
+      a.out = out.data_ptr<scalar_t>();
+      a.out_width = out_width;
+      a.reads_perm = true;
+      st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
+        return msg::edge_rows<scalar_t, acc_t, index_t, TILE>(a, r0, r1);
+      });
+    });
+  });
+  raise_status(st, op, in.num_src, E);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
+  m.impl("message_reduce", &message_reduce_cpu);
+  m.impl("message_edges", &message_edges_cpu);
+}
+
+}  // namespace cpu
+}  // namespace gnncompile

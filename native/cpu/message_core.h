@@ -1,0 +1,280 @@
+// Message programs on the host (gnncompile/ops/program.py): one interpreter for every per-edge
+// elementwise message. Torch-free.
+//
+// A program is a list of 5-int instructions (opcode, dst, a, b, c) over register tiles
+// ("slots") of TILE accumulators. For each CSR slot j of row r (edge e = perm[j], neighbour
+// col[j]) and each tile of features [f0, f0 + n), the instructions run in order, each a plain
+// loop over the tile that the compiler vectorizes; the last instruction's slot is the message.
+// Input k is a [rows, W_k] tensor read at row col[j] / r / e / 0 (its side) and column
+// f / (F / W_k). Nothing per edge is written to memory except by message_edges, whose output
+// is per edge.
+//
+//  * message_reduce: the messages of a row reduced (sum, mean, max, min) in registers, one
+//    thread per row, in CSR order: deterministic, no atomics. max/min record the CSR slot of
+//    the chosen edge (first one on ties, NaN wins) for the backward pass.
+//  * message_edges: the message of every edge written to out[e] (grouped sums: column g of a
+//    [E, W_out] output sums features [g * F / W_out, (g + 1) * F / W_out)).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "../common/macros.h"
+#include "rows_core.h"
+
+namespace gnncompile {
+namespace cpu {
+namespace msg {
+
+enum Op : int32_t {
+  In = 0, Const = 1, Add = 2, Sub = 3, Mul = 4, Div = 5, Neg = 6, Relu = 7, LeakyRelu = 8,
+  Elu = 9, Gelu = 10, Sigmoid = 11, Tanh = 12, Softplus = 13, Exp = 14, Log = 15, Clamp = 16,
+  Pow = 17, Sqrt = 18, Step = 19, LeakyReluGrad = 20, EluGrad = 21, GeluGrad = 22,
+  SoftplusGrad = 23, ClampGrad = 24, PowExpGrad = 25, Abs = 26, Sign = 27,
+  NumOps = 28,
+};
+enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3 };
+constexpr int kMaxSlots = 32;
+constexpr int kInstr = 5;
+
+template <typename scalar_t>
+struct Input {
+  const scalar_t* data;
+  int32_t side;
+  int64_t width;  // W_k
+  int64_t div;    // F / W_k
+};
+
+template <typename scalar_t, typename acc_t, typename index_t>
+struct Args {
+  const index_t* rowptr;
+  const index_t* col;
+  const index_t* perm;
+  const Input<scalar_t>* inputs;
+  const int32_t* code;  // n_instr * 5
+  int64_t n_instr;
+  const acc_t* consts;
+  int64_t F;
+  int64_t num_src;    // rows of every col-side input (checked against col)
+  int64_t num_edges;  // E (checked against perm)
+  bool reads_col, reads_perm;
+  scalar_t* out;      // reduce: [M, F]; edges: [E, W_out]
+  int64_t* arg;       // reduce max/min: [M, F]
+  int64_t out_width;  // edges: W_out
+};
+
+template <typename acc_t>
+inline acc_t sigmoid(acc_t v) { return acc_t(1) / (acc_t(1) + std::exp(-v)); }
+
+// Runs the program for one edge on one tile; returns the result slot.
+template <typename scalar_t, typename acc_t, typename index_t, int TILE>
+inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TILE], int64_t row,
+                         int64_t src, int64_t e, int64_t f0, int n) {
+  const int32_t* ins = a.code;
+  acc_t* d = nullptr;
+  for (int64_t i = 0; i < a.n_instr; ++i, ins += kInstr) {
+    const int32_t op = ins[0];
+    d = s[ins[1]];
+    const acc_t* x = s[ins[2]];
+    const acc_t* y = s[ins[3]];
+    switch (op) {
+      case In: {
+        const Input<scalar_t>& in = a.inputs[ins[2]];
+        const int64_t r = in.side == Col ? src : in.side == Row ? row : in.side == Edge ? e : 0;
+        const scalar_t* p = in.data + r * in.width;
+        if (in.div == 1) {
+          for (int t = 0; t < n; ++t) d[t] = to_float(p[f0 + t]);
+        } else {
+          for (int t = 0; t < n; ++t) d[t] = to_float(p[(f0 + t) / in.div]);
+        }
+        break;
+      }
+      case Const: { const acc_t c = a.consts[ins[2]]; for (int t = 0; t < n; ++t) d[t] = c; break; }
+      case Add: for (int t = 0; t < n; ++t) d[t] = x[t] + y[t]; break;
+      case Sub: for (int t = 0; t < n; ++t) d[t] = x[t] - y[t]; break;
+      case Mul: for (int t = 0; t < n; ++t) d[t] = x[t] * y[t]; break;
+      case Div: for (int t = 0; t < n; ++t) d[t] = x[t] / y[t]; break;
+      case Neg: for (int t = 0; t < n; ++t) d[t] = -x[t]; break;
+      case Relu: for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? x[t] : (x[t] != x[t] ? x[t] : acc_t(0)); break;
+      case LeakyRelu: {
+        const acc_t sl = a.consts[ins[3]];
+        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? x[t] : x[t] * sl;
+        break;
+      }
+      case Elu: {
+        const acc_t al = a.consts[ins[3]];
+        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? x[t] : al * std::expm1(x[t]);
+        break;
+      }
+      case Gelu:
+        for (int t = 0; t < n; ++t)
+          d[t] = x[t] * acc_t(0.5) * (acc_t(1) + std::erf(x[t] * acc_t(0.70710678118654752440)));
+        break;
+      case Sigmoid: for (int t = 0; t < n; ++t) d[t] = sigmoid(x[t]); break;
+      case Tanh: for (int t = 0; t < n; ++t) d[t] = std::tanh(x[t]); break;
+      case Softplus: {
+        const acc_t beta = a.consts[ins[3]], thr = a.consts[ins[4]];
+        for (int t = 0; t < n; ++t)
+          d[t] = x[t] * beta > thr ? x[t] : std::log1p(std::exp(x[t] * beta)) / beta;
+        break;
+      }
+      case Exp: for (int t = 0; t < n; ++t) d[t] = std::exp(x[t]); break;
+      case Log: for (int t = 0; t < n; ++t) d[t] = std::log(x[t]); break;
+      case Clamp: {
+        const acc_t lo = a.consts[ins[3]], hi = a.consts[ins[4]];
+        for (int t = 0; t < n; ++t) {
+          const acc_t v = x[t] < lo ? lo : x[t];
+          d[t] = x[t] != x[t] ? x[t] : (v > hi ? hi : v);
+        }
+        break;
+      }
+      case Pow: for (int t = 0; t < n; ++t) d[t] = std::pow(x[t], y[t]); break;
+      case Sqrt: for (int t = 0; t < n; ++t) d[t] = std::sqrt(x[t]); break;
+      case Abs: for (int t = 0; t < n; ++t) d[t] = std::abs(x[t]); break;
+      case Sign:
+        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : (x[t] < acc_t(0) ? acc_t(-1) : acc_t(0));
+        break;
+      case Step: for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : acc_t(0); break;
+      case LeakyReluGrad: {
+        const acc_t sl = a.consts[ins[3]];
+        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : sl;
+        break;
+      }
+      case EluGrad: {
+        const acc_t al = a.consts[ins[3]];
+        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : al * std::exp(x[t]);
+        break;
+      }
+      case GeluGrad:
+        for (int t = 0; t < n; ++t) {
+          const acc_t v = x[t];
+          const acc_t cdf = acc_t(0.5) * (acc_t(1) + std::erf(v * acc_t(0.70710678118654752440)));
+          const acc_t pdf = std::exp(acc_t(-0.5) * v * v) * acc_t(0.39894228040143267794);
+          d[t] = cdf + v * pdf;
+        }
+        break;
+      case SoftplusGrad: {
+        const acc_t beta = a.consts[ins[3]], thr = a.consts[ins[4]];
+        for (int t = 0; t < n; ++t) {
+          const acc_t z = std::exp(x[t] * beta);
+          d[t] = x[t] * beta > thr ? acc_t(1) : z / (z + acc_t(1));
+        }
+        break;
+      }
+      case ClampGrad: {
+        const acc_t lo = a.consts[ins[3]], hi = a.consts[ins[4]];
+        for (int t = 0; t < n; ++t) d[t] = (x[t] >= lo && x[t] <= hi) ? acc_t(1) : acc_t(0);
+        break;
+      }
+      case PowExpGrad:
+        for (int t = 0; t < n; ++t)
+          d[t] = (x[t] == acc_t(0) && y[t] >= acc_t(0)) ? acc_t(0) : std::pow(x[t], y[t]) * std::log(x[t]);
+        break;
+      default: break;  // opcodes are validated before any kernel runs
+    }
+  }
+  return d;
+}
+
+// The edge of CSR slot j: its neighbour (checked against num_src) and id (checked against E).
+template <typename scalar_t, typename acc_t, typename index_t>
+inline Status edge_of(const Args<scalar_t, acc_t, index_t>& a, int64_t j, int64_t& src, int64_t& e) {
+  src = 0;
+  e = 0;
+  if (a.reads_col) {
+    src = static_cast<int64_t>(a.col[j]);
+    if (!in_range(src, a.num_src)) return Status::BadCol;
+  }
+  if (a.reads_perm) {
+    e = static_cast<int64_t>(a.perm[j]);
+    if (!in_range(e, a.num_edges)) return Status::BadPerm;
+  }
+  return Status::Ok;
+}
+
+template <typename scalar_t, typename acc_t, typename index_t, Reduce R, int TILE>
+Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int64_t row_end) {
+  constexpr bool kArg = (R == Reduce::Max || R == Reduce::Min);
+  alignas(64) acc_t s[kMaxSlots][TILE];
+  acc_t acc[TILE];
+  int64_t best[kArg ? TILE : 1];
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
+    const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
+    for (int64_t f0 = 0; f0 < a.F; f0 += TILE) {
+      const int n = static_cast<int>(a.F - f0 < TILE ? a.F - f0 : TILE);
+      for (int t = 0; t < n; ++t) {
+        acc[t] = R == Reduce::Max ? -std::numeric_limits<acc_t>::infinity()
+               : R == Reduce::Min ? std::numeric_limits<acc_t>::infinity() : acc_t(0);
+        if (kArg) best[t] = -1;
+      }
+      for (int64_t j = begin; j < end; ++j) {
+        int64_t src, e;
+        const Status st = edge_of(a, j, src, e);
+        if (st != Status::Ok) return st;
+        const acc_t* v = eval<scalar_t, acc_t, index_t, TILE>(a, s, row, src, e, f0, n);
+        if (!kArg) {
+          for (int t = 0; t < n; ++t) acc[t] += v[t];
+        } else {
+          for (int t = 0; t < n; ++t) {
+            const bool take = arg_takes(R == Reduce::Min, v[t], acc[t], best[t] < 0);
+            acc[t] = take ? v[t] : acc[t];
+            best[t] = take ? j : best[t];
+          }
+        }
+      }
+      scalar_t* o = a.out + row * a.F + f0;
+      const int64_t deg = end - begin;
+      if (R == Reduce::Mean) {
+        const acc_t scale = acc_t(1) / static_cast<acc_t>(deg > 0 ? deg : 1);
+        for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t] * scale);
+      } else if (kArg) {
+        int64_t* ar = a.arg + row * a.F + f0;
+        for (int t = 0; t < n; ++t) {
+          o[t] = from_acc<scalar_t>(deg == 0 ? acc_t(0) : acc[t]);
+          ar[t] = deg == 0 ? -1 : best[t];
+        }
+      } else {
+        for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t]);
+      }
+    }
+  }
+  return Status::Ok;
+}
+
+// out (zeroed by the caller when grouped) gets every edge's message, in the user's edge order.
+template <typename scalar_t, typename acc_t, typename index_t, int TILE>
+Status edge_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int64_t row_end) {
+  alignas(64) acc_t s[kMaxSlots][TILE];
+  const int64_t div_o = a.F / a.out_width;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
+    const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
+    for (int64_t j = begin; j < end; ++j) {
+      int64_t src = 0, e = static_cast<int64_t>(a.perm[j]);
+      if (!in_range(e, a.num_edges)) return Status::BadPerm;
+      if (a.reads_col) {
+        src = static_cast<int64_t>(a.col[j]);
+        if (!in_range(src, a.num_src)) return Status::BadCol;
+      }
+      scalar_t* o = a.out + e * a.out_width;
+      for (int64_t f0 = 0; f0 < a.F; f0 += TILE) {
+        const int n = static_cast<int>(a.F - f0 < TILE ? a.F - f0 : TILE);
+        const acc_t* v = eval<scalar_t, acc_t, index_t, TILE>(a, s, row, src, e, f0, n);
+        if (div_o == 1) {
+          for (int t = 0; t < n; ++t) o[f0 + t] = from_acc<scalar_t>(v[t]);
+        } else {
+          for (int t = 0; t < n; ++t) {
+            scalar_t& dst = o[(f0 + t) / div_o];
+            dst = from_acc<scalar_t>(to_float(dst) + v[t]);
+          }
+        }
+      }
+    }
+  }
+  return Status::Ok;
+}
+
+}  // namespace msg
+}  // namespace cpu
+}  // namespace gnncompile
