@@ -117,7 +117,7 @@ def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True):
                     model, aten_graph=False, assume_static_by_default=not dynamic)(*args)
             except Exception as e:
                 raise fail(model, "graph capture (torch._dynamo.export)", e) from e
-            report = passes.run(gm)
+            report = passes.run(gm, programs=False)
             log_fusions(_log, f"export of {type(model).__name__}", report)
             _pure_structures(gm)
             try:

@@ -1,6 +1,7 @@
 """Graph rewrites on the torch-level FX graph that Dynamo captures (before AOTAutograd), one
 module per phase, typed records between them:
 
+0. :mod:`.algebra`: linear maps of gathered rows moved to the nodes (exact rewrites).
 1. :mod:`.canonical`: one name per operation whatever its spelling, sizes as printable keys;
    identity dropout removed.
 2. :mod:`.match`: every scatter explained as a fusable chain (:class:`~.match.Aggregate`,
@@ -19,6 +20,7 @@ from typing import Callable, Optional
 
 from torch.fx import GraphModule
 
+from .algebra import push_linear_to_nodes
 from .canonical import drop_identity_dropout
 from .canonical import fast_dropout as fast_dropout_pass
 from .hoist import hoist as hoist_pass
@@ -29,19 +31,23 @@ from .rewrite import node_order, rewrite
 
 
 def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Callable] = None,
-        hoist: bool = False, fast_dropout: bool = False) -> PassReport:
+        hoist: bool = False, fast_dropout: bool = False, programs: bool = True) -> PassReport:
     """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
 
     ``copy_structures``: the cached graph structure is handed out as copies (for inner
     compilers that recycle buffers). ``knobs_for(device)``: the kernel knobs baked into the
     fused calls (default :func:`gnncompile.ops.get_knobs`). ``hoist``: run :func:`.hoist.hoist`
     (compiled graphs do; export does not, its graphs must hold standard ops). ``fast_dropout``:
-    :func:`.canonical.fast_dropout` (compiled graphs whose inner compiler is not inductor)."""
+    :func:`.canonical.fast_dropout` (compiled graphs whose inner compiler is not inductor).
+    ``programs``: :func:`.algebra.push_linear_to_nodes` and message programs
+    (:mod:`.messages`); export turns them off (its graphs keep the messages as standard ops)."""
     graph = gm.graph
     drop_identity_dropout(graph)
     dropouts = fast_dropout_pass(graph) if fast_dropout else 0
+    moved = push_linear_to_nodes(graph) if programs else 0
     order = node_order(graph)
-    report = rewrite(graph, plan(match(graph, order), order), order, copy_structures, knobs_for)
+    report = rewrite(graph, plan(match(graph, order, programs), order), order, copy_structures, knobs_for)
+    report.linear_moved = moved
     report.dropouts = dropouts
     if hoist:
         h = hoist_pass(gm, copy=copy_structures)

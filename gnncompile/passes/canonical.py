@@ -41,8 +41,10 @@ PURE = {
     "getitem", "view", "reshape", "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze",
     "contiguous", "index_select", "mul", "add", "sub", "div", "exp", "neg", "new_zeros", "zeros",
     "zeros_like", "new_ones", "ones", "ones_like", "new_full", "full", "detach", "clamp",
-    "leaky_relu", "size", "to", "float", "select",
-}
+    "leaky_relu", "size", "to", "float", "select", "relu", "sigmoid", "tanh", "softplus", "elu", "gelu",
+    "log", "sqrt", "abs", "pow", "clamp_min", "clamp_max", "clip", "negative", "rsub", "linear", "cat",
+    "stack", "flatten", "narrow", "t",
+}  # (a node called with inplace=True is never dropped: see rewrite.drop_dead)
 
 SCATTERS = ("scatter_add_", "scatter_add", "scatter_reduce_", "scatter_reduce", "index_add_",
             "index_add")

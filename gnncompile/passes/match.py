@@ -348,8 +348,9 @@ def match_softmax(d: Node, scatters: Dict[Node, Scatter]) -> Optional[Softmax]:
                    internals=(sc_sum.node, sc_max.node))
 
 
-def match(graph, order: Dict[Node, int]) -> Matches:
-    """Every scatter of ``graph`` explained (``order``: the position of every node)."""
+def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
+    """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
+    read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs)."""
     m = Matches()
     scatters: Dict[Node, Scatter] = {}
     for n in graph.nodes:
@@ -372,8 +373,17 @@ def match(graph, order: Dict[Node, int]) -> Matches:
             continue
         try:
             m.aggregates.append(match_aggregate(sc))
-        except NoMatch as e:
-            m.unfused[n] = str(e)
+        except NoMatch as first:
+            if not programs:
+                m.unfused[n] = str(first)
+                continue
+            from .messages import match_program  # a message program: any elementwise message
+
+            try:
+                stops = {sm.anchor for sm in m.softmaxes}  # fused softmaxes are read, not re-derived
+                m.aggregates.append(match_program(sc, IndexRef.of(sc.index), stops))
+            except NoMatch as e:
+                m.unfused[n] = f"message program: {e}"
     return m
 
 

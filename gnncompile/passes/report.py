@@ -11,14 +11,20 @@ from typing import Dict, List
 
 @dataclass
 class Fused:
-    kind: str  # 'spmm' | 'edge_softmax' | 'degree'
+    # 'spmm' | 'edge_softmax' | 'degree' | 'message' (a message program over gathered inputs,
+    # reduced in one pass) | 'segment' (a message computed outside, reduced over the CSR instead of
+    # scattered; not counted as a fused chain) | 'edges' (a per-edge program, message_edges)
+    kind: str
     reduce: str
     layer: str
     weighted: bool = False
     node: str = ""
+    detail: str = ""  # message programs: the operations and the inputs they read
 
     def __str__(self) -> str:
         what = self.kind if self.kind != "spmm" else f"spmm[{self.reduce}{', weighted' if self.weighted else ''}]"
+        if self.kind in ("message", "segment", "edges"):
+            what = f"{self.kind}[{self.reduce}: {self.detail}]"
         return f"{what:<26} in {self.layer}  (at {self.node})"
 
 
@@ -40,8 +46,9 @@ class Fusions:
 
     @property
     def num_fused(self) -> int:
-        """Fused message-passing chains (spmm and edge softmax; degree rewrites not counted)."""
-        return sum(1 for f in self.fused if f.kind != "degree")
+        """Fused message-passing chains (spmm, edge softmax, message programs; degree rewrites and
+        segment reductions of messages computed outside not counted)."""
+        return sum(1 for f in self.fused if f.kind not in ("degree", "segment"))
 
 
 @dataclass
@@ -53,6 +60,7 @@ class PassReport(Fusions):
     hoisted_nodes: int = 0  # the nodes they hold
     inner: str = ""  # the inner compiler the backend handed the piece to
     dropouts: int = 0  # F.dropout calls replaced by gnncompile::dropout
+    linear_moved: int = 0  # linear maps of gathered rows moved to the nodes (passes.algebra)
     # id(parameter) -> its path below the root of the compiled frame ('lin_l.weight'); filled
     # only while explain() collects reports, to place a frame rooted at a submodule
     frame_params: Dict[int, str] = field(default_factory=dict)

@@ -25,7 +25,9 @@ from torch.fx import Node
 from ..ops import targets
 from ..ops.checks import FLOAT_DTYPES
 from .canonical import PURE, fake_tensor, layer_of, opname, size_key
+from ..ops import program as P
 from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
+from .messages import Program
 from .plan import Plan, SharedStructure
 from .report import Fused, PassReport, Unfused
 
@@ -104,11 +106,30 @@ def _fused_spmm(graph, m: Aggregate, b: Built, knobs: List[int]) -> Node:
     return graph.call_function(operator.getitem, (call, 0))
 
 
+def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
+    """``gnncompile::message_reduce`` over the leaves of ``m``, reshaped to the message's shape."""
+    ins = []
+    for lf in m.leaves:
+        shape = (1, lf.width) if lf.side == P.CONST else (-1, lf.width)
+        ins.append(graph.call_method("reshape", (lf.node, shape)))
+    csc: List[Node] = []
+    if m.needs_csc and m.x is not None:
+        csc = list(b.csc.get(size_key(fake_tensor(m.x).shape[0]), ()))
+    call = graph.call_function(targets.MESSAGE_REDUCE, (*b.csr, ins, [lf.side for lf in m.leaves], list(m.code),
+                                                        list(m.consts), m.width, m.reduce, knobs, csc))
+    out = graph.call_function(operator.getitem, (call, 0))
+    return graph.call_method("reshape", (out, (-1, *m.shape)))
+
+
 def _fused(graph, m: Match, b: Built, knobs_for: Callable) -> Tuple[Node, Fused]:
     """The fused replacement of chain ``m``, inserted before its anchor, and its report line."""
     rowptr, _, perm = b.csr
     layer, at = layer_of(m.anchor), m.anchor.name
     with graph.inserting_before(m.anchor):
+        if isinstance(m, Program):
+            knobs = list(knobs_for(fake_tensor(m.leaves[0].node).device))
+            kind = "message" if m.gathers else "segment"
+            return _fused_program(graph, m, b, knobs), Fused(kind, m.reduce, layer, False, at, m.describe())
         if isinstance(m, Aggregate):
             knobs = list(knobs_for(fake_tensor(m.x).device))
             return _fused_spmm(graph, m, b, knobs), Fused("spmm", m.reduce, layer, m.weight is not None, at)
@@ -143,7 +164,8 @@ def drop_dead(graph, claimed=()) -> None:
         for n in reversed(list(graph.nodes)):
             if n.op not in ("call_function", "call_method") or n.users:
                 continue
-            if opname(n) in PURE:
+            if opname(n) in PURE and n.kwargs.get("inplace") is not True and not (
+                    opname(n) in ("relu", "leaky_relu", "elu") and True in n.args[1:]):
                 graph.erase_node(n)
                 changed = True
             elif n in claimed and all(u is n for u in n.args[0].users):

@@ -1,0 +1,226 @@
+"""Phase 0, algebra: exact rewrites that move work from edges to nodes before matching.
+
+A linear map applied per edge to gathered node rows is the same map applied to the nodes,
+then gathered: ``linear(x[j]) = linear(x)[j]``: a GEMM over N rows instead of E. Per-edge
+inputs built by concatenation are split first:
+
+* ``linear(cat([p_1, ..., p_k], -1), W, b) = sum_i linear(p_i, W[:, o_i:o_i + d_i]) + b``
+  (EdgeConv's ``[x_i, x_j - x_i]``, PointNetConv's ``[x_j, pos_j - pos_i]``, CGConv's and
+  PNAConv's ``[x_i, x_j, e]``, ResGatedGraphConv's ``[x_i, e]``);
+* ``linear(a +- b, W) = linear(a, W) +- linear(b, W)`` and ``linear(-a, W) = -linear(a, W)``;
+* ``cat(parts, -1)[:, i] = cat([p[:, i] for p in parts], -1)`` and
+  ``x[j][:, i] = x[:, i][j]`` (PNAConv's towers).
+
+Pieces that are not gathered (edge features) keep their own, narrower GEMM over the edges.
+A rewrite is made only where it moves at least one gathered piece; the maps over the nodes
+are computed once per distinct (tensor, weight slice). New nodes carry fake values (run on
+the fake tensors Dynamo recorded), so that matching reads their shapes as it reads the rest.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.fx import Node
+from torch.fx.node import map_arg
+
+from .canonical import argument, fake_tensor, opname
+from .match import gather_of
+
+
+def _fake_mode(graph):
+    for n in graph.nodes:
+        v = fake_tensor(n)
+        if v is not None and hasattr(v, "fake_mode"):
+            return v.fake_mode
+    return None
+
+
+class _Emitter:
+    def __init__(self, graph, like: Node):
+        self.graph = graph
+        self.like = like
+        self.mode = _fake_mode(graph)
+        self.memo: Dict[Tuple, Node] = {}
+
+    def call(self, kind: str, target, args: tuple, kwargs: Optional[dict] = None) -> Node:
+        kwargs = kwargs or {}
+        key = (kind, target, args, tuple(sorted(kwargs.items())))
+        try:
+            if key in self.memo:
+                return self.memo[key]
+        except TypeError:  # unhashable argument
+            key = None
+        fa = map_arg(args, lambda n: n.meta.get("example_value"))
+        fk = map_arg(kwargs, lambda n: n.meta.get("example_value"))
+        with self.mode, torch.enable_grad():
+            val = target(*fa, **fk) if kind == "call_function" else getattr(fa[0], target)(*fa[1:], **fk)
+        with self.graph.inserting_before(self.like):
+            n = self.graph.create_node(kind, target, args, kwargs)
+        n.meta["example_value"] = val
+        for k in ("nn_module_stack", "stack_trace", "source_fn_stack"):
+            if k in self.like.meta:
+                n.meta[k] = self.like.meta[k]
+        if key is not None:
+            self.memo[key] = n
+        return n
+
+
+def _linear_args(n: Node) -> Optional[Tuple[Node, Node, Any]]:
+    if opname(n) != "linear":
+        return None
+    x, w, b = argument(n, 0, "input"), argument(n, 1, "weight"), argument(n, 2, "bias")
+    wv = fake_tensor(w)
+    if not isinstance(x, Node) or wv is None or wv.dim() != 2 or not all(isinstance(s, int) for s in wv.shape):
+        return None
+    return x, w, b
+
+
+def _tower_index(idx: Any) -> Optional[int]:
+    """``i`` for a getitem index ``(slice(None), i)`` (PNAConv's ``h[:, i]``)."""
+    if (isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None, None, None)
+            and isinstance(idx[1], int)):
+        return idx[1]
+    return None
+
+
+def _last_dim_cat(n: Node) -> Optional[List[Node]]:
+    """The parts of ``cat(parts, dim=-1)`` (the last dim, however written), else None."""
+    if opname(n) != "cat":
+        return None
+    parts, dim = argument(n, 0, "tensors"), argument(n, 1, "dim", 0)
+    v = fake_tensor(n)
+    if v is None or not isinstance(parts, (list, tuple)) or not isinstance(dim, int):
+        return None
+    if dim % v.dim() != v.dim() - 1 or not all(isinstance(p, Node) and fake_tensor(p) is not None for p in parts):
+        return None
+    return list(parts)
+
+
+def _gathered(n: Any, depth: int = 0) -> bool:
+    """Does ``n`` hold a gathered piece that a split would move to the nodes?"""
+    if not isinstance(n, Node) or depth > 8:
+        return False
+    if gather_of(n) is not None:
+        return True
+    name = opname(n)
+    if name in ("add", "sub") and len(n.args) == 2:
+        return any(_gathered(a, depth + 1) for a in n.args)
+    if name == "neg":
+        return _gathered(n.args[0], depth + 1)
+    if name == "getitem" and _tower_index(n.args[1]) is not None:
+        return _gathered(n.args[0], depth + 1) or _last_dim_cat(n.args[0]) is not None and any(
+            _gathered(p, depth + 1) for p in _last_dim_cat(n.args[0]))
+    return False
+
+
+class _Splitter:
+    def __init__(self, em: _Emitter):
+        self.em = em
+
+    def slice_w(self, w: Node, off: int, width: int, total: int) -> Node:
+        if off == 0 and width == total:
+            return w
+        return self.em.call("call_function", torch.narrow, (w, 1, off, width))
+
+    def lin(self, p: Node, w: Node, tower: Optional[int] = None) -> Node:
+        """``linear(p[:, tower] if tower is not None else p, w)`` with gathers moved out."""
+        em = self.em
+        g = gather_of(p)
+        if g is not None:
+            x, j = g
+            if tower is not None:
+                x = em.call("call_function", operator.getitem, (x, (slice(None, None, None), tower)))
+            y = em.call("call_function", torch.nn.functional.linear, (x, w))
+            return em.call("call_method", "index_select", (y, 0, j))
+        name = opname(p)
+        pv = fake_tensor(p)
+        if name in ("add", "sub") and len(p.args) == 2 and not p.kwargs and all(
+                isinstance(a, Node) and fake_tensor(a) is not None and fake_tensor(a).shape == pv.shape
+                for a in p.args) and _gathered(p):
+            a, b = (self.lin(x, w, tower) for x in p.args)
+            return em.call("call_function", operator.add if name == "add" else operator.sub, (a, b))
+        if name == "neg" and _gathered(p):
+            return em.call("call_function", operator.neg, (self.lin(p.args[0], w, tower),))
+        if name == "getitem" and tower is None and _tower_index(p.args[1]) is not None:
+            inner, t = p.args[0], _tower_index(p.args[1])
+            parts = _last_dim_cat(inner)
+            if parts is not None:
+                return self.cat(parts, w, None, tower=t)
+            if gather_of(inner) is not None:
+                return self.lin(inner, w, tower=t)
+        if tower is not None:
+            p = em.call("call_function", operator.getitem, (p, (slice(None, None, None), tower)))
+        return em.call("call_function", torch.nn.functional.linear, (p, w))
+
+    def cat(self, parts: List[Node], w: Node, b: Any, tower: Optional[int] = None) -> Optional[Node]:
+        total = fake_tensor(w).shape[1]
+        widths = [fake_tensor(p).shape[-1] for p in parts]
+        if not all(isinstance(d, int) for d in widths) or sum(widths) != total:
+            return None
+        out, off = None, 0
+        for p, d in zip(parts, widths):
+            term = self.lin(p, self.slice_w(w, off, d, total), tower)
+            out = term if out is None else self.em.call("call_function", operator.add, (out, term))
+            off += d
+        if b is not None:
+            out = self.em.call("call_function", operator.add, (out, b))
+        return out
+
+
+def _rewrite_linear(graph, n: Node) -> bool:
+    la = _linear_args(n)
+    if la is None:
+        return False
+    z, w, b = la
+    zv = fake_tensor(z)
+    if zv is None or zv.dim() < 2:
+        return False
+    em = _Emitter(graph, n)
+    sp = _Splitter(em)
+    new = None
+    g = gather_of(z)
+    if g is not None:
+        x, j = g
+        xv = fake_tensor(x)
+        if isinstance(xv.shape[0], int) and isinstance(zv.shape[0], int) and zv.shape[0] < xv.shape[0]:
+            return False  # fewer edges than nodes: the per-edge GEMM is the smaller one
+        y = em.call("call_function", torch.nn.functional.linear, (x, w, b))
+        new = em.call("call_method", "index_select", (y, 0, j))
+    else:
+        parts, tower = _last_dim_cat(z), None
+        if parts is None and opname(z) == "getitem" and _tower_index(z.args[1]) is not None:
+            parts, tower = _last_dim_cat(z.args[0]), _tower_index(z.args[1])
+            if parts is not None and any(fake_tensor(p).dim() != 3 for p in parts):
+                parts = None
+        if parts is not None and any(_gathered(p) for p in parts):
+            new = sp.cat(parts, w, b, tower)
+        elif opname(z) in ("add", "sub") and _gathered(z):
+            new = sp.lin(z, w)
+            if new is not None and b is not None:
+                new = em.call("call_function", operator.add, (new, b))
+    if new is None:
+        return False
+    nv = fake_tensor(new)
+    if nv is None or tuple(str(s) for s in nv.shape) != tuple(str(s) for s in fake_tensor(n).shape):
+        return False  # (the unused new nodes are dropped with the rest of the dead code)
+    n.replace_all_uses_with(new)
+    graph.erase_node(n)
+    return True
+
+
+def push_linear_to_nodes(graph) -> int:
+    """Applies the rewrites above to every ``linear`` of per-edge gathered rows; returns how
+    many linear nodes were rewritten."""
+    done = 0
+    for n in list(graph.nodes):
+        if n.graph is graph and opname(n) == "linear":
+            try:
+                done += _rewrite_linear(graph, n)
+            except Exception:  # a fake-tensor failure leaves the node as it is
+                continue
+    return done
+
+
+__all__ = ["push_linear_to_nodes"]
