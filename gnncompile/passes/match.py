@@ -384,6 +384,17 @@ def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
                 m.aggregates.append(match_program(sc, IndexRef.of(sc.index), stops))
             except NoMatch as e:
                 m.unfused[n] = f"message program: {e}"
+    if programs:
+        from .messages import match_edge_programs
+
+        shared = [(a.dst, a.num_dst, a.anchor) for a in m.aggregates
+                  if a.dst.row == 1 and a.src is not None and a.src.is_row(0, of=a.dst.tensor)]
+        seen, structures = set(), []
+        for s in shared:
+            if (s[0], s[1]) not in seen:
+                seen.add((s[0], s[1]))
+                structures.append(s)
+        m.aggregates += match_edge_programs(graph, structures, {sm.anchor for sm in m.softmaxes})
     return m
 
 

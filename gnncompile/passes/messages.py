@@ -89,12 +89,11 @@ def _prefix_width(child: Tuple[int, ...], parent: Tuple[int, ...]) -> Optional[i
 
 
 class _Builder:
-    def __init__(self, sc: Scatter, dst: IndexRef, stops=()):
-        self.sc = sc
+    def __init__(self, message: Node, dst: IndexRef, stops=()):
         self.stops = set(stops)
         self.dst = dst
-        self.E = fake_tensor(sc.message).shape[0]
-        self.dtype = fake_tensor(sc.message).dtype
+        self.E = fake_tensor(message).shape[0]
+        self.dtype = fake_tensor(message).dtype
         self.leaves: List[Leaf] = []
         self.leaf_index: Dict[Tuple[Node, int], int] = {}
         self.src: Optional[Tuple[IndexRef, Node]] = None
@@ -252,10 +251,9 @@ class _Builder:
         return e, fs
 
 
-def match_program(sc: Scatter, dst: IndexRef, stops=()) -> Program:
-    """``sc`` as a message program; raises NoMatch saying why not."""
-    mv = fake_tensor(sc.message)
-    if not isinstance(sc.message, Node) or mv is None:
+def _build(message: Any, dst: IndexRef, stops=()):
+    mv = fake_tensor(message)
+    if not isinstance(message, Node) or mv is None:
         raise NoMatch("message is not a tensor of the graph")
     if mv.dtype not in (torch.float32, torch.float64):
         raise NoMatch(f"message of dtype {mv.dtype} (programs run in float32 / float64)")
@@ -263,8 +261,8 @@ def match_program(sc: Scatter, dst: IndexRef, stops=()) -> Program:
     if fs is None:
         raise NoMatch("message has a symbolic feature size")
     F = math.prod(fs)
-    b = _Builder(sc, dst, stops)
-    expr, efs = b.visit(sc.message)
+    b = _Builder(message, dst, stops)
+    expr, efs = b.visit(message)
     if efs is None:
         raise NoMatch("message does not depend on the edge")
     gathers = sum(1 for lf in b.leaves if lf.side in (P.COL, P.ROW))
@@ -279,6 +277,12 @@ def match_program(sc: Scatter, dst: IndexRef, stops=()) -> Program:
             raise NoMatch(f"message reads a {fake_tensor(lf.node).dtype} tensor")
         if F % lf.width:
             raise NoMatch(f"an input of width {lf.width} does not divide the message width {F}")
+    return b, code, consts, F, fs, gathers
+
+
+def match_program(sc: Scatter, dst: IndexRef, stops=()) -> Program:
+    """``sc`` as a message program; raises NoMatch saying why not."""
+    b, code, consts, F, fs, gathers = _build(sc.message, dst, stops)
     if b.src is not None:
         src_ref, src_index = b.src
     elif dst.row is not None:
@@ -294,4 +298,50 @@ def match_program(sc: Scatter, dst: IndexRef, stops=()) -> Program:
                    ops=tuple(dict.fromkeys(b.ops)))
 
 
-__all__ = ["Leaf", "Program", "match_program"]
+# ----------------------------------------------------------------------------- edge programs
+_GEMM_USERS = ("linear", "matmul", "mm")
+_ELEMENTWISE = set(_BINARY) | set(_UNARY) | {"leaky_relu", "elu", "gelu", "softplus", "clamp", "clip",
+                                             "clamp_min", "clamp_max"}
+
+
+@dataclass
+class EdgeProgram(Program):
+    """A per-edge elementwise expression over gathered rows that a GEMM reads (an MLP on edges:
+    EdgeConv's ``relu(W [x_i, x_j - x_i] + b)`` after :mod:`.algebra`): computed by
+    ``gnncompile::message_edges`` in one pass instead of one E x F tensor per operation."""
+
+
+def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], stops=()) -> List[EdgeProgram]:
+    """Edge programs over the structures the piece builds anyway (``structures``: destination
+    row of an edge_index, its number of destinations, and a scatter node of it)."""
+    out: List[EdgeProgram] = []
+    if not structures:
+        return out
+    for n in graph.nodes:
+        if opname(n) not in _ELEMENTWISE or not any(opname(u) in _GEMM_USERS for u in n.users):
+            continue
+        nv = fake_tensor(n)
+        if nv is None or nv.dim() < 2:
+            continue
+        for dst, num_dst, _ in structures:
+            try:
+                b, code, consts, F, fs, gathers = _build(n, dst, stops)
+            except NoMatch:
+                continue
+            if gathers == 0 or not b.ops or b.src is None or not b.src[0].is_row(1 - dst.row, of=dst.tensor):
+                continue
+            sized = next((lf.node for lf in b.leaves if lf.side in (P.ROW, P.COL)
+                          and size_key(fake_tensor(lf.node).shape[0]) == num_dst), None)
+            if sized is None:
+                continue
+            col = next((lf.node for lf in b.leaves if lf.side == P.COL), None)
+            needs_csc = any(lf.side == P.COL and fake_tensor(lf.node).requires_grad for lf in b.leaves)
+            out.append(EdgeProgram(n, dst, b.src[1], num_dst, sized, False, reduce="edges", x=col,
+                                   src=b.src[0], src_index=b.src[1], needs_csc=needs_csc, leaves=b.leaves,
+                                   code=code, consts=consts, width=F, shape=fs, gathers=gathers,
+                                   ops=tuple(dict.fromkeys(b.ops))))
+            break
+    return out
+
+
+__all__ = ["Leaf", "Program", "EdgeProgram", "match_program", "match_edge_programs"]

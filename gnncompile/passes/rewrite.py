@@ -27,7 +27,7 @@ from ..ops.checks import FLOAT_DTYPES
 from .canonical import PURE, fake_tensor, layer_of, opname, size_key
 from ..ops import program as P
 from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
-from .messages import Program
+from .messages import EdgeProgram, Program
 from .plan import Plan, SharedStructure
 from .report import Fused, PassReport, Unfused
 
@@ -107,7 +107,8 @@ def _fused_spmm(graph, m: Aggregate, b: Built, knobs: List[int]) -> Node:
 
 
 def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
-    """``gnncompile::message_reduce`` over the leaves of ``m``, reshaped to the message's shape."""
+    """``gnncompile::message_reduce`` (``message_edges`` for an edge program) over the leaves of
+    ``m``, reshaped to the message's shape."""
     ins = []
     for lf in m.leaves:
         shape = (1, lf.width) if lf.side == P.CONST else (-1, lf.width)
@@ -115,7 +116,12 @@ def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     csc: List[Node] = []
     if m.needs_csc and m.x is not None:
         csc = list(b.csc.get(size_key(fake_tensor(m.x).shape[0]), ()))
-    call = graph.call_function(targets.MESSAGE_REDUCE, (*b.csr, ins, [lf.side for lf in m.leaves], list(m.code),
+    sides = [lf.side for lf in m.leaves]
+    if isinstance(m, EdgeProgram):
+        out = graph.call_function(targets.MESSAGE_EDGES, (*b.csr, ins, sides, list(m.code), list(m.consts),
+                                                          m.width, m.width, knobs, csc))
+        return graph.call_method("reshape", (out, (-1, *m.shape)))
+    call = graph.call_function(targets.MESSAGE_REDUCE, (*b.csr, ins, sides, list(m.code),
                                                         list(m.consts), m.width, m.reduce, knobs, csc))
     out = graph.call_function(operator.getitem, (call, 0))
     return graph.call_method("reshape", (out, (-1, *m.shape)))
@@ -128,7 +134,7 @@ def _fused(graph, m: Match, b: Built, knobs_for: Callable) -> Tuple[Node, Fused]
     with graph.inserting_before(m.anchor):
         if isinstance(m, Program):
             knobs = list(knobs_for(fake_tensor(m.leaves[0].node).device))
-            kind = "message" if m.gathers else "segment"
+            kind = "edges" if isinstance(m, EdgeProgram) else ("message" if m.gathers else "segment")
             return _fused_program(graph, m, b, knobs), Fused(kind, m.reduce, layer, False, at, m.describe())
         if isinstance(m, Aggregate):
             knobs = list(knobs_for(fake_tensor(m.x).device))
@@ -185,8 +191,15 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
     chains = sorted(((m, b) for b in built for m in b.shared.members), key=lambda mb: order[mb[0].anchor])
     outs = []
     for m, b in chains:
+        at = m.anchor.name
         out, line = _fused(graph, m, b, knobs_for)
         report.fused.append(line)
+        if line.kind == "segment":  # reduced in one pass, but the message itself is not fused
+            built_by = opname(m.leaves[0].node) or m.leaves[0].node.op
+            report.unfused.append(Unfused(
+                opname(m.anchor), line.layer, f"message built by '{built_by}' reads no gathered node features "
+                "in an elementwise expression: it is reduced over the CSR in one pass, but each edge's message "
+                "is computed beforehand, as written", at))
         outs.append((m, out))
     # replace only now: chains may read other chains' anchors (a hop's output feeds the next)
     new_order = node_order(graph)
