@@ -1,7 +1,8 @@
-"""Smoke tests of benchmarks/cora_examples.py (with benchmarks/examples/{gcn,gat}_cora.py) and
-benchmarks/gin_batches.py: their main functions on tiny settings, results written to a
-temporary folder. gin_batches checks each variant's first-batch loss against eager itself (and
-reports a failure as an error entry, which fails the test here)."""
+"""Smoke tests of benchmarks/cora_examples.py (with benchmarks/examples/{gcn,gat}_cora.py),
+benchmarks/gin_batches.py and benchmarks/messages.py: their main functions on tiny settings,
+results written to a temporary folder. gin_batches and messages check each variant's first-step
+loss (messages: and output) against eager themselves (and report a failure as an error entry,
+which fails the test here)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import cora_examples  # noqa: E402
 import gin_batches  # noqa: E402
+import messages  # noqa: E402
 
 CORA_RAW = cora_examples.DEFAULT_ROOT / "Cora" / "raw"
 
@@ -69,3 +71,32 @@ def test_gin_batches_tiny(tmp_path):
         assert r["recompiles_in_epochs"] == 0
         assert r["eager_over_this"] > 0
     assert p["results"]["gnncompile"]["graphs_compiled"] >= 1
+
+
+def test_messages_tiny(tmp_path):
+    """Every workload and variant (inductor included: its compiles dominate the time, less with a
+    warm inductor cache), in-process (--quick), 300-node graphs, 2 batches of 8 molecules."""
+    p = messages.main(["--quick", "--graphs", "300", "--molecule-batches", "2", "--batch-size", "8",
+                       "--repeats", "1", "--warmup", "0", "--results-dir", str(tmp_path), "--out", "m"])
+    saved = json.loads((tmp_path / "m.json").read_text())
+    assert (tmp_path / "m.png").stat().st_size > 0
+    md = (tmp_path / "m.md").read_text()
+    assert [(r["workload"], r["graph"]) for r in saved["rows"]] == [
+        ("GINE", "300"), ("PNA", "300"), ("EdgeCNN", "300"), ("molecules", "2x8")]
+    assert saved["variants"] == list(messages.VARIANTS) and saved["in_process"]
+    for row in saved["rows"]:
+        assert set(row["results"]) == set(messages.VARIANTS)
+        assert f"| {row['workload']} |" in md
+        for v, r in row["results"].items():
+            assert "error" not in r, (row["workload"], v, r)
+            assert r["agreed"] and r["rel_err"] <= 1e-3 and r["loss"] == pytest.approx(r["loss_eager"], rel=1e-4)
+            assert r["median_s"] > 0 and r["first_step_s"] > 0 and "peak_bytes" in r
+        assert row["eager_over_gnncompile"] > 0 and row["inductor_over_gnncompile"] > 0
+        assert row["results"]["gnncompile"]["fused_ops"] >= 0
+    r = p["rows"][0]["results"]["eager"]
+    assert (r["N"], r["E"], r["edge_dim"]) == (300, 3000, 16)
+    assert p["rows"][2]["results"]["eager"]["edge_dim"] == 0  # EdgeCNN: no edge features
+    mol = p["rows"][3]["results"]
+    assert mol["eager"]["batches"] == 2 and mol["eager"]["graphs_per_batch"] == 8
+    assert mol["eager"]["loss_eager"] == mol["gnncompile"]["loss_eager"]  # the same initial weights
+    assert mol["inductor"]["recompiles_in_epochs"] == mol["gnncompile"]["recompiles_in_epochs"] == 0
