@@ -78,7 +78,7 @@ def test_native_reduce_matches_reference(name, dtype, reduce):
     csr, _ = _structure()
     F = 70  # more than one tile in both dtypes, not a multiple of the tile
     ins = _inputs(dtype, F, positive)
-    out, arg = ops.message_reduce(*csr, ins, SIDES, code, consts, F, reduce, [], [])
+    out, arg = ops.message_reduce(*csr, ins, SIDES, code, consts, F, reduce, [], [], None)
     ref, ref_arg = M.message_reduce(*csr, ins, SIDES, code, consts, F, reduce)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(out, ref, **tol)
@@ -92,7 +92,7 @@ def test_native_edges_matches_reference(W_out):
     code, consts = P.encode(expr)
     csr, _ = _structure(1)
     ins = _inputs(torch.float64, 12, False)
-    out = ops.message_edges(*csr, ins, SIDES, code, consts, 12, W_out, [], [])
+    out = ops.message_edges(*csr, ins, SIDES, code, consts, 12, W_out, False, [], [], None)
     ref = M.message_edges(*csr, ins, SIDES, code, consts, 12, W_out)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     assert out.shape == (E, W_out)
@@ -105,7 +105,7 @@ def test_head_width_inputs():
     x = _x(N_SRC, H * C, torch.float64, 0)
     w = _x(E, H, torch.float64, 1)
     code, consts = P.encode(P.node("mul", I0, I1))
-    out, _ = ops.message_reduce(*csr, [x, w], [P.COL, P.EDGE], code, consts, H * C, "sum", [], [])
+    out, _ = ops.message_reduce(*csr, [x, w], [P.COL, P.EDGE], code, consts, H * C, "sum", [], [], None)
     rowptr, col, perm = csr
     msg = x[col.long()].view(E, H, C) * w[perm.long()].view(E, H, 1)
     ref = torch.zeros(N_DST, H, C, dtype=torch.float64).index_add_(0, M._rows(rowptr), msg)
@@ -123,7 +123,7 @@ def test_reduce_gradients(name, reduce):
     ins = [t.requires_grad_() for t in _inputs(torch.float64, F, positive, seed=7)]
 
     def f(*xs):
-        return ops.message_reduce(*csr, list(xs), SIDES, code, consts, F, reduce, [], list(csc))[0]
+        return ops.message_reduce(*csr, list(xs), SIDES, code, consts, F, reduce, [], list(csc), None)[0]
 
     assert torch.autograd.gradcheck(f, ins, eps=1e-6, atol=1e-5)
 
@@ -134,10 +134,10 @@ def test_reduce_gradient_without_csc_and_edges_gradient():
     csr, _ = _structure(4)
     ins = [t.requires_grad_() for t in _inputs(torch.float64, 6, False, seed=3)]
     assert torch.autograd.gradcheck(
-        lambda *xs: ops.message_reduce(*csr, list(xs), SIDES, code, consts, 6, "mean", [], [])[0], ins)
+        lambda *xs: ops.message_reduce(*csr, list(xs), SIDES, code, consts, 6, "mean", [], [], None)[0], ins)
     for W_out in (6, 2):
         assert torch.autograd.gradcheck(
-            lambda *xs: ops.message_edges(*csr, list(xs), SIDES, code, consts, 6, W_out, [], []), ins)
+            lambda *xs: ops.message_edges(*csr, list(xs), SIDES, code, consts, 6, W_out, False, [], [], None), ins)
 
 
 def test_double_backward_of_sum():
@@ -145,7 +145,7 @@ def test_double_backward_of_sum():
     csr, csc = _structure(5)
     ins = [t.requires_grad_() for t in _inputs(torch.float64, 4, False, seed=9)]
     assert torch.autograd.gradgradcheck(
-        lambda *xs: ops.message_reduce(*csr, list(xs), SIDES, code, consts, 4, "sum", [], list(csc))[0], ins)
+        lambda *xs: ops.message_reduce(*csr, list(xs), SIDES, code, consts, 4, "sum", [], list(csc), None)[0], ins)
 
 
 def test_empty_rows_and_no_edges():
@@ -153,12 +153,12 @@ def test_empty_rows_and_no_edges():
     rowptr, col, perm = ops.build_csr(torch.tensor([0, 0, 2]), torch.tensor([1, 2, 0]), 4, 3)
     x, y = _x(3, 2, torch.float32, 0), _x(4, 2, torch.float32, 1)
     for reduce in ("sum", "max"):
-        out, arg = ops.message_reduce(rowptr, col, perm, [x, y], [P.COL, P.ROW], code, consts, 2, reduce, [], [])
+        out, arg = ops.message_reduce(rowptr, col, perm, [x, y], [P.COL, P.ROW], code, consts, 2, reduce, [], [], None)
         assert torch.all(out[1] == 0) and torch.all(out[3] == 0)
         if reduce == "max":
             assert torch.all(arg[1] == -1)
     empty = ops.build_csr(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 4, 3)
-    out, _ = ops.message_reduce(*empty, [x, y], [P.COL, P.ROW], code, consts, 2, "mean", [], [])
+    out, _ = ops.message_reduce(*empty, [x, y], [P.COL, P.ROW], code, consts, 2, "mean", [], [], None)
     assert out.shape == (4, 2) and torch.all(out == 0)
 
 
@@ -166,7 +166,7 @@ def test_bad_programs_and_inputs_raise():
     csr, _ = _structure()
     ins = _inputs(torch.float32, 4, False)
     code, consts = P.encode(PROGRAMS["sub_mul"][0])
-    call = lambda c=code, k=consts, i=ins, s=SIDES, F=4: ops.message_reduce(*csr, i, s, c, k, F, "sum", [], [])  # noqa: E731
+    call = lambda c=code, k=consts, i=ins, s=SIDES, F=4: ops.message_reduce(*csr, i, s, c, k, F, "sum", [], [], None)  # noqa: E731
     with pytest.raises(ValueError, match="opcode"):
         call(c=[99, 0, 0, 0, 0])
     with pytest.raises(ValueError, match="before it is written"):
@@ -184,7 +184,42 @@ def test_bad_programs_and_inputs_raise():
     bad_col = csr[1].clone()
     bad_col[0] = 100
     with pytest.raises(IndexError, match="out of range"):
-        ops.message_reduce(csr[0], bad_col, csr[2], ins, SIDES, code, consts, 4, "sum", [], [])
+        ops.message_reduce(csr[0], bad_col, csr[2], ins, SIDES, code, consts, 4, "sum", [], [], None)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "max"])
+def test_slot_inputs_match_edge_inputs(reduce):
+    """A per-edge input stored in CSR order (side slot) gives what the same input in edge order
+    gives, forward and backward (its gradient comes back in CSR order)."""
+    code, consts = P.encode(P.node("mul", P.node("relu", P.node("add", I0, I1)), I2))
+    csr, csc = _structure(6)
+    perm = csr[2].long()
+    x, y, e = _x(N_SRC, 6, torch.float64, 1), _x(N_DST, 6, torch.float64, 2), _x(E, 6, torch.float64, 3)
+    ins_e = [t.clone().requires_grad_() for t in (x, y, e)]
+    ins_s = [x.clone().requires_grad_(), y.clone().requires_grad_(), e[perm].clone().requires_grad_()]
+    sides_e, sides_s = [P.COL, P.ROW, P.EDGE], [P.COL, P.ROW, P.SLOT]
+    out_e = ops.message_reduce(*csr, ins_e, sides_e, code, consts, 6, reduce, [], list(csc), None)[0]
+    out_s = ops.message_reduce(*csr, ins_s, sides_s, code, consts, 6, reduce, [], list(csc), None)[0]
+    torch.testing.assert_close(out_s, out_e)
+    g = torch.randn_like(out_e)
+    ge = torch.autograd.grad(out_e, ins_e, g)
+    gs = torch.autograd.grad(out_s, ins_s, g)
+    torch.testing.assert_close(gs[0], ge[0])
+    torch.testing.assert_close(gs[1], ge[1])
+    torch.testing.assert_close(gs[2], ge[2][perm])
+    # the edge program reads slot inputs too; its gradient to them is in CSR order
+    f_e = ops.message_edges(*csr, ins_e, sides_e, code, consts, 6, 6, False, [], list(csc), None)
+    f_s = ops.message_edges(*csr, ins_s, sides_s, code, consts, 6, 6, False, [], list(csc), None)
+    torch.testing.assert_close(f_s, f_e)
+    g = torch.randn_like(f_e)
+    ge = torch.autograd.grad(f_e, ins_e, g)
+    gs = torch.autograd.grad(f_s, ins_s, g)
+    for a, b in zip(gs[:2], ge[:2]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gs[2], ge[2][perm])
+    # the references agree with the kernels
+    ref = M.message_reduce(*csr, ins_s, sides_s, code, consts, 6, reduce)[0]
+    torch.testing.assert_close(out_s, ref)
 
 
 def test_derivative_of_unused_input_is_none():

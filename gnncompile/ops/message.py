@@ -37,20 +37,23 @@ def _check(rowptr, col, perm, inputs, sides, width: int, op: str) -> None:
             raise ValueError(f"{op}: input {k} of shape {list(t.shape)} is not [rows, W] with W dividing {width}")
         if t.dtype != inputs[0].dtype or not t.is_floating_point():
             raise TypeError(f"{op}: input {k} has dtype {t.dtype}; inputs must share one float dtype")
-        if s == P.EDGE and t.shape[0] != E:
+        if s in (P.EDGE, P.SLOT) and t.shape[0] != E:
             raise ValueError(f"{op}: input {k} is read per edge but has {t.shape[0]} rows for {E} edges")
         if s == P.ROW and t.shape[0] < M:
             raise ValueError(f"{op}: input {k} is read per destination row but has {t.shape[0]} rows for {M} rows")
-        if s not in (P.COL, P.ROW, P.EDGE, P.CONST):
+        if s not in (P.COL, P.ROW, P.EDGE, P.CONST, P.SLOT):
             raise ValueError(f"{op}: input {k} has unknown side {s}")
 
 
-def _slot_values(rowptr, col, perm, inputs, sides) -> Tuple[List[torch.Tensor], torch.Tensor]:
-    """Every input read for every CSR slot (``[E, W_k]``; constants ``[1, W_k]``), and the row
-    of every slot."""
+def _slot_values(rowptr, col, perm, inputs, sides, slot=None) -> Tuple[List[torch.Tensor], torch.Tensor]:
+    """Every input read for every traversed slot (``[E, W_k]``; constants ``[1, W_k]``), and the
+    row of every slot."""
     rows = _rows(rowptr)
     vals = []
     for t, s in zip(inputs, sides):
+        if s == P.SLOT:
+            vals.append(t if slot is None else t.index_select(0, slot.long()))
+            continue
         if s == P.COL:
             vals.append(t.index_select(0, col.long()))
         elif s == P.ROW:
@@ -63,12 +66,12 @@ def _slot_values(rowptr, col, perm, inputs, sides) -> Tuple[List[torch.Tensor], 
 
 
 def message_reduce(rowptr, col, perm, inputs, sides, code, consts, width: int, reduce: str,
-                   knobs: Sequence[int] = (), csc: Sequence[torch.Tensor] = ()):
+                   knobs: Sequence[int] = (), csc: Sequence[torch.Tensor] = (), slot=None):
     _check(rowptr, col, perm, inputs, sides, width, "gnncompile.message_reduce")
     if reduce not in ("sum", "mean", "max", "min"):
         raise ValueError(f"gnncompile.message_reduce: unknown reduce {reduce!r}")
     M, E, F = rowptr.numel() - 1, col.numel(), width
-    vals, rows = _slot_values(rowptr, col, perm, inputs, sides)
+    vals, rows = _slot_values(rowptr, col, perm, inputs, sides, slot)
     m = P.evaluate(code, consts, vals, F).expand(E, F)
     x0 = inputs[0]
     out = torch.zeros(M, F, dtype=x0.dtype, device=x0.device)
@@ -90,15 +93,17 @@ def message_reduce(rowptr, col, perm, inputs, sides, code, consts, width: int, r
 
 
 def message_edges(rowptr, col, perm, inputs, sides, code, consts, width: int, out_width: int,
-                  knobs: Sequence[int] = (), csc: Sequence[torch.Tensor] = ()):
+                  by_slot: bool = False, knobs: Sequence[int] = (), csc: Sequence[torch.Tensor] = (), slot=None):
     _check(rowptr, col, perm, inputs, sides, width, "gnncompile.message_edges")
     if out_width < 1 or width % out_width:
         raise ValueError(f"gnncompile.message_edges: out_width {out_width} does not divide {width}")
     E, F = col.numel(), width
-    vals, _ = _slot_values(rowptr, col, perm, inputs, sides)
+    vals, _ = _slot_values(rowptr, col, perm, inputs, sides, slot)
     m = P.evaluate(code, consts, vals, F).expand(E, F)
     if out_width != F:
         m = m.reshape(E, out_width, F // out_width).sum(-1)
+    if by_slot:
+        return m.contiguous()
     out = torch.empty(E, out_width, dtype=inputs[0].dtype, device=inputs[0].device)
     out[perm.long()] = m
     return out
@@ -109,7 +114,7 @@ _lib.impl("message_edges", message_edges, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("gnncompile::message_reduce")
-def _message_reduce_fake(rowptr, col, perm, inputs, sides, code, consts, width, reduce, knobs, csc):
+def _message_reduce_fake(rowptr, col, perm, inputs, sides, code, consts, width, reduce, knobs, csc, slot):
     M = rowptr.shape[0] - 1
     x = inputs[0]
     out = x.new_empty((M, width))
@@ -118,12 +123,20 @@ def _message_reduce_fake(rowptr, col, perm, inputs, sides, code, consts, width, 
 
 
 @torch.library.register_fake("gnncompile::message_edges")
-def _message_edges_fake(rowptr, col, perm, inputs, sides, code, consts, width, out_width, knobs, csc):
+def _message_edges_fake(rowptr, col, perm, inputs, sides, code, consts, width, out_width, by_slot, knobs, csc,
+                        slot):
     return inputs[0].new_empty((col.shape[0], out_width))
 
 
 # ----------------------------------------------------------------------------- autograd
-_SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST}
+_SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT}
+
+
+def _csc_slots(perm: torch.Tensor, perm_t: torch.Tensor) -> torch.Tensor:
+    """The CSR slot of every CSC slot: ``inv(perm)[perm_t]``."""
+    inv = torch.empty_like(perm)
+    inv[perm.long()] = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
+    return inv.index_select(0, perm_t.long())
 
 
 def _group(t: torch.Tensor, W: int) -> torch.Tensor:
@@ -151,6 +164,7 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
     rowptr, col, perm = csr
     n = len(inputs)
     ins, sides_g = list(inputs) + [g], list(sides) + [g_side]
+    slot_t = None
     out: List[Optional[torch.Tensor]] = []
     for k, t in enumerate(inputs):
         d = _derivative(code, consts, k, n) if need[k] else None
@@ -160,18 +174,21 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         dcode, dconsts = d
         W, side = t.shape[1], sides[k]
         if side == P.ROW:
-            r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [])[0]
+            r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
             out.append(_pad_rows(_group(r, W), t.shape[0]))
         elif side == P.COL:
             if not csc:
                 csc = transpose_structure(rowptr, col, perm, t.shape[0])
+            if slot_t is None and P.SLOT in sides_g:
+                slot_t = _csc_slots(perm, csc[2])
             swapped = [_SWAP[s] for s in sides_g]
-            r = ops.message_reduce(*csc, ins, swapped, dcode, dconsts, F, "sum", knobs, [])[0]
+            r = ops.message_reduce(*csc, ins, swapped, dcode, dconsts, F, "sum", knobs, [], slot_t)[0]
             out.append(_group(r, W))
-        elif side == P.EDGE:
-            out.append(ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, knobs, list(csc or [])))
+        elif side in (P.EDGE, P.SLOT):
+            out.append(ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, side == P.SLOT,
+                                         knobs, list(csc or []), None))
         else:
-            r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [])[0]
+            r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
             out.append(_pad_rows(_group(r.sum(0, keepdim=True), W), t.shape[0]))
     return out
 
@@ -194,6 +211,8 @@ def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad) -> List[Opt
             r = torch.arange(M, device=arg.device).view(M, 1).expand(M, F)
         elif s == P.EDGE:
             r = perm.long()[slot]
+        elif s == P.SLOT:
+            r = slot
         else:
             r = torch.zeros_like(slot)
         W = t.shape[1]
@@ -218,23 +237,25 @@ def _backward_return(n_csc: int, grads) -> tuple:
     """The backward's return in the structure torch.library flattens the arguments to:
     ``grads`` for the inputs, a list for the csc tensor list, ``[]`` for an empty int or float
     list (it cannot tell one from an empty tensor list), None for everything else."""
-    return (None, None, None, grads, None, None, None, None, None, None, [None] * n_csc)
+    return (None, None, None, grads, None, None, None, None, None, None, [None] * n_csc, None)
 
 
 def _reduce_setup(ctx, inputs, output):
-    rowptr, col, perm, ins, sides, code, consts, width, reduce, knobs, csc = inputs
+    rowptr, col, perm, ins, sides, code, consts, width, reduce, knobs, csc, slot = inputs
+    if slot is not None:
+        raise RuntimeError("gnncompile.message_reduce: no gradient on a transposed structure (slot given)")
     ctx.meta = (list(sides), list(code), list(consts), width, reduce, list(knobs), len(ins), len(csc))
     ctx.empty = (len(consts) == 0, len(knobs) == 0)
     ctx.need = [t.requires_grad for t in ins]
     ctx.save_for_backward(rowptr, col, perm, output[1], *csc, *ins)
 
 
-def _fix_empty(ret: tuple, ctx) -> tuple:
+def _fix_empty(ret: tuple, ctx, knobs_at: int = 9) -> tuple:
     ret = list(ret)
     if ctx.empty[0]:
         ret[6] = []
     if ctx.empty[1]:
-        ret[9] = []
+        ret[knobs_at] = []
     return tuple(ret)
 
 
@@ -259,7 +280,9 @@ torch.library.register_autograd("gnncompile::message_reduce", _reduce_backward, 
 
 
 def _edges_setup(ctx, inputs, output):
-    rowptr, col, perm, ins, sides, code, consts, width, out_width, knobs, csc = inputs
+    rowptr, col, perm, ins, sides, code, consts, width, out_width, by_slot, knobs, csc, slot = inputs
+    if slot is not None or by_slot:
+        raise RuntimeError("gnncompile.message_edges: no gradient with slot / by_slot (backward-only forms)")
     ctx.meta = (list(sides), list(code), list(consts), width, list(knobs), len(ins), len(csc))
     ctx.empty = (len(consts) == 0, len(knobs) == 0)
     ctx.need = [t.requires_grad for t in ins]
@@ -274,7 +297,9 @@ def _edges_backward(ctx, grad):
     ins = list(saved[3 + n_csc:3 + n_csc + n])
     grads = _segment_grads((rowptr, col, perm), csc, ins, sides, code, consts, F, ctx.need,
                            grad.contiguous(), P.EDGE, knobs)
-    return _fix_empty(_backward_return(n_csc, grads), ctx)
+    ret = list(_backward_return(n_csc, grads))
+    ret.insert(9, None)  # by_slot
+    return _fix_empty(tuple(ret), ctx, knobs_at=10)
 
 
 torch.library.register_autograd("gnncompile::message_edges", _edges_backward, setup_context=_edges_setup)

@@ -11,6 +11,8 @@ side       code    the row read for the edge ``e = perm[j]`` in CSR slot ``j`` o
 ``row``    1       ``r`` (the node being aggregated into: PyG's ``x_i``)
 ``edge``   2       ``e`` (a per-edge tensor in the user's edge order)
 ``const``  3       row 0 (a tensor that does not depend on the edge: a parameter)
+``slot``   4       ``j`` (a per-edge tensor stored in CSR order: no random access; on a
+                   transposed structure, the CSR slot of the traversed slot, ``slot[j]``)
 =========  ======  ===================================================================
 
 ``W`` is ``F`` (one value per feature), ``1`` (one per edge) or any divisor of ``F`` (one per
@@ -34,8 +36,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-COL, ROW, EDGE, CONST = 0, 1, 2, 3
-SIDES = {"col": COL, "row": ROW, "edge": EDGE, "const": CONST}
+COL, ROW, EDGE, CONST, SLOT = 0, 1, 2, 3, 4
+SIDES = {"col": COL, "row": ROW, "edge": EDGE, "const": CONST, "slot": SLOT}
 
 # opcode -> (name, number of slot operands, number of float params)
 OPS: Dict[int, Tuple[str, int, int]] = {
@@ -371,5 +373,5 @@ def evaluate(code: Sequence[int], consts: Sequence[float], values: Sequence[torc
     return out
 
 
-__all__ = ["COL", "ROW", "EDGE", "CONST", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
+__all__ = ["COL", "ROW", "EDGE", "CONST", "SLOT", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
            "encode", "decode", "derivative", "backward_expr", "evaluate", "inputs_of", "uses_input"]

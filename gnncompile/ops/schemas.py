@@ -50,14 +50,16 @@ _lib.define("dropout(Tensor x, float p, Tensor seed) -> Tensor")
 # (`sides`), reduced over each CSR row in one pass (message_reduce: sum, mean, max, min; `arg`
 # as spmm's), or written per edge in the user's edge order (message_edges, column g summing
 # `width / out_width` features). `csc`: the transposed structure
-# (rowptr_t, col_t, perm_t) for the backward pass, or [] (then built when needed).
+# (rowptr_t, col_t, perm_t) for the backward pass, or [] (then built when needed). `slot`: where
+# the structure is not the CSR (a CSC in backward), the CSR slot of each of its slots, for the
+# inputs stored in CSR order; None on the CSR itself. message_edges writes row j (by_slot) or perm[j].
 _lib.define(
     "message_reduce(Tensor rowptr, Tensor col, Tensor perm, Tensor[] inputs, int[] sides, int[] code, "
-    "float[] consts, int width, str reduce, int[] knobs, Tensor[] csc) -> (Tensor out, Tensor arg)"
+    "float[] consts, int width, str reduce, int[] knobs, Tensor[] csc, Tensor? slot) -> (Tensor out, Tensor arg)"
 )
 _lib.define(
     "message_edges(Tensor rowptr, Tensor col, Tensor perm, Tensor[] inputs, int[] sides, int[] code, "
-    "float[] consts, int width, int out_width, int[] knobs, Tensor[] csc) -> Tensor"
+    "float[] consts, int width, int out_width, bool by_slot, int[] knobs, Tensor[] csc, Tensor? slot) -> Tensor"
 )
 
 # The pooled loader's collation (gnncompile.data): copies of whole graphs into a batch buffer.

@@ -119,10 +119,10 @@ def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     sides = [lf.side for lf in m.leaves]
     if isinstance(m, EdgeProgram):
         out = graph.call_function(targets.MESSAGE_EDGES, (*b.csr, ins, sides, list(m.code), list(m.consts),
-                                                          m.width, m.width, knobs, csc))
+                                                          m.width, m.width, False, knobs, csc, None))
         return graph.call_method("reshape", (out, (-1, *m.shape)))
     call = graph.call_function(targets.MESSAGE_REDUCE, (*b.csr, ins, sides, list(m.code),
-                                                        list(m.consts), m.width, m.reduce, knobs, csc))
+                                                        list(m.consts), m.width, m.reduce, knobs, csc, None))
     out = graph.call_function(operator.getitem, (call, 0))
     return graph.call_method("reshape", (out, (-1, *m.shape)))
 

@@ -63,7 +63,7 @@ Program check_program(c10::IntArrayRef code, int64_t n_consts, int64_t n_inputs,
 struct Inputs {
   std::vector<at::Tensor> tensors;
   int64_t num_src = 0;
-  bool reads_col = false, reads_perm = false;
+  bool reads_col = false, reads_perm = false, reads_slot = false;
 };
 
 Inputs check_inputs(const at::TensorList inputs, c10::IntArrayRef sides, int64_t F, int64_t M, int64_t E,
@@ -105,6 +105,11 @@ Inputs check_inputs(const at::TensorList inputs, c10::IntArrayRef sides, int64_t
       case msg::Global:
         TORCH_CHECK_VALUE(rows >= 1, op, ": constant input ", k, " has no row");
         break;
+      case msg::Slot:
+        TORCH_CHECK_VALUE(rows == E, op, ": input ", k, " is stored per CSR slot but has ", rows, " rows for ", E,
+                          " edges");
+        r.reads_slot = true;
+        break;
       default:
         TORCH_CHECK_VALUE(false, op, ": input ", k, " has unknown side ", side);
     }
@@ -114,9 +119,18 @@ Inputs check_inputs(const at::TensorList inputs, c10::IntArrayRef sides, int64_t
   return r;
 }
 
+// The CSR slot of every traversed slot (a CSC's), or undefined on the CSR itself.
+at::Tensor check_slot(const std::optional<at::Tensor>& slot, const at::Tensor& col, const char* op) {
+  if (!slot.has_value() || !slot->defined()) return at::Tensor();
+  check_cpu(*slot, op, "slot");
+  TORCH_CHECK_VALUE(slot->dim() == 1 && slot->numel() == col.numel() && slot->scalar_type() == col.scalar_type(), op,
+                    ": slot must be 1-D with one entry per edge, of col's dtype");
+  return slot->contiguous();
+}
+
 template <typename scalar_t, typename acc_t, typename index_t>
 msg::Args<scalar_t, acc_t, index_t> make_args(const at::Tensor& rowptr, const at::Tensor& col,
-                                             const at::Tensor& perm, const Inputs& in,
+                                             const at::Tensor& perm, const at::Tensor& slot, const Inputs& in,
                                              std::vector<msg::Input<scalar_t>>& views,
                                              c10::IntArrayRef sides, const Program& p,
                                              const std::vector<acc_t>& consts, int64_t F) {
@@ -128,7 +142,9 @@ msg::Args<scalar_t, acc_t, index_t> make_args(const at::Tensor& rowptr, const at
   a.rowptr = rowptr.const_data_ptr<index_t>();
   a.col = col.const_data_ptr<index_t>();
   a.perm = perm.const_data_ptr<index_t>();
+  a.slot = slot.defined() ? slot.const_data_ptr<index_t>() : nullptr;
   a.inputs = views.data();
+  a.n_inputs = static_cast<int>(views.size());
   a.code = p.code.data();
   a.n_instr = p.n_instr;
   a.consts = consts.data();
@@ -137,6 +153,8 @@ msg::Args<scalar_t, acc_t, index_t> make_args(const at::Tensor& rowptr, const at
   a.num_edges = col.numel();
   a.reads_col = in.reads_col;
   a.reads_perm = in.reads_perm;
+  a.reads_slot = in.reads_slot;
+  a.by_slot = false;
   a.out = nullptr;
   a.arg = nullptr;
   a.out_width = F;
@@ -151,13 +169,14 @@ msg::Args<scalar_t, acc_t, index_t> make_args(const at::Tensor& rowptr, const at
     return __VA_ARGS__();                                                         \
   }()
 
-template <typename scalar_t> struct Tile { static constexpr int value = 64; };
-template <> struct Tile<double> { static constexpr int value = 32; };
+template <typename scalar_t> struct Tile { static constexpr int value = 128; };
+template <> struct Tile<double> { static constexpr int value = 64; };
 
 std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
     const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in, at::TensorList inputs,
     c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts, int64_t F,
-    c10::string_view reduce_s, c10::IntArrayRef knobs, at::TensorList /*csc: backward only*/) {
+    c10::string_view reduce_s, c10::IntArrayRef knobs, at::TensorList /*csc: backward only*/,
+    const std::optional<at::Tensor>& slot_in) {
   const char* op = "gnncompile.message_reduce";
   check_structure(rowptr_in, col_in, perm_in, op);
   check_cpu(rowptr_in, op, "rowptr");
@@ -168,6 +187,7 @@ std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
   const int64_t M = rowptr.numel() - 1, E = col.numel();
   check_rowptr_ends(rowptr, E, op);
   const Inputs in = check_inputs(inputs, sides, F, M, E, op);
+  const at::Tensor slot = check_slot(slot_in, col, op);
   const Program p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
   const bool need_arg = reduce == Reduce::Max || reduce == Reduce::Min;
   at::Tensor out = at::empty({M, F}, in.tensors[0].options());
@@ -180,7 +200,7 @@ std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
       constexpr int TILE = Tile<scalar_t>::value;
       std::vector<acc_t> cs(consts.begin(), consts.end());
       std::vector<msg::Input<scalar_t>> views;
-      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, in, views, sides, p, cs, F);
+      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, slot, in, views, sides, p, cs, F);
       a.out = out.data_ptr<scalar_t>();
       a.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;
       st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
@@ -200,8 +220,9 @@ std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
 
 at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
                              at::TensorList inputs, c10::IntArrayRef sides, c10::IntArrayRef code,
-                             c10::ArrayRef<double> consts, int64_t F, int64_t out_width, c10::IntArrayRef knobs,
-                             at::TensorList /*csc: backward only*/) {
+                             c10::ArrayRef<double> consts, int64_t F, int64_t out_width, bool by_slot,
+                             c10::IntArrayRef knobs, at::TensorList /*csc: backward only*/,
+                             const std::optional<at::Tensor>& slot_in) {
   const char* op = "gnncompile.message_edges";
   check_structure(rowptr_in, col_in, perm_in, op);
   check_cpu(rowptr_in, op, "rowptr");
@@ -213,6 +234,7 @@ at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_
   const Inputs in = check_inputs(inputs, sides, F, M, E, op);
   TORCH_CHECK_VALUE(out_width >= 1 && F % out_width == 0, op, ": out_width ", out_width,
                     " does not divide the message width ", F);
+  const at::Tensor slot = check_slot(slot_in, col, op);
   const Program p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
   at::Tensor out = out_width == F ? at::empty({E, out_width}, in.tensors[0].options())
                                   : at::zeros({E, out_width}, in.tensors[0].options());
@@ -223,10 +245,11 @@ at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_
       constexpr int TILE = Tile<scalar_t>::value;
       std::vector<acc_t> cs(consts.begin(), consts.end());
       std::vector<msg::Input<scalar_t>> views;
-      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, in, views, sides, p, cs, F);
+      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, slot, in, views, sides, p, cs, F);
       a.out = out.data_ptr<scalar_t>();
       a.out_width = out_width;
       a.reads_perm = true;
+      a.by_slot = by_slot;
       st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
         return msg::edge_rows<scalar_t, acc_t, index_t, TILE>(a, r0, r1);
       });

@@ -12,12 +12,13 @@
 //  * message_reduce: the messages of a row reduced (sum, mean, max, min) in registers, one
 //    thread per row, in CSR order: deterministic, no atomics. max/min record the CSR slot of
 //    the chosen edge (first one on ties, NaN wins) for the backward pass.
-//  * message_edges: the message of every edge written to out[e] (grouped sums: column g of a
-//    [E, W_out] output sums features [g * F / W_out, (g + 1) * F / W_out)).
+//  * message_edges: the message of every edge written to out[e] (out[j] with by_slot: CSR order;
+//    grouped sums: column g of a [E, W_out] output sums features [g * F / W_out, (g + 1) * F / W_out)).
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "../common/macros.h"
 #include "rows_core.h"
@@ -33,7 +34,7 @@ enum Op : int32_t {
   SoftplusGrad = 23, ClampGrad = 24, PowExpGrad = 25, Abs = 26, Sign = 27,
   NumOps = 28,
 };
-enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3 };
+enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3, Slot = 4 };
 constexpr int kMaxSlots = 32;
 constexpr int kInstr = 5;
 
@@ -50,14 +51,17 @@ struct Args {
   const index_t* rowptr;
   const index_t* col;
   const index_t* perm;
+  const index_t* slot;  // CSR slot of each traversed slot (a CSC); nullptr: the traversal is the CSR
   const Input<scalar_t>* inputs;
+  int n_inputs;
   const int32_t* code;  // n_instr * 5
   int64_t n_instr;
   const acc_t* consts;
   int64_t F;
   int64_t num_src;    // rows of every col-side input (checked against col)
   int64_t num_edges;  // E (checked against perm)
-  bool reads_col, reads_perm;
+  bool reads_col, reads_perm, reads_slot;
+  bool by_slot;       // edges: write row j instead of perm[j]
   scalar_t* out;      // reduce: [M, F]; edges: [E, W_out]
   int64_t* arg;       // reduce max/min: [M, F]
   int64_t out_width;  // edges: W_out
@@ -66,22 +70,31 @@ struct Args {
 template <typename acc_t>
 inline acc_t sigmoid(acc_t v) { return acc_t(1) / (acc_t(1) + std::exp(-v)); }
 
-// Runs the program for one edge on one tile; returns the result slot.
+// Runs the program for one edge on one tile; returns the result. Registers are pointers: an
+// input read at full width (and in the compute type) points straight into its row, with no copy;
+// every other instruction writes its own slot tile.
 template <typename scalar_t, typename acc_t, typename index_t, int TILE>
-inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TILE], int64_t row,
-                         int64_t src, int64_t e, int64_t f0, int n) {
+inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TILE], const acc_t** reg,
+                         int64_t row, int64_t src, int64_t e, int64_t sl, int64_t f0, int n) {
   const int32_t* ins = a.code;
-  acc_t* d = nullptr;
+  const acc_t* res = nullptr;
   for (int64_t i = 0; i < a.n_instr; ++i, ins += kInstr) {
     const int32_t op = ins[0];
-    d = s[ins[1]];
-    const acc_t* x = s[ins[2]];
-    const acc_t* y = s[ins[3]];
+    acc_t* __restrict__ d = s[ins[1]];
+    const acc_t* __restrict__ x = reg[ins[2]];
+    const acc_t* __restrict__ y = reg[ins[3]];
     switch (op) {
       case In: {
         const Input<scalar_t>& in = a.inputs[ins[2]];
-        const int64_t r = in.side == Col ? src : in.side == Row ? row : in.side == Edge ? e : 0;
+        const int64_t r = in.side == Col ? src : in.side == Row ? row : in.side == Edge ? e : in.side == Slot ? sl : 0;
         const scalar_t* p = in.data + r * in.width;
+        if constexpr (std::is_same<scalar_t, acc_t>::value) {
+          if (in.div == 1) {
+            reg[ins[1]] = p + f0;
+            res = p + f0;
+            continue;
+          }
+        }
         if (in.div == 1) {
           for (int t = 0; t < n; ++t) d[t] = to_float(p[f0 + t]);
         } else {
@@ -172,15 +185,35 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
         break;
       default: break;  // opcodes are validated before any kernel runs
     }
+    reg[ins[1]] = d;
+    res = d;
   }
-  return d;
+  return res;
 }
 
-// The edge of CSR slot j: its neighbour (checked against num_src) and id (checked against E).
+// Prefetches the rows that CSR slot j reads through col and perm (random accesses), one tile.
 template <typename scalar_t, typename acc_t, typename index_t>
-inline Status edge_of(const Args<scalar_t, acc_t, index_t>& a, int64_t j, int64_t& src, int64_t& e) {
+inline void prefetch_slot(const Args<scalar_t, acc_t, index_t>& a, int64_t j, int64_t f0, int n) {
+  const int64_t src = a.reads_col ? static_cast<int64_t>(a.col[j]) : 0;
+  const int64_t e = a.reads_perm ? static_cast<int64_t>(a.perm[j]) : 0;
+  if ((a.reads_col && !in_range(src, a.num_src)) || (a.reads_perm && !in_range(e, a.num_edges))) return;
+  for (int k = 0; k < a.n_inputs; ++k) {
+    const Input<scalar_t>& in = a.inputs[k];
+    if (in.side != Col && in.side != Edge) continue;
+    const char* p = reinterpret_cast<const char*>(in.data + (in.side == Col ? src : e) * in.width + f0 / in.div);
+    const int bytes = static_cast<int>((n / in.div + 1) * sizeof(scalar_t));
+    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
+  }
+}
+constexpr int kAhead = 4;
+
+// The edge of traversed slot j: its neighbour (checked against num_src), id (checked against E)
+// and CSR slot (checked against E).
+template <typename scalar_t, typename acc_t, typename index_t>
+inline Status edge_of(const Args<scalar_t, acc_t, index_t>& a, int64_t j, int64_t& src, int64_t& e, int64_t& sl) {
   src = 0;
   e = 0;
+  sl = j;
   if (a.reads_col) {
     src = static_cast<int64_t>(a.col[j]);
     if (!in_range(src, a.num_src)) return Status::BadCol;
@@ -189,6 +222,10 @@ inline Status edge_of(const Args<scalar_t, acc_t, index_t>& a, int64_t j, int64_
     e = static_cast<int64_t>(a.perm[j]);
     if (!in_range(e, a.num_edges)) return Status::BadPerm;
   }
+  if (a.reads_slot && a.slot != nullptr) {
+    sl = static_cast<int64_t>(a.slot[j]);
+    if (!in_range(sl, a.num_edges)) return Status::BadPerm;
+  }
   return Status::Ok;
 }
 
@@ -196,6 +233,7 @@ template <typename scalar_t, typename acc_t, typename index_t, Reduce R, int TIL
 Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int64_t row_end) {
   constexpr bool kArg = (R == Reduce::Max || R == Reduce::Min);
   alignas(64) acc_t s[kMaxSlots][TILE];
+  const acc_t* reg[kMaxSlots];
   acc_t acc[TILE];
   int64_t best[kArg ? TILE : 1];
   for (int64_t row = row_begin; row < row_end; ++row) {
@@ -209,10 +247,11 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
         if (kArg) best[t] = -1;
       }
       for (int64_t j = begin; j < end; ++j) {
-        int64_t src, e;
-        const Status st = edge_of(a, j, src, e);
+        if (j + kAhead < end) prefetch_slot(a, j + kAhead, f0, n);
+        int64_t src, e, sl;
+        const Status st = edge_of(a, j, src, e, sl);
         if (st != Status::Ok) return st;
-        const acc_t* v = eval<scalar_t, acc_t, index_t, TILE>(a, s, row, src, e, f0, n);
+        const acc_t* v = eval<scalar_t, acc_t, index_t, TILE>(a, s, reg, row, src, e, sl, f0, n);
         if (!kArg) {
           for (int t = 0; t < n; ++t) acc[t] += v[t];
         } else {
@@ -246,21 +285,28 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
 template <typename scalar_t, typename acc_t, typename index_t, int TILE>
 Status edge_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int64_t row_end) {
   alignas(64) acc_t s[kMaxSlots][TILE];
+  const acc_t* reg[kMaxSlots];
   const int64_t div_o = a.F / a.out_width;
   for (int64_t row = row_begin; row < row_end; ++row) {
     if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
     const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
     for (int64_t j = begin; j < end; ++j) {
-      int64_t src = 0, e = static_cast<int64_t>(a.perm[j]);
-      if (!in_range(e, a.num_edges)) return Status::BadPerm;
-      if (a.reads_col) {
-        src = static_cast<int64_t>(a.col[j]);
-        if (!in_range(src, a.num_src)) return Status::BadCol;
+      if (j + kAhead < end) {
+        prefetch_slot(a, j + kAhead, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
+        const int64_t ea = a.by_slot ? j + kAhead : static_cast<int64_t>(a.perm[j + kAhead]);
+        if (in_range(ea, a.num_edges)) {
+          const char* q = reinterpret_cast<const char*>(a.out + ea * a.out_width);
+          for (int64_t b = 0; b < static_cast<int64_t>(a.out_width * sizeof(scalar_t)); b += 64)
+            __builtin_prefetch(q + b, 1, 0);
+        }
       }
-      scalar_t* o = a.out + e * a.out_width;
+      int64_t src, e, sl;
+      const Status st = edge_of(a, j, src, e, sl);
+      if (st != Status::Ok) return st;
+      scalar_t* o = a.out + (a.by_slot ? j : e) * a.out_width;
       for (int64_t f0 = 0; f0 < a.F; f0 += TILE) {
         const int n = static_cast<int>(a.F - f0 < TILE ? a.F - f0 : TILE);
-        const acc_t* v = eval<scalar_t, acc_t, index_t, TILE>(a, s, row, src, e, f0, n);
+        const acc_t* v = eval<scalar_t, acc_t, index_t, TILE>(a, s, reg, row, src, e, sl, f0, n);
         if (div_o == 1) {
           for (int t = 0; t < n; ++t) o[f0 + t] = from_acc<scalar_t>(v[t]);
         } else {
