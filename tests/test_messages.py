@@ -27,53 +27,63 @@ with warnings.catch_warnings():
 
 # Minimum number of fused chains (rep.num_fused) per case, None: not checked yet. The comment is
 # the count observed with the current code, the same in float32 and float64.
+# Fused chains explain() reports (at least). Unfused chains are allowed only where a kernel
+# cannot remove them (UNFUSED_OK); every other case must leave nothing unfused.
 FUSED = {
     # PyG layers
-    "GINEConv": None,  # 0
-    "GATConv-edge_dim": None,  # 3 (edge_softmax + 2 spmm)
-    "GATv2Conv-edge_dim": None,  # 3 (edge_softmax + 2 spmm)
-    "TransformerConv-edge_dim": None,  # 1 (edge_softmax)
-    "GENConv-softmax": None,  # 1 (edge_softmax)
-    "GENConv-powermean": None,  # 0
-    "PNAConv": None,  # 0
-    "PNAConv-towers2": None,  # 0
-    "CGConv": None,  # 0
-    "GeneralConv-edge": None,  # 0
-    "GeneralConv-attention": None,  # 1 (edge_softmax)
-    "ResGatedGraphConv": None,  # 0
-    "ResGatedGraphConv-edge_dim": None,  # 0
-    "SAGEConv-mean-max-std": None,  # 2 (mean, max; std unfused)
-    "SAGEConv-var": None,  # 1 (spmm; var unfused)
-    "LEConv-edge_weight": None,  # 0
-    "FiLMConv": None,  # 0
-    "EdgeConv-mlp-max": None,  # 0
-    "EdgeConv-mlp-mean": None,  # 0
-    "EdgeConv-linear-max": None,  # 0
-    "EdgeConv-linear-mean": None,  # 0
-    "PointNetConv": None,  # 0
-    "models.PNA": None,  # 0
-    "models.EdgeCNN": None,  # 0
+    "GINEConv": 1,  # before message programs: 0
+    "GATConv-edge_dim": 3,  # before message programs: 3 (edge_softmax + 2 spmm)
+    "GATv2Conv-edge_dim": 3,  # before message programs: 3 (edge_softmax + 2 spmm)
+    "TransformerConv-edge_dim": 2,  # before message programs: 1 (edge_softmax)
+    "GENConv-softmax": 2,  # before message programs: 1 (edge_softmax)
+    "GENConv-powermean": 1,  # before message programs: 0
+    "PNAConv": 5,  # before message programs: 0
+    "PNAConv-towers2": 0,  # before message programs: 0
+    "CGConv": 1,  # before message programs: 0
+    "GeneralConv-edge": 1,  # before message programs: 0
+    "GeneralConv-attention": 2,  # before message programs: 1 (edge_softmax)
+    "ResGatedGraphConv": 1,  # before message programs: 0
+    "ResGatedGraphConv-edge_dim": 1,  # before message programs: 0
+    "SAGEConv-mean-max-std": 3,  # before message programs: 2 (mean, max; std unfused)
+    "SAGEConv-var": 2,  # before message programs: 1 (spmm; var unfused)
+    "LEConv-edge_weight": 1,  # before message programs: 0
+    "FiLMConv": 1,  # before message programs: 0
+    "EdgeConv-mlp-max": 1,  # before message programs: 0
+    "EdgeConv-mlp-mean": 1,  # before message programs: 0
+    "EdgeConv-linear-max": 1,  # before message programs: 0
+    "EdgeConv-linear-mean": 1,  # before message programs: 0
+    "PointNetConv": 1,  # before message programs: 0
+    "models.PNA": 4,  # before message programs: 0
+    "models.EdgeCNN": 2,  # before message programs: 0
     # user-written layers: operators (aggr 'sum')
-    "user-tanh-mul-w": None,  # 0
-    "user-sigmoid-add-edge_attr": None,  # 0
-    "user-sub-pow-div": None,  # 0
-    "user-leaky_relu-param": None,  # 0
-    "user-elu-gelu": None,  # 0
-    "user-softplus-clamp-exp": None,  # 0
-    "user-neg-div": None,  # 0
-    "user-relu-clamp-const": None,  # 0
-    "user-pow-learned": None,  # 0
-    "user-heads": None,  # 0
+    "user-tanh-mul-w": 1,  # before message programs: 0
+    "user-sigmoid-add-edge_attr": 1,  # before message programs: 0
+    "user-sub-pow-div": 1,  # before message programs: 0
+    "user-leaky_relu-param": 1,  # before message programs: 0
+    "user-elu-gelu": 1,  # before message programs: 0
+    "user-softplus-clamp-exp": 1,  # before message programs: 0
+    "user-neg-div": 1,  # before message programs: 0
+    "user-relu-clamp-const": 1,  # before message programs: 0
+    "user-pow-learned": 1,  # before message programs: 0
+    "user-heads": 1,  # before message programs: 0
     # user-written layers: reductions
-    "user-mean": None,  # 0
-    "user-max": None,  # 0
-    "user-min": None,  # 0
-    "user-std": None,  # 0
-    "user-var": None,  # 0
-    "user-softmax": None,  # 1 (edge_softmax)
-    "user-powermean": None,  # 0
-    "user-sum-max": None,  # 0
-    "user-heads-max": None,  # 0
+    "user-mean": 1,  # before message programs: 0
+    "user-max": 1,  # before message programs: 0
+    "user-min": 1,  # before message programs: 0
+    "user-std": 2,  # before message programs: 0
+    "user-var": 2,  # before message programs: 0
+    "user-softmax": 2,  # before message programs: 1 (edge_softmax)
+    "user-powermean": 1,  # before message programs: 0
+    "user-sum-max": 2,  # before message programs: 0
+    "user-heads-max": 1,  # before message programs: 0
+}
+
+UNFUSED_OK = {
+    # the MLP's second Linear runs on every edge: its output is reduced over the CSR, but the
+    # message is computed as written (explain says so)
+    "EdgeConv-mlp-max", "EdgeConv-mlp-mean", "models.EdgeCNN",
+    # two towers are stacked into one message: a program computes one expression per message
+    "PNAConv-towers2",
 }
 
 N, E, F, D, H, C = 24, 96, 8, 6, 2, 4  # nodes, edges, node / edge features, heads, per-head channels
@@ -272,7 +282,7 @@ CASES = {
 
 
 def test_fused_table_covers_cases():
-    assert set(FUSED) == set(CASES)
+    assert set(FUSED) == set(CASES) and UNFUSED_OK <= set(CASES)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
@@ -287,7 +297,11 @@ def test_message_compiled_equals_eager(name, dtype):
     assert all(g is not None for g in torch.autograd.grad(model(*inputs).sum(), floats, allow_unused=True))
 
     with gnncompile.compiler.collect() as reports:
-        check_same(model, gnncompile.compile(model), inputs, **TOL[dtype])
+        tol = TOL[dtype]
+        if dtype == torch.float32 and ("std" in name or "var" in name):
+            # var = mean(m^2) - mean(m)^2 cancels: float32 sums in another order differ by ~1e-5
+            tol = dict(rtol=1e-4, atol=5e-5)
+        check_same(model, gnncompile.compile(model), inputs, **tol)
     fused = sum(r.num_fused for r in reports)
     where = "\n".join(str(u) for r in reports for u in r.unfused)
     assert all(u.reason for r in reports for u in r.unfused), where
@@ -298,5 +312,6 @@ def test_message_compiled_equals_eager(name, dtype):
         assert all(u.reason for u in rep.unfused), str(rep)
         assert rep.num_fused == fused, str(rep)
         where = str(rep)
-    if FUSED[name] is not None:
-        assert fused >= FUSED[name], where
+    assert fused >= FUSED[name], where
+    if name not in UNFUSED_OK:
+        assert not any(r.unfused for r in reports), where

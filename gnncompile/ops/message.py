@@ -198,23 +198,26 @@ def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad) -> List[Opt
     rowptr, col, perm = csr
     M = arg.shape[0]
     valid = arg >= 0
-    slot = arg.clamp(min=0)
+    # rows without an edge (arg -1) read slot E of col / perm padded with one 0: no
+    # data-dependent branch (E may be an unbacked size while tracing)
+    E = col.shape[0]
+    slot = torch.where(valid, arg, torch.full_like(arg, E))
+    zero = torch.zeros(1, dtype=torch.long, device=arg.device)
+    col_p, perm_p = torch.cat([col.long(), zero]), torch.cat([perm.long(), zero])
     f = torch.arange(F, device=arg.device).view(1, F)
     g = torch.where(valid, grad, torch.zeros_like(grad))
-    if col.numel() == 0:
-        return [torch.zeros_like(t) if need[k] else None for k, t in enumerate(inputs)]
     flat = []
     for t, s in zip(inputs, sides):
         if s == P.COL:
-            r = col.long()[slot]
+            r = col_p[slot]
         elif s == P.ROW:
             r = torch.arange(M, device=arg.device).view(M, 1).expand(M, F)
         elif s == P.EDGE:
-            r = perm.long()[slot]
+            r = perm_p[slot]
         elif s == P.SLOT:
-            r = slot
+            r = torch.where(valid, arg, torch.zeros_like(arg))
         else:
-            r = torch.zeros_like(slot)
+            r = torch.zeros_like(arg)
         W = t.shape[1]
         flat.append(r * W + torch.div(f, F // W, rounding_mode="floor"))
     vals = [t.reshape(-1)[i] for t, i in zip(inputs, flat)]
