@@ -16,6 +16,7 @@ Nothing here launches a kernel; the inserted ops run when the compiled graph run
 from __future__ import annotations
 
 import operator
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -24,7 +25,7 @@ from torch.fx import Node
 
 from ..ops import targets
 from ..ops.checks import FLOAT_DTYPES
-from .canonical import PURE, fake_tensor, layer_of, opname, size_key
+from .canonical import PURE, argument, fake_tensor, layer_of, opname, size_key
 from ..ops import program as P
 from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
 from .messages import EdgeProgram, Program
@@ -32,6 +33,9 @@ from .plan import Plan, SharedStructure
 from .report import Fused, PassReport, Unfused
 
 Triple = Tuple[Node, Node, Node]
+# Per-edge inputs computed from narrower edge features are recomputed in CSR order (read at the
+# slot, not through perm); GNNCOMPILE_SLOT_ORDER=0 turns this off (for A/B measurements).
+_SLOT_ORDER = os.environ.get("GNNCOMPILE_SLOT_ORDER", "1") != "0"
 
 
 @dataclass
@@ -42,6 +46,7 @@ class Built:
     csr: Triple  # rowptr, col, perm
     num_dst: Any  # an int, or the size node of the zeros buffer
     csc: Dict[str, Triple] = field(default_factory=dict)  # by num_src size key
+    slot_leaves: Dict[Node, Optional[Node]] = field(default_factory=dict)  # per-edge leaf -> in CSR order
 
 
 def node_order(graph) -> Dict[Node, int]:
@@ -106,17 +111,86 @@ def _fused_spmm(graph, m: Aggregate, b: Built, knobs: List[int]) -> Node:
     return graph.call_function(operator.getitem, (call, 0))
 
 
+_ROWWISE = ("linear", "view", "reshape", "repeat", "getitem", "unsqueeze", "squeeze", "contiguous", "flatten",
+            "relu", "sigmoid", "tanh", "gelu", "elu", "leaky_relu", "softplus", "dropout")
+
+
+def _per_edge_arg(n: Node, E) -> Optional[Node]:
+    """The one per-edge tensor argument of ``n`` (the others must not have the edge dim)."""
+    found = None
+    for a in list(n.args) + list(n.kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            v = fake_tensor(x) if isinstance(x, Node) else None
+            if v is not None and v.dim() >= 1 and size_key(v.shape[0]) == size_key(E):
+                if found is not None and x is not found:
+                    return None
+                found = x
+    return found
+
+
+def _slot_chain(leaf: Node) -> Optional[Tuple[Node, List[Node]]]:
+    """(root, chain) when the per-edge ``leaf`` is computed row by row from one narrower per-edge
+    tensor ``root`` through ``chain`` (root first), with at least one linear map: edge features
+    through an encoder. Rows commute with such a chain: ``chain(root)[perm] = chain(root[perm])``."""
+    E = fake_tensor(leaf).shape[0]
+    chain, cur, linear = [], leaf, False
+    while opname(cur) in _ROWWISE:
+        if opname(cur) == "dropout":
+            return None  # random: the masks would follow the rows differently
+        if opname(cur) == "repeat" and not (len(cur.args) > 1 and cur.args[1] == 1):
+            return None
+        if opname(cur) == "getitem":
+            idx = cur.args[1]
+            if not (isinstance(idx, tuple) and idx and idx[0] == slice(None, None, None)):
+                return None
+        if opname(cur) in ("unsqueeze", "squeeze", "flatten") and argument(cur, 1, "dim", 1) in (0, None):
+            return None
+        inner = _per_edge_arg(cur, E)
+        if inner is None or inner is not argument(cur, 0):
+            return None
+        linear = linear or opname(cur) == "linear"
+        chain.append(cur)
+        cur = inner
+    if not linear or not chain:
+        return None
+    rv, lv = fake_tensor(cur), fake_tensor(leaf)
+    if rv is None or rv.dim() < 1 or rv.numel() >= lv.numel():
+        return None  # only a narrower root is cheaper to reorder than the leaf
+    return cur, list(reversed(chain))
+
+
+def _leaf_in_csr_order(graph, leaf: Node, b: Built) -> Optional[Node]:
+    """``leaf`` recomputed in CSR order (side slot) from its reordered root, or None."""
+    if leaf in b.slot_leaves:
+        return b.slot_leaves[leaf]
+    found = _slot_chain(leaf)
+    out = None
+    if found is not None:
+        root, chain = found
+        mapping = {root: graph.call_method("index_select", (root, 0, b.csr[2]))}
+        for n in chain:
+            mapping[n] = graph.node_copy(n, lambda x: mapping.get(x, x))
+        out = mapping[chain[-1]]
+    b.slot_leaves[leaf] = out
+    return out
+
+
 def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     """``gnncompile::message_reduce`` (``message_edges`` for an edge program) over the leaves of
     ``m``, reshaped to the message's shape."""
-    ins = []
+    ins, sides = [], []
     for lf in m.leaves:
-        shape = (1, lf.width) if lf.side == P.CONST else (-1, lf.width)
-        ins.append(graph.call_method("reshape", (lf.node, shape)))
+        node, side = lf.node, lf.side
+        if side == P.EDGE and _SLOT_ORDER:
+            reordered = _leaf_in_csr_order(graph, node, b)
+            if reordered is not None:
+                node, side = reordered, P.SLOT
+        shape = (1, lf.width) if side == P.CONST else (-1, lf.width)
+        ins.append(graph.call_method("reshape", (node, shape)))
+        sides.append(side)
     csc: List[Node] = []
     if m.needs_csc and m.x is not None:
         csc = list(b.csc.get(size_key(fake_tensor(m.x).shape[0]), ()))
-    sides = [lf.side for lf in m.leaves]
     if isinstance(m, EdgeProgram):
         out = graph.call_function(targets.MESSAGE_EDGES, (*b.csr, ins, sides, list(m.code), list(m.consts),
                                                           m.width, m.width, False, knobs, csc, None))
