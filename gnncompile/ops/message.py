@@ -158,13 +158,47 @@ def _derivative(code, consts, k: int, n: int):
     return list(dcode), list(dconsts)
 
 
+def _row_only(code, sides) -> bool:
+    """Does the program read only inputs of the destination row and constants?"""
+    return all(sides[code[i + 2]] in (P.ROW, P.CONST) for i in range(0, len(code), P.INSTR)
+               if code[i] == P.OPCODE["in"])
+
+
+def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs) -> torch.Tensor:
+    """The gradient of input ``t`` when ``d_k`` depends only on the destination row (a linear
+    message's sum / mean: PNA's ``x_i + x_j + e + b``): ``v = d_k`` once per row, then the degree
+    times ``v`` (per destination), ``v`` summed over the CSC (per neighbour: the tuned spmm),
+    ``v`` per edge (per-edge inputs) or the total (constants)."""
+    rowptr, col, perm = csr
+    M = rowptr.shape[0] - 1
+    vals = [x[:M] if s == P.ROW else (x if s == P.CONST else None) for x, s in zip(ins, sides)]
+    v = P.evaluate(dcode, dconsts, vals, F).expand(M, F)
+    W = t.shape[1]
+    if side == P.ROW:
+        return _pad_rows(_group(v * deg, W), t.shape[0])
+    if side == P.CONST:
+        return _pad_rows(_group((v * deg).sum(0, keepdim=True), W), t.shape[0])
+    if side == P.COL:
+        if not csc:
+            csc = transpose_structure(rowptr, col, perm, t.shape[0])
+        return _group(ops.spmm(*csc[:3], None, v.contiguous(), "sum", knobs)[0], W)
+    rows = torch.repeat_interleave(torch.arange(M, device=rowptr.device), rowptr[1:] - rowptr[:-1],
+                                   output_size=col.shape[0])  # the row of every CSR slot
+    per_slot = _group(v, W).index_select(0, rows)
+    if side == P.SLOT:
+        return per_slot
+    out = torch.empty_like(per_slot)
+    out[perm.long()] = per_slot
+    return out
+
+
 def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs) -> List[Optional[torch.Tensor]]:
     """Gradients of every input of a sum-like program (``message_reduce`` sum / mean, or
     ``message_edges``) given ``g``, the upstream gradient read on side ``g_side``."""
     rowptr, col, perm = csr
     n = len(inputs)
     ins, sides_g = list(inputs) + [g], list(sides) + [g_side]
-    slot_t = None
+    slot_t = v_rows = None
     out: List[Optional[torch.Tensor]] = []
     for k, t in enumerate(inputs):
         d = _derivative(code, consts, k, n) if need[k] else None
@@ -173,6 +207,11 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
             continue
         dcode, dconsts = d
         W, side = t.shape[1], sides[k]
+        if _row_only(dcode, sides_g):  # d_k is the same for every edge of a row: no pass over edges
+            if v_rows is None:
+                v_rows = (rowptr[1:] - rowptr[:-1]).to(g.dtype).view(-1, 1)
+            out.append(_row_only_grad(csr, csc, ins, sides_g, dcode, dconsts, F, t, side, v_rows, knobs))
+            continue
         if side == P.ROW:
             r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
             out.append(_pad_rows(_group(r, W), t.shape[0]))

@@ -47,6 +47,7 @@ class Built:
     num_dst: Any  # an int, or the size node of the zeros buffer
     csc: Dict[str, Triple] = field(default_factory=dict)  # by num_src size key
     slot_leaves: Dict[Node, Optional[Node]] = field(default_factory=dict)  # per-edge leaf -> in CSR order
+    programs: Dict[tuple, Node] = field(default_factory=dict)  # fused programs, to compute each once
 
 
 def node_order(graph) -> Dict[Node, int]:
@@ -177,7 +178,18 @@ def _leaf_in_csr_order(graph, leaf: Node, b: Built) -> Optional[Node]:
 
 def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     """``gnncompile::message_reduce`` (``message_edges`` for an edge program) over the leaves of
-    ``m``, reshaped to the message's shape."""
+    ``m``, reshaped to the message's shape. The same program over the same inputs and structure
+    (PNA's mean, and the mean inside its std) is computed once."""
+    key = (isinstance(m, EdgeProgram), tuple((lf.node, lf.side) for lf in m.leaves), tuple(m.code),
+           tuple(m.consts), m.reduce, m.width, m.shape)
+    if key in b.programs:
+        return b.programs[key]
+    out = _emit_program(graph, m, b, knobs)
+    b.programs[key] = out
+    return out
+
+
+def _emit_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     ins, sides = [], []
     for lf in m.leaves:
         node, side = lf.node, lf.side
