@@ -134,6 +134,110 @@ def test_pt2_round_trip(name, tmp_path):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+# ----------------------------------------------------------------------------- edge features
+# Layers whose messages are more than a gathered feature (edge attributes, edge weights, gates,
+# per-edge MLPs). gnncompile.compile fuses them as message programs; export runs the passes
+# with programs=False, so these messages stay standard ops in the file. Whatever export does
+# fuse must still be one of the plain fused ops (build_csr, spmm_*, edge_softmax).
+D = 3  # edge feature width
+
+
+def _edge_inputs(graph, kind, seed):
+    """(x, edge_index[, extra]): extra sized to the graph's edges; kind "attr" [E, D] edge
+    features, "weight" [E] positive edge weights, "" none."""
+    x, ei = graph
+    g = torch.Generator().manual_seed(seed)
+    if kind == "attr":
+        return x, ei, torch.randn(ei.size(1), D, generator=g)
+    if kind == "weight":
+        return x, ei, torch.rand(ei.size(1), generator=g) + 0.1
+    return x, ei
+
+
+class _EdgeAttrKw(torch.nn.Module):
+    """model(x, edge_index, edge_attr=...): export passes inputs by position, and PyG's PNA /
+    EdgeCNN take edge_weight as their third positional argument."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.model(x, edge_index, edge_attr=edge_attr)
+
+
+def _deg_histogram():
+    x, ei = EXAMPLE
+    return torch.bincount(torch.bincount(ei[1], minlength=x.size(0)))
+
+
+# name -> (factory, extra input, fused chains the export has at least: those that need no
+# message program; the comment is the count observed)
+EDGE_MODELS = {
+    "GINEConv": (lambda: gnn.GINEConv(torch.nn.Linear(F_IN, 4), edge_dim=D), "attr", 0),  # 0
+    "models.PNA": (lambda: _EdgeAttrKw(models.PNA(
+        F_IN, 16, 2, 4, aggregators=["mean", "min", "max", "std"], scalers=["identity", "amplification"],
+        deg=_deg_histogram(), edge_dim=D)), "attr", 0),  # 0
+    "models.EdgeCNN": (lambda: models.EdgeCNN(F_IN, 16, 2, 4), "", 0),  # 0
+    "ResGatedGraphConv-edge_dim": (lambda: gnn.ResGatedGraphConv(F_IN, 4, edge_dim=D), "attr", 0),  # 0
+    "CGConv": (lambda: gnn.CGConv(F_IN, dim=D), "attr", 0),  # 0
+    "GENConv-softmax": (lambda: gnn.GENConv(F_IN, 4, aggr="softmax", edge_dim=D), "attr", 1),  # 1
+    "LEConv-edge_weight": (lambda: gnn.LEConv(F_IN, 4), "weight", 0),  # 0
+    "FiLMConv": (lambda: gnn.FiLMConv(F_IN, 4), "", 0),  # 0
+    "TransformerConv-edge_dim": (lambda: gnn.TransformerConv(F_IN, 4, heads=2, edge_dim=D), "attr", 1),  # 1
+    "GATConv-edge_dim": (lambda: gnn.GATConv(F_IN, 4, heads=2, edge_dim=D), "attr", 2),  # 2
+}
+EXPORT_FUNCTIONS = {"build_csr", "edge_softmax"}  # and spmm_*
+MESSAGE_OPS = {"gnncompile.message_reduce.default", "gnncompile.message_edges.default",
+               "gnncompile.hoisted.default"}
+
+
+def _edge_case(name):
+    factory, kind, fused = EDGE_MODELS[name]
+    torch.manual_seed(0)
+    model = factory().eval()
+    return model, _edge_inputs(EXAMPLE, kind, seed=10), _edge_inputs(OTHER, kind, seed=11), fused
+
+
+@pytest.mark.parametrize("name", list(EDGE_MODELS))
+def test_onnx_edge_features_match_eager(name, tmp_path):
+    model, example, other, fused = _edge_case(name)
+    path = tmp_path / "m.onnx"
+    res = gnncompile.export(model, example, path)
+    assert res.num_fused >= fused, res.unfused
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto, full_check=True)
+    assert len(proto.graph.input) == len(example)
+    funcs = {f.name for f in proto.functions if f.domain == "gnncompile"}
+    assert all(f in EXPORT_FUNCTIONS or f.startswith("spmm_") for f in funcs), funcs  # no programs
+    assert bool(funcs) == (res.num_fused > 0)
+    sess = _ort(path)
+    for inputs in (other, example):  # another size (and isolated nodes), then the example
+        with torch.no_grad():
+            ref = model(*inputs)
+        out = _run_ort(sess, *inputs)
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(EDGE_MODELS))
+def test_pt2_edge_features_round_trip(name, tmp_path):
+    model, example, other, fused = _edge_case(name)
+    path = tmp_path / "m.pt2"
+    res = gnncompile.export(model, example, path, format="pt2")
+    assert res.num_fused >= fused, res.unfused
+    ep = torch.export.load(str(path))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert not targets & MESSAGE_OPS
+    assert "gnncompile.cached_csr.default" not in targets
+    assert ("gnncompile.pair_csr.default" in targets) == (res.num_fused > 0)
+    for inputs in (other, example):
+        with torch.no_grad():
+            ref = model(*inputs)
+            out = ep.module()(*inputs)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_static_export(tmp_path):
     model = _model("GCN")
     path = tmp_path / "static.onnx"
