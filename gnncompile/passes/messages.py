@@ -19,7 +19,6 @@ feature). The program then reads leaf ``k`` of width ``W_k`` at feature ``f // (
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -28,7 +27,7 @@ from torch.fx import Node
 
 from ..ops import program as P
 from ..ops.checks import FLOAT_DTYPES
-from .canonical import argument, fake_tensor, is_one, opname, same_size, size_key
+from .canonical import argument, fake_tensor, opname, same_size, size_key
 from .match import Aggregate, IndexRef, NoMatch, Scatter, gather_of
 
 MAX_NODES = 96  # expression nodes per program
