@@ -232,3 +232,22 @@ def test_evaluate_constants_and_params():
     code, consts = P.encode(P.node("clamp", I0, params=(-math.inf, 0.5)))
     x = torch.tensor([[0.2, 0.9]])
     torch.testing.assert_close(P.evaluate(code, consts, [x], 2), torch.tensor([[0.2, 0.5]]))
+
+
+def test_sum_multi_matches_reference_and_single_programs():
+    """Several results of one instruction stream, each summed per row (the backward's batched
+    passes), equal the single programs."""
+    roots = [P.node("mul", P.node("sigmoid", P.node("add", I0, I1)), I2), P.node("add", I0, I1), I3,
+             P.node("tanh", I2)]
+    code, consts, results = P.encode_many(roots)
+    csr, _ = _structure(8)
+    ins = _inputs(torch.float64, 70, False, seed=4)
+    out = ops.message_sum_multi(*csr, ins, SIDES, code, consts, results, 70, [], None)
+    ref = M.message_sum_multi(*csr, ins, SIDES, code, consts, results, 70)
+    torch.testing.assert_close(out, ref)
+    for k, r in enumerate(roots):
+        c, cs = P.encode(r)
+        single = ops.message_reduce(*csr, ins, SIDES, c, cs, 70, "sum", [], [], None)[0]
+        torch.testing.assert_close(out[k], single)
+    with pytest.raises(ValueError, match="no instruction writes"):
+        ops.message_sum_multi(*csr, ins, SIDES, code, consts, [31], 70, [], None)

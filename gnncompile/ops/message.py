@@ -109,6 +109,21 @@ def message_edges(rowptr, col, perm, inputs, sides, code, consts, width: int, ou
     return out
 
 
+def message_sum_multi(rowptr, col, perm, inputs, sides, code, consts, results, width: int,
+                      knobs: Sequence[int] = (), slot=None):
+    """Reference: every result slot of the program, summed over each row: [K, M, width]."""
+    _check(rowptr, col, perm, inputs, sides, width, "gnncompile.message_sum_multi")
+    M, E, F = rowptr.numel() - 1, col.numel(), width
+    vals, rows = _slot_values(rowptr, col, perm, inputs, sides, slot)
+    regs = P.evaluate_slots(code, consts, vals, F)
+    out = []
+    for r in results:
+        acc = torch.zeros(M, F, dtype=inputs[0].dtype, device=inputs[0].device)
+        out.append(acc.index_add_(0, rows, regs[int(r)].expand(E, F)))
+    return torch.stack(out)
+
+
+_lib.impl("message_sum_multi", message_sum_multi, "CompositeExplicitAutograd")
 _lib.impl("message_reduce", message_reduce, "CompositeExplicitAutograd")
 _lib.impl("message_edges", message_edges, "CompositeExplicitAutograd")
 
@@ -120,6 +135,11 @@ def _message_reduce_fake(rowptr, col, perm, inputs, sides, code, consts, width, 
     out = x.new_empty((M, width))
     arg = x.new_empty((M, width) if reduce in ("max", "min") else (0,), dtype=torch.long)
     return out, arg
+
+
+@torch.library.register_fake("gnncompile::message_sum_multi")
+def _message_sum_multi_fake(rowptr, col, perm, inputs, sides, code, consts, results, width, knobs, slot):
+    return inputs[0].new_empty((len(results), rowptr.shape[0] - 1, width))
 
 
 @torch.library.register_fake("gnncompile::message_edges")
@@ -192,43 +212,75 @@ def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs)
     return out
 
 
-def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs) -> List[Optional[torch.Tensor]]:
+def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs
+                   ) -> List[Optional[torch.Tensor]]:
     """Gradients of every input of a sum-like program (``message_reduce`` sum / mean, or
-    ``message_edges``) given ``g``, the upstream gradient read on side ``g_side``."""
+    ``message_edges``) given ``g``, the upstream gradient read on side ``g_side``. Outside a
+    double backward, the gradients read per destination (and constants) share one pass over the
+    CSR and those read per neighbour one pass over the CSC (``message_sum_multi``)."""
     rowptr, col, perm = csr
     n = len(inputs)
     ins, sides_g = list(inputs) + [g], list(sides) + [g_side]
     slot_t = v_rows = None
-    out: List[Optional[torch.Tensor]] = []
+    out: List[Optional[torch.Tensor]] = [None] * n
+    groups = {P.ROW: [], P.COL: []}
+    multi = not torch.is_grad_enabled()
+
+    def csc_and_slots(rows: int):
+        nonlocal csc, slot_t
+        if not csc:
+            csc = transpose_structure(rowptr, col, perm, rows)
+        if slot_t is None and P.SLOT in sides_g:
+            slot_t = _csc_slots(perm, csc[2])
+        return csc, slot_t
+
     for k, t in enumerate(inputs):
         d = _derivative(code, consts, k, n) if need[k] else None
         if d is None:
-            out.append(torch.zeros_like(t) if need[k] else None)
+            out[k] = torch.zeros_like(t) if need[k] else None
             continue
         dcode, dconsts = d
         W, side = t.shape[1], sides[k]
         if _row_only(dcode, sides_g):  # d_k is the same for every edge of a row: no pass over edges
             if v_rows is None:
                 v_rows = (rowptr[1:] - rowptr[:-1]).to(g.dtype).view(-1, 1)
-            out.append(_row_only_grad(csr, csc, ins, sides_g, dcode, dconsts, F, t, side, v_rows, knobs))
-            continue
-        if side == P.ROW:
+            out[k] = _row_only_grad(csr, csc, ins, sides_g, dcode, dconsts, F, t, side, v_rows, knobs)
+        elif multi and side in (P.ROW, P.CONST):
+            groups[P.ROW].append(k)
+        elif multi and side == P.COL:
+            groups[P.COL].append(k)
+        elif side == P.ROW:
             r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
-            out.append(_pad_rows(_group(r, W), t.shape[0]))
+            out[k] = _pad_rows(_group(r, W), t.shape[0])
         elif side == P.COL:
-            if not csc:
-                csc = transpose_structure(rowptr, col, perm, t.shape[0])
-            if slot_t is None and P.SLOT in sides_g:
-                slot_t = _csc_slots(perm, csc[2])
+            c, st = csc_and_slots(t.shape[0])
             swapped = [_SWAP[s] for s in sides_g]
-            r = ops.message_reduce(*csc, ins, swapped, dcode, dconsts, F, "sum", knobs, [], slot_t)[0]
-            out.append(_group(r, W))
+            r = ops.message_reduce(*c, ins, swapped, dcode, dconsts, F, "sum", knobs, [], st)[0]
+            out[k] = _group(r, W)
         elif side in (P.EDGE, P.SLOT):
-            out.append(ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, side == P.SLOT,
-                                         knobs, list(csc or []), None))
+            out[k] = ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, side == P.SLOT,
+                                       knobs, list(csc or []), None)
         else:
             r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
-            out.append(_pad_rows(_group(r.sum(0, keepdim=True), W), t.shape[0]))
+            out[k] = _pad_rows(_group(r.sum(0, keepdim=True), W), t.shape[0])
+    for where, ks in groups.items():
+        if not ks:
+            continue
+        grads = P.backward_expr(P.decode(code, consts), P.inp(n))
+        mcode, mconsts, results = P.encode_many([grads[k] for k in ks])
+        if where == P.ROW:
+            r = ops.message_sum_multi(rowptr, col, perm, ins, sides_g, mcode, mconsts, results, F, knobs, None)
+        else:
+            c, st = csc_and_slots(inputs[ks[0]].shape[0])
+            r = ops.message_sum_multi(*c, ins, [_SWAP[s] for s in sides_g], mcode, mconsts, results, F, knobs, st)
+        for i, k in enumerate(ks):
+            t = inputs[k]
+            if sides[k] == P.ROW:
+                out[k] = _pad_rows(_group(r[i], t.shape[1]), t.shape[0])
+            elif sides[k] == P.CONST:
+                out[k] = _pad_rows(_group(r[i].sum(0, keepdim=True), t.shape[1]), t.shape[0])
+            else:
+                out[k] = _group(r[i], t.shape[1])
     return out
 
 
@@ -323,8 +375,9 @@ torch.library.register_autograd("gnncompile::message_reduce", _reduce_backward, 
 
 def _edges_setup(ctx, inputs, output):
     rowptr, col, perm, ins, sides, code, consts, width, out_width, by_slot, knobs, csc, slot = inputs
-    if slot is not None or by_slot:
-        raise RuntimeError("gnncompile.message_edges: no gradient with slot / by_slot (backward-only forms)")
+    if slot is not None or out_width != width:
+        raise RuntimeError("gnncompile.message_edges: no gradient with slot or grouped sums (backward-only forms)")
+    ctx.by_slot = by_slot
     ctx.meta = (list(sides), list(code), list(consts), width, list(knobs), len(ins), len(csc))
     ctx.empty = (len(consts) == 0, len(knobs) == 0)
     ctx.need = [t.requires_grad for t in ins]
@@ -338,7 +391,7 @@ def _edges_backward(ctx, grad):
     csc = list(saved[3:3 + n_csc])
     ins = list(saved[3 + n_csc:3 + n_csc + n])
     grads = _segment_grads((rowptr, col, perm), csc, ins, sides, code, consts, F, ctx.need,
-                           grad.contiguous(), P.EDGE, knobs)
+                           grad.contiguous(), P.SLOT if ctx.by_slot else P.EDGE, knobs)
     ret = list(_backward_return(n_csc, grads))
     ret.insert(9, None)  # by_slot
     return _fix_empty(tuple(ret), ctx, knobs_at=10)

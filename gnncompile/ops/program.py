@@ -150,12 +150,26 @@ def _topo(root: Expr) -> List[Expr]:
 
 def encode(root: Expr) -> Tuple[List[int], List[float]]:
     """(code, consts) of ``root``; slots are reused once their last reader has run."""
-    order = _topo(root)
+    code, consts, _ = encode_many([root])
+    return code, consts
+
+
+def encode_many(roots: Sequence[Expr]) -> Tuple[List[int], List[float], List[int]]:
+    """(code, consts, result slots) of several expressions in one instruction stream: shared
+    sub-expressions computed once, every root's slot kept to the end."""
+    order: List[Expr] = []
+    seen = set()
+    for r in roots:
+        for x in _topo(r):
+            if x not in seen:
+                seen.add(x)
+                order.append(x)
     last_use = {}
     for i, x in enumerate(order):
         for c in x[1]:
             last_use[c] = i
-    last_use[root] = len(order)
+    for r in roots:
+        last_use[r] = len(order)
     free: List[int] = []
     slot: Dict[Expr, int] = {}
     n_slots = 0
@@ -195,7 +209,7 @@ def encode(root: Expr) -> Tuple[List[int], List[float]]:
             c = c_index(params[1]) if (ar == 1 and len(params) > 1) else 0
             ins = [OPCODE[op], dst, a, b, c]
         code += ins
-    return code, consts
+    return code, consts, [slot[r] for r in roots]
 
 
 def decode(code: Sequence[int], consts: Sequence[float]) -> Expr:
@@ -349,6 +363,11 @@ def evaluate(code: Sequence[int], consts: Sequence[float], values: Sequence[torc
              ) -> torch.Tensor:
     """Runs a program with torch ops on ``values`` (input k: ``[R, W_k]`` or ``[1, W_k]``, read
     at column ``f // (F // W_k)``); returns ``[R, F]``. The reference of the kernels."""
+    return evaluate_slots(code, consts, values, F, last=True)
+
+
+def evaluate_slots(code, consts, values, F: int, last: bool = False):
+    """:func:`evaluate`, returning every slot's final value (or, with ``last``, the result)."""
     regs: Dict[int, torch.Tensor] = {}
     like = next((v for v in values if v is not None), None)
     out = None
@@ -370,8 +389,8 @@ def evaluate(code: Sequence[int], consts: Sequence[float], values: Sequence[torc
                 params.append(consts[c])
             out = _TORCH[name](*args, *params)
         regs[dst] = out
-    return out
+    return out if last else regs
 
 
 __all__ = ["COL", "ROW", "EDGE", "CONST", "SLOT", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
-           "encode", "decode", "derivative", "backward_expr", "evaluate", "inputs_of", "uses_input"]
+           "encode", "encode_many", "decode", "derivative", "backward_expr", "evaluate", "inputs_of", "uses_input"]

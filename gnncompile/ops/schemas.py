@@ -62,6 +62,13 @@ _lib.define(
     "float[] consts, int width, int out_width, bool by_slot, int[] knobs, Tensor[] csc, Tensor? slot) -> Tensor"
 )
 
+# Several results of one program (their slots: `results`), each summed over every row: [K, M, F].
+# The backward passes of message programs (no autograd of its own).
+_lib.define(
+    "message_sum_multi(Tensor rowptr, Tensor col, Tensor perm, Tensor[] inputs, int[] sides, int[] code, "
+    "float[] consts, int[] results, int width, int[] knobs, Tensor? slot) -> Tensor"
+)
+
 # The pooled loader's collation (gnncompile.data): copies of whole graphs into a batch buffer.
 _lib.define("collate_rows(Tensor values, Tensor starts, Tensor sizes, Tensor idx, Tensor(a!) out, "
             "Tensor? incs=None) -> ()")

@@ -36,6 +36,7 @@ Triple = Tuple[Node, Node, Node]
 # Per-edge inputs computed from narrower edge features are recomputed in CSR order (read at the
 # slot, not through perm); GNNCOMPILE_SLOT_ORDER=0 turns this off (for A/B measurements).
 _SLOT_ORDER = os.environ.get("GNNCOMPILE_SLOT_ORDER", "1") != "0"
+_PURE_OPS = (targets.MESSAGE_EDGES,)  # dropped when unused (an edge program recomputed in CSR order)
 
 
 @dataclass
@@ -129,13 +130,13 @@ def _per_edge_arg(n: Node, E) -> Optional[Node]:
     return found
 
 
-def _slot_chain(leaf: Node) -> Optional[Tuple[Node, List[Node]]]:
+def _slot_chain(leaf: Node, wide_ok=()) -> Optional[Tuple[Node, List[Node]]]:
     """(root, chain) when the per-edge ``leaf`` is computed row by row from one narrower per-edge
     tensor ``root`` through ``chain`` (root first), with at least one linear map: edge features
     through an encoder. Rows commute with such a chain: ``chain(root)[perm] = chain(root[perm])``."""
     E = fake_tensor(leaf).shape[0]
     chain, cur, linear = [], leaf, False
-    while opname(cur) in _ROWWISE:
+    while opname(cur) in _ROWWISE and cur not in wide_ok:
         if opname(cur) == "dropout":
             return None  # random: the masks would follow the rows differently
         if opname(cur) == "repeat" and not (len(cur.args) > 1 and cur.args[1] == 1):
@@ -154,21 +155,30 @@ def _slot_chain(leaf: Node) -> Optional[Tuple[Node, List[Node]]]:
         cur = inner
     if not linear or not chain:
         return None
+    if cur in wide_ok:
+        return cur, list(reversed(chain))
     rv, lv = fake_tensor(cur), fake_tensor(leaf)
     if rv is None or rv.dim() < 1 or rv.numel() >= lv.numel():
         return None  # only a narrower root is cheaper to reorder than the leaf
     return cur, list(reversed(chain))
 
 
-def _leaf_in_csr_order(graph, leaf: Node, b: Built) -> Optional[Node]:
-    """``leaf`` recomputed in CSR order (side slot) from its reordered root, or None."""
+def _leaf_in_csr_order(graph, leaf: Node, b: Built, knobs: List[int]) -> Optional[Node]:
+    """``leaf`` recomputed in CSR order (side slot) from its reordered root, or None. A root
+    that is an edge program of this structure (EdgeConv's MLP input) is recomputed in CSR order
+    by the same program: no reordering of a wide tensor."""
     if leaf in b.slot_leaves:
         return b.slot_leaves[leaf]
-    found = _slot_chain(leaf)
+    edge_programs = {m.anchor: m for m in b.shared.members if isinstance(m, EdgeProgram)}
+    found = _slot_chain(leaf, set(edge_programs))
     out = None
     if found is not None:
         root, chain = found
-        mapping = {root: graph.call_method("index_select", (root, 0, b.csr[2]))}
+        if root in edge_programs:
+            start = _emit_program(graph, edge_programs[root], b, knobs, by_slot=True)
+        else:
+            start = graph.call_method("index_select", (root, 0, b.csr[2]))
+        mapping = {root: start}
         for n in chain:
             mapping[n] = graph.node_copy(n, lambda x: mapping.get(x, x))
         out = mapping[chain[-1]]
@@ -189,12 +199,12 @@ def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     return out
 
 
-def _emit_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
+def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool = False) -> Node:
     ins, sides = [], []
     for lf in m.leaves:
         node, side = lf.node, lf.side
         if side == P.EDGE and _SLOT_ORDER:
-            reordered = _leaf_in_csr_order(graph, node, b)
+            reordered = _leaf_in_csr_order(graph, node, b, knobs)
             if reordered is not None:
                 node, side = reordered, P.SLOT
         shape = (1, lf.width) if side == P.CONST else (-1, lf.width)
@@ -205,7 +215,7 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
         csc = list(b.csc.get(size_key(fake_tensor(m.x).shape[0]), ()))
     if isinstance(m, EdgeProgram):
         out = graph.call_function(targets.MESSAGE_EDGES, (*b.csr, ins, sides, list(m.code), list(m.consts),
-                                                          m.width, m.width, False, knobs, csc, None))
+                                                          m.width, m.width, by_slot, knobs, csc, None))
         return graph.call_method("reshape", (out, (-1, *m.shape)))
     call = graph.call_function(targets.MESSAGE_REDUCE, (*b.csr, ins, sides, list(m.code),
                                                         list(m.consts), m.width, m.reduce, knobs, csc, None))
@@ -256,7 +266,7 @@ def drop_dead(graph, claimed=()) -> None:
         for n in reversed(list(graph.nodes)):
             if n.op not in ("call_function", "call_method") or n.users:
                 continue
-            if opname(n) in PURE and n.kwargs.get("inplace") is not True and not (
+            if n.target in _PURE_OPS or opname(n) in PURE and n.kwargs.get("inplace") is not True and not (
                     opname(n) in ("relu", "leaky_relu", "elu") and True in n.args[1:]):
                 graph.erase_node(n)
                 changed = True

@@ -259,9 +259,54 @@ at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_
   return out;
 }
 
+at::Tensor message_sum_multi_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
+                                 at::TensorList inputs, c10::IntArrayRef sides, c10::IntArrayRef code,
+                                 c10::ArrayRef<double> consts, c10::IntArrayRef results, int64_t F,
+                                 c10::IntArrayRef knobs, const std::optional<at::Tensor>& slot_in) {
+  const char* op = "gnncompile.message_sum_multi";
+  check_structure(rowptr_in, col_in, perm_in, op);
+  check_cpu(rowptr_in, op, "rowptr");
+  check_cpu(col_in, op, "col");
+  check_cpu(perm_in, op, "perm");
+  const at::Tensor rowptr = rowptr_in.contiguous(), col = col_in.contiguous(), perm = perm_in.contiguous();
+  const int64_t M = rowptr.numel() - 1, E = col.numel();
+  check_rowptr_ends(rowptr, E, op);
+  const Inputs in = check_inputs(inputs, sides, F, M, E, op);
+  const at::Tensor slot = check_slot(slot_in, col, op);
+  const Program p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
+  const int K = static_cast<int>(results.size());
+  TORCH_CHECK_VALUE(K >= 1 && K <= msg::kMaxResults, op, ": 1 to ", msg::kMaxResults, " results, got ", K);
+  std::vector<int32_t> res(K);
+  std::vector<bool> written(msg::kMaxSlots, false);
+  for (int64_t i = 0; i < p.n_instr; ++i) written[p.code[i * msg::kInstr + 1]] = true;
+  for (int k = 0; k < K; ++k) {
+    TORCH_CHECK_VALUE(results[k] >= 0 && results[k] < msg::kMaxSlots && written[results[k]], op, ": result ", k,
+                      " names slot ", results[k], ", which no instruction writes");
+    res[k] = static_cast<int32_t>(results[k]);
+  }
+  at::Tensor out = at::empty({K, M, F}, in.tensors[0].options());
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    GNN_DISPATCH_F32_F64(out.scalar_type(), [&] {
+      using acc_t = scalar_t;
+      constexpr int TILE = Tile<scalar_t>::value;
+      std::vector<acc_t> cs(consts.begin(), consts.end());
+      std::vector<msg::Input<scalar_t>> views;
+      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, slot, in, views, sides, p, cs, F);
+      a.out = out.data_ptr<scalar_t>();
+      st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
+        return msg::sum_rows_multi<scalar_t, acc_t, index_t, TILE>(a, res.data(), K, M, r0, r1);
+      });
+    });
+  });
+  raise_status(st, op, in.num_src, E);
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
+  m.impl("message_sum_multi", &message_sum_multi_cpu);
   m.impl("message_reduce", &message_reduce_cpu);
   m.impl("message_edges", &message_edges_cpu);
 }

@@ -281,6 +281,43 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
   return Status::Ok;
 }
 
+// Several results of one instruction stream (results[k]: their slots), each summed over the
+// row: out is [K, M, F]. Used by the backward pass (every gradient read per destination in one
+// pass over the CSR, every one read per neighbour in one pass over the CSC).
+constexpr int kMaxResults = 16;
+template <typename scalar_t, typename acc_t, typename index_t, int TILE>
+Status sum_rows_multi(const Args<scalar_t, acc_t, index_t>& a, const int32_t* results, int K, int64_t M,
+                      int64_t row_begin, int64_t row_end) {
+  alignas(64) acc_t s[kMaxSlots][TILE];
+  const acc_t* reg[kMaxSlots];
+  acc_t acc[kMaxResults][TILE];
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
+    const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
+    for (int64_t f0 = 0; f0 < a.F; f0 += TILE) {
+      const int n = static_cast<int>(a.F - f0 < TILE ? a.F - f0 : TILE);
+      for (int k = 0; k < K; ++k)
+        for (int t = 0; t < n; ++t) acc[k][t] = acc_t(0);
+      for (int64_t j = begin; j < end; ++j) {
+        if (j + kAhead < end) prefetch_slot(a, j + kAhead, f0, n);
+        int64_t src, e, sl;
+        const Status st = edge_of(a, j, src, e, sl);
+        if (st != Status::Ok) return st;
+        eval<scalar_t, acc_t, index_t, TILE>(a, s, reg, row, src, e, sl, f0, n);
+        for (int k = 0; k < K; ++k) {
+          const acc_t* v = reg[results[k]];
+          for (int t = 0; t < n; ++t) acc[k][t] += v[t];
+        }
+      }
+      for (int k = 0; k < K; ++k) {
+        scalar_t* o = a.out + (k * M + row) * a.F + f0;
+        for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[k][t]);
+      }
+    }
+  }
+  return Status::Ok;
+}
+
 // out (zeroed by the caller when grouped) gets every edge's message, in the user's edge order.
 template <typename scalar_t, typename acc_t, typename index_t, int TILE>
 Status edge_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int64_t row_end) {
