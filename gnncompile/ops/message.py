@@ -375,8 +375,8 @@ torch.library.register_autograd("gnncompile::message_reduce", _reduce_backward, 
 
 def _edges_setup(ctx, inputs, output):
     rowptr, col, perm, ins, sides, code, consts, width, out_width, by_slot, knobs, csc, slot = inputs
-    if slot is not None or out_width != width:
-        raise RuntimeError("gnncompile.message_edges: no gradient with slot or grouped sums (backward-only forms)")
+    if slot is not None:
+        raise RuntimeError("gnncompile.message_edges: no gradient on a transposed structure (slot given)")
     ctx.by_slot = by_slot
     ctx.meta = (list(sides), list(code), list(consts), width, list(knobs), len(ins), len(csc))
     ctx.empty = (len(consts) == 0, len(knobs) == 0)
