@@ -74,29 +74,31 @@ def test_gin_batches_tiny(tmp_path):
 
 
 def test_messages_tiny(tmp_path):
-    """Every workload and variant (inductor included: its compiles dominate the time, less with a
-    warm inductor cache), in-process (--quick), 300-node graphs, 2 batches of 8 molecules."""
+    """Every workload with eager and gnncompile (inductor's compiles would dominate the time; the
+    benchmark's own runs cover it), in-process (--quick), 300-node graphs, 2 batches of 8
+    molecules; gnncompile fuses the messages of every workload."""
     p = messages.main(["--quick", "--graphs", "300", "--molecule-batches", "2", "--batch-size", "8",
+                       "--variants", "eager,gnncompile",
                        "--repeats", "1", "--warmup", "0", "--results-dir", str(tmp_path), "--out", "m"])
     saved = json.loads((tmp_path / "m.json").read_text())
     assert (tmp_path / "m.png").stat().st_size > 0
     md = (tmp_path / "m.md").read_text()
     assert [(r["workload"], r["graph"]) for r in saved["rows"]] == [
         ("GINE", "300"), ("PNA", "300"), ("EdgeCNN", "300"), ("molecules", "2x8")]
-    assert saved["variants"] == list(messages.VARIANTS) and saved["in_process"]
+    assert saved["variants"] == ["eager", "gnncompile"] and saved["in_process"]
     for row in saved["rows"]:
-        assert set(row["results"]) == set(messages.VARIANTS)
+        assert set(row["results"]) == {"eager", "gnncompile"}
         assert f"| {row['workload']} |" in md
         for v, r in row["results"].items():
             assert "error" not in r, (row["workload"], v, r)
             assert r["agreed"] and r["rel_err"] <= 1e-3 and r["loss"] == pytest.approx(r["loss_eager"], rel=1e-4)
             assert r["median_s"] > 0 and r["first_step_s"] > 0 and "peak_bytes" in r
-        assert row["eager_over_gnncompile"] > 0 and row["inductor_over_gnncompile"] > 0
-        assert row["results"]["gnncompile"]["fused_ops"] >= 0
+        assert row["eager_over_gnncompile"] > 0
+        assert row["results"]["gnncompile"]["fused_ops"] >= 2, row["workload"]
     r = p["rows"][0]["results"]["eager"]
     assert (r["N"], r["E"], r["edge_dim"]) == (300, 3000, 16)
     assert p["rows"][2]["results"]["eager"]["edge_dim"] == 0  # EdgeCNN: no edge features
     mol = p["rows"][3]["results"]
     assert mol["eager"]["batches"] == 2 and mol["eager"]["graphs_per_batch"] == 8
     assert mol["eager"]["loss_eager"] == mol["gnncompile"]["loss_eager"]  # the same initial weights
-    assert mol["inductor"]["recompiles_in_epochs"] == mol["gnncompile"]["recompiles_in_epochs"] == 0
+    assert mol["gnncompile"]["recompiles_in_epochs"] == 0
