@@ -17,6 +17,7 @@ stored. With ``G`` the upstream gradient and ``d_k = G * dm/d(input k)``:
 """
 from __future__ import annotations
 
+import functools
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -178,6 +179,15 @@ def _derivative(code, consts, k: int, n: int):
     return list(dcode), list(dconsts)
 
 
+@functools.lru_cache(maxsize=256)
+def _batched_derivatives(code: tuple, consts: tuple, ks: tuple, n: int):
+    """One instruction stream computing ``G * dm/d(input k)`` for every k of ``ks`` (the
+    upstream gradient G is input n): (code, consts, result slots)."""
+    grads = P.backward_expr(P.decode(code, consts), P.inp(n))
+    code_, consts_, results = P.encode_many([grads[k] for k in ks])
+    return list(code_), list(consts_), list(results)
+
+
 def _row_only(code, sides) -> bool:
     """Does the program read only inputs of the destination row and constants?"""
     return all(sides[code[i + 2]] in (P.ROW, P.CONST) for i in range(0, len(code), P.INSTR)
@@ -266,8 +276,8 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
     for where, ks in groups.items():
         if not ks:
             continue
-        grads = P.backward_expr(P.decode(code, consts), P.inp(n))
-        mcode, mconsts, results = P.encode_many([grads[k] for k in ks])
+        mcode, mconsts, results = _batched_derivatives(tuple(int(c) for c in code),
+                                                       tuple(float(c) for c in consts), tuple(ks), n)
         if where == P.ROW:
             r = ops.message_sum_multi(rowptr, col, perm, ins, sides_g, mcode, mconsts, results, F, knobs, None)
         else:
