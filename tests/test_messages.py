@@ -315,3 +315,18 @@ def test_message_compiled_equals_eager(name, dtype):
     assert fused >= FUSED[name], where
     if name not in UNFUSED_OK:
         assert not any(r.unfused for r in reports), where
+
+
+@pytest.mark.parametrize("E_", [0, 5])
+def test_no_edges_and_isolated_nodes(E_):
+    """Graphs with no edge at all, or with most nodes isolated: max's backward reads no edge."""
+    torch.manual_seed(0)
+    cases = [(gnn.GINEConv(torch.nn.Linear(F, F), edge_dim=D), True),
+             (gnn.EdgeConv(torch.nn.Sequential(torch.nn.Linear(2 * F, F), torch.nn.ReLU(),
+                                               torch.nn.Linear(F, F)), aggr="max"), False)]
+    for model, edge_attr in cases:
+        torch._dynamo.reset()
+        x = torch.randn(N, F, requires_grad=True)
+        ei = torch.randint(0, N, (2, E_))
+        inputs = [x, ei] + ([torch.randn(E_, D, requires_grad=True)] if edge_attr else [])
+        check_same(model, gnncompile.compile(model), inputs)

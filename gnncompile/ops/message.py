@@ -320,8 +320,11 @@ def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad) -> List[Opt
         else:
             r = torch.zeros_like(arg)
         W = t.shape[1]
-        flat.append(r * W + torch.div(f, F // W, rounding_mode="floor"))
-    vals = [t.reshape(-1)[i] for t, i in zip(inputs, flat)]
+        col_of = torch.div(f, F // W, rounding_mode="floor")
+        # a row without an edge reads one zero row padded after the input (which may be empty)
+        flat.append(torch.where(valid, r * W + col_of, t.numel() + col_of))
+    padded = [torch.cat([t.reshape(-1), t.new_zeros(t.shape[1])]) for t in inputs]
+    vals = [tp[i] for tp, i in zip(padded, flat)]
     n = len(inputs)
     out: List[Optional[torch.Tensor]] = []
     for k, t in enumerate(inputs):
@@ -331,9 +334,9 @@ def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad) -> List[Opt
             continue
         dk = P.evaluate(d[0], d[1], vals + [g], F).expand(M, F)
         dk = torch.where(valid, dk, torch.zeros_like(dk))
-        gk = torch.zeros(t.numel(), dtype=t.dtype, device=t.device)
+        gk = torch.zeros(t.numel() + t.shape[1], dtype=t.dtype, device=t.device)
         gk.index_put_((flat[k].reshape(-1),), dk.reshape(-1), accumulate=True)
-        out.append(gk.reshape(t.shape))
+        out.append(gk[:t.numel()].reshape(t.shape))
     return out
 
 
