@@ -9,7 +9,9 @@ inputs built by concatenation are split first:
   PNAConv's ``[x_i, x_j, e]``, ResGatedGraphConv's ``[x_i, e]``);
 * ``linear(a +- b, W) = linear(a, W) +- linear(b, W)`` and ``linear(-a, W) = -linear(a, W)``;
 * ``cat(parts, -1)[:, i] = cat([p[:, i] for p in parts], -1)`` and
-  ``x[j][:, i] = x[:, i][j]`` (PNAConv's towers).
+  ``x[j][:, i] = x[:, i][j]`` (PNAConv's towers);
+* ``linear(linear(z, A, a), B, b) = linear(z, B A, B a + b)`` across row reshapes, where ``z``
+  is narrower (PNA's edge encoder followed by the edge slice of its pre-NN).
 
 Pieces that are not gathered (edge features) keep their own, narrower GEMM over the edges.
 A rewrite is made only where it moves at least one gathered piece; the maps over the nodes
@@ -25,7 +27,7 @@ import torch
 from torch.fx import Node
 from torch.fx.node import map_arg
 
-from .canonical import argument, fake_tensor, opname
+from .canonical import argument, fake_tensor, opname, same_size
 from .match import gather_of
 
 
@@ -210,16 +212,73 @@ def _rewrite_linear(graph, n: Node) -> bool:
     return True
 
 
+_SAME_ROWS = ("view", "reshape", "repeat", "getitem", "unsqueeze", "squeeze", "contiguous")
+
+
+def _merge_linears(graph, n: Node) -> bool:
+    """``linear(r(linear(z, A, a)), B, b) = linear(z, B A, B a + b)`` where ``r`` only reshapes
+    each row (view, a repeat by ones, a select of a size-1 dim: PNA's towers of one) and ``z``
+    is narrower than the inner output: the GEMM over the edges runs at ``z``'s width once
+    (PNA's edge encoder followed by the edge slice of its pre-NN)."""
+    la = _linear_args(n)
+    if la is None:
+        return False
+    y, B, b = la
+    yv = fake_tensor(y)
+    if yv is None or yv.dim() != 2:
+        return False
+    width = yv.shape[-1]
+    cur = y
+    while opname(cur) in _SAME_ROWS:
+        if len(cur.users) != 1:
+            return False
+        cv = fake_tensor(cur)
+        if opname(cur) == "repeat" and any(r != 1 for r in cur.args[1:]):
+            return False
+        if opname(cur) == "getitem" and _tower_index(cur.args[1]) is None:
+            return False
+        inner = cur.args[0]
+        iv = fake_tensor(inner)
+        if iv is None or cv is None or iv.numel() != cv.numel() or not same_size(iv.shape[0], cv.shape[0]):
+            return False
+        cur = inner
+    inner = _linear_args(cur)
+    if inner is None or cur is y or len(cur.users) != 1:
+        return False
+    z, A, a = inner
+    zv, Av = fake_tensor(z), fake_tensor(A)
+    if zv is None or zv.dim() != 2 or not same_size(zv.shape[0], yv.shape[0]) or Av.shape[0] != width \
+            or zv.shape[-1] >= width:
+        return False
+    em = _Emitter(graph, n)
+    w = em.call("call_function", torch.mm, (B, A))
+    bias = b
+    if a is not None:
+        ba = em.call("call_function", torch.mv, (B, a))
+        bias = ba if b is None else em.call("call_function", operator.add, (ba, b))
+    new = em.call("call_function", torch.nn.functional.linear, (z, w, bias))
+    if tuple(str(s) for s in fake_tensor(new).shape) != tuple(str(s) for s in yv.shape[:-1]) + (str(fake_tensor(n).shape[-1]),):
+        return False
+    n.replace_all_uses_with(new)
+    graph.erase_node(n)
+    return True
+
+
 def push_linear_to_nodes(graph) -> int:
-    """Applies the rewrites above to every ``linear`` of per-edge gathered rows; returns how
-    many linear nodes were rewritten."""
+    """Applies the rewrites above to every ``linear`` of per-edge gathered rows, then merges
+    stacked linear maps of narrow edge features; returns how many linear nodes were rewritten."""
+    from .rewrite import drop_dead
+
     done = 0
-    for n in list(graph.nodes):
-        if n.graph is graph and opname(n) == "linear":
-            try:
-                done += _rewrite_linear(graph, n)
-            except Exception:  # a fake-tensor failure leaves the node as it is
-                continue
+    for rule in (_rewrite_linear, _merge_linears):
+        if rule is _merge_linears and done:
+            drop_dead(graph)  # what the first rewrites replaced no longer counts as a user
+        for n in list(graph.nodes):
+            if n.graph is graph and opname(n) == "linear":
+                try:
+                    done += rule(graph, n)
+                except Exception:  # a fake-tensor failure leaves the node as it is
+                    continue
     return done
 
 
