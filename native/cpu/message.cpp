@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "glue.h"
@@ -172,49 +173,84 @@ msg::Args<scalar_t, acc_t, index_t> make_args(const at::Tensor& rowptr, const at
 template <typename scalar_t> struct Tile { static constexpr int value = 128; };
 template <> struct Tile<double> { static constexpr int value = 64; };
 
+// What every message op checks before a kernel runs: the structure, the inputs, the optional
+// CSR slots of a transposed structure and the program.
+struct Call {
+  const char* op;
+  at::Tensor rowptr, col, perm, slot;
+  int64_t M = 0, E = 0;
+  Inputs in;
+  Program p;
+};
+
+Call prepare(const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in, at::TensorList inputs,
+             c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts, int64_t F,
+             const std::optional<at::Tensor>& slot_in, const char* op) {
+  Call c;
+  c.op = op;
+  check_structure(rowptr_in, col_in, perm_in, op);
+  check_cpu(rowptr_in, op, "rowptr");
+  check_cpu(col_in, op, "col");
+  check_cpu(perm_in, op, "perm");
+  c.rowptr = rowptr_in.contiguous();
+  c.col = col_in.contiguous();
+  c.perm = perm_in.contiguous();
+  c.M = c.rowptr.numel() - 1;
+  c.E = c.col.numel();
+  check_rowptr_ends(c.rowptr, c.E, op);
+  c.in = check_inputs(inputs, sides, F, c.M, c.E, op);
+  c.slot = check_slot(slot_in, c.col, op);
+  c.p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
+  return c;
+}
+
+// Dispatches on the index and feature dtypes and calls fn(args, tile) with the kernel arguments
+// (out and the mode fields left for fn to set) and the tile width as an integral constant.
+template <typename Fn>
+void run(const Call& c, c10::IntArrayRef sides, c10::ArrayRef<double> consts, int64_t F, const Fn& fn) {
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(c.rowptr.scalar_type(), c.op, [&] {
+    GNN_DISPATCH_F32_F64(c.in.tensors[0].scalar_type(), [&] {
+      using acc_t = scalar_t;
+      std::vector<acc_t> cs(consts.begin(), consts.end());
+      std::vector<msg::Input<scalar_t>> views;
+      auto a = make_args<scalar_t, acc_t, index_t>(c.rowptr, c.col, c.perm, c.slot, c.in, views, sides, c.p, cs, F);
+      st = fn(a, std::integral_constant<int, Tile<scalar_t>::value>());
+    });
+  });
+  raise_status(st, c.op, c.in.num_src, c.E);
+}
+
 std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
     const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in, at::TensorList inputs,
     c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts, int64_t F,
     c10::string_view reduce_s, c10::IntArrayRef knobs, at::TensorList /*csc: backward only*/,
     const std::optional<at::Tensor>& slot_in) {
-  const char* op = "gnncompile.message_reduce";
-  check_structure(rowptr_in, col_in, perm_in, op);
-  check_cpu(rowptr_in, op, "rowptr");
-  check_cpu(col_in, op, "col");
-  check_cpu(perm_in, op, "perm");
   const Reduce reduce = parse_reduce(reduce_s);
-  const at::Tensor rowptr = rowptr_in.contiguous(), col = col_in.contiguous(), perm = perm_in.contiguous();
-  const int64_t M = rowptr.numel() - 1, E = col.numel();
-  check_rowptr_ends(rowptr, E, op);
-  const Inputs in = check_inputs(inputs, sides, F, M, E, op);
-  const at::Tensor slot = check_slot(slot_in, col, op);
-  const Program p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
+  const Call c = prepare(rowptr_in, col_in, perm_in, inputs, sides, code, consts, F, slot_in,
+                         "gnncompile.message_reduce");
   const bool need_arg = reduce == Reduce::Max || reduce == Reduce::Min;
-  at::Tensor out = at::empty({M, F}, in.tensors[0].options());
-  at::Tensor arg = need_arg ? at::empty({M, F}, in.tensors[0].options().dtype(at::kLong))
-                            : at::empty({0}, in.tensors[0].options().dtype(at::kLong));
-  Status st = Status::Ok;
-  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
-    GNN_DISPATCH_F32_F64(out.scalar_type(), [&] {
-      using acc_t = scalar_t;
-      constexpr int TILE = Tile<scalar_t>::value;
-      std::vector<acc_t> cs(consts.begin(), consts.end());
-      std::vector<msg::Input<scalar_t>> views;
-      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, slot, in, views, sides, p, cs, F);
-      a.out = out.data_ptr<scalar_t>();
-      a.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;
-      st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
-        switch (reduce) {
-          case Reduce::Sum: return msg::reduce_rows<scalar_t, acc_t, index_t, Reduce::Sum, TILE>(a, r0, r1);
-          case Reduce::Mean: return msg::reduce_rows<scalar_t, acc_t, index_t, Reduce::Mean, TILE>(a, r0, r1);
-          case Reduce::Max: return msg::reduce_rows<scalar_t, acc_t, index_t, Reduce::Max, TILE>(a, r0, r1);
-          case Reduce::Min: return msg::reduce_rows<scalar_t, acc_t, index_t, Reduce::Min, TILE>(a, r0, r1);
-        }
-        return Status::Ok;
-      });
+  const auto opts = c.in.tensors[0].options();
+  at::Tensor out = at::empty({c.M, F}, opts);
+  at::Tensor arg = at::empty(need_arg ? std::vector<int64_t>{c.M, F} : std::vector<int64_t>{0}, opts.dtype(at::kLong));
+  run(c, sides, consts, F, [&](auto& a, auto tile) {
+    using A = std::decay_t<decltype(a)>;
+    using S = typename A::scalar_type;
+    using Acc = typename A::acc_type;
+    using I = typename A::index_type;
+    constexpr int TILE = decltype(tile)::value;
+    a.out = out.data_ptr<S>();
+    a.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;
+    return parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
+      switch (reduce) {
+        case Reduce::Sum: return msg::reduce_rows<S, Acc, I, Reduce::Sum, TILE>(a, r0, r1);
+        case Reduce::Mean: return msg::reduce_rows<S, Acc, I, Reduce::Mean, TILE>(a, r0, r1);
+        case Reduce::Max: return msg::reduce_rows<S, Acc, I, Reduce::Max, TILE>(a, r0, r1);
+        case Reduce::Min: return msg::reduce_rows<S, Acc, I, Reduce::Min, TILE>(a, r0, r1);
+      }
+      return Status::Ok;
     });
   });
-  raise_status(st, op, in.num_src, E);
   return {out, arg};
 }
 
@@ -223,39 +259,23 @@ at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_
                              c10::ArrayRef<double> consts, int64_t F, int64_t out_width, bool by_slot,
                              c10::IntArrayRef knobs, at::TensorList /*csc: backward only*/,
                              const std::optional<at::Tensor>& slot_in) {
-  const char* op = "gnncompile.message_edges";
-  check_structure(rowptr_in, col_in, perm_in, op);
-  check_cpu(rowptr_in, op, "rowptr");
-  check_cpu(col_in, op, "col");
-  check_cpu(perm_in, op, "perm");
-  const at::Tensor rowptr = rowptr_in.contiguous(), col = col_in.contiguous(), perm = perm_in.contiguous();
-  const int64_t M = rowptr.numel() - 1, E = col.numel();
-  check_rowptr_ends(rowptr, E, op);
-  const Inputs in = check_inputs(inputs, sides, F, M, E, op);
-  TORCH_CHECK_VALUE(out_width >= 1 && F % out_width == 0, op, ": out_width ", out_width,
+  const Call c = prepare(rowptr_in, col_in, perm_in, inputs, sides, code, consts, F, slot_in,
+                         "gnncompile.message_edges");
+  TORCH_CHECK_VALUE(out_width >= 1 && F % out_width == 0, c.op, ": out_width ", out_width,
                     " does not divide the message width ", F);
-  const at::Tensor slot = check_slot(slot_in, col, op);
-  const Program p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
-  at::Tensor out = out_width == F ? at::empty({E, out_width}, in.tensors[0].options())
-                                  : at::zeros({E, out_width}, in.tensors[0].options());
-  Status st = Status::Ok;
-  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
-    GNN_DISPATCH_F32_F64(out.scalar_type(), [&] {
-      using acc_t = scalar_t;
-      constexpr int TILE = Tile<scalar_t>::value;
-      std::vector<acc_t> cs(consts.begin(), consts.end());
-      std::vector<msg::Input<scalar_t>> views;
-      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, slot, in, views, sides, p, cs, F);
-      a.out = out.data_ptr<scalar_t>();
-      a.out_width = out_width;
-      a.reads_perm = true;
-      a.by_slot = by_slot;
-      st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
-        return msg::edge_rows<scalar_t, acc_t, index_t, TILE>(a, r0, r1);
-      });
+  const auto opts = c.in.tensors[0].options();
+  at::Tensor out = out_width == F ? at::empty({c.E, out_width}, opts) : at::zeros({c.E, out_width}, opts);
+  run(c, sides, consts, F, [&](auto& a, auto tile) {
+    using A = std::decay_t<decltype(a)>;
+    a.out = out.data_ptr<typename A::scalar_type>();
+    a.out_width = out_width;
+    a.reads_perm = true;
+    a.by_slot = by_slot;
+    return parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
+      return msg::edge_rows<typename A::scalar_type, typename A::acc_type, typename A::index_type,
+                            decltype(tile)::value>(a, r0, r1);
     });
   });
-  raise_status(st, op, in.num_src, E);
   return out;
 }
 
@@ -263,43 +283,27 @@ at::Tensor message_sum_multi_cpu(const at::Tensor& rowptr_in, const at::Tensor& 
                                  at::TensorList inputs, c10::IntArrayRef sides, c10::IntArrayRef code,
                                  c10::ArrayRef<double> consts, c10::IntArrayRef results, int64_t F,
                                  c10::IntArrayRef knobs, const std::optional<at::Tensor>& slot_in) {
-  const char* op = "gnncompile.message_sum_multi";
-  check_structure(rowptr_in, col_in, perm_in, op);
-  check_cpu(rowptr_in, op, "rowptr");
-  check_cpu(col_in, op, "col");
-  check_cpu(perm_in, op, "perm");
-  const at::Tensor rowptr = rowptr_in.contiguous(), col = col_in.contiguous(), perm = perm_in.contiguous();
-  const int64_t M = rowptr.numel() - 1, E = col.numel();
-  check_rowptr_ends(rowptr, E, op);
-  const Inputs in = check_inputs(inputs, sides, F, M, E, op);
-  const at::Tensor slot = check_slot(slot_in, col, op);
-  const Program p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);
+  const Call c = prepare(rowptr_in, col_in, perm_in, inputs, sides, code, consts, F, slot_in,
+                         "gnncompile.message_sum_multi");
   const int K = static_cast<int>(results.size());
-  TORCH_CHECK_VALUE(K >= 1 && K <= msg::kMaxResults, op, ": 1 to ", msg::kMaxResults, " results, got ", K);
+  TORCH_CHECK_VALUE(K >= 1 && K <= msg::kMaxResults, c.op, ": 1 to ", msg::kMaxResults, " results, got ", K);
   std::vector<int32_t> res(K);
   std::vector<bool> written(msg::kMaxSlots, false);
-  for (int64_t i = 0; i < p.n_instr; ++i) written[p.code[i * msg::kInstr + 1]] = true;
+  for (int64_t i = 0; i < c.p.n_instr; ++i) written[c.p.code[i * msg::kInstr + 1]] = true;
   for (int k = 0; k < K; ++k) {
-    TORCH_CHECK_VALUE(results[k] >= 0 && results[k] < msg::kMaxSlots && written[results[k]], op, ": result ", k,
+    TORCH_CHECK_VALUE(results[k] >= 0 && results[k] < msg::kMaxSlots && written[results[k]], c.op, ": result ", k,
                       " names slot ", results[k], ", which no instruction writes");
     res[k] = static_cast<int32_t>(results[k]);
   }
-  at::Tensor out = at::empty({K, M, F}, in.tensors[0].options());
-  Status st = Status::Ok;
-  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
-    GNN_DISPATCH_F32_F64(out.scalar_type(), [&] {
-      using acc_t = scalar_t;
-      constexpr int TILE = Tile<scalar_t>::value;
-      std::vector<acc_t> cs(consts.begin(), consts.end());
-      std::vector<msg::Input<scalar_t>> views;
-      auto a = make_args<scalar_t, acc_t, index_t>(rowptr, col, perm, slot, in, views, sides, p, cs, F);
-      a.out = out.data_ptr<scalar_t>();
-      st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
-        return msg::sum_rows_multi<scalar_t, acc_t, index_t, TILE>(a, res.data(), K, M, r0, r1);
-      });
+  at::Tensor out = at::empty({K, c.M, F}, c.in.tensors[0].options());
+  run(c, sides, consts, F, [&](auto& a, auto tile) {
+    using A = std::decay_t<decltype(a)>;
+    a.out = out.data_ptr<typename A::scalar_type>();
+    return parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
+      return msg::sum_rows_multi<typename A::scalar_type, typename A::acc_type, typename A::index_type,
+                                 decltype(tile)::value>(a, res.data(), K, c.M, r0, r1);
     });
   });
-  raise_status(st, op, in.num_src, E);
   return out;
 }
 

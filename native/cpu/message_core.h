@@ -48,6 +48,9 @@ struct Input {
 
 template <typename scalar_t, typename acc_t, typename index_t>
 struct Args {
+  using scalar_type = scalar_t;
+  using acc_type = acc_t;
+  using index_type = index_t;
   const index_t* rowptr;
   const index_t* col;
   const index_t* perm;
