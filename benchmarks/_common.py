@@ -61,6 +61,22 @@ def isolated_env() -> dict:
     return env
 
 
+def run_child(cmd: list, env: dict, timeout: float, tail_chars: int = 500) -> dict:
+    """Runs a benchmark child process; its last ``RESULT {json}`` line, or {"error": ...} with
+    the command (a timeout, a non-zero exit or no result line)."""
+    import subprocess
+
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s", "command": " ".join(cmd)}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode == 0 and lines:
+        return json.loads(lines[-1][len("RESULT "):])
+    tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
+    return {"error": f"rc {p.returncode}: {tail[0][:tail_chars]}", "command": " ".join(cmd)}
+
+
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

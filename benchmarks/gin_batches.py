@@ -40,7 +40,6 @@ import copy
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -187,15 +186,7 @@ def child(variant: str, opts) -> dict:
     env.pop("MALLOC_MMAP_THRESHOLD_", None)
     cmd = [sys.executable, __file__, "--child", variant, "--graphs", str(opts.graphs), "--batch-size",
            str(opts.batch_size), "--repeats", str(opts.repeats), "--threads", str(opts.threads)]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=opts.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {opts.timeout} s", "command": " ".join(cmd)}
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode == 0 and lines:
-        return json.loads(lines[-1][7:])
-    tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["failed"]
-    return {"error": f"rc {p.returncode}: {tail[0]}", "command": " ".join(cmd)}
+    return _common.run_child(cmd, env, opts.timeout, tail_chars=10_000)
 
 
 def run_all(opts, variants) -> dict:

@@ -54,7 +54,6 @@ import copy
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -344,15 +343,7 @@ def run_one(workload: str, graph: str, variant: str, opts) -> dict:
         cmd += ["--nodes", graph]
     env = _common.isolated_env()
     env["OMP_NUM_THREADS"] = str(opts.threads)
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=opts.timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {opts.timeout} s", "command": " ".join(cmd)}
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode == 0 and lines:
-        return json.loads(lines[-1][len("RESULT "):])
-    tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"error": f"rc {p.returncode}: {tail[0][:500]}", "command": " ".join(cmd)}
+    return _common.run_child(cmd, env, opts.timeout)
 
 
 def _ratio(R: dict, num: str, den: str = "gnncompile"):
