@@ -54,8 +54,7 @@ def _slot_values(rowptr, col, perm, inputs, sides, slot=None) -> Tuple[List[torc
     for t, s in zip(inputs, sides):
         if s == P.SLOT:
             vals.append(t if slot is None else t.index_select(0, slot.long()))
-            continue
-        if s == P.COL:
+        elif s == P.COL:
             vals.append(t.index_select(0, col.long()))
         elif s == P.ROW:
             vals.append(t.index_select(0, rows))
@@ -188,6 +187,14 @@ def _batched_derivatives(code: tuple, consts: tuple, ks: tuple, n: int):
     return list(code_), list(consts_), list(results)
 
 
+def _finish(r: torch.Tensor, t: torch.Tensor, side: int) -> torch.Tensor:
+    """Input ``t``'s gradient from ``r`` ([rows, F] sums of its d_k per destination, or per
+    neighbour): summed to t's width; a constant's summed over the rows; padded to t's rows."""
+    if side == P.CONST:
+        r = r.sum(0, keepdim=True)
+    return _pad_rows(_group(r, t.shape[1]), t.shape[0])
+
+
 def _row_only(code, sides) -> bool:
     """Does the program read only inputs of the destination row and constants?"""
     return all(sides[code[i + 2]] in (P.ROW, P.CONST) for i in range(0, len(code), P.INSTR)
@@ -204,13 +211,9 @@ def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs)
     vals = [x[:M] if s == P.ROW else (x if s == P.CONST else None) for x, s in zip(ins, sides)]
     v = P.evaluate(dcode, dconsts, vals, F).expand(M, F)
     W = t.shape[1]
-    if side == P.ROW:
-        return _pad_rows(_group(v * deg, W), t.shape[0])
-    if side == P.CONST:
-        return _pad_rows(_group((v * deg).sum(0, keepdim=True), W), t.shape[0])
+    if side in (P.ROW, P.CONST):
+        return _finish(v * deg, t, side)
     if side == P.COL:
-        if not csc:
-            csc = transpose_structure(rowptr, col, perm, t.shape[0])
         return _group(ops.spmm(*csc[:3], None, v.contiguous(), "sum", knobs)[0], W)
     rows = torch.repeat_interleave(torch.arange(M, device=rowptr.device), rowptr[1:] - rowptr[:-1],
                                    output_size=col.shape[0])  # the row of every CSR slot
@@ -254,25 +257,22 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         if _row_only(dcode, sides_g):  # d_k is the same for every edge of a row: no pass over edges
             if v_rows is None:
                 v_rows = (rowptr[1:] - rowptr[:-1]).to(g.dtype).view(-1, 1)
-            out[k] = _row_only_grad(csr, csc, ins, sides_g, dcode, dconsts, F, t, side, v_rows, knobs)
+            c = csc_and_slots(t.shape[0])[0] if side == P.COL else csc
+            out[k] = _row_only_grad(csr, c, ins, sides_g, dcode, dconsts, F, t, side, v_rows, knobs)
         elif multi and side in (P.ROW, P.CONST):
             groups[P.ROW].append(k)
         elif multi and side == P.COL:
             groups[P.COL].append(k)
-        elif side == P.ROW:
-            r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
-            out[k] = _pad_rows(_group(r, W), t.shape[0])
         elif side == P.COL:
             c, st = csc_and_slots(t.shape[0])
             swapped = [_SWAP[s] for s in sides_g]
-            r = ops.message_reduce(*c, ins, swapped, dcode, dconsts, F, "sum", knobs, [], st)[0]
-            out[k] = _group(r, W)
+            out[k] = _finish(ops.message_reduce(*c, ins, swapped, dcode, dconsts, F, "sum", knobs, [], st)[0], t, side)
         elif side in (P.EDGE, P.SLOT):
             out[k] = ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, side == P.SLOT,
                                        knobs, list(csc or []), None)
-        else:
+        else:  # read per destination, or a constant
             r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
-            out[k] = _pad_rows(_group(r.sum(0, keepdim=True), W), t.shape[0])
+            out[k] = _finish(r, t, side)
     for where, ks in groups.items():
         if not ks:
             continue
@@ -284,13 +284,7 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
             c, st = csc_and_slots(inputs[ks[0]].shape[0])
             r = ops.message_sum_multi(*c, ins, [_SWAP[s] for s in sides_g], mcode, mconsts, results, F, knobs, st)
         for i, k in enumerate(ks):
-            t = inputs[k]
-            if sides[k] == P.ROW:
-                out[k] = _pad_rows(_group(r[i], t.shape[1]), t.shape[0])
-            elif sides[k] == P.CONST:
-                out[k] = _pad_rows(_group(r[i].sum(0, keepdim=True), t.shape[1]), t.shape[0])
-            else:
-                out[k] = _group(r[i], t.shape[1])
+            out[k] = _finish(r[i], inputs[k], sides[k])
     return out
 
 

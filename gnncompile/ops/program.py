@@ -114,21 +114,6 @@ def node(op: str, *children: Expr, params: Sequence[float] = ()) -> Expr:
 _FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
 
 
-def inputs_of(e: Expr) -> List[int]:
-    seen, out = set(), set()
-
-    def walk(x):
-        if x in seen:
-            return
-        seen.add(x)
-        if x[0] == "in":
-            out.add(x[2][0])
-        for c in x[1]:
-            walk(c)
-    walk(e)
-    return sorted(out)
-
-
 # ----------------------------------------------------------------------------- encoding
 def _topo(root: Expr) -> List[Expr]:
     order, seen = [], set()
@@ -321,10 +306,6 @@ def derivative(code: Tuple[int, ...], consts: Tuple[float, ...], k: int, n_input
     return tuple(c), tuple(cs)
 
 
-def uses_input(code: Sequence[int], k: int) -> bool:
-    return any(code[i] == OPCODE["in"] and code[i + 2] == k for i in range(0, len(code), INSTR))
-
-
 # ----------------------------------------------------------------------------- evaluation
 def _gelu_grad(a):
     cdf = 0.5 * (1.0 + torch.erf(a * (1.0 / math.sqrt(2.0))))
@@ -393,4 +374,4 @@ def evaluate_slots(code, consts, values, F: int, last: bool = False):
 
 
 __all__ = ["COL", "ROW", "EDGE", "CONST", "SLOT", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
-           "encode", "encode_many", "decode", "derivative", "backward_expr", "evaluate", "inputs_of", "uses_input"]
+           "encode", "encode_many", "decode", "derivative", "backward_expr", "evaluate"]

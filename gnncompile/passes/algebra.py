@@ -27,8 +27,12 @@ import torch
 from torch.fx import Node
 from torch.fx.node import map_arg
 
+from .._log import get_logger
 from .canonical import argument, fake_tensor, opname, same_size
 from .match import gather_of
+
+
+_log = get_logger(__name__)
 
 
 def _fake_mode(graph):
@@ -277,8 +281,8 @@ def push_linear_to_nodes(graph) -> int:
             if n.graph is graph and opname(n) == "linear":
                 try:
                     done += rule(graph, n)
-                except Exception:  # a fake-tensor failure leaves the node as it is
-                    continue
+                except Exception as e:  # a fake-tensor failure leaves the node as it is
+                    _log.debug("algebra: %s left %s as it is (%s: %s)", rule.__name__, n.name, type(e).__name__, e)
     return done
 
 

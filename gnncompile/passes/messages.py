@@ -34,6 +34,9 @@ MAX_NODES = 96  # expression nodes per program
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow", "rsub": "rsub"}
 _UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "log": "log",
           "sqrt": "sqrt", "neg": "neg", "abs": "abs", "negative": "neg"}
+# elementwise functions with number parameters: (name, default) in positional order
+_PARAMETRIC = {"leaky_relu": (("negative_slope", 0.01),), "elu": (("alpha", 1.0),),
+               "softplus": (("beta", 1.0), ("threshold", 20.0))}
 _VIEWS = ("view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous", "clone", "stack")
 
 
@@ -199,29 +202,17 @@ class _Builder:
         if name in _UNARY:
             self.ops.append(_UNARY[name])
             return P.node(_UNARY[name], self.child(n.args[0], fs)), fs
-        if name == "leaky_relu":
-            slope = argument(n, 1, "negative_slope", 0.01)
-            if not isinstance(slope, (int, float)):
-                raise NoMatch("leaky_relu with a tensor slope")
+        if name in _PARAMETRIC:  # number parameters, by position after the input or by name
+            params = [argument(n, i + 1, key, default) for i, (key, default) in enumerate(_PARAMETRIC[name])]
+            if not all(isinstance(v, (int, float)) for v in params):
+                raise NoMatch(f"{name} with a tensor parameter")
             self.ops.append(name)
-            return P.node(name, self.child(n.args[0], fs), params=(slope,)), fs
-        if name == "elu":
-            alpha = argument(n, 1, "alpha", 1.0)
-            if not isinstance(alpha, (int, float)):
-                raise NoMatch("elu with a tensor alpha")
-            self.ops.append(name)
-            return P.node(name, self.child(n.args[0], fs), params=(alpha,)), fs
+            return P.node(name, self.child(n.args[0], fs), params=params), fs
         if name == "gelu":
             if argument(n, 1, "approximate", "none") != "none":
                 raise NoMatch("gelu(approximate='tanh')")
             self.ops.append(name)
             return P.node(name, self.child(n.args[0], fs)), fs
-        if name == "softplus":
-            beta, thr = argument(n, 1, "beta", 1.0), argument(n, 2, "threshold", 20.0)
-            if not isinstance(beta, (int, float)) or not isinstance(thr, (int, float)):
-                raise NoMatch("softplus with tensor parameters")
-            self.ops.append(name)
-            return P.node(name, self.child(n.args[0], fs), params=(beta, thr)), fs
         if name in ("clamp", "clip", "clamp_min", "clamp_max"):
             lo = argument(n, 1, "min") if name in ("clamp", "clip", "clamp_min") else None
             hi = argument(n, 2, "max") if name in ("clamp", "clip") else (argument(n, 1, "max") if name == "clamp_max" else None)
@@ -299,8 +290,7 @@ def match_program(sc: Scatter, dst: IndexRef, stops=()) -> Program:
 
 # ----------------------------------------------------------------------------- edge programs
 _GEMM_USERS = ("linear", "matmul", "mm")
-_ELEMENTWISE = set(_BINARY) | set(_UNARY) | {"leaky_relu", "elu", "gelu", "softplus", "clamp", "clip",
-                                             "clamp_min", "clamp_max"}
+_ELEMENTWISE = set(_BINARY) | set(_UNARY) | set(_PARAMETRIC) | {"gelu", "clamp", "clip", "clamp_min", "clamp_max"}
 
 
 @dataclass

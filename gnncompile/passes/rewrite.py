@@ -256,6 +256,15 @@ def _replace(graph, m: Match, out: Node, order: Dict[Node, int]) -> None:
     graph.erase_node(anchor)
 
 
+_INPLACE_AT = {"relu": 1, "leaky_relu": 2, "elu": 2}  # position of F.<name>'s inplace argument
+
+
+def _inplace(n: Node) -> bool:
+    """A functional activation called with inplace=True writes its input: never dropped."""
+    return n.kwargs.get("inplace") is True or (
+        opname(n) in _INPLACE_AT and argument(n, _INPLACE_AT[opname(n)], "inplace") is True)
+
+
 def drop_dead(graph, claimed=()) -> None:
     """Drops unused pure nodes, and the claimed scatters (softmax internals) once nothing reads
     them or the zeros buffer they fill."""
@@ -266,8 +275,7 @@ def drop_dead(graph, claimed=()) -> None:
         for n in reversed(list(graph.nodes)):
             if n.op not in ("call_function", "call_method") or n.users:
                 continue
-            if n.target in _PURE_OPS or opname(n) in PURE and n.kwargs.get("inplace") is not True and not (
-                    opname(n) in ("relu", "leaky_relu", "elu") and True in n.args[1:]):
+            if n.target in _PURE_OPS or opname(n) in PURE and not _inplace(n):
                 graph.erase_node(n)
                 changed = True
             elif n in claimed and all(u is n for u in n.args[0].users):

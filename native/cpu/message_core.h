@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "../common/macros.h"
+#include "reduce_core.h"
 #include "rows_core.h"
 
 namespace gnncompile {
@@ -83,9 +84,11 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
   const acc_t* res = nullptr;
   for (int64_t i = 0; i < a.n_instr; ++i, ins += kInstr) {
     const int32_t op = ins[0];
-    acc_t* __restrict__ d = s[ins[1]];
-    const acc_t* __restrict__ x = reg[ins[2]];
-    const acc_t* __restrict__ y = reg[ins[3]];
+    // no __restrict__: a slot freed by its last reader is reused as that instruction's
+    // destination, so d may be x or y (the same element is read, then written)
+    acc_t* d = s[ins[1]];
+    const acc_t* x = reg[ins[2]];
+    const acc_t* y = reg[ins[3]];
     switch (op) {
       case In: {
         const Input<scalar_t>& in = a.inputs[ins[2]];
@@ -208,7 +211,6 @@ inline void prefetch_slot(const Args<scalar_t, acc_t, index_t>& a, int64_t j, in
     for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
   }
 }
-constexpr int kAhead = 4;
 
 // The edge of traversed slot j: its neighbour (checked against num_src), id (checked against E)
 // and CSR slot (checked against E).
@@ -245,12 +247,11 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
     for (int64_t f0 = 0; f0 < a.F; f0 += TILE) {
       const int n = static_cast<int>(a.F - f0 < TILE ? a.F - f0 : TILE);
       for (int t = 0; t < n; ++t) {
-        acc[t] = R == Reduce::Max ? -std::numeric_limits<acc_t>::infinity()
-               : R == Reduce::Min ? std::numeric_limits<acc_t>::infinity() : acc_t(0);
+        acc[t] = reduce_init<R, acc_t>();
         if (kArg) best[t] = -1;
       }
       for (int64_t j = begin; j < end; ++j) {
-        if (j + kAhead < end) prefetch_slot(a, j + kAhead, f0, n);
+        if (j + kPrefetchDistance < end) prefetch_slot(a, j + kPrefetchDistance, f0, n);
         int64_t src, e, sl;
         const Status st = edge_of(a, j, src, e, sl);
         if (st != Status::Ok) return st;
@@ -265,20 +266,8 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
           }
         }
       }
-      scalar_t* o = a.out + row * a.F + f0;
-      const int64_t deg = end - begin;
-      if (R == Reduce::Mean) {
-        const acc_t scale = acc_t(1) / static_cast<acc_t>(deg > 0 ? deg : 1);
-        for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t] * scale);
-      } else if (kArg) {
-        int64_t* ar = a.arg + row * a.F + f0;
-        for (int t = 0; t < n; ++t) {
-          o[t] = from_acc<scalar_t>(deg == 0 ? acc_t(0) : acc[t]);
-          ar[t] = deg == 0 ? -1 : best[t];
-        }
-      } else {
-        for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t]);
-      }
+      store_reduced<scalar_t, R>(acc, best, end - begin, n, a.out + row * a.F + f0,
+                                 kArg ? a.arg + row * a.F + f0 : nullptr);
     }
   }
   return Status::Ok;
@@ -302,7 +291,7 @@ Status sum_rows_multi(const Args<scalar_t, acc_t, index_t>& a, const int32_t* re
       for (int k = 0; k < K; ++k)
         for (int t = 0; t < n; ++t) acc[k][t] = acc_t(0);
       for (int64_t j = begin; j < end; ++j) {
-        if (j + kAhead < end) prefetch_slot(a, j + kAhead, f0, n);
+        if (j + kPrefetchDistance < end) prefetch_slot(a, j + kPrefetchDistance, f0, n);
         int64_t src, e, sl;
         const Status st = edge_of(a, j, src, e, sl);
         if (st != Status::Ok) return st;
@@ -331,9 +320,9 @@ Status edge_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int
     if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
     const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
     for (int64_t j = begin; j < end; ++j) {
-      if (j + kAhead < end) {
-        prefetch_slot(a, j + kAhead, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
-        const int64_t ea = a.by_slot ? j + kAhead : static_cast<int64_t>(a.perm[j + kAhead]);
+      if (j + kPrefetchDistance < end) {
+        prefetch_slot(a, j + kPrefetchDistance, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
+        const int64_t ea = a.by_slot ? j + kPrefetchDistance : static_cast<int64_t>(a.perm[j + kPrefetchDistance]);
         if (in_range(ea, a.num_edges)) {
           const char* q = reinterpret_cast<const char*>(a.out + ea * a.out_width);
           for (int64_t b = 0; b < static_cast<int64_t>(a.out_width * sizeof(scalar_t)); b += 64)

@@ -9,6 +9,7 @@
 
 #include "../common/dtype.h"
 #include "../common/macros.h"
+#include "reduce_core.h"
 #include "rows_core.h"
 
 namespace gnncompile {
@@ -29,15 +30,6 @@ struct SpmmArgs {
   int64_t num_src;         // rows of x: every col entry is checked against it
   int64_t num_edges;       // E: every rowptr and perm entry is checked against it
 };
-
-constexpr int kPrefetchDistance = 4;
-
-template <Reduce R, typename acc_t>
-inline acc_t reduce_init() {
-  if (R == Reduce::Max) return -std::numeric_limits<acc_t>::infinity();
-  if (R == Reduce::Min) return std::numeric_limits<acc_t>::infinity();
-  return acc_t(0);
-}
 
 // One tile of one row: features [f0, f0 + n) with a single weight column `h`.
 // FULL means n == TILE, a compile-time bound the compiler can unroll and keep in registers.
@@ -93,21 +85,8 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
     }
   }
 
-  scalar_t* o = a.out + row * a.F + f0;
-  const int64_t deg = end - begin;
-  if (R == Reduce::Mean) {
-    const acc_t scale = acc_t(1) / static_cast<acc_t>(deg > 0 ? deg : 1);
-    for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t] * scale);
-  } else if (kArg) {
-    int64_t* ar = a.arg + row * a.F + f0;
-    if (deg == 0) {
-      for (int t = 0; t < n; ++t) { o[t] = from_acc<scalar_t>(acc_t(0)); ar[t] = -1; }
-    } else {
-      for (int t = 0; t < n; ++t) { o[t] = from_acc<scalar_t>(acc[t]); ar[t] = best[t]; }
-    }
-  } else {
-    for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc[t]);
-  }
+  store_reduced<scalar_t, R>(acc, best, end - begin, n, a.out + row * a.F + f0,
+                             kArg ? a.arg + row * a.F + f0 : nullptr);
   return Status::Ok;
 }
 
