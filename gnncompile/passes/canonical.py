@@ -44,7 +44,7 @@ PURE = {
     "leaky_relu", "size", "to", "float", "select", "relu", "sigmoid", "tanh", "softplus", "elu", "gelu",
     "log", "sqrt", "abs", "pow", "clamp_min", "clamp_max", "clip", "negative", "rsub", "linear", "cat",
     "stack", "flatten", "narrow", "t", "repeat", "mm", "mv",
-}  # (a node called with inplace=True is never dropped: see rewrite.drop_dead)
+}  # (a node that writes in place, inplace=True or out=, is never dropped: see rewrite.drop_dead)
 
 SCATTERS = ("scatter_add_", "scatter_add", "scatter_reduce_", "scatter_reduce", "index_add_",
             "index_add")

@@ -24,11 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
 from torch.fx import Node
 
 from ..ops.checks import FLOAT_DTYPES, INDEX_DTYPES
 from .canonical import (SCATTERS, argument, fake_tensor, index_dim, is_one, opname, same_size,
                         shape_key, size_key)
+from .semantics import Writes, describe_write, unmodelled
 
 _REDUCE = {"sum": "sum", "add": "sum", "mean": "mean", "amax": "max", "amin": "min"}
 _BROADCASTS = ("expand", "expand_as", "broadcast_to", "view", "reshape", "unsqueeze", "contiguous")
@@ -165,6 +167,8 @@ def gather_of(n: Any) -> Optional[Tuple[Node, Node]]:
     if not isinstance(n, Node):
         return None
     name = opname(n)
+    if name not in ("index_select", "getitem") or unmodelled(n) is not None:
+        return None
     if name == "index_select":
         x, d, j = argument(n, 0), argument(n, 1, "dim"), argument(n, 2, "index")
     elif name == "getitem":
@@ -193,6 +197,27 @@ def _fill_value(n: Any) -> Optional[float]:
     return None
 
 
+def check_moves(writes: Writes, anchor: Node, values=(), leaves=(), indices=(), allow=()) -> None:
+    """Raises NoMatch unless a fused op placed at ``anchor`` reads what the nodes it replaces
+    read (:mod:`.semantics`): ``values`` are nodes whose result it recomputes (nothing may write
+    them after they are computed), ``leaves`` are ``(node, reader)`` pairs it reads at the anchor
+    where ``reader`` read them (nothing may write them from there on), ``indices`` may not be
+    written anywhere in the graph (the structure is built elsewhere, or hoisted). Writes by
+    ``allow`` (the scatters being replaced, which fill their buffers) do not count."""
+    at = writes.pos[anchor]
+    for n in values:
+        w = writes.first_write(n, writes.pos[n], at, allow)
+        if w is not None:
+            raise NoMatch(describe_write(w, n))
+    for n, reader in leaves:
+        w = writes.first_write(n, writes.pos[reader] - 1, at)
+        if w is not None:
+            raise NoMatch(describe_write(w, n) + " after it is read")
+    w = writes.clean(indices)
+    if w is not None:
+        raise NoMatch(describe_write(w, next(i for i in indices if writes.writes_of(i))))
+
+
 # ----------------------------------------------------------------------------- scatters
 def _scatter_reduce(n: Node, name: str) -> Tuple[Any, Any, str]:
     """(index, message, reduce) of a scatter node."""
@@ -214,6 +239,9 @@ def _scatter_reduce(n: Node, name: str) -> Tuple[Any, Any, str]:
 def read_scatter(n: Node, order: Dict[Node, int]) -> Scatter:
     """``n`` (a scatter-like node) as a :class:`Scatter`; raises NoMatch saying why not."""
     name = opname(n)
+    why = unmodelled(n)
+    if why is not None:
+        raise NoMatch(why)
     base, dim = argument(n, 0), argument(n, 1, "dim")
     index, src, reduce = _scatter_reduce(n, name)
     bv, sv = fake_tensor(base), fake_tensor(src)
@@ -225,7 +253,7 @@ def read_scatter(n: Node, order: Dict[Node, int]) -> Scatter:
         raise NoMatch(f"scatter along dim {dim}, not the node dimension 0")
     if bv.dim() != sv.dim() or shape_key(bv)[1:] != shape_key(sv)[1:]:
         raise NoMatch("buffer and message shapes differ beyond dim 0")
-    if _fill_value(base) != 0:
+    if _fill_value(base) != 0 or bv.layout != torch.strided:
         raise NoMatch(f"output buffer comes from '{opname(base) or getattr(base, 'op', base)}', not a fresh zeros")
     if any(u is not n and order[u] < order[n] for u in base.users):
         raise NoMatch("the zeros buffer is read before the scatter")
@@ -255,7 +283,7 @@ def _scatter_behind(n: Node, scatters: Dict[Node, Scatter]) -> Optional[Scatter]
 # ----------------------------------------------------------------------------- chains
 def _weighted_gather(src: Node) -> Tuple[Tuple[Node, Node], Node, str]:
     """((x, j), weight, weight_kind) of a message ``x[j] * w``; raises NoMatch otherwise."""
-    if opname(src) != "mul" or len(src.args) != 2 or src.kwargs:
+    if opname(src) != "mul" or len(src.args) != 2 or unmodelled(src) is not None:
         if _fill_value(src) == 1:
             raise NoMatch("degree count (scatter of ones): no gather-scatter on this index in this graph piece")
         raise NoMatch(f"message built by '{opname(src) or getattr(src, 'op', src)}', not x[j] or x[j] * w")
@@ -282,11 +310,16 @@ def _weighted_gather(src: Node) -> Tuple[Tuple[Node, Node], Node, str]:
     raise NoMatch(per_edge)
 
 
-def match_aggregate(sc: Scatter) -> Aggregate:
+def match_aggregate(sc: Scatter, writes: Writes) -> Aggregate:
     g = gather_of(sc.message)
     weight, kind = None, "none"
     if g is None:
         g, weight, kind = _weighted_gather(sc.message)
+        gathered = next(a for a in sc.message.args if gather_of(a) == g)
+        check_moves(writes, sc.node, values=(gathered, sc.message), leaves=((g[0], gathered), (weight, sc.message)),
+                    indices=(sc.index, g[1]))
+    else:
+        check_moves(writes, sc.node, values=(sc.message,), leaves=((g[0], sc.message),), indices=(sc.index, g[1]))
     x, j = g
     xv = fake_tensor(x)
     if xv.dtype not in FLOAT_DTYPES:
@@ -318,10 +351,32 @@ def _without_eps(sums: Node) -> Node:
     return sums
 
 
-def match_softmax(d: Node, scatters: Dict[Node, Scatter]) -> Optional[Softmax]:
+def match_softmax(d: Node, scatters: Dict[Node, Scatter], writes: Writes) -> Optional[Softmax]:
     """PyG's softmax(alpha, I) as inlined by Dynamo, anchored at the final division."""
     if opname(d) != "div" or len(d.args) != 2 or opname(d.args[0]) != "exp":
         return None
+    sm = _softmax(d, scatters)
+    if sm is None:
+        return None
+    ex, den = d.args
+    sub = ex.args[0]
+    a, gm = sub.args
+    sc_sum, sc_max = (scatters[n] for n in sm.internals)
+    eps = _without_eps(gather_of(den)[0])
+    pattern = [d, ex, sub, den, gm, gather_of(den)[0], sc_sum.node, sc_max.node, sc_max.message]
+    if any(unmodelled(n) is not None for n in pattern):
+        return None
+    try:
+        check_moves(writes, d, values=[n for n in pattern[1:] if n is not a] + [eps],
+                    leaves=((a, sub), (a, sc_max.node)),
+                    indices=(sc_sum.index, sc_max.index, gather_of(den)[1], gather_of(gm)[1]),
+                    allow=(sc_sum.node, sc_max.node))
+    except NoMatch:
+        return None
+    return sm
+
+
+def _softmax(d: Node, scatters: Dict[Node, Scatter]) -> Optional[Softmax]:
     ex, den = d.args
     g_sum, sub = gather_of(den), ex.args[0]
     if g_sum is None or opname(sub) != "sub" or len(sub.args) != 2:
@@ -352,6 +407,7 @@ def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
     read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs)."""
     m = Matches()
+    writes = Writes(graph)
     scatters: Dict[Node, Scatter] = {}
     for n in graph.nodes:
         if opname(n) in SCATTERS:
@@ -360,7 +416,7 @@ def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
             except NoMatch as e:
                 m.unfused[n] = str(e)
     for n in graph.nodes:
-        sm = match_softmax(n, scatters)
+        sm = match_softmax(n, scatters, writes)
         if sm is not None:
             m.softmaxes.append(sm)
             m.claimed += list(sm.internals)
@@ -369,10 +425,14 @@ def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
             continue
         deg = match_degree(sc)
         if deg is not None:
-            m.degrees.append((deg, n))
+            w = writes.clean([sc.index])
+            if w is not None:
+                m.unfused[n] = describe_write(w, sc.index)
+            else:
+                m.degrees.append((deg, n))
             continue
         try:
-            m.aggregates.append(match_aggregate(sc))
+            m.aggregates.append(match_aggregate(sc, writes))
         except NoMatch as first:
             if not programs:
                 m.unfused[n] = str(first)
@@ -381,20 +441,20 @@ def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
 
             try:
                 stops = {sm.anchor for sm in m.softmaxes}  # fused softmaxes are read, not re-derived
-                m.aggregates.append(match_program(sc, IndexRef.of(sc.index), stops))
+                m.aggregates.append(match_program(sc, IndexRef.of(sc.index), writes, stops))
             except NoMatch as e:
                 m.unfused[n] = f"message program: {e}"
     if programs:
         from .messages import match_edge_programs
 
-        shared = [(a.dst, a.num_dst, a.anchor) for a in m.aggregates
+        shared = [(a.dst, a.num_dst, a.dst_index) for a in m.aggregates
                   if a.dst.row == 1 and a.src is not None and a.src.is_row(0, of=a.dst.tensor)]
         seen, structures = set(), []
         for s in shared:
             if (s[0], s[1]) not in seen:
                 seen.add((s[0], s[1]))
                 structures.append(s)
-        m.aggregates += match_edge_programs(graph, structures, {sm.anchor for sm in m.softmaxes})
+        m.aggregates += match_edge_programs(graph, structures, writes, {sm.anchor for sm in m.softmaxes})
     return m
 
 

@@ -29,6 +29,7 @@ from ..ops import program as P
 from ..ops.checks import FLOAT_DTYPES
 from .canonical import argument, fake_tensor, opname, same_size, size_key
 from .match import Aggregate, IndexRef, NoMatch, Scatter, gather_of
+from .semantics import Writes, describe_write, unmodelled, written_args
 
 MAX_NODES = 96  # expression nodes per program
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow", "rsub": "rsub"}
@@ -38,6 +39,10 @@ _UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "l
 _PARAMETRIC = {"leaky_relu": (("negative_slope", 0.01),), "elu": (("alpha", 1.0),),
                "softplus": (("beta", 1.0), ("threshold", 20.0))}
 _VIEWS = ("view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous", "clone", "stack")
+_MODELLED = (set(_BINARY) | set(_UNARY) | set(_PARAMETRIC) | set(_VIEWS)
+             | {"gelu", "clamp", "clip", "clamp_min", "clamp_max", "to", "float", "type_as"})
+# activations whose inplace=True the builder models: the write defines the value it returns
+_INPLACE_OK = ("relu", "leaky_relu", "elu")
 
 
 @dataclass
@@ -58,11 +63,13 @@ class Program(Aggregate):
     shape: Tuple[int, ...] = ()  # the message's feature shape
     gathers: int = 0  # leaves gathered by an index (not computed per edge outside)
     ops: Tuple[str, ...] = ()
+    kept: Tuple[str, ...] = ()  # nodes the semantics guard kept as written (computed outside), why
 
     def describe(self) -> str:
         sides = {P.COL: "x_j", P.ROW: "x_i", P.EDGE: "edge", P.CONST: "param"}
         ins = ",".join(sides[lf.side] for lf in self.leaves)
-        return f"{'+'.join(self.ops) or 'load'}({ins})"
+        kept = f"; {'; '.join(self.kept)}" if self.kept else ""
+        return f"{'+'.join(self.ops) or 'load'}({ins}){kept}"
 
 
 def _static(shape) -> Optional[Tuple[int, ...]]:
@@ -91,17 +98,26 @@ def _prefix_width(child: Tuple[int, ...], parent: Tuple[int, ...]) -> Optional[i
 
 
 class _Builder:
-    def __init__(self, message: Node, dst: IndexRef, stops=()):
+    """Walks a message back to its leaves (module docstring). ``anchor`` is the node the fused
+    op replaces: the kernel reads every leaf there, so a leaf written in place between the
+    place the message read it and the anchor cannot be read by the kernel (:mod:`.semantics`)."""
+
+    def __init__(self, message: Node, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=()):
         self.stops = set(stops)
         self.dst = dst
+        self.dst_dtype = fake_tensor(dst_index).dtype
         self.E = fake_tensor(message).shape[0]
         self.dtype = fake_tensor(message).dtype
+        self.writes = writes
+        self.at = writes.pos[anchor]
         self.leaves: List[Leaf] = []
         self.leaf_index: Dict[Tuple[Node, int], int] = {}
         self.src: Optional[Tuple[IndexRef, Node]] = None
         self.memo: Dict[Node, Tuple[P.Expr, Tuple[int, ...]]] = {}
         self.count = 0
         self.ops: List[str] = []
+        self.kept: List[str] = []  # nodes kept as written (computed outside) by the guard, with why
+        self.reads: Dict[Node, int] = {}  # a leaf computed outside -> its first reader's position
 
     # ---- leaves
     def _leaf(self, n: Node, side: int, width: int) -> P.Expr:
@@ -117,7 +133,23 @@ class _Builder:
             return None
         return _static(v.shape[1:])
 
-    def leaf(self, n: Any) -> Tuple[P.Expr, Optional[Tuple[int, ...]]]:
+    def _gather_moves(self, g: Node, x: Node, j: Node) -> Optional[str]:
+        """Why the kernel may not read ``x`` at the anchor in place of ``g = x[j]`` (None: it may)."""
+        pos = self.writes.pos
+        w = self.writes.first_write(x, pos[g] - 1, self.at)
+        if w is not None:
+            return describe_write(w, x) + " between the gather and the scatter"
+        w = self.writes.first_write(g, pos[g], self.at)
+        if w is not None:
+            return describe_write(w, g)
+        w = self.writes.clean([j])
+        if w is not None:
+            return describe_write(w, j)
+        if fake_tensor(j).dtype != self.dst_dtype:
+            return f"gathered by a {fake_tensor(j).dtype} index into a {self.dst_dtype} one"
+        return None
+
+    def leaf(self, n: Any, reader: Optional[Node]) -> Tuple[P.Expr, Optional[Tuple[int, ...]]]:
         """(expression, feature shape) of a leaf; shape None for a constant input (broadcast
         from the right, checked by the caller)."""
         if isinstance(n, (int, float)) and not isinstance(n, bool):
@@ -137,12 +169,21 @@ class _Builder:
             fs = _static(xv.shape[1:])
             if fs is None:
                 raise NoMatch("gathered features have a symbolic feature size")
-            if ref == self.dst:
-                return self._leaf(x, P.ROW, math.prod(fs)), fs
-            if self.src is None:
-                self.src = (ref, j)
-            if ref == self.src[0] and same_size(fake_tensor(j).shape[0], self.E):
-                return self._leaf(x, P.COL, math.prod(fs)), fs
+            is_row = ref == self.dst
+            is_col = not is_row and (self.src is None or ref == self.src[0]) \
+                and same_size(fake_tensor(j).shape[0], self.E)
+            if is_row or is_col:
+                why = self._gather_moves(n, x, j)
+                if why is not None:  # the gathered rows are read as computed, per edge
+                    self.kept.append(f"gather '{n.name}' kept as written: {why}")
+                elif is_row:
+                    return self._leaf(x, P.ROW, math.prod(fs)), fs
+                else:
+                    if self.src is None:
+                        self.src = (ref, j)
+                    return self._leaf(x, P.COL, math.prod(fs)), fs
+        if reader is not None:  # read by the kernel at the anchor: checked in check_reads()
+            self.reads[n] = min(self.reads.get(n, self.at), self.writes.pos.get(reader, self.at))
         fs = self._per_edge(n)
         if fs is not None and v.dim() >= 1:
             return self._leaf(n, P.EDGE, math.prod(fs) if fs else 1), fs
@@ -151,10 +192,17 @@ class _Builder:
             raise NoMatch("message reads a tensor of symbolic size that is not per edge")
         return self._leaf(n, P.CONST, math.prod(shape) if shape else 1), None
 
+    def check_reads(self) -> None:
+        """Every leaf computed outside holds, at the anchor, what the message read."""
+        for n, first in self.reads.items():
+            w = self.writes.first_write(n, first - 1, self.at)
+            if w is not None:
+                raise NoMatch(describe_write(w, n) + " after the message reads it")
+
     # ---- expression
-    def child(self, a: Any, parent: Tuple[int, ...]) -> P.Expr:
+    def child(self, a: Any, parent: Tuple[int, ...], reader: Node) -> P.Expr:
         """The expression of operand ``a`` of an elementwise node of feature shape ``parent``."""
-        e, fs = self.visit(a)
+        e, fs = self.visit(a, reader)
         if fs is None:  # a constant: aligned from the right against [E, *parent]
             if e[0] == "const":
                 return e
@@ -168,80 +216,110 @@ class _Builder:
                           f"[E, {', '.join(map(str, parent))}] other than per edge, head or feature")
         return e
 
-    def visit(self, n: Any) -> Tuple[P.Expr, Optional[Tuple[int, ...]]]:
+    def visit(self, n: Any, reader: Optional[Node]) -> Tuple[P.Expr, Optional[Tuple[int, ...]]]:
         if isinstance(n, Node) and n in self.memo:
-            return self.memo[n]
+            e, fs = self.memo[n]
+            if n in self.reads and reader is not None:
+                self.reads[n] = min(self.reads[n], self.writes.pos.get(reader, self.at))
+            return e, fs
         self.count += 1
         if self.count > MAX_NODES:
             raise NoMatch(f"message expression has more than {MAX_NODES} operations")
-        r = self._visit(n)
+        r = self._visit(n, reader)
         if isinstance(n, Node):
             self.memo[n] = r
         return r
 
-    def _visit(self, n: Any) -> Tuple[P.Expr, Optional[Tuple[int, ...]]]:
+    def _guard(self, n: Node, reader: Optional[Node]) -> Optional[str]:
+        """Why node ``n``, an operation the builder knows, must be kept as written: an argument
+        it does not model, a dtype or device change, or an in-place write to its value before
+        the anchor (a modelled in-place activation that reads ``n`` as its only user is the
+        write that defines its own value, and is allowed)."""
+        why = unmodelled(n)
+        if why is not None:
+            return why
+        v = fake_tensor(n)
+        inner = fake_tensor(n.args[0]) if n.args else None
+        if opname(n) in ("to", "float", "type_as") and (inner is None or inner.dtype != v.dtype
+                                                       or inner.device != v.device):
+            return f"'{opname(n)}' converts {inner.dtype if inner is not None else '?'} to {v.dtype}"
+        allow = ()
+        if reader is not None and opname(reader) in _INPLACE_OK and n in written_args(reader) \
+                and set(n.users) == {reader}:
+            allow = (reader,)
+        w = self.writes.first_write(n, self.writes.pos[n], self.at, allow)
+        if w is not None:
+            return describe_write(w, n)
+        return None
+
+    def _visit(self, n: Any, reader: Optional[Node]) -> Tuple[P.Expr, Optional[Tuple[int, ...]]]:
         name = opname(n)
         fs = self._per_edge(n) if isinstance(n, Node) else None
-        if fs is None or gather_of(n) is not None or name is None or n in self.stops:
-            return self.leaf(n)
+        if fs is None or gather_of(n) is not None or name is None or n in self.stops \
+                or name not in _MODELLED or fake_tensor(n).dtype != self.dtype:
+            return self.leaf(n, reader)
+        why = self._guard(n, reader)
+        if why is not None:
+            self.kept.append(f"'{n.name}' kept as written: {why}")
+            return self.leaf(n, reader)
         if name in _VIEWS:
-            return self._view(n, name, fs)
+            return self._view(n, name, fs, reader)
         if name in _BINARY and len(n.args) >= 2:
             a, b = argument(n, 0), argument(n, 1, "other")
-            if name == "add" or name == "sub":
-                alpha = n.kwargs.get("alpha", 1)
-                if alpha != 1:
-                    raise NoMatch(f"'{name}' with alpha={alpha}")
             if name == "pow":
                 b = argument(n, 1, "exponent")
-            ea, eb = self.child(a, fs), self.child(b, fs)
+            ea, eb = self.child(a, fs, n), self.child(b, fs, n)
             if name == "rsub":
                 ea, eb, name = eb, ea, "sub"
+            if name == "pow" and eb[0] == "const":  # torch's pow by a number (its own special cases)
+                self.ops.append("pow")
+                return P.node("powc", ea, params=eb[2]), fs
             self.ops.append(name)
             return P.node(name, ea, eb), fs
         if name in _UNARY:
             self.ops.append(_UNARY[name])
-            return P.node(_UNARY[name], self.child(n.args[0], fs)), fs
+            return P.node(_UNARY[name], self.child(n.args[0], fs, n)), fs
         if name in _PARAMETRIC:  # number parameters, by position after the input or by name
             params = [argument(n, i + 1, key, default) for i, (key, default) in enumerate(_PARAMETRIC[name])]
-            if not all(isinstance(v, (int, float)) for v in params):
-                raise NoMatch(f"{name} with a tensor parameter")
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in params):
+                return self._keep(n, reader, f"'{name}' with a parameter that is not a number")
             self.ops.append(name)
-            return P.node(name, self.child(n.args[0], fs), params=params), fs
+            return P.node(name, self.child(n.args[0], fs, n), params=params), fs
         if name == "gelu":
-            if argument(n, 1, "approximate", "none") != "none":
-                raise NoMatch("gelu(approximate='tanh')")
             self.ops.append(name)
-            return P.node(name, self.child(n.args[0], fs)), fs
+            return P.node(name, self.child(n.args[0], fs, n)), fs
         if name in ("clamp", "clip", "clamp_min", "clamp_max"):
             lo = argument(n, 1, "min") if name in ("clamp", "clip", "clamp_min") else None
             hi = argument(n, 2, "max") if name in ("clamp", "clip") else (argument(n, 1, "max") if name == "clamp_max" else None)
-            if any(isinstance(v, Node) for v in (lo, hi)):
-                raise NoMatch("clamp with tensor bounds")
+            if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in (lo, hi)):
+                return self._keep(n, reader, "clamp with bounds that are not numbers")
             self.ops.append("clamp")
-            return P.node("clamp", self.child(n.args[0], fs),
+            return P.node("clamp", self.child(n.args[0], fs, n),
                           params=(-math.inf if lo is None else lo, math.inf if hi is None else hi)), fs
-        if name in ("to", "float", "type_as") and fake_tensor(n.args[0]) is not None \
-                and fake_tensor(n.args[0]).dtype == self.dtype:
-            return self.visit(n.args[0])
-        return self.leaf(n)
+        if name in ("to", "float", "type_as"):
+            return self.visit(n.args[0], n)
+        return self.leaf(n, reader)
 
-    def _view(self, n: Node, name: str, fs: Tuple[int, ...]):
+    def _keep(self, n: Node, reader: Optional[Node], why: str):
+        self.kept.append(f"'{n.name}' kept as written: {why}")
+        return self.leaf(n, reader)
+
+    def _view(self, n: Node, name: str, fs: Tuple[int, ...], reader: Optional[Node]):
         if name == "stack":
             parts = argument(n, 0, "tensors")
             if not isinstance(parts, (list, tuple)) or len(parts) != 1:
-                return self.leaf(n)
+                return self.leaf(n, reader)
             inner = parts[0]
         else:
             inner = n.args[0]
         ifs = self._per_edge(inner) if isinstance(inner, Node) else None
-        if ifs is None or math.prod(ifs) != math.prod(fs):
-            return self.leaf(n)
-        e, _ = self.visit(inner)
+        if ifs is None or math.prod(ifs) != math.prod(fs) or fake_tensor(inner).dtype != self.dtype:
+            return self.leaf(n, reader)
+        e, _ = self.visit(inner, n)
         return e, fs
 
 
-def _build(message: Any, dst: IndexRef, stops=()):
+def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=()):
     mv = fake_tensor(message)
     if not isinstance(message, Node) or mv is None:
         raise NoMatch("message is not a tensor of the graph")
@@ -250,11 +328,15 @@ def _build(message: Any, dst: IndexRef, stops=()):
     fs = _static(mv.shape[1:])
     if fs is None:
         raise NoMatch("message has a symbolic feature size")
+    w = writes.clean([dst_index])
+    if w is not None:
+        raise NoMatch(describe_write(w, dst_index) + ": the index of the reduction changes")
     F = math.prod(fs)
-    b = _Builder(message, dst, stops)
-    expr, efs = b.visit(message)
+    b = _Builder(message, dst, dst_index, anchor, writes, stops)
+    expr, efs = b.visit(message, anchor)
     if efs is None:
         raise NoMatch("message does not depend on the edge")
+    b.check_reads()
     gathers = sum(1 for lf in b.leaves if lf.side in (P.COL, P.ROW))
     if not b.leaves:
         raise NoMatch("message is a constant")
@@ -270,9 +352,9 @@ def _build(message: Any, dst: IndexRef, stops=()):
     return b, code, consts, F, fs, gathers
 
 
-def match_program(sc: Scatter, dst: IndexRef, stops=()) -> Program:
+def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=()) -> Program:
     """``sc`` as a message program; raises NoMatch saying why not."""
-    b, code, consts, F, fs, gathers = _build(sc.message, dst, stops)
+    b, code, consts, F, fs, gathers = _build(sc.message, dst, sc.index, sc.node, writes, stops)
     if b.src is not None:
         src_ref, src_index = b.src
     elif dst.row is not None:
@@ -285,7 +367,7 @@ def match_program(sc: Scatter, dst: IndexRef, stops=()) -> Program:
     return Program(sc.node, dst, sc.index, size_key(fake_tensor(sc.buffer).shape[0]), sc.buffer, sc.inplace,
                    reduce=sc.reduce, x=col, src=src_ref, src_index=src_index, needs_csc=needs_csc,
                    leaves=b.leaves, code=code, consts=consts, width=F, shape=fs, gathers=gathers,
-                   ops=tuple(dict.fromkeys(b.ops)))
+                   ops=tuple(dict.fromkeys(b.ops)), kept=tuple(b.kept))
 
 
 # ----------------------------------------------------------------------------- edge programs
@@ -300,9 +382,10 @@ class EdgeProgram(Program):
     ``gnncompile::message_edges`` in one pass instead of one E x F tensor per operation."""
 
 
-def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], stops=()) -> List[EdgeProgram]:
+def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], writes: Writes,
+                        stops=()) -> List[EdgeProgram]:
     """Edge programs over the structures the piece builds anyway (``structures``: destination
-    row of an edge_index, its number of destinations, and a scatter node of it)."""
+    row of an edge_index, its number of destinations, and the destination index node)."""
     out: List[EdgeProgram] = []
     if not structures:
         return out
@@ -312,9 +395,9 @@ def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], sto
         nv = fake_tensor(n)
         if nv is None or nv.dim() < 2:
             continue
-        for dst, num_dst, _ in structures:
+        for dst, num_dst, dst_index in structures:
             try:
-                b, code, consts, F, fs, gathers = _build(n, dst, stops)
+                b, code, consts, F, fs, gathers = _build(n, dst, dst_index, n, writes, stops)
             except NoMatch:
                 continue
             if gathers == 0 or not b.ops or b.src is None or not b.src[0].is_row(1 - dst.row, of=dst.tensor):
@@ -328,7 +411,7 @@ def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], sto
             out.append(EdgeProgram(n, dst, b.src[1], num_dst, sized, False, reduce="edges", x=col,
                                    src=b.src[0], src_index=b.src[1], needs_csc=needs_csc, leaves=b.leaves,
                                    code=code, consts=consts, width=F, shape=fs, gathers=gathers,
-                                   ops=tuple(dict.fromkeys(b.ops))))
+                                   ops=tuple(dict.fromkeys(b.ops)), kept=tuple(b.kept)))
             break
     return out
 

@@ -30,6 +30,7 @@ from ..ops import program as P
 from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
 from .messages import EdgeProgram, Program
 from .plan import Plan, SharedStructure
+from .semantics import Writes, written_args
 from .report import Fused, PassReport, Unfused
 
 Triple = Tuple[Node, Node, Node]
@@ -49,6 +50,8 @@ class Built:
     csc: Dict[str, Triple] = field(default_factory=dict)  # by num_src size key
     slot_leaves: Dict[Node, Optional[Node]] = field(default_factory=dict)  # per-edge leaf -> in CSR order
     programs: Dict[tuple, Node] = field(default_factory=dict)  # fused programs, to compute each once
+    writes: Optional[Writes] = None  # the in-place writes of the graph before the rewrite
+    at: Optional[Node] = None  # the anchor of the chain being rewritten
 
 
 def node_order(graph) -> Dict[Node, int]:
@@ -130,10 +133,12 @@ def _per_edge_arg(n: Node, E) -> Optional[Node]:
     return found
 
 
-def _slot_chain(leaf: Node, wide_ok=()) -> Optional[Tuple[Node, List[Node]]]:
+def _slot_chain(leaf: Node, writes: Writes, at: Node, wide_ok=()) -> Optional[Tuple[Node, List[Node]]]:
     """(root, chain) when the per-edge ``leaf`` is computed row by row from one narrower per-edge
     tensor ``root`` through ``chain`` (root first), with at least one linear map: edge features
-    through an encoder. Rows commute with such a chain: ``chain(root)[perm] = chain(root[perm])``."""
+    through an encoder. Rows commute with such a chain: ``chain(root)[perm] = chain(root[perm])``.
+    The chain is computed again at ``at`` (the fused op): nothing it reads may be written in
+    place between where it read it and there."""
     E = fake_tensor(leaf).shape[0]
     chain, cur, linear = [], leaf, False
     while opname(cur) in _ROWWISE and cur not in wide_ok:
@@ -155,6 +160,13 @@ def _slot_chain(leaf: Node, wide_ok=()) -> Optional[Tuple[Node, List[Node]]]:
         cur = inner
     if not linear or not chain:
         return None
+    end = writes.pos.get(at, len(writes.pos))
+    for c in chain + [cur]:
+        if writes.first_write(c, writes.pos[c], end) is not None:
+            return None
+        for a in (x for a in list(c.args) + list(c.kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))):
+            if isinstance(a, Node) and writes.first_write(a, writes.pos[c] - 1, end) is not None:
+                return None
     if cur in wide_ok:
         return cur, list(reversed(chain))
     rv, lv = fake_tensor(cur), fake_tensor(leaf)
@@ -170,7 +182,13 @@ def _leaf_in_csr_order(graph, leaf: Node, b: Built, knobs: List[int]) -> Optiona
     if leaf in b.slot_leaves:
         return b.slot_leaves[leaf]
     edge_programs = {m.anchor: m for m in b.shared.members if isinstance(m, EdgeProgram)}
-    found = _slot_chain(leaf, set(edge_programs))
+    found = _slot_chain(leaf, b.writes, b.at, set(edge_programs))
+    if found is not None and found[0] in edge_programs:  # its leaves are read again, at b.at
+        root = found[0]
+        end = b.writes.pos.get(b.at, len(b.writes.pos))
+        reads = [lf.node for lf in edge_programs[root].leaves]
+        if any(b.writes.first_write(n, b.writes.pos[root] - 1, end) is not None for n in reads):
+            found = None
     out = None
     if found is not None:
         root, chain = found
@@ -227,6 +245,7 @@ def _fused(graph, m: Match, b: Built, knobs_for: Callable) -> Tuple[Node, Fused]
     """The fused replacement of chain ``m``, inserted before its anchor, and its report line."""
     rowptr, _, perm = b.csr
     layer, at = layer_of(m.anchor), m.anchor.name
+    b.at = m.anchor
     with graph.inserting_before(m.anchor):
         if isinstance(m, Program):
             knobs = list(knobs_for(fake_tensor(m.leaves[0].node).device))
@@ -256,15 +275,6 @@ def _replace(graph, m: Match, out: Node, order: Dict[Node, int]) -> None:
     graph.erase_node(anchor)
 
 
-_INPLACE_AT = {"relu": 1, "leaky_relu": 2, "elu": 2}  # position of F.<name>'s inplace argument
-
-
-def _inplace(n: Node) -> bool:
-    """A functional activation called with inplace=True writes its input: never dropped."""
-    return n.kwargs.get("inplace") is True or (
-        opname(n) in _INPLACE_AT and argument(n, _INPLACE_AT[opname(n)], "inplace") is True)
-
-
 def drop_dead(graph, claimed=()) -> None:
     """Drops unused pure nodes, and the claimed scatters (softmax internals) once nothing reads
     them or the zeros buffer they fill."""
@@ -275,7 +285,7 @@ def drop_dead(graph, claimed=()) -> None:
         for n in reversed(list(graph.nodes)):
             if n.op not in ("call_function", "call_method") or n.users:
                 continue
-            if n.target in _PURE_OPS or opname(n) in PURE and not _inplace(n):
+            if n.target in _PURE_OPS or opname(n) in PURE and not written_args(n):
                 graph.erase_node(n)
                 changed = True
             elif n in claimed and all(u is n for u in n.args[0].users):
@@ -291,7 +301,10 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
 
     knobs_for = knobs_for or get_knobs
     report = PassReport()
+    writes = Writes(graph)
     built = insert_structures(graph, p, copy_structures, report)
+    for b in built:
+        b.writes = writes
     chains = sorted(((m, b) for b in built for m in b.shared.members), key=lambda mb: order[mb[0].anchor])
     outs = []
     for m, b in chains:
@@ -300,10 +313,11 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
         report.fused.append(line)
         if line.kind == "segment":  # reduced in one pass, but the message itself is not fused
             built_by = opname(m.leaves[0].node) or m.leaves[0].node.op
+            why = (f"message kept as written ({'; '.join(m.kept)})" if m.kept else
+                   f"message built by '{built_by}' reads no gathered node features in an elementwise expression")
             report.unfused.append(Unfused(
-                opname(m.anchor), line.layer, f"message built by '{built_by}' reads no gathered node features "
-                "in an elementwise expression: it is reduced over the CSR in one pass, but each edge's message "
-                "is computed beforehand, as written", at))
+                opname(m.anchor), line.layer, f"{why}: it is reduced over the CSR in one pass, but each edge's "
+                "message is computed beforehand, as written", at))
         outs.append((m, out))
     # replace only now: chains may read other chains' anchors (a hop's output feeds the next)
     new_order = node_order(graph)
