@@ -50,6 +50,11 @@ OPS: Dict[int, Tuple[str, int, int]] = {
     19: ("step", 1, 0), 20: ("leaky_relu_grad", 1, 1), 21: ("elu_grad", 1, 1), 22: ("gelu_grad", 1, 0),
     23: ("softplus_grad", 1, 2), 24: ("clamp_grad", 1, 2), 25: ("pow_exp_grad", 2, 0),
     26: ("abs", 1, 0), 27: ("sign", 1, 0),
+    # x ** c for a number c, with torch's special cases (sqrt for 0.5, x * x for 2, ...)
+    28: ("powc", 1, 1),
+    # derivative helper: gate(x, y) = x where y != 0, else 0 (torch's where(cond, grad, 0),
+    # which gives 0 also for an infinite or NaN grad)
+    29: ("gate", 2, 0),
 }
 OPCODE = {name: code for code, (name, _, _) in OPS.items()}
 MAX_SLOTS = 32
@@ -86,10 +91,8 @@ def node(op: str, *children: Expr, params: Sequence[float] = ()) -> Expr:
             return a
         if _is_const(a, 0.0):
             return node("neg", b)
-    elif op == "mul":
+    elif op == "mul":  # no folding of a product by 0: inf * 0 and NaN * 0 are NaN
         a, b = children
-        if _is_const(a, 0.0) or _is_const(b, 0.0):
-            return const(0.0)
         if _is_const(a, 1.0):
             return b
         if _is_const(b, 1.0):
@@ -98,8 +101,6 @@ def node(op: str, *children: Expr, params: Sequence[float] = ()) -> Expr:
         a, b = children
         if _is_const(b, 1.0):
             return a
-        if _is_const(a, 0.0):
-            return const(0.0)
     elif op == "neg":
         (a,) = children
         if a[0] == "neg":
@@ -225,53 +226,56 @@ def decode(code: Sequence[int], consts: Sequence[float]) -> Expr:
 
 
 # ----------------------------------------------------------------------------- derivatives
-def _local(x: Expr) -> List[Expr]:
-    """d x / d child, one expression per child of ``x``."""
+def _terms(x: Expr, g: Expr) -> List[Expr]:
+    """The adjoint of every child of ``x`` given ``g``, the adjoint of ``x``, written as torch's
+    backward formulas write them (operand order, and ``where`` rather than a product with a 0/1
+    mask where torch selects, so that an infinite or NaN gradient gives 0 where torch gives 0)."""
     op, ch, p = x
     one = const(1.0)
     if op == "add":
-        return [one, one]
+        return [g, g]
     if op == "sub":
-        return [one, const(-1.0)]
+        return [g, node("neg", g)]
     if op == "mul":
-        return [ch[1], ch[0]]
-    if op == "div":
+        return [node("mul", g, ch[1]), node("mul", g, ch[0])]
+    if op == "div":  # grad / b, -grad * a / (b * b)
         a, b = ch
-        return [node("div", one, b), node("neg", node("div", x, b))]
+        return [node("div", g, b), node("div", node("mul", node("neg", g), a), node("mul", b, b))]
     if op == "neg":
-        return [const(-1.0)]
-    if op == "relu":
-        return [node("step", ch[0])]
+        return [node("neg", g)]
+    if op == "relu":  # threshold_backward: 0 where a <= 0 (so NaN lets the gradient through)
+        return [node("gate", g, node("step", ch[0]))]
     if op == "leaky_relu":
-        return [node("leaky_relu_grad", ch[0], params=p)]
+        return [node("mul", g, node("leaky_relu_grad", ch[0], params=p))]
     if op == "elu":
-        return [node("elu_grad", ch[0], params=p)]
+        return [node("mul", g, node("elu_grad", ch[0], params=p))]
     if op == "gelu":
-        return [node("gelu_grad", ch[0])]
-    if op == "sigmoid":
-        return [node("mul", x, node("sub", one, x))]
-    if op == "tanh":
-        return [node("sub", one, node("mul", x, x))]
+        return [node("mul", g, node("gelu_grad", ch[0]))]
+    if op == "sigmoid":  # grad * (1 - y) * y
+        return [node("mul", node("mul", g, node("sub", one, x)), x)]
+    if op == "tanh":  # grad * (1 - y * y)
+        return [node("mul", g, node("sub", one, node("mul", x, x)))]
     if op == "softplus":
-        return [node("softplus_grad", ch[0], params=p)]
+        return [node("mul", g, node("softplus_grad", ch[0], params=p))]
     if op == "exp":
-        return [x]
-    if op == "log":
-        return [node("div", one, ch[0])]
-    if op == "clamp":
-        return [node("clamp_grad", ch[0], params=p)]
-    if op == "sqrt":
-        return [node("div", const(0.5), x)]
+        return [node("mul", g, x)]
+    if op == "log":  # grad / a
+        return [node("div", g, ch[0])]
+    if op == "clamp":  # where(lo <= a <= hi, grad, 0)
+        return [node("gate", g, node("clamp_grad", ch[0], params=p))]
+    if op == "sqrt":  # grad / (2 * y)
+        return [node("div", g, node("mul", const(2.0), x))]
     if op == "abs":
-        return [node("sign", ch[0])]
-    if op == "pow":
+        return [node("mul", g, node("sign", ch[0]))]
+    if op == "powc":  # c == 0: zeros; else grad * (c * a ** (c - 1))
+        c = p[0]
+        if c == 0.0:
+            return [const(0.0)]
+        return [node("mul", g, node("mul", const(c), node("powc", ch[0], params=(c - 1.0,))))]
+    if op == "pow":  # where(b == 0, 0, grad * (b * a ** (b - 1))), grad * where(a == 0 & b >= 0, 0, y * log a)
         a, b = ch
-        if _is_const(b):
-            c = b[2][0]
-            da = const(0.0) if c == 0.0 else node("mul", const(c), node("pow", a, const(c - 1.0)))
-        else:
-            da = node("mul", b, node("pow", a, node("sub", b, one)))
-        return [da, node("pow_exp_grad", a, b)]
+        da = node("gate", node("mul", g, node("mul", b, node("pow", a, node("sub", b, one)))), b)
+        return [da, node("mul", g, node("pow_exp_grad", a, b))]
     raise ValueError(f"message program: no derivative for '{op}'")
 
 
@@ -290,8 +294,7 @@ def backward_expr(root: Expr, grad: Expr) -> Dict[int, Expr]:
             continue
         if x[0] == "const":
             continue
-        for c, d in zip(x[1], _local(x)):
-            term = node("mul", g, d)
+        for c, term in zip(x[1], _terms(x, g)):
             adj[c] = node("add", adj[c], term) if c in adj else term
     return out
 
@@ -327,13 +330,15 @@ _TORCH = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
     "relu": torch.relu, "gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
     "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "abs": torch.abs, "sign": torch.sign,
-    "pow": torch.pow, "step": lambda a: (a > 0).to(a.dtype), "gelu_grad": _gelu_grad,
-    "pow_exp_grad": _pow_exp_grad,
+    "pow": torch.pow, "step": lambda a: (~(a <= 0)).to(a.dtype), "gelu_grad": _gelu_grad,
+    "pow_exp_grad": _pow_exp_grad, "powc": lambda a, c: torch.pow(a, c),
+    "gate": lambda a, b: torch.where(b != 0, a, torch.zeros_like(a)),
     "leaky_relu": lambda a, s: torch.nn.functional.leaky_relu(a, s),
     "elu": lambda a, al: torch.nn.functional.elu(a, al),
     "softplus": lambda a, b, t: torch.nn.functional.softplus(a, b, t),
     "clamp": lambda a, lo, hi: torch.clamp(a, None if lo == -math.inf else lo, None if hi == math.inf else hi),
     "leaky_relu_grad": lambda a, s: torch.where(a > 0, torch.ones_like(a), torch.full_like(a, s)),
+    # NaN gives NaN, as torch's vectorized elu backward (its scalar tail loop passes the gradient)
     "elu_grad": lambda a, al: torch.where(a > 0, torch.ones_like(a), al * torch.exp(a)),
     "softplus_grad": _softplus_grad,
     "clamp_grad": lambda a, lo, hi: ((a >= lo) & (a <= hi)).to(a.dtype),

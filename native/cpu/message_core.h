@@ -32,8 +32,8 @@ enum Op : int32_t {
   In = 0, Const = 1, Add = 2, Sub = 3, Mul = 4, Div = 5, Neg = 6, Relu = 7, LeakyRelu = 8,
   Elu = 9, Gelu = 10, Sigmoid = 11, Tanh = 12, Softplus = 13, Exp = 14, Log = 15, Clamp = 16,
   Pow = 17, Sqrt = 18, Step = 19, LeakyReluGrad = 20, EluGrad = 21, GeluGrad = 22,
-  SoftplusGrad = 23, ClampGrad = 24, PowExpGrad = 25, Abs = 26, Sign = 27,
-  NumOps = 28,
+  SoftplusGrad = 23, ClampGrad = 24, PowExpGrad = 25, Abs = 26, Sign = 27, PowC = 28, Gate = 29,
+  NumOps = 30,
 };
 enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3, Slot = 4 };
 constexpr int kMaxSlots = 32;
@@ -73,6 +73,19 @@ struct Args {
 
 template <typename acc_t>
 inline acc_t sigmoid(acc_t v) { return acc_t(1) / (acc_t(1) + std::exp(-v)); }
+
+// x ** c for a number c as torch computes it (a tensor to a scalar power): its special cases
+// first (sqrt for 0.5 differs from pow at -0 and -inf), then pow.
+template <typename acc_t>
+inline acc_t pow_number(acc_t x, acc_t c) {
+  if (c == acc_t(2)) return x * x;
+  if (c == acc_t(3)) return x * x * x;
+  if (c == acc_t(0.5)) return std::sqrt(x);
+  if (c == acc_t(-0.5)) return acc_t(1) / std::sqrt(x);
+  if (c == acc_t(-1)) return acc_t(1) / x;
+  if (c == acc_t(-2)) return acc_t(1) / (x * x);
+  return std::pow(x, c);
+}
 
 // Runs the program for one edge on one tile; returns the result. Registers are pointers: an
 // input read at full width (and in the compute type) points straight into its row, with no copy;
@@ -153,7 +166,8 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
       case Sign:
         for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : (x[t] < acc_t(0) ? acc_t(-1) : acc_t(0));
         break;
-      case Step: for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : acc_t(0); break;
+      // relu's mask as torch's threshold_backward reads it: 0 where x <= 0 (NaN passes)
+      case Step: for (int t = 0; t < n; ++t) d[t] = x[t] <= acc_t(0) ? acc_t(0) : acc_t(1); break;
       case LeakyReluGrad: {
         const acc_t sl = a.consts[ins[3]];
         for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : sl;
@@ -189,6 +203,12 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
         for (int t = 0; t < n; ++t)
           d[t] = (x[t] == acc_t(0) && y[t] >= acc_t(0)) ? acc_t(0) : std::pow(x[t], y[t]) * std::log(x[t]);
         break;
+      case PowC: {
+        const acc_t c = a.consts[ins[3]];
+        for (int t = 0; t < n; ++t) d[t] = pow_number(x[t], c);
+        break;
+      }
+      case Gate: for (int t = 0; t < n; ++t) d[t] = y[t] != acc_t(0) ? x[t] : acc_t(0); break;
       default: break;  // opcodes are validated before any kernel runs
     }
     reg[ins[1]] = d;
