@@ -121,7 +121,7 @@ def _portable_profile(request: Any, prof) -> Any:
 
 
 def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optional[bool] = None,
-            fullgraph: bool = False, workload: Optional[dict] = None):
+            fullgraph: bool = False, workload: Optional[dict] = None, reassociate: bool = False):
     """Compiles a PyG model (or any callable) with the gnncompile backend.
 
     Args:
@@ -148,6 +148,11 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
         fullgraph: passed to ``torch.compile`` (raise on graph breaks).
         workload: optional description used to pick the nearest profile, e.g.
             ``{"kind": "graphs", "model": "gin"}``; by default the model's class name.
+        reassociate: also distribute linear maps over sums and differences of gathered rows
+            (``W (x_j - x_i) -> (W x)_j - (W x)_i``: the GEMM runs over the nodes instead of the
+            edges). Off by default, because it is not exact: ``W a - W b`` cancels where
+            ``a - b`` does not (coordinates sharing a large offset lose every digit of their
+            difference in float32). Turn it on for features without such offsets.
 
     The returned module pickles (``torch.save(m)``; ``torch.load(path, weights_only=False)``):
     it is stored as the model plus these options, and loading compiles again, which applies the
@@ -161,11 +166,11 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     prof = _profiles.resolve(profile, workload=workload)
     prof.apply()
     options = dict(profile=_portable_profile(profile, prof), inner=inner, dynamic=dynamic,
-                   fullgraph=fullgraph, workload=workload)
+                   fullgraph=fullgraph, workload=workload, reassociate=reassociate)
     if inner == "auto" and prof.inner:
         inner = prof.inner  # what the tuning run measured fastest for this device and workload
     _log.info("compile %s: profile %s, inner %s", type(model).__name__, prof.summary(), inner)
-    be = _backend.make_backend(inner)
+    be = _backend.make_backend(inner, reassociate=reassociate)
     compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
         try:

@@ -164,22 +164,24 @@ def _inner(name: str) -> Callable:
 
 class Backend:
     """A configured gnncompile backend: the rewrite passes (``rewrite=False`` skips them, for
-    comparisons), then the inner compiler ``inner``. A module-level class that holds only the
-    two options, so whatever references it (a ``torch.compile`` result, a
-    :class:`~gnncompile.compiler.CompiledModule`) can be pickled; the inner compiler's function
-    is looked up again when it is unpickled."""
+    comparisons; ``reassociate=True`` lets them distribute linear maps over sums and
+    differences, see :mod:`gnncompile.passes.algebra`), then the inner compiler ``inner``. A
+    module-level class that holds only its options, so whatever references it (a
+    ``torch.compile`` result, a :class:`~gnncompile.compiler.CompiledModule`) can be pickled;
+    the inner compiler's function is looked up again when it is unpickled."""
 
-    def __init__(self, inner: str = "auto", rewrite: bool = True) -> None:
+    def __init__(self, inner: str = "auto", rewrite: bool = True, reassociate: bool = False) -> None:
         if inner == "auto" and _ENV_INNER in INNERS:
             inner = _ENV_INNER
         self.inner = inner  # 'auto': chosen per graph piece by choose_inner()
         self.rewrite = bool(rewrite)
+        self.reassociate = bool(reassociate)
         self._inner_fn = None if inner == "auto" else _inner(inner)  # ValueError for an unknown name
 
     def __call__(self, gm: GraphModule, example_inputs):
         inner = choose_inner(example_inputs) if self.inner == "auto" else self.inner
         report = (passes.run(gm, copy_structures=(inner == "inductor"), hoist=True,
-                             fast_dropout=(inner != "inductor")) if self.rewrite
+                             fast_dropout=(inner != "inductor"), reassociate=self.reassociate) if self.rewrite
                   else passes.PassReport())
         report.inner = inner
         STATS["graphs"] += 1
@@ -194,18 +196,19 @@ class Backend:
         return fn(gm, example_inputs)
 
     def __getstate__(self) -> dict:
-        return {"inner": self.inner, "rewrite": self.rewrite}
+        return {"inner": self.inner, "rewrite": self.rewrite, "reassociate": self.reassociate}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["inner"], state["rewrite"])
+        self.__init__(state["inner"], state["rewrite"], state.get("reassociate", False))
 
     def __repr__(self) -> str:
-        return f"gnncompile.Backend(inner={self.inner!r}, rewrite={self.rewrite})"
+        extra = ", reassociate=True" if self.reassociate else ""
+        return f"gnncompile.Backend(inner={self.inner!r}, rewrite={self.rewrite}{extra})"
 
 
-def make_backend(inner: str = "auto", rewrite: bool = True) -> Backend:
+def make_backend(inner: str = "auto", rewrite: bool = True, reassociate: bool = False) -> Backend:
     """A configured backend (picklable); ``rewrite=False`` skips the passes (for comparisons)."""
-    return Backend(inner, rewrite)
+    return Backend(inner, rewrite, reassociate)
 
 
 def gnncompile_backend(gm: GraphModule, example_inputs):

@@ -94,8 +94,13 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     """
     from torch._dynamo.utils import counters
 
+    from .api import CompiledModule
+
+    options = {}
+    if isinstance(model, CompiledModule):  # explain what its compile() options fuse
+        options, model = model._options, model.model
     before = dict(counters.get("graph_break", {}))
-    be = _backend.make_backend("eager")
+    be = _backend.make_backend("eager", reassociate=bool(options.get("reassociate", False)))
     compiled = torch.compile(model, backend=be, dynamic=False)
     with _backend.collect() as reports, _backend.dynamic_output_shapes():
         compiled(*example_inputs, **example_kwargs)

@@ -31,7 +31,8 @@ from .rewrite import node_order, rewrite
 
 
 def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Callable] = None,
-        hoist: bool = False, fast_dropout: bool = False, programs: bool = True) -> PassReport:
+        hoist: bool = False, fast_dropout: bool = False, programs: bool = True,
+        reassociate: bool = False) -> PassReport:
     """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
 
     ``copy_structures``: the cached graph structure is handed out as copies (for inner
@@ -40,11 +41,13 @@ def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Call
     (compiled graphs do; export does not, its graphs must hold standard ops). ``fast_dropout``:
     :func:`.canonical.fast_dropout` (compiled graphs whose inner compiler is not inductor).
     ``programs``: :func:`.algebra.push_linear_to_nodes` and message programs
-    (:mod:`.messages`); export turns them off (its graphs keep the messages as standard ops)."""
+    (:mod:`.messages`); export turns them off (its graphs keep the messages as standard ops).
+    ``reassociate``: linear maps are also distributed over sums and differences of gathered
+    rows (:mod:`.algebra`: faster, but ``W a - W b`` cancels where ``a - b`` does not)."""
     graph = gm.graph
     drop_identity_dropout(graph)
     dropouts = fast_dropout_pass(graph) if fast_dropout else 0
-    moved = push_linear_to_nodes(graph) if programs else 0
+    moved = push_linear_to_nodes(graph, reassociate) if programs else 0
     order = node_order(graph)
     report = rewrite(graph, plan(match(graph, order, programs), order), order, copy_structures, knobs_for)
     report.linear_moved = moved

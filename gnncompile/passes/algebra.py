@@ -7,7 +7,13 @@ inputs built by concatenation are split first:
 * ``linear(cat([p_1, ..., p_k], -1), W, b) = sum_i linear(p_i, W[:, o_i:o_i + d_i]) + b``
   (EdgeConv's ``[x_i, x_j - x_i]``, PointNetConv's ``[x_j, pos_j - pos_i]``, CGConv's and
   PNAConv's ``[x_i, x_j, e]``, ResGatedGraphConv's ``[x_i, e]``);
-* ``linear(a +- b, W) = linear(a, W) +- linear(b, W)`` and ``linear(-a, W) = -linear(a, W)``;
+* ``linear(-a, W) = -linear(a, W)``;
+* only with ``reassociate=True`` (``gnncompile.compile(model, reassociate=True)``):
+  ``linear(a +- b, W) = linear(a, W) +- linear(b, W)``. Not by default: ``W a - W b`` cancels
+  where ``a - b`` does not. Point coordinates that share a large offset (``pos_j - pos_i`` at
+  5e5, UTM / LiDAR) lose every digit of the difference in float32, where eager keeps the
+  difference exact and then applies ``W``; kept as written, the difference is an edge program
+  (one pass) and ``W`` a GEMM over the edges on its (often narrow) width;
 * ``cat(parts, -1)[:, i] = cat([p[:, i] for p in parts], -1)`` and
   ``x[j][:, i] = x[:, i][j]`` (PNAConv's towers);
 * ``linear(linear(z, A, a), B, b) = linear(z, B A, B a + b)`` across row reshapes, where ``z``
@@ -17,6 +23,9 @@ Pieces that are not gathered (edge features) keep their own, narrower GEMM over 
 A rewrite is made only where it moves at least one gathered piece; the maps over the nodes
 are computed once per distinct (tensor, weight slice). New nodes carry fake values (run on
 the fake tensors Dynamo recorded), so that matching reads their shapes as it reads the rest.
+Every rewrite reads its pieces at another place than the graph did: none is made where a
+piece (or what a gather reads) is written in place, or is a call with an argument the
+rewrite does not model (:mod:`.semantics`).
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ from torch.fx.node import map_arg
 from .._log import get_logger
 from .canonical import argument, fake_tensor, opname, same_size
 from .match import gather_of
+from .semantics import SIGNATURES, Writes, unmodelled
 
 
 _log = get_logger(__name__)
@@ -104,7 +114,7 @@ def _last_dim_cat(n: Node) -> Optional[List[Node]]:
     return list(parts)
 
 
-def _gathered(n: Any, depth: int = 0) -> bool:
+def _gathered(n: Any, reassociate: bool, depth: int = 0) -> bool:
     """Does ``n`` hold a gathered piece that a split would move to the nodes?"""
     if not isinstance(n, Node) or depth > 8:
         return False
@@ -112,18 +122,52 @@ def _gathered(n: Any, depth: int = 0) -> bool:
         return True
     name = opname(n)
     if name in ("add", "sub") and len(n.args) == 2:
-        return any(_gathered(a, depth + 1) for a in n.args)
+        return reassociate and any(_gathered(a, reassociate, depth + 1) for a in n.args)
     if name == "neg":
-        return _gathered(n.args[0], depth + 1)
+        return _gathered(n.args[0], reassociate, depth + 1)
     if name == "getitem" and _tower_index(n.args[1]) is not None:
-        return _gathered(n.args[0], depth + 1) or _last_dim_cat(n.args[0]) is not None and any(
-            _gathered(p, depth + 1) for p in _last_dim_cat(n.args[0]))
+        return _gathered(n.args[0], reassociate, depth + 1) or _last_dim_cat(n.args[0]) is not None and any(
+            _gathered(p, reassociate, depth + 1) for p in _last_dim_cat(n.args[0]))
     return False
 
 
+def _pieces(z: Any, depth: int = 0) -> List[Node]:
+    """The nodes a split of ``linear(z)`` reads through (and, for gathers, what they read)."""
+    if not isinstance(z, Node) or depth > 8:
+        return []
+    out = [z]
+    g = gather_of(z)
+    if g is not None:
+        return out + list(g)
+    name = opname(z)
+    if name in ("add", "sub", "neg"):
+        for a in z.args:
+            out += _pieces(a, depth + 1)
+    elif name == "getitem" and _tower_index(z.args[1]) is not None:
+        out += _pieces(z.args[0], depth + 1)
+    elif name == "cat":
+        for p in _last_dim_cat(z) or ():
+            out += _pieces(p, depth + 1)
+    return out
+
+
+def _unsafe(writes: Writes, nodes: List[Node]) -> Optional[str]:
+    """Why a rewrite reading ``nodes`` elsewhere than the graph did is not exact, or None."""
+    w = writes.clean(nodes)
+    if w is not None:
+        return f"'{w.name}' writes in place what it reads"
+    for n in nodes:
+        if opname(n) in SIGNATURES:
+            why = unmodelled(n)
+            if why is not None:
+                return why
+    return None
+
+
 class _Splitter:
-    def __init__(self, em: _Emitter):
+    def __init__(self, em: _Emitter, reassociate: bool):
         self.em = em
+        self.reassociate = reassociate
 
     def slice_w(self, w: Node, off: int, width: int, total: int) -> Node:
         if off == 0 and width == total:
@@ -142,12 +186,12 @@ class _Splitter:
             return em.call("call_method", "index_select", (y, 0, j))
         name = opname(p)
         pv = fake_tensor(p)
-        if name in ("add", "sub") and len(p.args) == 2 and not p.kwargs and all(
+        if self.reassociate and name in ("add", "sub") and len(p.args) == 2 and not p.kwargs and all(
                 isinstance(a, Node) and fake_tensor(a) is not None and fake_tensor(a).shape == pv.shape
-                for a in p.args) and _gathered(p):
+                for a in p.args) and _gathered(p, True):
             a, b = (self.lin(x, w, tower) for x in p.args)
             return em.call("call_function", operator.add if name == "add" else operator.sub, (a, b))
-        if name == "neg" and _gathered(p):
+        if name == "neg" and _gathered(p, self.reassociate):
             return em.call("call_function", operator.neg, (self.lin(p.args[0], w, tower),))
         if name == "getitem" and tower is None and _tower_index(p.args[1]) is not None:
             inner, t = p.args[0], _tower_index(p.args[1])
@@ -175,7 +219,7 @@ class _Splitter:
         return out
 
 
-def _rewrite_linear(graph, n: Node) -> bool:
+def _rewrite_linear(graph, n: Node, writes: Writes, reassociate: bool) -> bool:
     la = _linear_args(n)
     if la is None:
         return False
@@ -183,8 +227,12 @@ def _rewrite_linear(graph, n: Node) -> bool:
     zv = fake_tensor(z)
     if zv is None or zv.dim() < 2:
         return False
+    why = _unsafe(writes, [w] + ([b] if isinstance(b, Node) else []) + _pieces(z))
+    if why is not None:
+        _log.debug("algebra: %s left as it is (%s)", n.name, why)
+        return False
     em = _Emitter(graph, n)
-    sp = _Splitter(em)
+    sp = _Splitter(em, reassociate)
     new = None
     g = gather_of(z)
     if g is not None:
@@ -200,9 +248,9 @@ def _rewrite_linear(graph, n: Node) -> bool:
             parts, tower = _last_dim_cat(z.args[0]), _tower_index(z.args[1])
             if parts is not None and any(fake_tensor(p).dim() != 3 for p in parts):
                 parts = None
-        if parts is not None and any(_gathered(p) for p in parts):
+        if parts is not None and any(_gathered(p, reassociate) for p in parts):
             new = sp.cat(parts, w, b, tower)
-        elif opname(z) in ("add", "sub") and _gathered(z):
+        elif reassociate and opname(z) in ("add", "sub") and _gathered(z, True):
             new = sp.lin(z, w)
             if new is not None and b is not None:
                 new = em.call("call_function", operator.add, (new, b))
@@ -219,7 +267,7 @@ def _rewrite_linear(graph, n: Node) -> bool:
 _SAME_ROWS = ("view", "reshape", "repeat", "getitem", "unsqueeze", "squeeze", "contiguous")
 
 
-def _merge_linears(graph, n: Node) -> bool:
+def _merge_linears(graph, n: Node, writes: Writes, reassociate: bool = False) -> bool:
     """``linear(r(linear(z, A, a)), B, b) = linear(z, B A, B a + b)`` where ``r`` only reshapes
     each row (view, a repeat by ones, a select of a size-1 dim: PNA's towers of one) and ``z``
     is narrower than the inner output: the GEMM over the edges runs at ``z``'s width once
@@ -250,6 +298,13 @@ def _merge_linears(graph, n: Node) -> bool:
     if inner is None or cur is y or len(cur.users) != 1:
         return False
     z, A, a = inner
+    read = [y, cur, z, A, B] + [v for v in (a, b) if isinstance(v, Node)]
+    c = y
+    while c is not cur:
+        read.append(c)
+        c = c.args[0]
+    if _unsafe(writes, read) is not None:
+        return False
     zv, Av = fake_tensor(z), fake_tensor(A)
     if zv is None or zv.dim() != 2 or not same_size(zv.shape[0], yv.shape[0]) or Av.shape[0] != width \
             or zv.shape[-1] >= width:
@@ -268,19 +323,21 @@ def _merge_linears(graph, n: Node) -> bool:
     return True
 
 
-def push_linear_to_nodes(graph) -> int:
+def push_linear_to_nodes(graph, reassociate: bool = False) -> int:
     """Applies the rewrites above to every ``linear`` of per-edge gathered rows, then merges
-    stacked linear maps of narrow edge features; returns how many linear nodes were rewritten."""
+    stacked linear maps of narrow edge features; returns how many linear nodes were rewritten.
+    ``reassociate``: also distribute linear maps over sums and differences (module docstring)."""
     from .rewrite import drop_dead
 
     done = 0
     for rule in (_rewrite_linear, _merge_linears):
         if rule is _merge_linears and done:
             drop_dead(graph)  # what the first rewrites replaced no longer counts as a user
+        writes = Writes(graph)  # positions are not used: any write to what a rewrite reads stops it
         for n in list(graph.nodes):
             if n.graph is graph and opname(n) == "linear":
                 try:
-                    done += rule(graph, n)
+                    done += rule(graph, n, writes, reassociate)
                 except Exception as e:  # a fake-tensor failure leaves the node as it is
                     _log.debug("algebra: %s left %s as it is (%s: %s)", rule.__name__, n.name, type(e).__name__, e)
     return done
