@@ -1,9 +1,11 @@
 """Rules the CPU and CUDA kernels share, checked on the host (no GPU needed).
 
-The max / min rule (``arg_takes`` in native/common/macros.h): the CPU core folds a row's
+The max / min rule (``arg_fold`` in native/common/macros.h): the CPU core folds a row's
 messages in CSR slot order; the CUDA kernels fold runs of a row in separate groups and then the
-runs' results in group order. Both must give the CPU's value and slot for every split of a row,
-NaN, infinities and ties included (torch's scatter_reduce propagates NaN).
+runs' results in group order. Both must give the CPU's value and record for every split of a
+row, NaN, infinities and ties included (torch's scatter_reduce propagates NaN): the slot of the
+first extreme, written -2 - slot when the extreme is not reached by exactly one message (a tie,
+or NaN), where torch's gradient is not "everything to one edge".
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ _HARNESS = textwrap.dedent("""
     #include <cstdint>
     #include <vector>
     #include "common/macros.h"
-    using gnncompile::arg_takes;
-    // stdin: is_min n v_0 .. v_{n-1} k c_1 .. c_k (cut points); stdout: value slot (sequential)
-    // value slot (folded runs)
+    using gnncompile::arg_code;
+    using gnncompile::arg_fold;
+    // stdin: is_min n v_0 .. v_{n-1} k c_1 .. c_k (cut points); stdout: value record (sequential)
+    // value record (folded runs)
     int main() {
       int is_min, n;
       while (std::scanf("%d %d", &is_min, &n) == 2) {
@@ -29,20 +32,18 @@ _HARNESS = textwrap.dedent("""
         int k; std::scanf("%d", &k);
         std::vector<int> cuts(k);
         for (int i = 0; i < k; ++i) std::scanf("%d", &cuts[i]);
-        float acc = 0; long long best = -1;  // sequential, as the CPU core
-        for (int j = 0; j < n; ++j)
-          if (arg_takes<float>(is_min, v[j], acc, best < 0)) { acc = v[j]; best = j; }
-        float racc = 0; long long rbest = -1;  // runs, then their results in order, as CUDA
+        float acc = 0; int64_t best = -1;  // sequential, as the CPU core
+        for (int j = 0; j < n; ++j) arg_fold<float>(is_min, v[j], arg_code(j, v[j] != v[j]), acc, best);
+        float racc = 0; int64_t rbest = -1;  // runs, then their results in order, as CUDA
         int begin = 0;
         for (int r = 0; r <= k; ++r) {
           const int end = r < k ? cuts[r] : n;
-          float pa = is_min ? 1.0f / 0.0f : -1.0f / 0.0f; long long pb = -1;  // the kernels' init
-          for (int j = begin; j < end; ++j)
-            if (arg_takes<float>(is_min, v[j], pa, pb < 0)) { pa = v[j]; pb = j; }
-          if (pb >= 0 && arg_takes<float>(is_min, pa, racc, rbest < 0)) { racc = pa; rbest = pb; }
+          float pa = is_min ? 1.0f / 0.0f : -1.0f / 0.0f; int64_t pb = -1;  // the kernels' init
+          for (int j = begin; j < end; ++j) arg_fold<float>(is_min, v[j], arg_code(j, v[j] != v[j]), pa, pb);
+          if (pb != -1) arg_fold<float>(is_min, pa, pb, racc, rbest);
           begin = end;
         }
-        std::printf("%a %lld %a %lld\\n", acc, best, racc, rbest);
+        std::printf("%a %lld %a %lld\\n", acc, (long long)best, racc, (long long)rbest);
       }
       return 0;
     }
@@ -50,13 +51,15 @@ _HARNESS = textwrap.dedent("""
 
 
 def _expected(values, is_min):
-    """torch.scatter_reduce's amax / amin of one row and the CPU kernel's arg: NaN if any
-    message is NaN (slot of the first NaN), else the first extreme value."""
+    """torch.scatter_reduce's amax / amin of one row and the kernels' record: NaN if any
+    message is NaN (-2 - the slot of the first NaN), else the first extreme value's slot, or
+    -2 - that slot when several messages equal it."""
     for j, v in enumerate(values):
         if math.isnan(v):
-            return float("nan"), j
+            return float("nan"), -2 - j
     best = min(values) if is_min else max(values)
-    return best, values.index(best)
+    first = values.index(best)
+    return best, first if values.count(best) == 1 else -2 - first
 
 
 def test_max_min_rule_is_the_same_for_every_split(build_host_harness):

@@ -1,17 +1,19 @@
 """Autograd formulas of the kernel ops (registered with ``torch.library.register_autograd``).
 
 * ``spmm``: sum / mean backward is the CSC spmm of the output gradient (for x) and ``edge_dot``
-  (for the weight); max / min route each output gradient to the edge chosen in the forward pass.
+  (for the weight); max / min route each output gradient to the edge chosen in the forward pass,
+  and follow torch's formula where it differs (ties, NaN: :mod:`.extremes`).
 * ``edge_softmax``: ``edge_softmax_backward``; a second derivative is refused with a clear error.
 * ``edge_dot``: two spmm calls, so that a double backward through spmm is exact.
 * ``gather``: a segment sum over the structure that groups the edges by the gathered index.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 
+from . import extremes
 from .schemas import ops
 from .structure import transpose_structure
 
@@ -55,16 +57,39 @@ def accumulate_rows(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor
     out.view(-1).index_put_((flat.reshape(-1),), values.reshape(-1), accumulate=True)
 
 
-def _arg_backward(ctx, col, perm, weight, x, arg, grad_out, need_x, need_w):
-    """max / min: only the chosen edge of each (row, feature) receives gradient. These are
-    [M, F] tensors, not [E, F]."""
+@torch.library.custom_op("gnncompile::spmm_arg_backward", mutates_args=())
+def spmm_arg_backward(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, weight: Optional[torch.Tensor],
+                      x: Optional[torch.Tensor], arg: torch.Tensor, grad: torch.Tensor, reduce: str,
+                      x_shape: List[int], need_x: bool, need_w: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The max / min backward of spmm: (grad of x, grad of weight), an empty tensor for the one
+    not needed. An op of its own (opaque to tracing) because it decides from the data which rows
+    take torch's formula (:mod:`.extremes`)."""
+    gx, gw = _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, grad.contiguous(), need_x, need_w)
+    empty = grad.new_empty(0)
+    return (gx if gx is not None else empty), (gw if gw is not None else empty)
+
+
+@spmm_arg_backward.register_fake
+def _spmm_arg_backward_fake(rowptr, col, perm, weight, x, arg, grad, reduce, x_shape, need_x, need_w):
+    return (grad.new_empty(x_shape) if need_x else grad.new_empty(0),
+            weight.new_empty(weight.shape) if need_w else grad.new_empty(0))
+
+
+def _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, grad_out, need_x, need_w):
+    """max / min: each output gradient goes to the edge chosen in the forward pass ([M, F]
+    tensors, not [E, F]), except in the rows where torch's formula gives other numbers (ties,
+    NaN, non-finite gradients or inputs: :mod:`.extremes`), which are computed by it."""
     M = grad_out.shape[0]
     if col.numel() == 0:  # no edge: every output is the constant 0
-        gx = torch.zeros(ctx.x_shape, dtype=grad_out.dtype, device=grad_out.device) if need_x else None
+        gx = torch.zeros(x_shape, dtype=grad_out.dtype, device=grad_out.device) if need_x else None
         gw = torch.zeros_like(weight) if need_w else None
         return gx, gw
+    a2, g2 = arg.reshape(M, -1), grad_out.reshape(M, -1)
+    exact = extremes.exact_rows(a2, g2, extremes.non_finite(weight if need_x else None, x if need_w else None))
     valid = arg >= 0
-    slot = arg.clamp(min=0)
+    if exact is not None:
+        valid = valid & ~exact.view(-1, *([1] * (arg.dim() - 1)))
+    slot = torch.where(valid, arg, torch.zeros_like(arg))
     src = col.long()[slot]
     g = torch.where(valid, grad_out, torch.zeros_like(grad_out))
     eid = perm.long()[slot]
@@ -73,16 +98,47 @@ def _arg_backward(ctx, col, perm, weight, x, arg, grad_out, need_x, need_w):
         w = weight[eid, heads] if heads is not None else weight.reshape(-1)[eid]
     gx = gw = None
     if need_x:
-        contrib = g * w if weight is not None else g
-        gx = torch.zeros(ctx.x_shape, dtype=grad_out.dtype, device=grad_out.device)
-        accumulate_rows(gx.reshape(ctx.x_shape[0], -1), src.reshape(M, -1), contrib.reshape(M, -1))
+        contrib = torch.where(valid, g * w, torch.zeros_like(g)) if weight is not None else g
+        gx = torch.zeros(x_shape, dtype=grad_out.dtype, device=grad_out.device)
+        accumulate_rows(gx.reshape(x_shape[0], -1), src.reshape(M, -1), contrib.reshape(M, -1))
     if need_w:
         xs = x.reshape(x.shape[0], -1).gather(0, src.reshape(M, -1)).reshape(g.shape)
         flat = eid * weight.shape[1] + heads if heads is not None else eid
         gw = torch.zeros(weight.numel(), dtype=weight.dtype, device=weight.device)
-        accumulate_rows(gw, flat.reshape(-1), (xs * g).reshape(-1))
+        accumulate_rows(gw, flat.reshape(-1), torch.where(valid, xs * g, torch.zeros_like(g)).reshape(-1))
+    if exact is not None:
+        _exact_arg_backward(reduce, rowptr, col, perm, weight, x, g2, exact, gx, gw)
+    if need_w:
         gw = gw.reshape(weight.shape)
     return gx, gw
+
+
+def _exact_arg_backward(reduce, rowptr, col, perm, weight, x, grad, rows, gx, gw) -> None:
+    """torch's max / min gradient (:func:`.extremes.shares`) for the rows ``rows``, added to
+    ``gx`` / ``gw`` (in place; None: not needed). The messages are recomputed as the kernels
+    computed them (in the accumulation type), so ties are the kernels' ties."""
+    _, slots, which = extremes.row_slots(rowptr, rows)
+    src, eid = col.long()[slots], perm.long()[slots]
+    F = grad.shape[1]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xs = x.reshape(x.shape[0], -1).index_select(0, src).to(acc)
+    w = None
+    if weight is not None:
+        we = weight.index_select(0, eid).to(acc)
+        w = we.reshape(-1, 1) if weight.dim() == 1 or weight.shape[1] == 1 else \
+            we.repeat_interleave(F // weight.shape[1], dim=1)
+    m = xs * w if w is not None else xs
+    share = extremes.shares(m, which, grad.index_select(0, rows.nonzero().squeeze(1)), reduce == "min")
+    if gx is not None:
+        c = share * w if w is not None else share
+        accumulate_rows(gx.reshape(gx.shape[0], -1), src.view(-1, 1).expand_as(c), c.to(gx.dtype))
+    if gw is not None:
+        per = (share * xs)
+        per = per.sum(1) if weight.dim() == 1 or weight.shape[1] == 1 else \
+            per.reshape(per.shape[0], weight.shape[1], -1).sum(-1).reshape(-1)
+        H = 1 if weight.dim() == 1 else weight.shape[1]
+        flat = (eid.view(-1, 1) * H + torch.arange(H, device=eid.device)).reshape(-1)
+        accumulate_rows(gw, flat, per.reshape(-1).to(gw.dtype))
 
 
 def _spmm_backward(ctx, grad_out, grad_arg):
@@ -104,7 +160,9 @@ def _spmm_backward(ctx, grad_out, grad_arg):
             heads = weight.shape[1] if weight.dim() == 2 else 1
             gw = ops.edge_dot(rowptr, col, perm, x, g, heads, ctx.knobs).reshape(weight.shape)
     else:
-        gx, gw = _arg_backward(ctx, col, perm, weight, x, arg, grad_out, need_x, need_w)
+        gx, gw = ops.spmm_arg_backward(rowptr, col, perm, weight, x, arg, grad_out, reduce, list(ctx.x_shape),
+                                       need_x, need_w)
+        gx, gw = (gx if need_x else None), (gw if need_w else None)
     return None, None, None, gw, gx, None, None, None, None, None
 
 

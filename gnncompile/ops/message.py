@@ -22,8 +22,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from . import extremes
 from . import program as P
-from .reference import _rows
+from .autograd import accumulate_rows
+from .reference import _rows, arg_record
 from .schemas import _lib, ops
 from .structure import transpose_structure
 
@@ -83,13 +85,8 @@ def message_reduce(rowptr, col, perm, inputs, sides, code, consts, width: int, r
         return out, empty
     idx = rows.view(-1, 1).expand(E, F)
     best = out.scatter_reduce(0, idx, m, "amax" if reduce == "max" else "amin", include_self=False)
-    chosen = best.index_select(0, rows)
-    hit = (m == chosen) | (torch.isnan(m) & torch.isnan(chosen))
-    slots = torch.arange(E, device=x0.device).view(-1, 1).expand(E, F)
-    cand = torch.where(hit, slots, torch.full_like(slots, E))
-    arg = torch.full((M, F), E, dtype=torch.long, device=x0.device).scatter_reduce(0, idx, cand, "amin")
     has = (rowptr[1:] > rowptr[:-1]).view(-1, 1)
-    return torch.where(has, best, torch.zeros_like(best)), torch.where(has, arg, torch.full_like(arg, -1))
+    return torch.where(has, best, torch.zeros_like(best)), arg_record(m, best, rows, rowptr)
 
 
 def message_edges(rowptr, col, perm, inputs, sides, code, consts, width: int, out_width: int,
@@ -211,8 +208,8 @@ def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs)
     vals = [x[:M] if s == P.ROW else (x if s == P.CONST else None) for x, s in zip(ins, sides)]
     v = P.evaluate(dcode, dconsts, vals, F).expand(M, F)
     W = t.shape[1]
-    if side in (P.ROW, P.CONST):
-        return _finish(v * deg, t, side)
+    if side in (P.ROW, P.CONST):  # a row without edges adds nothing, whatever its gradient
+        return _finish(torch.where(deg > 0, v * deg, torch.zeros_like(v)), t, side)
     if side == P.COL:
         return _group(ops.spmm(*csc[:3], None, v.contiguous(), "sum", knobs)[0], W)
     rows = torch.repeat_interleave(torch.arange(M, device=rowptr.device), rowptr[1:] - rowptr[:-1],
@@ -288,11 +285,48 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
     return out
 
 
-def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad) -> List[Optional[torch.Tensor]]:
-    """max / min: d_k at the chosen edge of every (row, feature), added where input k was read."""
+# opcodes whose derivative can be infinite at finite inputs (1 / 0, log 0, sqrt 0, x ** -0.5,
+# exp and softplus overflowing): torch multiplies a message's zero share into it (0 * inf =
+# NaN) also where the message did not win, so these programs take torch's formula everywhere
+_UNBOUNDED = {P.OPCODE[n] for n in ("div", "log", "sqrt", "pow", "exp", "softplus")}
+
+
+def _unbounded(code, consts) -> bool:
+    for i in range(0, len(code), P.INSTR):
+        op = int(code[i])
+        if op in _UNBOUNDED or (op == P.OPCODE["powc"] and float(consts[int(code[i + 3])]) < 1.0):
+            return True
+    return False
+
+
+@torch.library.custom_op("gnncompile::message_arg_backward", mutates_args=())
+def message_arg_backward(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, inputs: List[torch.Tensor],
+                         sides: List[int], code: List[int], consts: List[float], width: int, arg: torch.Tensor,
+                         grad: torch.Tensor, reduce: str, need: List[bool]) -> List[torch.Tensor]:
+    """The max / min backward of message_reduce: every input's gradient (an empty tensor where
+    not needed). An op of its own (opaque to tracing) because it decides from the data which
+    rows take torch's formula (:mod:`.extremes`)."""
+    grads = _arg_grads((rowptr, col, perm), list(inputs), list(sides), list(code), list(consts), width, list(need),
+                       arg, grad.contiguous(), reduce == "min")
+    return [g if g is not None else grad.new_empty(0) for g in grads]
+
+
+@message_arg_backward.register_fake
+def _message_arg_backward_fake(rowptr, col, perm, inputs, sides, code, consts, width, arg, grad, reduce, need):
+    return [t.new_empty(t.shape) if n else grad.new_empty(0) for t, n in zip(inputs, need)]
+
+
+def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad, is_min) -> List[Optional[torch.Tensor]]:
+    """max / min: d_k at the chosen edge of every (row, feature), added where input k was read;
+    in the rows where torch's formula gives other numbers (:mod:`.extremes`) by that formula."""
     rowptr, col, perm = csr
     M = arg.shape[0]
+    exact = None
+    if col.shape[0] > 0:
+        exact = extremes.exact_rows(arg, grad, _unbounded(code, consts) or extremes.non_finite(*inputs))
     valid = arg >= 0
+    if exact is not None:
+        valid = valid & ~exact.view(-1, 1)
     # rows without an edge (arg -1) read slot E of col / perm padded with one 0: no
     # data-dependent branch (E may be an unbacked size while tracing)
     E = col.shape[0]
@@ -329,9 +363,34 @@ def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad) -> List[Opt
         dk = P.evaluate(d[0], d[1], vals + [g], F).expand(M, F)
         dk = torch.where(valid, dk, torch.zeros_like(dk))
         gk = torch.zeros(t.numel() + t.shape[1], dtype=t.dtype, device=t.device)
-        gk.index_put_((flat[k].reshape(-1),), dk.reshape(-1), accumulate=True)
+        accumulate_rows(gk, flat[k].reshape(-1), dk.reshape(-1))
         out.append(gk[:t.numel()].reshape(t.shape))
+    if exact is not None:
+        _exact_arg_grads(csr, inputs, sides, code, consts, F, need, grad, exact, is_min, out)
     return out
+
+
+def _exact_arg_grads(csr, inputs, sides, code, consts, F, need, grad, rows, is_min, out) -> None:
+    """torch's max / min gradient (:func:`.extremes.shares`) for the rows ``rows``: every
+    message of those rows recomputed, its share of the row's gradient multiplied into each
+    input's derivative and added to ``out`` (in place)."""
+    rowptr, col, perm = csr
+    ids, slots, which = extremes.row_slots(rowptr, rows)
+    srcs = {P.COL: col.long()[slots], P.ROW: ids.index_select(0, which), P.EDGE: perm.long()[slots], P.SLOT: slots}
+    vals = [t[:1] if s == P.CONST else t.index_select(0, srcs[s]) for t, s in zip(inputs, sides)]
+    m = P.evaluate(code, consts, vals, F).expand(slots.shape[0], F)
+    share = extremes.shares(m, which, grad.index_select(0, ids), is_min)
+    n = len(inputs)
+    for k, t in enumerate(inputs):
+        d = _derivative(code, consts, k, n) if need[k] else None
+        if d is None:
+            continue
+        dk = P.evaluate(d[0], d[1], vals + [share], F).expand(slots.shape[0], F)
+        W = t.shape[1]
+        r = srcs[sides[k]] if sides[k] != P.CONST else torch.zeros_like(slots)
+        flat = r.view(-1, 1) * W + torch.div(torch.arange(F, device=r.device), F // W, rounding_mode="floor")
+        g = out[k].reshape(-1)
+        accumulate_rows(g, flat.reshape(-1), dk.reshape(-1).to(g.dtype))
 
 
 def _backward_return(n_csc: int, grads) -> tuple:
@@ -373,7 +432,8 @@ def _reduce_backward(ctx, grad_out, grad_arg):
             g = g / (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(g.dtype).view(-1, 1)
         grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, g, P.ROW, knobs)
     else:
-        grads = _arg_grads(csr, ins, sides, code, consts, F, ctx.need, arg, g)
+        grads = ops.message_arg_backward(*csr, ins, sides, code, consts, F, arg, g, reduce, list(ctx.need))
+        grads = [gk if n else None for gk, n in zip(grads, ctx.need)]
     return _fix_empty(_backward_return(n_csc, grads), ctx)
 
 

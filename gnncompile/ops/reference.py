@@ -107,12 +107,29 @@ def spmm(rowptr, col, perm, weight: Optional[torch.Tensor], x: torch.Tensor, red
         out = torch.zeros(shape, dtype=msg.dtype, device=x.device).scatter_reduce_(
             0, idx, msg, op, include_self=False)
         E = col.numel()
-        slot = torch.arange(E, device=x.device).view(-1, *([1] * (x.dim() - 1))).expand_as(msg)
-        cand = torch.where(msg == out.index_select(0, rows), slot, torch.full_like(slot, E))
-        arg = torch.full(shape, E, dtype=torch.long, device=x.device).scatter_reduce_(
-            0, idx, cand, "amin", include_self=True)
-        arg = torch.where(arg == E, torch.full_like(arg, -1), arg)
+        arg = arg_record(msg.reshape(E, -1), out.reshape(M, -1), rows, rowptr).reshape(shape)
     return out.to(x.dtype), arg
+
+
+def arg_record(m: torch.Tensor, best: torch.Tensor, rows: torch.Tensor, rowptr: torch.Tensor) -> torch.Tensor:
+    """The max / min record of the kernels (``arg_fold`` in native/common/macros.h) for the
+    messages ``m`` [E, F] (in CSR slot order, row ``rows[j]``) and the reduced values ``best``
+    [M, F]: -1 for a row without edges; the CSR slot of the extreme when exactly one message
+    equals it; else -2 - slot of the first message that reached it (a tie, or a NaN extreme,
+    which no message equals)."""
+    E, F = m.shape
+    M = best.shape[0]
+    at = best.index_select(0, rows)
+    equal = m == at
+    hit = equal | (torch.isnan(m) & torch.isnan(at))
+    idx = rows.view(-1, 1).expand(E, F)
+    slots = torch.arange(E, device=m.device).view(-1, 1).expand(E, F)
+    first = torch.full((M, F), E, dtype=torch.long, device=m.device).scatter_reduce(
+        0, idx, torch.where(hit, slots, torch.full_like(slots, E)), "amin")
+    count = torch.zeros((M, F), dtype=torch.long, device=m.device).scatter_add(0, idx, equal.long())
+    arg = torch.where(count == 1, first, -2 - first)
+    has = (rowptr[1:] > rowptr[:-1]).view(-1, 1)
+    return torch.where(has, arg, torch.full_like(arg, -1))
 
 
 def edge_dot(rowptr, col, perm, x, g, heads: int, knobs: Sequence[int] = ()):

@@ -11,7 +11,8 @@
 //
 //  * message_reduce: the messages of a row reduced (sum, mean, max, min) in registers, one
 //    thread per row, in CSR order: deterministic, no atomics. max/min record the CSR slot of
-//    the chosen edge (first one on ties, NaN wins) for the backward pass.
+//    the chosen edge (first one on ties, NaN wins; -2 - slot for a tie or a NaN: arg_fold in
+//    common/macros.h) for the backward pass.
 //  * message_edges: the message of every edge written to out[e] (out[j] with by_slot: CSR order;
 //    grouped sums: column g of a [E, W_out] output sums features [g * F / W_out, (g + 1) * F / W_out)).
 #pragma once
@@ -279,11 +280,7 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
         if (!kArg) {
           for (int t = 0; t < n; ++t) acc[t] += v[t];
         } else {
-          for (int t = 0; t < n; ++t) {
-            const bool take = arg_takes(R == Reduce::Min, v[t], acc[t], best[t] < 0);
-            acc[t] = take ? v[t] : acc[t];
-            best[t] = take ? j : best[t];
-          }
+          for (int t = 0; t < n; ++t) arg_fold(R == Reduce::Min, v[t], arg_code(j, v[t] != v[t]), acc[t], best[t]);
         }
       }
       store_reduced<scalar_t, R>(acc, best, end - begin, n, a.out + row * a.F + f0,

@@ -22,8 +22,9 @@ inline acc_t reduce_init() {
 }
 
 // Writes n reduced features of a row with `deg` edges: the mean divides by the degree (an empty
-// row gives 0); max / min write 0 and arg -1 for an empty row, else the value and the CSR slot
-// of the chosen edge (`best`; `ar` is unused for sum / mean).
+// row gives 0); max / min write 0 and arg -1 for an empty row, else the value and `best` (the
+// CSR slot of the chosen edge, -2 - slot for a tie or a NaN: arg_fold in common/macros.h; `ar`
+// is unused for sum / mean).
 template <typename scalar_t, Reduce R, typename acc_t>
 inline void store_reduced(const acc_t* acc, const int64_t* best, int64_t deg, int n, scalar_t* o, int64_t* ar) {
   if (R == Reduce::Mean) {

@@ -78,9 +78,7 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
     } else {
       for (int t = 0; t < n; ++t) {
         const acc_t v = (W == WeightMode::None) ? acc_t(to_float(xr[t])) : w * to_float(xr[t]);
-        const bool take = arg_takes(R == Reduce::Min, v, acc[t], best[t] < 0);  // macros.h
-        acc[t] = take ? v : acc[t];
-        best[t] = take ? j : best[t];
+        arg_fold(R == Reduce::Min, v, arg_code(j, v != v), acc[t], best[t]);  // macros.h
       }
     }
   }

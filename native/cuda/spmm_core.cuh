@@ -82,9 +82,7 @@ __device__ __forceinline__ void spmm_fold(const SpmmLane& c, const Pack<T, V>& x
     if (!ARG) {
       acc[k] += v;
     } else {
-      const bool take = arg_takes(c.is_min, v, acc[k], best[k] < 0);  // the CPU core's rule
-      acc[k] = take ? v : acc[k];
-      best[k] = take ? slot : best[k];
+      arg_fold(c.is_min, v, arg_code(slot, v != v), acc[k], best[k]);  // the CPU core's rule
     }
   }
 }
@@ -102,7 +100,7 @@ __device__ __forceinline__ T spmm_final(bool is_mean, int64_t deg, acc_t<T> acc,
     best = -1;
     return from_acc<T>(A(0));
   }
-  return from_acc<T>(acc);  // best >= 0: the rule always takes a row's first edge
+  return from_acc<T>(acc);  // best != -1: the rule always takes a row's first edge
 }
 
 template <typename T, typename I, bool ARG, int V>
@@ -268,10 +266,9 @@ __global__ void __launch_bounds__(256) spmm_fixup_kernel(const SpmmParams<T, I> 
         if (!ARG) {
           acc += v[b];
         } else {
-          // a partial whose slot is -1 folded nothing (its feature is past F, or it is empty)
-          const bool take = s[b] >= 0 && arg_takes(is_min, v[b], acc, best < 0);
-          acc = take ? v[b] : acc;
-          best = take ? s[b] : best;
+          // a partial whose slot is -1 folded nothing (its feature is past F, or it is empty);
+          // the others carry their own tie / NaN record
+          if (s[b] != -1) arg_fold(is_min, v[b], s[b], acc, best);
         }
       }
     }
