@@ -246,6 +246,7 @@ def test_profile_list_marks_malformed_files(tmp_path, capsys):
                                        {"batch_size": 16}, tuned=2.0, default=1.0), tmp_path)
     (tmp_path / "a_list.json").write_text("[1, 2]")
     (tmp_path / "b_text.json").write_text("not json")
+    (tmp_path / "b_deep.json").write_text("[" * 100_000 + "]" * 100_000)  # RecursionError in json
     (tmp_path / "c_speed.json").write_text(json.dumps({"format": profiles.FORMAT, "workload": 3,
                                                        "throughput": {"speedup": "fast"}}))
     assert main(["profile", "list", "--dir", str(tmp_path)]) == 0
@@ -254,6 +255,7 @@ def test_profile_list_marks_malformed_files(tmp_path, capsys):
              if ".json" in ln}
     assert lines[str(tmp_path / "a_list.json")].startswith("! ")
     assert lines[str(tmp_path / "b_text.json")].startswith("! ")
+    assert lines[str(tmp_path / "b_deep.json")].startswith("! ") and "nested deeper than" in out
     assert "speedup -" in lines[str(tmp_path / "c_speed.json")]
     assert lines[str(good)].startswith("* ") and "graphs/gin  speedup 2.00x" in lines[str(good)]
 

@@ -3,6 +3,8 @@ work is computed once per graph and reused, and nothing that depends on features
 float inputs or randomness is ever cached; every change to the graph recomputes."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch_geometric.nn as gnn
@@ -197,6 +199,105 @@ def test_capture_flag_is_restored_and_can_be_turned_off(monkeypatch):
     _fresh()
     rep = gnncompile.explain(model, x, ei)
     assert rep.num_graph_breaks >= 1  # as plain torch.compile: the nonzero breaks the graph
+
+
+# ----------------------------------------------------------------------------- region lifetime
+def _live_regions() -> int:
+    gc.collect()
+    return hoisted.hoist_info()["regions"]
+
+
+@pytest.mark.parametrize("inner", ["eager", "aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_regions_live_only_as_long_as_a_compiled_graph_that_calls_them(inner):
+    """Every fresh compile whose region code differs (static sizes here) registered one more
+    region and none was ever freed: 1, 2, 3, 4 regions over GCNs run on 50, 51, 52, 53 nodes."""
+    _fresh()
+    before = _live_regions()
+    for n in (50, 51, 52, 53):
+        torch.manual_seed(0)
+        model = models.GCN(F, 16, 2, 4)
+        c = gnncompile.compile(model, inner=inner)
+        x, ei = _graph(n=n, e=4 * n)
+        _same_step(model, c, x, ei)
+        assert _live_regions() == before + 1, n
+        hoisted.CACHE.clear()  # the next call runs the region again: it must still be there
+        _same_step(model, c, x, ei)
+        del c, model
+        torch._dynamo.reset()
+    assert _live_regions() == before
+
+
+def _captures(model, *inputs, times=2):
+    """``times`` captures of ``model``'s graph as Dynamo hands them to a backend (identical
+    graphs, so identical regions once hoisted), with their example inputs."""
+    got = []
+
+    def grab(gm, example_inputs):
+        got.append((gm, list(example_inputs)))
+        return gm.forward
+
+    for _ in range(times):
+        torch._dynamo.reset()
+        with _backend.dynamic_output_shapes():
+            torch.compile(model, backend=grab)(*inputs)
+    torch._dynamo.reset()
+    return got
+
+
+def test_a_region_shared_by_two_compiled_graphs_lives_while_either_does():
+    _fresh()
+    torch.manual_seed(0)
+    model = models.GCN(F, 16, 2, 4)
+    x, ei = _graph()
+    before = _live_regions()
+    (ga, inputs), (gb, _) = _captures(model, x, ei)
+    be = _backend.Backend("eager")
+    fa, fb = be(ga, inputs), be(gb, inputs)
+    del ga, gb
+    assert _live_regions() == before + 1  # one key, registered by both
+    (region,) = getattr(fa.__self__, hoisted.HELD)  # eager: fa is gm.forward
+    (key,) = [k for k, r in hoisted._REGIONS.items() if r is region]
+    del region
+    want = model(x, ei)
+    torch.testing.assert_close(fa(*inputs)[0], want)
+    del fa
+    hoisted.CACHE.clear()
+    assert _live_regions() == before + 1
+    torch.testing.assert_close(fb(*inputs)[0], want)  # runs the region again
+    assert hoisted.hoist_info()["computes"] == 1
+    del fb
+    assert _live_regions() == before and hoisted.hoist_info()["results"] == 0  # its results went with it
+    with pytest.raises(RuntimeError, match=f"no region {key} in this process; the compiled graph calling it was freed"):
+        hoisted.region(key)
+
+
+def test_pass_on_holds_regions_without_a_wrapper_where_it_can():
+    gm = torch.fx.symbolic_trace(lambda ei: ei.flip(0))
+    region = torch.fx.symbolic_trace(lambda ei: ei + 1)
+    hoisted.hold(gm, region)
+    hoisted.hold(gm, region)
+    assert getattr(gm, hoisted.HELD) == [region]
+    assert hoisted.pass_on(gm, gm.forward).__self__ is gm  # eager: gm holds them
+
+    def fn(*args):
+        return args
+
+    fn._boxed_call = True
+    assert hoisted.pass_on(gm, fn) is fn and getattr(fn, hoisted.HELD) == [region]
+
+    class Slotted:
+        __slots__ = ("_boxed_call",)
+
+        def __call__(self, *args):
+            return args
+
+    obj = Slotted()
+    obj._boxed_call = True
+    wrapped = hoisted.pass_on(gm, obj)
+    assert wrapped is not obj and getattr(wrapped, hoisted.HELD) == [region] and wrapped(1, 2) == (1, 2)
+    assert wrapped._boxed_call  # Dynamo still calls it with one list
+    plain = torch.fx.symbolic_trace(lambda ei: ei)
+    assert hoisted.pass_on(plain, obj) is obj  # nothing to hold
 
 
 def test_hoisted_op_refuses_float_roots():

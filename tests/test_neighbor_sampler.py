@@ -1,8 +1,13 @@
 """The native neighbor sampler (gnncompile::neighbor_sample), NeighborSampler and NeighborLoader."""
 from __future__ import annotations
 
+import contextlib
 import json
+import resource
+import time
 import warnings
+
+import numpy as np
 
 import pytest
 import torch
@@ -195,6 +200,65 @@ def test_malformed_structure_raises_not_crashes():
     cp = torch.tensor([0, 2, 4, 6])
     with pytest.raises(IndexError, match="row holds node 99"):
         ops.neighbor_sample(cp, torch.tensor([0, 99, 1, 2, 0, 1]), torch.tensor([0]), [-1], False, True, False, 0)
+
+
+# ----------------------------------------------------------------------------- huge fanouts
+@contextlib.contextmanager
+def address_space(extra: int):
+    """Inside, this process may map only ``extra`` more bytes (RLIMIT_AS): a sampler that
+    allocates a hop it cannot hold fails at once instead of growing until the OOM killer ends
+    the run."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        size = int(f.read().split()[0]) * resource.getpagesize()
+    limit = size + extra if hard == resource.RLIM_INFINITY else min(hard, size + extra)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+def test_huge_fanout_with_replacement_is_refused_before_allocating(impl):
+    """Fanout 2^31 with replacement for one seed grew the native op to ~24 GB until the OOM
+    killer ended the process: each hop's draws, times the bytes the op keeps per sampled edge,
+    are now compared with the memory available before anything is allocated, and a sum of
+    draws past int64 is caught, not wrapped."""
+    f = ops.neighbor_sample if impl == "native" else reference.neighbor_sample
+    cp, row = torch.tensor([0, 2, 3]), torch.tensor([1, 0, 0])  # node 0 <- 1, 0; node 1 <- 0
+    t0 = time.monotonic()
+    with address_space(1 << 30):
+        with pytest.raises(ValueError, match=r"hop 0 would sample 2147483648 edges \(fanout 2147483648 with "
+                                             r"replacement, frontier of 1 nodes\): 2147483648 x \d+ bytes, "
+                                             r"but \d+ bytes are available"):
+            f(cp, row, torch.tensor([0]), [2**31], True, True, False, 0)
+        with pytest.raises(ValueError, match=r"hop 1 would sample 1099511627776 edges \(fanout 1099511627776 "
+                                             r"with replacement, frontier of 1 nodes\)"):
+            f(cp, row, torch.tensor([0]), [-1, 2**40], True, True, False, 0)
+        with pytest.raises(ValueError, match=r"hop 0 would sample more than 2\^63 - 1 edges \(fanout "
+                                             r"4611686018427387904 with replacement, frontier of 3 nodes\)"):
+            f(cp, row, torch.tensor([0, 1, 0]), [2**62], True, True, False, 0)
+    assert time.monotonic() - t0 < 2.0
+    # without replacement a fanout takes at most the in-degree: any fanout is fine
+    out = f(cp, row, torch.tensor([0]), [2**62, 2**31], False, True, False, 0)
+    assert out[0].tolist() == [0, 1] and out[6].tolist() == [2, 1]
+    out = f(cp, row, torch.tensor([0, 1]), [3, -1], True, True, False, 9)  # small fanouts as before
+    assert out[6].tolist() == [6, 0]
+
+
+def test_fanout_entries_must_be_ints():
+    """A float fanout was truncated (2.5 -> 2) and a string split into digits ('15' -> [1, 5])."""
+    data = graph(N=50, E=300)
+    for bad in ([2.5], [3, "2"], "15", [None]):
+        with pytest.raises(TypeError, match="num_neighbors must be a list of ints"):
+            NeighborSampler(data, bad)
+        with pytest.raises(TypeError, match="num_neighbors must be a list of ints"):
+            NeighborLoader(data, bad)
+    with pytest.raises(ValueError, match=r"num_neighbors entries must be at most 2\^63 - 1"):
+        NeighborSampler(data, [2**63])
+    assert NeighborSampler(data, (np.int64(3), torch.tensor(2), -1)).num_neighbors == [3, 2, -1]
+    assert NeighborSampler(data, [2**40], replace=False).sample(torch.tensor([0]), seed=0)[0].numel() >= 1
 
 
 def test_loader_rejects_bad_arguments():

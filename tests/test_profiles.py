@@ -140,13 +140,18 @@ def _load_warns(path):
     return prof, " ".join(str(x.message) for x in w)
 
 
+# nested deeper than json's decoder recurses (it raised RecursionError, not a warning)
+DEEP = ["[" * 100_000 + "]" * 100_000, '{"a": ' * 100_000 + "1" + "}" * 100_000]
+
+
 @pytest.mark.parametrize("content", ["", "{not json", "[]", '{"format": "other"}', "\x00\xff",
-                                     json.dumps({"format": "gnncompile-profile", "schema_version": 1})])
+                                     json.dumps({"format": "gnncompile-profile", "schema_version": 1}), *DEEP],
+                         ids=lambda c: c[:12] if len(c) < 100 else f"nested-{c[0]}")
 def test_corrupt_profile_warns(tmp_path, content):
     p = tmp_path / "bad.json"
     p.write_bytes(content.encode("latin1"))
     _, msg = _load_warns(p)
-    assert "corrupt" in msg or "stale" in msg
+    assert "corrupt: " in msg or "stale: " in msg  # (the path holds the test's name)
 
 
 @pytest.mark.parametrize("bad", [{"knobs": "fast"}, {"knobs": [-1]}, {"threads": 0},
@@ -190,12 +195,30 @@ def test_auto_skips_bad_files_and_uses_good_one():
     d.mkdir(parents=True)
     key = device.device_key(device.detect("cpu"))
     (d / f"{key}__broken.json").write_text("{")
+    (d / f"{key}__deep.json").write_text(DEEP[0])
     profiles.save(_doc(settings={"knobs": [7]}))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         prof = profiles.resolve("auto", workload={"kind": "graphs", "model": "gin"})
     assert prof.knobs == [7]
     assert any("broken" in str(x.message) for x in w)
+    assert any("deep.json: corrupt" in str(x.message) and "nested" in str(x.message) for x in w)
+
+
+def test_deeply_nested_profile_never_crashes_find_or_compile():
+    d = profiles.profile_dir()
+    d.mkdir(parents=True)
+    key = device.device_key(device.detect("cpu"))
+    for i, text in enumerate(DEEP):
+        (d / f"{key}__deep{i}.json").write_text(text)
+    with pytest.raises(profiles.ProfileError, match="corrupt: .*nested deeper than"):
+        profiles.read(d / f"{key}__deep0.json")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert profiles.find() is None
+        c = gnncompile.compile(_Lin(), profile="auto")
+    assert c.gnncompile_profile.is_default
+    assert sum("nested deeper than" in str(x.message) for x in w) == 4, [str(x.message) for x in w]
 
 
 # ------------------------------------------------------------------------------- compile

@@ -111,6 +111,8 @@ def _tune(args):
     import os
     import subprocess
 
+    from gnncompile.hardware import profiles
+
     try:
         import optuna  # noqa: F401
     except ImportError:
@@ -131,7 +133,11 @@ def _tune(args):
         return None
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     path = summary["profile"]
-    doc = json.load(open(path))
+    try:
+        doc = profiles.read(path)
+    except profiles.ProfileError as e:
+        print(f"tuning wrote an unusable profile ({e}); compile uses the device defaults\n")
+        return None
     print(f"profile written: {path}")
     print(f"  settings: {doc['settings']}")
     print(f"  chosen: {doc.get('study', {}).get('chosen')}; measured {doc.get('throughput')}\n")

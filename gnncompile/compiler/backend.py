@@ -26,7 +26,7 @@ import torch
 from torch.fx import GraphModule
 
 from .. import passes
-from ..ops import loops
+from ..ops import hoisted, loops
 from .._log import get_logger, log_fusions
 
 _log = get_logger(__name__)
@@ -193,7 +193,9 @@ class Backend:
         for c in _collectors():
             c.append(report)
         fn = self._inner_fn if self._inner_fn is not None else _inner(inner)
-        return fn(gm, example_inputs)
+        # what the inner compiler returns holds the hoisted regions its graph calls (held weakly
+        # by their registry): they go when Dynamo drops it
+        return hoisted.pass_on(gm, fn(gm, example_inputs))
 
     def __getstate__(self) -> dict:
         return {"inner": self.inner, "rewrite": self.rewrite, "reassociate": self.reassociate}

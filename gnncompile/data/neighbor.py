@@ -22,6 +22,7 @@ any ``num_workers``, and epochs differ from one another.
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 from typing import Any, List, Optional, Sequence
 
@@ -51,15 +52,23 @@ def _mix(*parts: int) -> int:
 
 
 def _check_fanout(num_neighbors: Any) -> List[int]:
+    """The fanouts as ints: each an integer (not a float, string or bool) in [-1, 2^63 - 1]."""
     if isinstance(num_neighbors, dict):
         raise TypeError("gnncompile NeighborSampler: heterogeneous graphs (a dict of num_neighbors) "
                         "are not supported; give a list of ints, one per hop")
     try:
-        fan = [int(k) for k in num_neighbors]
+        if isinstance(num_neighbors, (str, bytes)):
+            raise TypeError
+        items = list(num_neighbors)
+        if any(isinstance(k, bool) for k in items):
+            raise TypeError
+        fan = [operator.index(k) for k in items]  # no float truncated, no string parsed
     except (TypeError, ValueError):
         raise TypeError(f"num_neighbors must be a list of ints, one per hop; got {num_neighbors!r}") from None
-    if any(isinstance(k, bool) for k in num_neighbors) or any(k < -1 for k in fan):
+    if any(k < -1 for k in fan):
         raise ValueError(f"num_neighbors entries must be >= 0, or -1 for all neighbors; got {fan}")
+    if any(k > 2**63 - 1 for k in fan):
+        raise ValueError(f"num_neighbors entries must be at most 2^63 - 1; got {fan}")
     return fan
 
 

@@ -57,6 +57,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -384,12 +385,37 @@ def validate(doc: Any, device_props: Optional[Mapping[str, Any]] = None, check_d
             raise ProfileError(f"foreign: profile for device {doc['device_key']!r}, this is {key!r}")
 
 
+#: How deeply a profile's JSON may nest (a profile nests a few levels). json's decoder recurses once
+#: per level: a deeper file ("[" * 100000) raised RecursionError, not a ProfileError.
+MAX_JSON_DEPTH = 64
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')  # a string (to its end), or a bracket
+
+
+def _nesting_over(text: str, limit: int) -> bool:
+    """Whether the brackets of JSON ``text`` (outside strings) nest deeper than ``limit``."""
+    depth = 0
+    for m in _JSON_NESTING.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
 def read(path: Union[str, os.PathLike]) -> Dict[str, Any]:
-    """The JSON document of a profile file (raises ProfileError when it is not JSON)."""
+    """The JSON document of a profile file (raises ProfileError when it is not JSON, or nests
+    deeper than :data:`MAX_JSON_DEPTH`). Every reader of profiles (list, find, load_file, the
+    tuner, the demo) goes through here."""
     try:
         with open(path) as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+            text = f.read()
+        if _nesting_over(text, MAX_JSON_DEPTH):
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        return json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ProfileError(f"corrupt: cannot read {path}: {e}") from None
 
 
@@ -501,4 +527,5 @@ def resolve(profile: Any = "auto", workload: Optional[Mapping[str, Any]] = None,
 __all__ = ["Profile", "ProfileWarning", "ProfileError", "cache_dir", "profile_dir", "make", "save",
            "read", "validate", "load_file", "find", "resolve", "list_profiles", "default_profile",
            "workload_signature", "workload_distance", "SCHEMA_VERSION", "SETTING_KEYS", "check_settings",
-           "setting_ranges", "knob_ranges", "machine_cpus", "CPU_MAX_CHUNKS_PER_THREAD", "MAX_BATCH_SIZE"]
+           "setting_ranges", "knob_ranges", "machine_cpus", "CPU_MAX_CHUNKS_PER_THREAD", "MAX_BATCH_SIZE",
+           "MAX_JSON_DEPTH"]

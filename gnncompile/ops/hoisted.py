@@ -19,10 +19,17 @@ graph (integer index tensors such as ``edge_index``, and sizes) into a region: a
 * Outputs whose size depends on the data (``add_remaining_self_loops``: the number of edges
   kept) get one fresh unbacked size per distinct size expression in the fake implementation,
   so that a backward graph can bind them from the tensors it receives.
+* **Lifetime.** The registry holds regions weakly. What calls a region holds it: the pass
+  records it on the ``GraphModule`` it rewrote (:func:`hold`), and the backend hands it on to
+  what the inner compiler made of that graph (:func:`pass_on`; ``"eager"`` returns
+  ``gm.forward``, which holds it through ``gm``). A region, and the results cached for it, go
+  when the last compiled graph calling its key does: a fresh compile per graph size does not
+  leave one more region behind each time. Graphs with identical regions share one.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import threading
 import weakref
@@ -37,25 +44,67 @@ from . import structure as _structure
 
 MAX_RESULTS = 16  # cached results kept (least recently used goes first)
 
-_REGIONS: Dict[int, torch.fx.GraphModule] = {}
+# key -> region, held weakly: a region lives while something that calls it holds it (see HELD)
+_REGIONS: "weakref.WeakValueDictionary[int, torch.fx.GraphModule]" = weakref.WeakValueDictionary()
 _lock = threading.RLock()
 
+#: The attribute under which a GraphModule, and the callable an inner compiler made of it,
+#: hold the regions their graph calls.
+HELD = "_gnncompile_regions"
 
-def register(gm: torch.fx.GraphModule) -> int:
-    """Registers region ``gm`` and returns its key: a 63-bit hash of its code, the same in every
-    process for the same region (so persistent compile caches that store the key stay valid)."""
+
+def register(gm: torch.fx.GraphModule) -> Tuple[int, torch.fx.GraphModule]:
+    """Registers region ``gm``; returns its key, a 63-bit hash of its code, the same in every
+    process for the same region (so persistent compile caches that store the key stay valid),
+    and the region registered under it: ``gm``, or an identical one registered earlier and
+    still held. The registry holds it weakly: whatever calls the key must hold that region
+    (:func:`hold`)."""
     key = int.from_bytes(hashlib.blake2b(gm.code.encode(), digest_size=8).digest(), "little") >> 1
     with _lock:
-        _REGIONS.setdefault(key, gm)
-    return key
+        held = _REGIONS.setdefault(key, gm)
+        if held is gm:  # its cached results go with it
+            weakref.finalize(gm, CACHE.drop_key, key).atexit = False
+    return key, held
 
 
 def region(key: int) -> torch.fx.GraphModule:
     try:
         return _REGIONS[key]
     except KeyError:
-        raise RuntimeError(f"gnncompile::hoisted: no region {key} in this process; the compiled "
-                           "graph calling it was made by another process without its pass run") from None
+        raise RuntimeError(f"gnncompile::hoisted: no region {key} in this process; the compiled graph "
+                           "calling it was freed, or was made by another process without its pass run") from None
+
+
+def hold(gm: torch.fx.GraphModule, region: torch.fx.GraphModule) -> None:
+    """``gm``, whose graph calls ``region``, holds it (in ``gm.<HELD>``)."""
+    held = getattr(gm, HELD, None)
+    if held is None:
+        held = []
+        setattr(gm, HELD, held)
+    if not any(r is region for r in held):
+        held.append(region)
+
+
+def pass_on(gm: torch.fx.GraphModule, compiled):
+    """Returns ``compiled`` (what an inner compiler made of ``gm``) holding the regions that
+    ``gm`` holds, as an attribute: no wrapper, so a call costs what it did. ``gm.forward`` (the
+    "eager" inner) holds them through ``gm``; a callable that takes no attributes is wrapped."""
+    held = getattr(gm, HELD, None)
+    if not held or getattr(compiled, "__self__", None) is gm:
+        return compiled
+    try:
+        setattr(compiled, HELD, held)
+        return compiled
+    except (AttributeError, TypeError):
+        pass
+
+    @functools.wraps(compiled)
+    def call(*args, **kwargs):
+        return compiled(*args, **kwargs)
+
+    call._boxed_call = getattr(compiled, "_boxed_call", False)  # Dynamo's calling convention
+    setattr(call, HELD, held)
+    return call
 
 
 # ----------------------------------------------------------------------------- results cache
@@ -87,6 +136,12 @@ class HoistCache:
     def _drop_root(self, rid: int) -> None:
         with _lock:
             for k in [k for k in self._results if rid in k[1]]:
+                del self._results[k]
+
+    def drop_key(self, key: int) -> None:
+        """Drops the results of region ``key`` (it was freed)."""
+        with _lock:
+            for k in [k for k in self._results if k[0] == key]:
                 del self._results[k]
 
     def get(self, key: int, roots: List[Tensor], sizes: List[int]) -> Tuple[Tensor, ...]:
@@ -148,7 +203,7 @@ CACHE = HoistCache()
 
 def hoist_info() -> dict:
     """``results`` held, ``computes`` (region runs), ``hits``, ``stale`` (results refused
-    because a root changed) and ``regions`` registered in this process."""
+    because a root changed) and ``regions`` alive in this process (held by compiled graphs)."""
     return CACHE.info()
 
 
@@ -188,4 +243,5 @@ def _(key, roots, sizes, copy):
     return result
 
 
-__all__ = ["hoisted", "register", "region", "hoist_info", "HoistCache", "CACHE", "MAX_RESULTS"]
+__all__ = ["hoisted", "register", "region", "hold", "pass_on", "HELD", "hoist_info", "HoistCache", "CACHE",
+           "MAX_RESULTS"]

@@ -342,6 +342,65 @@ def _draw_offsets(rng: _NodeStream, deg: int, k: int, replace: bool) -> list:
     return sorted(out)
 
 
+def _draw_count(deg: int, k: int, replace: bool) -> int:
+    if k < 0:
+        return deg
+    if deg == 0:
+        return 0
+    return k if replace else min(deg, k)
+
+
+def _available_bytes() -> int:
+    """As available_bytes() in native/cpu/neighbor_sample.cpp: MemAvailable (else the free
+    pages), at most what the address-space limit (RLIMIT_AS) leaves above this process's size."""
+    import os
+
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return _I64_MAX
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next((int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:")), None)
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * page
+    try:
+        import resource
+
+        cur = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except ImportError:  # pragma: no cover - not POSIX
+        cur = None
+    if cur is not None and cur != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * page
+        except (OSError, ValueError, IndexError):
+            used = 0
+        avail = min(avail, max(cur - used, 0))
+    return min(avail, _I64_MAX)
+
+
+_I64_MAX = 2**63 - 1
+_CHECK_BYTES = 64 << 20  # kCheckBytes: smaller hops are not checked
+
+
+def _check_hop_fits(hop: int, k: int, replace: bool, F: int, total: int, per_edge: int) -> None:
+    """check_hop_fits of the native op: a hop whose draws cannot fit in the memory available
+    raises before anything is drawn."""
+    what = f"(fanout {k}{' with replacement' if replace else ''}, frontier of {F} nodes)"
+    if total > _I64_MAX:
+        raise ValueError(f"gnncompile.neighbor_sample: hop {hop} would sample more than 2^63 - 1 edges {what}")
+    if total <= _CHECK_BYTES // per_edge:
+        return
+    avail = _available_bytes()
+    if total > avail // per_edge:
+        raise ValueError(f"gnncompile.neighbor_sample: hop {hop} would sample {total} edges {what}: "
+                         f"{total} x {per_edge} bytes, but {avail} bytes are available")
+
+
 def _check_sample_inputs(colptr, row, seeds, num_neighbors, directed, disjoint, N) -> None:
     op = "gnncompile.neighbor_sample"
     if any(t.dtype != torch.int64 for t in (colptr, row, seeds)):
@@ -373,9 +432,12 @@ def neighbor_sample(colptr, row, seeds, num_neighbors: Sequence[int], replace: b
     for i, v in enumerate(node):
         mapping.setdefault((i if disjoint else 0, v), i)
     out_row, out_col, out_edge, n_nodes, n_edges = [], [], [], [len(node)], []
+    per_edge = 8 * (5 + (perm is not None) + bool(disjoint))  # bytes_per_edge of the native op
     begin = 0
     for hop, k in enumerate(num_neighbors):
         end, count = len(node), 0
+        total = sum(_draw_count(cp[node[d] + 1] - cp[node[d]], k, replace) for d in range(begin, end))
+        _check_hop_fits(hop, k, replace, end - begin, total, per_edge)
         for dst in range(begin, end):
             b = cp[node[dst]]
             tree = batch[dst] if disjoint else 0

@@ -355,8 +355,7 @@ def hoist(gm: GraphModule, copy: bool = False) -> HoistReport:
     for n in sorted(set(inv_list) | set(copied_in), key=order.__getitem__):
         env[n] = rg.node_copy(n, lambda a: env[a])
     rg.output(tuple(env[o] for o in outputs))
-    region = GraphModule(torch.nn.Module(), rg)
-    key = _hoisted.register(region)
+    key, region = _hoisted.register(GraphModule(torch.nn.Module(), rg))
 
     # the call goes after its inputs and before the first reader of an output
     first_reader = min((u for o in outputs for u in o.users if u not in inv and u not in region_sizes),
@@ -375,6 +374,7 @@ def hoist(gm: GraphModule, copy: bool = False) -> HoistReport:
     for n in sorted(set(inv_list) | region_sizes, key=order.__getitem__, reverse=True):
         if not n.users:
             graph.erase_node(n)
+    _hoisted.hold(gm, region)  # the registry holds regions weakly: gm, which calls it, holds it
     report.regions, report.nodes, report.outputs = 1, len(inv_list), len(outputs)
     return report
 

@@ -2,12 +2,16 @@
 // training (gnncompile.data.NeighborSampler). Per hop, every frontier node draws its neighbors
 // in parallel (neighbor_sample_core.h: a random stream per (seed, hop, node), so the result does
 // not depend on the thread count), then one sequential pass gives new nodes their local index in
-// order of first appearance.
+// order of first appearance. A hop whose draws cannot fit in the memory available is refused
+// before anything is allocated (with replacement a fanout is not bounded by the degrees).
 #include <torch/library.h>
 
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <utility>
@@ -136,6 +140,58 @@ struct Sample {
   Index node, batch, row, col, edge, num_nodes, num_edges;
 };
 
+// Bytes this process may still allocate: the kernel's MemAvailable (/proc/meminfo; the free
+// pages where it cannot be read), and at most what the address-space limit (RLIMIT_AS,
+// `ulimit -v`) leaves above the current size. gnncompile/ops/reference.py reads the same.
+int64_t available_bytes() {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t avail = 0;
+  bool known = false;
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kb = 0;
+    while (!known && std::fgets(line, sizeof line, f))
+      known = std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    std::fclose(f);
+    avail = kb * 1024;
+  }
+  if (!known) avail = static_cast<uint64_t>(sysconf(_SC_AVPHYS_PAGES)) * page;
+  rlimit lim{};
+  if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    unsigned long long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%llu", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    const uint64_t cur = lim.rlim_cur, used = pages * page;
+    avail = std::min<uint64_t>(avail, cur > used ? cur - used : 0);
+  }
+  return static_cast<int64_t>(std::min<uint64_t>(avail, std::numeric_limits<int64_t>::max()));
+}
+
+// Hops that need less than this are not checked (no /proc read per batch): failing to allocate
+// it is an exception (std::bad_alloc), never a run to the OOM killer.
+constexpr int64_t kCheckBytes = int64_t(64) << 20;
+
+// What the op keeps per sampled edge while a hop runs: the sample's row, col and edge, the drawn
+// source, a slot in node (and in batch, disjoint) for a new node, and the edge id when there are ids.
+int64_t bytes_per_edge(const Csc& g, bool disjoint) {
+  return static_cast<int64_t>(sizeof(int64_t)) * (5 + (g.has_ids() ? 1 : 0) + (disjoint ? 1 : 0));
+}
+
+// Raises for a hop of `total` draws (-1: past int64) that cannot fit in the memory available,
+// before the hop allocates anything.
+void check_hop_fits(int64_t hop, int64_t k, bool replace, int64_t F, int64_t total, int64_t per_edge) {
+  const char* how = replace ? " with replacement" : "";
+  TORCH_CHECK_VALUE(total >= 0, kOp, ": hop ", hop, " would sample more than 2^63 - 1 edges (fanout ", k, how,
+                    ", frontier of ", F, " nodes)");
+  if (total <= kCheckBytes / per_edge) return;
+  const int64_t avail = available_bytes();
+  TORCH_CHECK_VALUE(total <= avail / per_edge, kOp, ": hop ", hop, " would sample ", total, " edges (fanout ", k,
+                    how, ", frontier of ", F, " nodes): ", total, " x ", per_edge, " bytes, but ", avail,
+                    " bytes are available");
+}
+
 // The first item of [0, n) for which bad(i) holds, or -1 (for the error after a parallel pass).
 template <typename Bad>
 int64_t first_bad(int64_t n, const Bad& bad) {
@@ -144,9 +200,10 @@ int64_t first_bad(int64_t n, const Bad& bad) {
   return -1;
 }
 
-// Pass 1 of a hop (parallel): each frontier node's slot span and draw count.
-void hop_spans(const Csc& g, const Sample& s, int64_t begin, int64_t F, int64_t k, bool replace,
-               std::vector<std::pair<int64_t, int64_t>>& span, std::vector<int64_t>& off) {
+// Pass 1 of a hop (parallel): each frontier node's slot span and draw count, then their prefix
+// sum in off; returns the hop's draws, or -1 when their sum overflows int64.
+int64_t hop_spans(const Csc& g, const Sample& s, int64_t begin, int64_t F, int64_t k, bool replace,
+                  std::vector<std::pair<int64_t, int64_t>>& span, std::vector<int64_t>& off) {
   std::atomic<bool> bad{false};
   at::parallel_for(0, F, 2048, [&](int64_t f0, int64_t f1) {
     for (int64_t f = f0; f < f1; ++f) {
@@ -164,7 +221,9 @@ void hop_spans(const Csc& g, const Sample& s, int64_t begin, int64_t F, int64_t 
     });
     g.bad_span(s.node[begin + f]);
   }
-  for (int64_t f = 0; f < F; ++f) off[f + 1] += off[f];
+  for (int64_t f = 0; f < F; ++f)
+    if (__builtin_add_overflow(off[f + 1], off[f], &off[f + 1])) return -1;
+  return off[F];
 }
 
 // One hop from the frontier [begin, end) of s.node: returns the number of sampled edges.
@@ -173,8 +232,9 @@ int64_t sample_hop(const Csc& g, Sample& s, NodeMap& map, int64_t begin, int64_t
   const int64_t F = end - begin;
   std::vector<int64_t> off(F + 1, 0);
   std::vector<std::pair<int64_t, int64_t>> span(F);
-  hop_spans(g, s, begin, F, k, replace, span, off);
-  const int64_t base = static_cast<int64_t>(s.edge.size()), total = off[F];
+  const int64_t total = hop_spans(g, s, begin, F, k, replace, span, off);
+  check_hop_fits(hop, k, replace, F, total, bytes_per_edge(g, disjoint));
+  const int64_t base = static_cast<int64_t>(s.edge.size());
   s.row.resize(base + total);
   s.col.resize(base + total);
   s.edge.resize(base + total);
