@@ -9,7 +9,9 @@ Pipeline (:mod:`.capture`, then :mod:`.onnx_export` for ONNX):
    ``gnncompile::spmm`` / ``edge_softmax``; then the structure ops that keep a process-wide
    cache (``cached_csr`` & co.) are swapped for the pure ``gnncompile::pair_csr`` (a
    ``gnncompile::build_csr`` counting sort on every call) and plain slicing for
-   ``csr_degree``, so that the program holds no state;
+   ``csr_degree``, so that the program holds no state; for ONNX, the index of every standard
+   op whose eager kernel rejects a negative index is guarded (:mod:`.indices`), since ONNX's
+   Gather / ScatterElements wrap it;
 3. **export**: ``torch.export.export`` (non-strict) of the rewritten graph, with dynamic
    numbers of nodes (dim 0 of every feature tensor) and edges (dim 1 of every ``[2, E]``
    integer tensor). ``format="pt2"`` saves that program (``torch.export.load`` runs it once
@@ -72,7 +74,7 @@ def export(model, example_inputs, path, format: str = "onnx", dynamic: bool = Tr
     if format not in FORMATS:
         raise ValueError(f"gnncompile.export: unknown format {format!r}; expected one of {FORMATS}")
     path = os.fspath(path)
-    ep, report = optimize(model, example_inputs, dynamic=dynamic)
+    ep, report = optimize(model, example_inputs, dynamic=dynamic, for_onnx=format == "onnx")
     res = ExportResult(report.fused, report.unfused, path=path, format=format, program=ep)
     with warnings.catch_warnings():  # torch's own deprecation noise (pytree LeafSpec)
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)

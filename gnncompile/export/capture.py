@@ -16,6 +16,7 @@ from .._log import get_logger, log_fusions
 from ..ops import targets
 from ..ops.checks import INDEX_DTYPES, is_edge_index
 from .diagnose import ExportError, fail
+from .indices import guard_indices
 
 _log = get_logger(__name__)
 
@@ -100,9 +101,11 @@ def _pure_structures(gm: GraphModule) -> None:
     gm.recompile()
 
 
-def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True):
+def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True, for_onnx: bool = False):
     """Captures ``model`` on ``example_inputs`` and returns ``(exported_program, pass_report)``:
-    a ``torch.export`` program holding the fused gnncompile ops and pure structure ops."""
+    a ``torch.export`` program holding the fused gnncompile ops and pure structure ops.
+    ``for_onnx``: the index of every op whose eager kernel rejects a negative index is guarded
+    (:mod:`.indices`), since ONNX wraps it; a torch.export program needs no guard."""
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     _check_inputs(args, dynamic)
     was_training = getattr(model, "training", False)
@@ -120,6 +123,8 @@ def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True):
             report = passes.run(gm, programs=False)
             log_fusions(_log, f"export of {type(model).__name__}", report)
             _pure_structures(gm)
+            if for_onnx:
+                guard_indices(gm)
             try:
                 ep = torch.export.export(
                     gm, args, dynamic_shapes=_dynamic_shapes(args) if dynamic else None, strict=False)
