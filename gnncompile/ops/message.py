@@ -270,19 +270,41 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         else:  # read per destination, or a constant
             r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
             out[k] = _finish(r, t, side)
+    key = (tuple(int(c) for c in code), tuple(float(c) for c in consts))
     for where, ks in groups.items():
-        if not ks:
-            continue
-        mcode, mconsts, results = _batched_derivatives(tuple(int(c) for c in code),
-                                                       tuple(float(c) for c in consts), tuple(ks), n)
-        if where == P.ROW:
-            r = ops.message_sum_multi(rowptr, col, perm, ins, sides_g, mcode, mconsts, results, F, knobs, None)
-        else:
-            c, st = csc_and_slots(inputs[ks[0]].shape[0])
-            r = ops.message_sum_multi(*c, ins, [_SWAP[s] for s in sides_g], mcode, mconsts, results, F, knobs, st)
-        for i, k in enumerate(ks):
-            out[k] = _finish(r[i], inputs[k], sides[k])
+        for chunk in _chunks(*key, tuple(ks), n):
+            mcode, mconsts, results = _batched_derivatives(*key, chunk, n)
+            if where == P.ROW:
+                r = ops.message_sum_multi(rowptr, col, perm, ins, sides_g, mcode, mconsts, results, F, knobs, None)
+            else:
+                c, st = csc_and_slots(inputs[chunk[0]].shape[0])
+                r = ops.message_sum_multi(*c, ins, [_SWAP[s] for s in sides_g], mcode, mconsts, results, F, knobs,
+                                          st)
+            for i, k in enumerate(chunk):
+                out[k] = _finish(r[i], inputs[k], sides[k])
     return out
+
+
+MAX_RESULTS = 16  # results of one message_sum_multi pass (kMaxResults in native/cpu/message_core.h)
+
+
+@functools.lru_cache(maxsize=256)
+def _chunks(code: tuple, consts: tuple, ks: tuple, n: int) -> Tuple[tuple, ...]:
+    """``ks`` cut into runs that one message_sum_multi pass computes: at most MAX_RESULTS
+    results, and an instruction stream that fits the registers (each single derivative does:
+    checked when the program was matched)."""
+    out, i = [], 0
+    while i < len(ks):
+        size = min(MAX_RESULTS, len(ks) - i)
+        while size > 1:
+            try:
+                _batched_derivatives(code, consts, ks[i:i + size], n)
+                break
+            except ValueError:  # more live registers than the kernels have
+                size //= 2
+        out.append(ks[i:i + size])
+        i += size
+    return tuple(out)
 
 
 # opcodes whose derivative can be infinite at finite inputs (1 / 0, log 0, sqrt 0, x ** -0.5,

@@ -261,9 +261,9 @@ def dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
     r = _fmix32(_fmix32(((i & _M32) * 0x9e3779b1 & _M32) ^ k1) ^ k2)
     keep = (r >= int(p * 4294967296.0)).reshape(x.shape)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    scale = torch.tensor(1.0 / (1.0 - p), dtype=acc, device=x.device)
-    kept = (x.to(acc) * scale).to(x.dtype)
-    return torch.where(keep, kept, torch.zeros((), dtype=x.dtype, device=x.device)).contiguous()
+    scale = torch.where(keep, torch.tensor(1.0 / (1.0 - p), dtype=acc, device=x.device),
+                        torch.zeros((), dtype=acc, device=x.device))
+    return (x.to(acc) * scale).to(x.dtype).contiguous()  # a dropped NaN / inf gives NaN, as x * mask
 
 
 # ----------------------------------------------------------------------------- collation

@@ -41,8 +41,9 @@ _lib.define("clone_structure(Tensor rowptr, Tensor col, Tensor perm) -> (Tensor,
 # fingerprint.h): the structure cache compares it to notice edits that bypass the version counter.
 _lib.define("fingerprint(Tensor index) -> Tensor")
 # Dropout whose mask is a counter-based function of (seed, element index): x / (1 - p) where
-# kept, 0 elsewhere; its backward is the same op on the gradient (nothing stored). seed: a 0-d
-# int64 tensor (the compiled graph draws it from torch's generator each call).
+# kept, x * 0 elsewhere (0, or NaN for a NaN / inf, as torch's x * mask); its backward is the
+# same op on the gradient (nothing stored). seed: a 0-d int64 tensor (the compiled graph draws
+# it from torch's generator each call).
 _lib.define("dropout(Tensor x, float p, Tensor seed) -> Tensor")
 
 # Message programs (gnncompile/ops/program.py; the ops in gnncompile/ops/message.py): a per-edge

@@ -344,11 +344,16 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
         code, consts = P.encode(expr)
     except ValueError as e:
         raise NoMatch(str(e)) from None
-    for lf in b.leaves:
+    for k, lf in enumerate(b.leaves):
         if fake_tensor(lf.node).dtype not in FLOAT_DTYPES:
             raise NoMatch(f"message reads a {fake_tensor(lf.node).dtype} tensor")
         if F % lf.width:
             raise NoMatch(f"an input of width {lf.width} does not divide the message width {F}")
+        if fake_tensor(lf.node).requires_grad:  # its gradient is a program too: it must fit the kernels
+            try:
+                P.derivative(tuple(code), tuple(consts), k, len(b.leaves))
+            except ValueError as e:
+                raise NoMatch(f"the gradient of input {k} of the message: {e}") from None
     return b, code, consts, F, fs, gathers
 
 

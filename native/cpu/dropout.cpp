@@ -1,5 +1,6 @@
 // gnncompile::dropout on the CPU: out[i] = x[i] / (1 - p) where a counter-based random number
-// of (seed, i) keeps element i, else 0. The mask is a function of (seed, i) alone, so the
+// of (seed, i) keeps element i, else x[i] * 0 (as torch's x * mask: a dropped NaN or infinity
+// gives NaN, not 0). The mask is a function of (seed, i) alone, so the
 // backward is the same op on the gradient with the same seed (nothing stored), and the result
 // does not depend on the number of threads. One parallel pass, where torch's bernoulli_ draws
 // from one sequential generator (the cost of dropout on wide inputs: Cora's 2708 x 1433
@@ -74,7 +75,7 @@ at::Tensor dropout_cpu(const at::Tensor& x_in, double p, const at::Tensor& seed)
         const scalar_t* xb = xv + b0;
         scalar_t* ob = ov + b0;
         for (int64_t k = 0; k < len; ++k)
-          ob[k] = r[k] >= threshold ? static_cast<scalar_t>(static_cast<acc_t>(xb[k]) * scale) : static_cast<scalar_t>(0);
+          ob[k] = static_cast<scalar_t>(static_cast<acc_t>(xb[k]) * (r[k] >= threshold ? scale : acc_t(0)));
       }
     });
   });

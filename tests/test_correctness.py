@@ -1,0 +1,164 @@
+"""Regression tests: inputs on which the compiled model once computed something else than
+eager, or failed where eager runs (each case: compiled == eager, forward and backward).
+
+* an int32 ``edge_index`` through GATConv(edge_dim) (self loops' mean fill of edge features);
+* a message with more learnable inputs than one backward pass of the kernels takes (17-24);
+* NaN and infinities: max / min rows holding a NaN or a tie (EdgeConv, SAGE), an infinite
+  upstream gradient at a node without in-edges, a NaN dropped by the compiled dropout.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gnncompile
+from test_compile import _fresh_dynamo  # noqa: F401  (autouse)
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import torch_geometric.nn as gnn
+    from torch_geometric.nn import MessagePassing
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _same(model, inputs, grad=None, rtol=1e-5, atol=1e-6):
+    """compiled == eager: outputs, and input / parameter gradients for ``grad`` (random when
+    None), NaN where eager has NaN."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    floats = [a for a in inputs if torch.is_tensor(a) and a.is_floating_point() and a.requires_grad]
+    out_e = model(*inputs)
+    out_c = gnncompile.compile(model)(*inputs)
+    torch.testing.assert_close(out_c, out_e, rtol=rtol, atol=atol, equal_nan=True)
+    g = torch.randn_like(out_e) if grad is None else grad
+    ge = torch.autograd.grad(out_e, params + floats, g, allow_unused=True)
+    gc = torch.autograd.grad(out_c, params + floats, g, allow_unused=True)
+    for a, b in zip(gc, ge):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def test_int32_edge_index_with_edge_features():
+    """GATConv(edge_dim) on an int32 edge_index: the mean fill of the self loops' edge features
+    gathers by int64 positions into an int32 scatter (once: 'pair_csr: dst and src must be ...
+    of one shape and dtype'). The reference is eager on the int64 edge_index: eager on the int32
+    one gets the edge features' gradient wrong in torch 2.13 (scatter_add_'s backward with an
+    int32 index), which the compiled model does not copy."""
+    torch.manual_seed(0)
+    model = gnn.GATConv(8, 4, heads=2, edge_dim=3)
+    x = torch.randn(10, 8, requires_grad=True)
+    ei = torch.randint(0, 10, (2, 30))
+    ea = torch.randn(30, 3, requires_grad=True)
+    g = torch.randn(10, 8)
+    out_e = model(x, ei, ea)
+    out_c = gnncompile.compile(model)(x, ei.int(), ea)
+    torch.testing.assert_close(out_c, out_e)
+    for a, b in zip(torch.autograd.grad(out_c, [x, ea], g), torch.autograd.grad(out_e, [x, ea], g)):
+        torch.testing.assert_close(a, b)
+
+
+class ManyInputs(MessagePassing):
+    def __init__(self, k: int, f: int = 4):
+        super().__init__(aggr="sum")
+        self.ps = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(f)) for _ in range(k)])
+
+    def forward(self, x, edge_index):
+        return self.propagate(edge_index, x=x)
+
+    def message(self, x_i, x_j):
+        m = x_j
+        for p in self.ps:
+            m = m * p + x_i
+        return m
+
+
+@pytest.mark.parametrize("k", [15, 17, 24])
+def test_message_with_many_learnable_inputs(k):
+    """k parameters + x_i + x_j: more results than one message_sum_multi pass takes (16) and
+    more registers than one batched derivative fits: the backward splits them (once:
+    'message_sum_multi: 1 to 16 results, got 17')."""
+    torch.manual_seed(0)
+    model = ManyInputs(k)
+    x = torch.randn(10, 4, requires_grad=True)
+    ei = torch.randint(0, 10, (2, 40))
+    _same(model, [x, ei], rtol=1e-4, atol=1e-5)
+    rep = gnncompile.explain(model, x, ei)
+    assert rep.num_fused == 1, str(rep)
+
+
+@pytest.mark.parametrize("aggr", ["max", "min"])
+def test_nan_in_a_max_row_reaches_every_edge_of_the_row(aggr):
+    """EdgeConv: torch's scatter_reduce gives every message of a row whose extreme is NaN a NaN
+    gradient; the fused op once routed the gradient to the NaN edge alone."""
+    torch.manual_seed(0)
+    model = gnn.EdgeConv(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)),
+                         aggr=aggr)
+    x = torch.randn(12, 2)
+    x[2, 0] = NAN
+    ei = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [7, 7, 7, 1, 1, 8, 8]])
+    _same(model, [x.requires_grad_(), ei])
+
+
+def test_max_ties_from_duplicate_edges():
+    torch.manual_seed(0)
+    model = gnn.SAGEConv(3, 4, aggr="max")
+    x = torch.randn(6, 3, requires_grad=True)
+    ei = torch.tensor([[0, 0, 1, 2, 2, 3], [5, 5, 5, 4, 4, 4]])  # duplicates: every maximum ties
+    _same(model, [x, ei])
+
+
+@pytest.mark.parametrize("layer", ["GCN", "SAGE-mean", "SAGE-max", "GINE", "PNA-linear", "GAT"])
+def test_infinite_gradient_at_a_node_without_in_edges(layer):
+    """Node 9 has no in-edge: an infinite upstream gradient there adds nothing to any input,
+    in eager as in the compiled model (once NaN: inf * degree 0)."""
+    torch.manual_seed(0)
+    N, F = 10, 4
+    ei = torch.tensor([[0, 1, 2, 3, 9, 9, 4], [1, 2, 3, 0, 0, 4, 5]])
+    x = torch.randn(N, F, requires_grad=True)
+    inputs = [x, ei]
+    if layer == "GCN":
+        model = gnn.GCNConv(F, F, add_self_loops=False)
+    elif layer == "SAGE-mean":
+        model = gnn.SAGEConv(F, F)
+    elif layer == "SAGE-max":
+        model = gnn.SAGEConv(F, F, aggr="max")
+    elif layer == "GINE":
+        model = gnn.GINEConv(torch.nn.Linear(F, F), edge_dim=3)
+        inputs.append(torch.randn(ei.shape[1], 3, requires_grad=True))
+    elif layer == "GAT":
+        model = gnn.GATConv(F, F, add_self_loops=False)
+    else:
+        class Linear(MessagePassing):  # x_i + x_j: a message whose gradient is per destination row
+            def __init__(self):
+                super().__init__(aggr="sum")
+                self.lin = torch.nn.Linear(F, F)
+
+            def forward(self, x, edge_index):
+                return self.propagate(edge_index, x=self.lin(x))
+
+            def message(self, x_i, x_j):
+                return x_i + 2 * x_j
+
+        model = Linear()
+    g = torch.randn(N, F)
+    g[9] = INF
+    g[6, 1] = -INF  # node 6 has neither in- nor out-edges
+    _same(model, inputs, grad=g)
+
+
+def test_compiled_dropout_keeps_nan():
+    """A dropped NaN or infinity is NaN in torch (x * mask); the compiled dropout once wrote 0."""
+    x = torch.tensor([NAN, INF, -INF, 1.0] * 64)
+    seed = torch.tensor(3)
+    out = torch.ops.gnncompile.dropout(x, 0.5, seed)
+    kept = torch.ops.gnncompile.dropout(torch.ones_like(x), 0.5, seed) != 0  # the same mask
+    special = ~torch.isfinite(x)
+    assert bool((~kept & special).any()) and bool(torch.isnan(out[~kept & special]).all())
+    assert bool((out[~kept & ~special] == 0).all()) and bool((out[kept & ~special] == 2).all())
+    assert torch.equal(out[kept & special].isinf(), x[kept & special].isinf())
+    from gnncompile.ops import reference
+
+    torch.testing.assert_close(reference.dropout(x, 0.5, seed), out, equal_nan=True)
