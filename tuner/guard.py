@@ -108,11 +108,16 @@ class RunGuard:
         self._warnings = None
 
     # ----------------------------------------------------------------- state
+    def now(self) -> float:
+        """The run's clock (monotonic seconds): the deadline, and the durations the tuner plans
+        the rest of the run with (:class:`tuner.study._Budget`), are read on it."""
+        return time.monotonic()
+
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        return self.now() - self.start
 
     def remaining(self) -> Optional[float]:
-        return None if self.deadline is None else self.deadline - time.monotonic()
+        return None if self.deadline is None else self.deadline - self.now()
 
     def check_interrupt(self) -> None:
         if self.interrupts:
@@ -120,7 +125,7 @@ class RunGuard:
 
     def check(self) -> None:
         self.check_interrupt()
-        if self.limit is not None and time.monotonic() > self.limit:
+        if self.limit is not None and self.now() > self.limit:
             raise DeadlineReached("stopped: the run's timeout was reached")
 
     def _on_sigint(self, signum, frame) -> None:

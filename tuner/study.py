@@ -25,10 +25,13 @@
   importance plots as PNG next to it. Several tuners of one study finishing together: the
   file keeps the faster result (:func:`save_if_better`, under a lock file).
 * timeout: one deadline for the whole run (opening the study, trials, re-measurements, profile,
-  plots; :mod:`tuner.guard`): the trials stop early enough to leave one round of
-  re-measurements, a trial or round cut by the deadline is dropped (the trial recorded as
-  failed), plots are skipped with less than 3 s left. Overshoot: one training step and closing
-  the loader.
+  plots; :mod:`tuner.guard`), planned with the durations of this run's trials (:class:`_Budget`):
+  the trials go on while one more trial and one round of re-measurements after it fit, then the
+  re-measurements run, the defaults first, while the next one fits. The defaults' first measurement always starts: they are the reference of the
+  profile, and a run whose deadline comes before they are measured writes no profile
+  (``result["no_profile"]`` says why). A trial cut by the deadline is recorded as failed, a
+  re-measurement cut by it is dropped; plots are skipped with less than 3 s left. Overshoot: one
+  training step and closing the loader.
 * interrupts: Ctrl-C raises KeyboardInterrupt at the next training step (:mod:`tuner.guard`);
   completed trials stay, the running one is marked failed, no profile is written.
 * arguments that cannot work (trials < 1, timeout <= 0, batch size < 1, a batch range with
@@ -51,7 +54,8 @@ from gnncompile.compiler import INNERS
 from gnncompile.hardware import profiles as _profiles
 
 from . import guard as _guard
-from .workloads import NEIGHBOR_BATCH_RANGE, MemoryBudgetExceeded, Workload, default_settings, measure
+from .workloads import (NEIGHBOR_BATCH_RANGE, MemoryBudgetExceeded, Workload, default_settings, measure,
+                        prepare)
 
 
 def default_storage() -> str:
@@ -162,6 +166,10 @@ class StorageError(RuntimeError):
 
 class SetupError(ValueError):
     """An argument of the run that cannot work (found before anything is measured)."""
+
+
+class NoProfileWarning(UserWarning):
+    """The run's timeout came before the defaults were measured: no profile was written."""
 
 
 JOURNAL_SUFFIXES = (".log", ".journal")
@@ -357,51 +365,58 @@ def _candidates(ranked: list, top: int) -> list:
 
 
 def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, device, result: dict,
-             guard: Optional[_guard.RunGuard] = None):
-    """Re-measures the candidates and the defaults in turn, ``rounds`` times; the highest median
-    becomes the result's best (returns its trial, None when the re-measurement failed). Under a
-    deadline, a round starts only when the last one (or, for the first, the trials' median
-    duration per measurement) says it fits; a round cut by the deadline is dropped, and with no
-    whole round the trials' own values stand (no default throughput)."""
+             guard: Optional[_guard.RunGuard] = None, trial_s: Optional[float] = None):
+    """Re-measures the defaults and the candidates in turn, the defaults first, ``rounds`` times;
+    the candidate with the highest median becomes the result's best (returns its trial; None when
+    no candidate was re-measured, or the re-measurement failed: the trials' values stand).
+
+    Under a deadline, the defaults' first measurement always starts (the reference of the
+    profile: when the deadline cuts it, ``result["no_profile"]`` says so and the caller writes
+    none); every later measurement starts only when it fits in the time left, as long as its own
+    last one; a candidate not re-measured yet, as the others were, or as this run's trials
+    (``trial_s``, their median), or as the defaults. A measurement cut by the deadline is dropped,
+    the ones before it count (a candidate's median is over its runs)."""
+    clock = guard.now if guard is not None else time.monotonic
     runs: Dict[int, list] = {t.number: [] for t in cands}
     default_runs: list = []
-    per_round = (len(cands) + 1) * _median_duration(cands)
+    took: Dict[Optional[int], float] = {}  # the last measurement's seconds: None for the defaults
+
+    def expected(key) -> float:
+        if key in took:
+            return took[key]
+        others = [v for k, v in took.items() if k is not None]
+        return statistics.median(others) if others else (trial_s or took[None])
+
+    order = [(None, defaults)] + [(t.number, _settings_of(t)) for t in cands]
     try:
-        for _ in range(max(1, rounds)):
+        for key, settings in [item for _ in range(max(1, rounds)) for item in order]:
             left = guard.remaining() if guard is not None else None
-            if left is not None and per_round > left:
+            if left is not None and took and expected(key) > left:
                 break
-            t0 = time.monotonic()
-            got = [measure(w, _settings_of(t), device=device)[0] for t in cands]
-            d = measure(w, defaults, device=device)[0]
-            for t, v in zip(cands, got):
-                runs[t.number].append(v)
-            default_runs.append(d)
-            per_round = time.monotonic() - t0
+            t0 = clock()
+            value = measure(w, settings, device=device)[0]
+            took[key] = clock() - t0
+            (default_runs if key is None else runs[key]).append(value)
     except _guard.DeadlineReached:
         pass
     except Exception as e:  # the re-measurement failing must not lose the study's result
         warnings.warn(f"gnncompile tune: re-measuring the best trials and the defaults failed: {e}")
         return None
     if not default_runs:
-        warnings.warn("gnncompile tune: no time left to re-measure the best trials and the defaults "
-                      "(timeout); the profile holds the best trial as measured in the study")
+        result["no_profile"] = ("the timeout came before the defaults were measured; no profile "
+                                "written (it compares the tuned settings with the defaults measured "
+                                "in the same run)")
         return None
-    med = {n: statistics.median(v) for n, v in runs.items()}
-    top = max(cands, key=lambda t: med[t.number])
-    result["best"], result["tuned"] = _settings_of(top), med[top.number]
+    med = {n: statistics.median(v) for n, v in runs.items() if v}
+    top = max((t for t in cands if t.number in med), key=lambda t: med[t.number], default=None)
     result["default"] = statistics.median(default_runs)
-    result["confirm"] = {"tuned": runs[top.number], "default": default_runs,
+    if top is not None:
+        result["best"], result["tuned"] = _settings_of(top), med[top.number]
+    result["confirm"] = {"tuned": runs[top.number] if top is not None else [], "default": default_runs,
                          "candidates": [{"trial": t.number, "trial_value": float(t.value),
-                                         "runs": runs[t.number], "median": med[t.number]}
+                                         "runs": runs[t.number], "median": med.get(t.number)}
                                         for t in cands]}
     return top
-
-
-def _median_duration(trials: list) -> float:
-    """The median wall time of finished trials (0 when none recorded one)."""
-    ds = [t.duration.total_seconds() for t in trials if getattr(t, "duration", None) is not None]
-    return statistics.median(ds) if ds else 0.0
 
 
 def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: dict, best,
@@ -485,38 +500,73 @@ def save_if_better(doc: Dict[str, Any], target: Path) -> Tuple[Path, bool]:
         return _profiles.save(doc, target), True
 
 
-def _budget_callback(guard: _guard.RunGuard, confirm_measures: int, started: list):
-    """An Optuna callback for a run with a deadline: after each trial, the time the
-    re-measurements will need (``confirm_measures`` measurements, each as long as this run's
-    median trial) is kept free: the trials' phase ends (``guard.limit``) that much earlier, and
-    no new trial starts when one more would not fit."""
+class _Budget:
+    """The plan of a run with a deadline, on the guard's clock (:meth:`tuner.guard.RunGuard.now`):
+    the trials go on while one more trial and one round of re-measurements after it fit before
+    the deadline; the trials' phase ends there (``guard.limit``: a trial running past it is
+    cut). A round is the candidates there will be then (at most ``confirm_top``, 0: no
+    re-measurements) and the defaults, each as long as this run's median complete trial. Until a
+    trial has completed nothing is known of a measurement's duration: the trials' phase ends
+    at the deadline (a first trial that completes late stays in the study, for a longer run to
+    resume; the defaults are tried after it). Trials are timed from the end of the one before
+    (the sampler, the storage and the callbacks included)."""
 
-    def callback(study, trial):
-        started.append(trial)
-        d = _median_duration(started)
-        guard.limit = guard.deadline - confirm_measures * d
-        if time.monotonic() + d > guard.limit:
+    def __init__(self, guard: _guard.RunGuard, confirm_top: int) -> None:
+        """Made when the trials start."""
+        self.guard = guard
+        self.top = max(confirm_top, 0)
+        self.trials: list = []  # seconds of this run's trials
+        self.complete: list = []  # seconds of this run's complete trials (whole measurements)
+        self.last = guard.now()
+
+    def measure_s(self) -> Optional[float]:
+        """The median seconds of this run's complete trials (None: none completed)."""
+        return statistics.median(self.complete) if self.complete else None
+
+    def reserve(self, candidates: int) -> float:
+        """Seconds for one round of re-measurements of ``candidates`` trials and the defaults."""
+        if not self.top:
+            return 0.0
+        return (min(self.top, candidates) + 1) * statistics.median(self.complete or self.trials)
+
+    def callback(self, study, trial) -> None:
+        """An Optuna callback: after each trial, where the trials' phase ends."""
+        import optuna
+
+        now = self.guard.now()
+        self.trials.append(now - self.last)
+        self.last = now
+        complete = optuna.trial.TrialState.COMPLETE
+        if trial.state == complete:
+            self.complete.append(self.trials[-1])
+        if self.complete or not self.top:
+            done = len(study.get_trials(deepcopy=False, states=(complete,)))
+            self.guard.limit = self.guard.deadline - self.reserve(done + 1)
+        if now + statistics.median(self.trials) > self.guard.limit:
             study.stop()
-
-    return callback
 
 
 def _run_trials(optuna, study, objective, trials: int, guard: _guard.RunGuard, callbacks,
-                confirm_measures: int = 0) -> None:
+                confirm_top: int = 0) -> Optional[float]:
     """Runs what is missing for the study to hold ``trials`` finished trials, within the
-    guard's deadline (keeping time for ``confirm_measures`` re-measurements)."""
+    guard's deadline (keeping time for one round of re-measurements of ``confirm_top`` trials and
+    the defaults; 0: none, :class:`_Budget`). Returns the median seconds of the complete trials it
+    ran under the deadline (None: none)."""
+    budget = None
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     finished = [t for t in study.get_trials(deepcopy=False) if t.state in done]
     remaining = max(trials - len(finished), 0)
     cbs = [optuna.study.MaxTrialsCallback(trials, states=done)] + list(callbacks)
     left = guard.remaining()
-    if left is not None:
-        cbs.append(_budget_callback(guard, confirm_measures, []))
     if remaining > 0 and (left is None or left > 0):
+        if left is not None:
+            budget = _Budget(guard, confirm_top)
+            cbs.append(budget.callback)
         study.optimize(objective, n_trials=remaining, timeout=left, catch=(Exception,),
                        callbacks=cbs, gc_after_trial=True)
     guard.check_interrupt()  # Ctrl-C between trials
     guard.limit = guard.deadline
+    return budget.measure_s() if budget is not None else None
 
 
 def _check_args(trials: int, timeout: Optional[float], batch_size: Optional[int],
@@ -558,7 +608,8 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
          confirm_rounds: int = 3, confirm_top: int = 3) -> Dict[str, Any]:
     """Runs (or resumes) the study for ``w`` and writes its profile. Returns a dict with
     ``study`` (the Optuna study), ``profile_path``, ``best`` (settings), ``tuned``,
-    ``default`` (throughputs), ``plots``, ``elapsed_s``, ``compiler_warnings``.
+    ``default`` (throughputs), ``plots``, ``elapsed_s``, ``compiler_warnings``, and
+    ``no_profile`` (why) when the timeout came before the defaults were measured.
 
     A trial's value is a single, short measurement (identical settings measured 115-155
     epochs/s in five runs of a 5-step workload here; a loader worker that costs 10% measured
@@ -567,9 +618,9 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
     ``confirm_top`` best trials (distinct settings) and the defaults in turn: the highest
     median wins.
 
-    ``timeout`` (seconds) bounds the whole call: trials, re-measurements, profile and plots
-    (module docstring, "timeout"). Ctrl-C raises KeyboardInterrupt out of this call (module
-    docstring, "interrupts"); arguments that cannot work raise SetupError, a storage that
+    ``timeout`` (seconds) bounds the whole call and is used: trials, re-measurements, profile
+    and plots (module docstring, "timeout"). Ctrl-C raises KeyboardInterrupt out of this call
+    (module docstring, "interrupts"); arguments that cannot work raise SetupError, a storage that
     cannot be opened StorageError, both before anything is measured."""
     _check_args(trials, timeout, batch_size, batch_range, out, write_profile)
     with _guard.RunGuard(timeout) as guard:
@@ -600,9 +651,10 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
     study.set_user_attr("unit", w.unit)
     objective = _objective(optuna, w, props, constrain, batch_size, batch_range, max_workers,
                            memory_budget, device)
-    # time kept for one round of re-measurements (more rounds run when they fit)
-    confirm_measures = max(1, confirm_top) + 1 if measure_defaults else 0
-    _run_trials(optuna, study, objective, trials, guard, callbacks, confirm_measures)
+    prepare(w)  # the workload's data, before the first trial is timed
+    # time kept for one round of re-measurements (more run when they fit)
+    trial_s = _run_trials(optuna, study, objective, trials, guard, callbacks,
+                          max(1, confirm_top) if measure_defaults else 0)
 
     result: Dict[str, Any] = {"study": study, "profile_path": None, "plots": [], "best": None,
                               "tuned": None, "default": None, "name": name, "storage": storage}
@@ -619,7 +671,10 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
     if measure_defaults:
         defaults = default_settings(w, props, batch_size=int(batch_size or 128))
         best = _confirm(w, _candidates(ranked, confirm_top), defaults, confirm_rounds, device, result,
-                        guard) or best
+                        guard, trial_s) or best
+        if result.get("no_profile"):
+            warnings.warn(f"gnncompile tune: {result['no_profile']}", NoProfileWarning)
+            return result
     if write_profile:
         _write_profile(optuna, study, w, props, wl, result, best, defaults, out, plots, guard)
     return result
@@ -673,4 +728,4 @@ def save_plots(study, stem: Path) -> list:
 
 
 __all__ = ["tune", "default_storage", "study_name", "workload_dict", "suggest", "save_plots", "StorageError",
-           "SetupError", "journal_path", "save_if_better", "profile_value"]
+           "SetupError", "NoProfileWarning", "journal_path", "save_if_better", "profile_value"]

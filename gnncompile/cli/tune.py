@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 
 
 def _arg_type(convert, ok, expected: str, must: str):
@@ -33,10 +34,17 @@ _fraction = _arg_type(float, lambda v: 0 < v <= 1, "a number in (0, 1]", "in (0,
 #: the batch size when --batch-size is not given
 DEFAULT_BATCH = {"graphs": 128, "fullgraph": 128, "neighbor": 1024}
 
+#: exit statuses of ``gnncompile tune``
+EXIT_STATUS = ("0: profile written (or a faster one of the study kept); 1: no trial completed, no "
+               "profile; 2: bad arguments or storage; 3: the --timeout came before the defaults were "
+               "measured, no profile (the trials are kept: run again with a longer --timeout); "
+               "130: interrupted (Ctrl-C)")
+
 
 def add_parser(sub) -> None:
     t = sub.add_parser("tune", help="tune settings for this device and write a profile",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       epilog=f"exit status: {EXIT_STATUS}")
     t.add_argument("--workload", choices=("fullgraph", "graphs", "neighbor"), default="graphs",
                    help="fullgraph: one graph, epochs/s; graphs: many small graphs, graphs/s; neighbor: "
                         "sampled mini-batches of one large graph (gnncompile.data.NeighborLoader), seeds/s")
@@ -44,7 +52,8 @@ def add_parser(sub) -> None:
                    help="default: sage for neighbor, else gin")
     t.add_argument("--trials", type=_positive_int, default=20, help="finished trials the study should hold")
     t.add_argument("--timeout", type=_positive_float, default=None,
-                   help="wall-clock seconds for the whole run: trials, re-measurements, profile")
+                   help="wall-clock seconds for the whole run, used: trials, re-measurements (the "
+                        "defaults always), profile")
     t.add_argument("--storage", default=None,
                    help="Optuna storage URL, or journal:PATH (or a PATH ending in .log/.journal) for "
                         "a journal file (default: SQLite in the cache dir)")
@@ -127,7 +136,7 @@ def _workload(Workload, args):
 def run(args) -> int:
     try:
         from gnncompile.tuner import Workload, tune
-        from gnncompile.tuner.study import SetupError, StorageError, _redact
+        from gnncompile.tuner.study import NoProfileWarning, SetupError, StorageError, _redact
     except ImportError as e:
         print(f"gnncompile tune: {e}", file=sys.stderr)
         return 2
@@ -139,12 +148,14 @@ def run(args) -> int:
     budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
     cb = _progress(args.trials, not args.no_progress)
     try:
-        res = tune(w, trials=args.trials, timeout=args.timeout, storage=args.storage, out=args.out,
-                   name=args.study_name, batch_size=args.batch_size or DEFAULT_BATCH[args.workload],
-                   batch_range=tuple(args.batch_range) if args.batch_range else None,
-                   memory_budget=budget, max_workers=args.max_workers, seed=args.seed,
-                   measure_defaults=not args.no_defaults, callbacks=[cb],
-                   confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NoProfileWarning)  # said below, with the exit status
+            res = tune(w, trials=args.trials, timeout=args.timeout, storage=args.storage, out=args.out,
+                       name=args.study_name, batch_size=args.batch_size or DEFAULT_BATCH[args.workload],
+                       batch_range=tuple(args.batch_range) if args.batch_range else None,
+                       memory_budget=budget, max_workers=args.max_workers, seed=args.seed,
+                       measure_defaults=not args.no_defaults, callbacks=[cb],
+                       confirm_top=args.confirm_top, confirm_rounds=args.confirm_rounds)
     except (StorageError, SetupError) as e:
         print(f"gnncompile tune: {e}", file=sys.stderr)
         return 2
@@ -168,9 +179,15 @@ def run(args) -> int:
     summary["elapsed_s"] = round(res["elapsed_s"], 2)
     if res.get("profile_written") is False:
         summary["profile_kept"] = "the file holds a faster result of this study; left as it was"
+    if res.get("no_profile"):
+        summary["no_profile"] = res["no_profile"]
     if res["compiler_warnings"]:
         print(f"gnncompile tune: {res['compiler_warnings']} warnings of torch's compiler (graph breaks, "
               "recompilations) during the run; set the 'gnncompile.tuner' logger to DEBUG to see them",
               file=sys.stderr)
     print(json.dumps(summary, indent=2))
+    if res.get("no_profile"):
+        print(f"gnncompile tune: {res['no_profile']}; the trials are kept in the study: run the same "
+              "command with a longer --timeout to resume", file=sys.stderr)
+        return 3
     return 0 if res["profile_path"] else 1
