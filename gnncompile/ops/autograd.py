@@ -28,7 +28,8 @@ def _spmm_setup(ctx, inputs, output):
     need_x = ctx.needs_input_grad[4]
     need_w = ctx.needs_input_grad[3]
     saved_x = x if (need_w or (need_x and reduce in ("max", "min"))) else None
-    ctx.save_for_backward(rowptr, col, perm, weight, saved_x, output[1], rowptr_t, col_t, perm_t)
+    saved_out = output[0] if reduce in ("max", "min") else None  # (extremes.exact_rows reads it)
+    ctx.save_for_backward(rowptr, col, perm, weight, saved_x, output[1], rowptr_t, col_t, perm_t, saved_out)
 
 
 def _head_index(weight, shape):
@@ -59,23 +60,25 @@ def accumulate_rows(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor
 
 @torch.library.custom_op("gnncompile::spmm_arg_backward", mutates_args=())
 def spmm_arg_backward(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, weight: Optional[torch.Tensor],
-                      x: Optional[torch.Tensor], arg: torch.Tensor, grad: torch.Tensor, reduce: str,
-                      x_shape: List[int], need_x: bool, need_w: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                      x: Optional[torch.Tensor], arg: torch.Tensor, out: torch.Tensor, grad: torch.Tensor,
+                      reduce: str, x_shape: List[int], need_x: bool, need_w: bool
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The max / min backward of spmm: (grad of x, grad of weight), an empty tensor for the one
     not needed. An op of its own (opaque to tracing) because it decides from the data which rows
     take torch's formula (:mod:`.extremes`)."""
-    gx, gw = _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, grad.contiguous(), need_x, need_w)
+    gx, gw = _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, out, grad.contiguous(), need_x,
+                           need_w)
     empty = grad.new_empty(0)
     return (gx if gx is not None else empty), (gw if gw is not None else empty)
 
 
 @spmm_arg_backward.register_fake
-def _spmm_arg_backward_fake(rowptr, col, perm, weight, x, arg, grad, reduce, x_shape, need_x, need_w):
+def _spmm_arg_backward_fake(rowptr, col, perm, weight, x, arg, out, grad, reduce, x_shape, need_x, need_w):
     return (grad.new_empty(x_shape) if need_x else grad.new_empty(0),
             weight.new_empty(weight.shape) if need_w else grad.new_empty(0))
 
 
-def _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, grad_out, need_x, need_w):
+def _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, out, grad_out, need_x, need_w):
     """max / min: each output gradient goes to the edge chosen in the forward pass ([M, F]
     tensors, not [E, F]), except in the rows where torch's formula gives other numbers (ties,
     NaN, non-finite gradients or inputs: :mod:`.extremes`), which are computed by it."""
@@ -85,7 +88,8 @@ def _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, grad_out, 
         gw = torch.zeros_like(weight) if need_w else None
         return gx, gw
     a2, g2 = arg.reshape(M, -1), grad_out.reshape(M, -1)
-    exact = extremes.exact_rows(a2, g2, extremes.non_finite(weight if need_x else None, x if need_w else None))
+    exact = extremes.exact_rows(a2, g2, out.reshape(M, -1),
+                                extremes.non_finite(weight if need_x else None, x if need_w else None))
     valid = arg >= 0
     if exact is not None:
         valid = valid & ~exact.view(-1, *([1] * (arg.dim() - 1)))
@@ -142,7 +146,7 @@ def _exact_arg_backward(reduce, rowptr, col, perm, weight, x, grad, rows, gx, gw
 
 
 def _spmm_backward(ctx, grad_out, grad_arg):
-    rowptr, col, perm, weight, x, arg, rowptr_t, col_t, perm_t = ctx.saved_tensors
+    rowptr, col, perm, weight, x, arg, rowptr_t, col_t, perm_t, out = ctx.saved_tensors
     need_w, need_x = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
     gx = gw = None
     reduce = ctx.reduce
@@ -160,8 +164,8 @@ def _spmm_backward(ctx, grad_out, grad_arg):
             heads = weight.shape[1] if weight.dim() == 2 else 1
             gw = ops.edge_dot(rowptr, col, perm, x, g, heads, ctx.knobs).reshape(weight.shape)
     else:
-        gx, gw = ops.spmm_arg_backward(rowptr, col, perm, weight, x, arg, grad_out, reduce, list(ctx.x_shape),
-                                       need_x, need_w)
+        gx, gw = ops.spmm_arg_backward(rowptr, col, perm, weight, x, arg, out, grad_out, reduce,
+                                       list(ctx.x_shape), need_x, need_w)
         gx, gw = (gx if need_x else None), (gw if need_w else None)
     return None, None, None, gw, gx, None, None, None, None, None
 

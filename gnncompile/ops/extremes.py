@@ -7,11 +7,17 @@ the row NaN; an infinite or NaN ``g`` gives the messages that did not win ``0 * 
 the chain rule then multiplies each message's share into its inputs' derivatives, so a
 non-finite derivative at a message that did not win gives NaN too (``0 * inf``).
 
+Two details of torch's formula are followed as the installed torch has them (:func:`torch_rule`
+measures them once): PyG reduces into a fresh zeros buffer with ``include_self=False``, yet
+torch 2.13 still counts that buffer in ``N`` where it equals the extreme (an extreme of exactly
+0 gives each of its ``N`` messages ``g / (N + 1)``); and ``N = 0`` (a NaN extreme) divides by
+zero. A torch that changes either is followed as it is.
+
 The fused ops keep the fast form where it is the same number: the kernels record per output
 element the slot of the winner, or ``-2 - slot`` when ``N != 1`` (``arg_fold`` in
 native/common/macros.h), so the backward routes ``g`` to the one winner with ``[M, F]``
 tensors, and evaluates the formula above only for the rows that need it (:func:`exact_rows`):
-a tie or NaN there, a non-finite ``g``, or, for every row, non-finite values in what the
+a tie, NaN or 0 there, a non-finite ``g``, or, for every row, non-finite values in what the
 derivatives read.
 """
 from __future__ import annotations
@@ -21,14 +27,38 @@ from typing import Optional, Tuple
 import torch
 
 
-def exact_rows(arg: torch.Tensor, grad: torch.Tensor, everywhere: bool = False) -> Optional[torch.Tensor]:
-    """Rows (bool [M]) whose gradient needs torch's formula, or None when none does. ``arg`` and
-    ``grad`` are [M, F]; ``everywhere``: every row with an edge does (non-finite inputs)."""
+def _measure() -> Tuple[bool, bool]:
+    src = torch.tensor([0.0, -1.0, float("nan")], dtype=torch.float64, requires_grad=True)
+    index = torch.tensor([0, 0, 1])
+    with torch.enable_grad(), torch.inference_mode(False):
+        out = torch.zeros(2, dtype=torch.float64).scatter_reduce(0, index, src, "amax", include_self=False)
+        g, = torch.autograd.grad(out, src, torch.ones(2, dtype=torch.float64))
+    return bool(g[0] == 0.5), bool(torch.isnan(g[2]))
+
+
+# measured at import: the backward ops run below autograd, where it cannot be measured
+_RULE = _measure()
+
+
+def torch_rule() -> Tuple[bool, bool]:
+    """(does the zeros buffer count where it equals the extreme, does a NaN extreme give NaN):
+    measured on the installed torch with PyG's spelling of a max aggregation."""
+    return _RULE
+
+
+def exact_rows(arg: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, everywhere: bool = False
+               ) -> Optional[torch.Tensor]:
+    """Rows (bool [M]) whose gradient needs torch's formula, or None when none does. ``arg``,
+    ``grad`` and ``out`` (the reduced values) are [M, F]; ``everywhere``: every row with an
+    edge does (non-finite inputs)."""
     has = arg != -1
     if everywhere:
         rows = has.any(1)
     else:
-        rows = ((arg < -1) | (has & ~torch.isfinite(grad))).any(1)
+        special = (arg < -1) | (has & ~torch.isfinite(grad))
+        if torch_rule()[0]:
+            special = special | (has & (out == 0))
+        rows = special.any(1)
     return rows if bool(rows.any()) else None
 
 
@@ -53,6 +83,11 @@ def shares(m: torch.Tensor, which: torch.Tensor, grad: torch.Tensor, is_min: boo
         0, idx, m, "amin" if is_min else "amax", include_self=False)
     eq = m == y.index_select(0, which)
     n = torch.zeros(R, F, dtype=m.dtype, device=m.device).scatter_add(0, idx, eq.to(m.dtype))
+    counts_zeros, nan_gives_nan = torch_rule()
+    if counts_zeros:
+        n = n + (y == 0).to(m.dtype)
+    if not nan_gives_nan:
+        n = torch.where(n == 0, torch.ones_like(n), n)
     q = grad.to(m.dtype) / n
     return eq.to(m.dtype) * q.index_select(0, which)
 
@@ -61,4 +96,4 @@ def non_finite(*tensors: Optional[torch.Tensor]) -> bool:
     return any(t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors)
 
 
-__all__ = ["exact_rows", "row_slots", "shares", "non_finite"]
+__all__ = ["torch_rule", "exact_rows", "row_slots", "shares", "non_finite"]

@@ -324,28 +324,28 @@ def _unbounded(code, consts) -> bool:
 @torch.library.custom_op("gnncompile::message_arg_backward", mutates_args=())
 def message_arg_backward(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, inputs: List[torch.Tensor],
                          sides: List[int], code: List[int], consts: List[float], width: int, arg: torch.Tensor,
-                         grad: torch.Tensor, reduce: str, need: List[bool]) -> List[torch.Tensor]:
+                         out: torch.Tensor, grad: torch.Tensor, reduce: str, need: List[bool]) -> List[torch.Tensor]:
     """The max / min backward of message_reduce: every input's gradient (an empty tensor where
     not needed). An op of its own (opaque to tracing) because it decides from the data which
     rows take torch's formula (:mod:`.extremes`)."""
     grads = _arg_grads((rowptr, col, perm), list(inputs), list(sides), list(code), list(consts), width, list(need),
-                       arg, grad.contiguous(), reduce == "min")
+                       arg, out, grad.contiguous(), reduce == "min")
     return [g if g is not None else grad.new_empty(0) for g in grads]
 
 
 @message_arg_backward.register_fake
-def _message_arg_backward_fake(rowptr, col, perm, inputs, sides, code, consts, width, arg, grad, reduce, need):
+def _message_arg_backward_fake(rowptr, col, perm, inputs, sides, code, consts, width, arg, out, grad, reduce, need):
     return [t.new_empty(t.shape) if n else grad.new_empty(0) for t, n in zip(inputs, need)]
 
 
-def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad, is_min) -> List[Optional[torch.Tensor]]:
+def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, out_values, grad, is_min) -> List[Optional[torch.Tensor]]:
     """max / min: d_k at the chosen edge of every (row, feature), added where input k was read;
     in the rows where torch's formula gives other numbers (:mod:`.extremes`) by that formula."""
     rowptr, col, perm = csr
     M = arg.shape[0]
     exact = None
     if col.shape[0] > 0:
-        exact = extremes.exact_rows(arg, grad, _unbounded(code, consts) or extremes.non_finite(*inputs))
+        exact = extremes.exact_rows(arg, grad, out_values, _unbounded(code, consts) or extremes.non_finite(*inputs))
     valid = arg >= 0
     if exact is not None:
         valid = valid & ~exact.view(-1, 1)
@@ -429,7 +429,8 @@ def _reduce_setup(ctx, inputs, output):
     ctx.meta = (list(sides), list(code), list(consts), width, reduce, list(knobs), len(ins), len(csc))
     ctx.empty = (len(consts) == 0, len(knobs) == 0)
     ctx.need = [t.requires_grad for t in ins]
-    ctx.save_for_backward(rowptr, col, perm, output[1], *csc, *ins)
+    # max / min: the reduced values too (extremes.exact_rows reads them); sum / mean: nothing
+    ctx.save_for_backward(rowptr, col, perm, output[1], output[0] if reduce in ("max", "min") else None, *csc, *ins)
 
 
 def _fix_empty(ret: tuple, ctx, knobs_at: int = 9) -> tuple:
@@ -444,9 +445,9 @@ def _fix_empty(ret: tuple, ctx, knobs_at: int = 9) -> tuple:
 def _reduce_backward(ctx, grad_out, grad_arg):
     sides, code, consts, F, reduce, knobs, n, n_csc = ctx.meta
     saved = ctx.saved_tensors
-    rowptr, col, perm, arg = saved[:4]
-    csc = list(saved[4:4 + n_csc])
-    ins = list(saved[4 + n_csc:4 + n_csc + n])
+    rowptr, col, perm, arg, out = saved[:5]
+    csc = list(saved[5:5 + n_csc])
+    ins = list(saved[5 + n_csc:5 + n_csc + n])
     csr = (rowptr, col, perm)
     g = grad_out.contiguous()
     if reduce in ("sum", "mean"):
@@ -454,7 +455,7 @@ def _reduce_backward(ctx, grad_out, grad_arg):
             g = g / (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(g.dtype).view(-1, 1)
         grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, g, P.ROW, knobs)
     else:
-        grads = ops.message_arg_backward(*csr, ins, sides, code, consts, F, arg, g, reduce, list(ctx.need))
+        grads = ops.message_arg_backward(*csr, ins, sides, code, consts, F, arg, out, g, reduce, list(ctx.need))
         grads = [gk if n else None for gk, n in zip(grads, ctx.need)]
     return _fix_empty(_backward_return(n_csc, grads), ctx)
 
