@@ -449,3 +449,10 @@ def test_differences_of_gathered_rows_keep_their_precision(layer):
     torch._dynamo.reset()
     err_fast = (gnncompile.compile(model, reassociate=True)(*args, ei).double() - want).abs().max().item()
     assert err_fast > 100 * err_eager  # what the opt-in trades (here: a cancellation)
+
+
+def test_docs_page_is_the_table():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "semantics.md").read_text()
+    assert page.endswith(S.table()), "docs/semantics.md is stale: regenerate its table from semantics.table()"

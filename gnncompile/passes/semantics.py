@@ -290,4 +290,20 @@ def describe_write(w: Node, of: Node) -> str:
 
 
 __all__ = ["SIGNATURES", "MESSAGE_OPS", "OPERAND", "PARAM", "ANY", "INPLACE", "VARARGS", "unmodelled", "Writes",
-           "written_args", "describe_write"]
+           "written_args", "describe_write", "table"]
+
+
+def table() -> str:
+    """The accepted operations and how each of their arguments is handled, as a markdown table
+    (docs/semantics.md is this table; tests/test_semantics.py checks that they agree)."""
+    words = {OPERAND: "read (an operand)", PARAM: "modelled (a number parameter)", ANY: "any value",
+             INPLACE: "modelled (the write is tracked)", VARARGS: "any value (a shape)"}
+    rows = ["| operation | argument | handling |", "|---|---|---|"]
+    for name in sorted(SIGNATURES):
+        for pname, rule in SIGNATURES[name]:
+            how = words.get(rule) if isinstance(rule, str) and rule in words else \
+                f"assumed {rule!r}; any other value: the node is kept as written"
+            rows.append(f"| `{name}` | `{pname}` | {how} |")
+    for name in VALUE_PRESERVING:
+        rows.append(f"| `{name}` | any | kept only when it changes neither dtype nor device |")
+    return "\n".join(rows) + "\n"
