@@ -166,3 +166,20 @@ def test_compiled_dropout_keeps_nan():
     from gnncompile.ops import reference
 
     torch.testing.assert_close(reference.dropout(x, 0.5, seed), out, equal_nan=True)
+
+
+@pytest.mark.parametrize("aggr", ["max", "min"])
+def test_max_over_relu_outputs(aggr):
+    """A 2-layer GraphSAGE with max / min aggregation: the second layer reduces ReLU outputs, so
+    most maxima tie at 0 between different sources (torch splits them, and counts PyG's zeros
+    buffer there). The fused op drops the gradient of an extreme of 0 (relu_input: x's relu
+    drops whatever reaches a 0 of x), and the parameter and input gradients equal eager's."""
+    from torch_geometric.nn import models
+
+    torch.manual_seed(0)
+    model = models.GraphSAGE(6, 8, 2, 4, aggr=aggr)
+    x = torch.randn(30, 6, requires_grad=True)
+    ei = torch.randint(0, 30, (2, 150))
+    _same(model, [x, ei])
+    rep = gnncompile.explain(model, x, ei)
+    assert rep.num_fused >= 2 and f"spmm[{aggr}, relu input]" in str(rep), str(rep)

@@ -4,8 +4,8 @@ The max / min rule (``arg_fold`` in native/common/macros.h): the CPU core folds 
 messages in CSR slot order; the CUDA kernels fold runs of a row in separate groups and then the
 runs' results in group order. Both must give the CPU's value and record for every split of a
 row, NaN, infinities and ties included (torch's scatter_reduce propagates NaN): the slot of the
-first extreme, written -2 - slot when the extreme is not reached by exactly one message (a tie,
-or NaN), where torch's gradient is not "everything to one edge".
+extreme when one message reached it, -N when N messages tie, kNanRecord for NaN: what torch's
+gradient needs (it splits a tie evenly).
 """
 from __future__ import annotations
 
@@ -50,16 +50,18 @@ _HARNESS = textwrap.dedent("""
 """)
 
 
+NAN_RECORD = -(1 << 62)  # kNanRecord
+
+
 def _expected(values, is_min):
     """torch.scatter_reduce's amax / amin of one row and the kernels' record: NaN if any
-    message is NaN (-2 - the slot of the first NaN), else the first extreme value's slot, or
-    -2 - that slot when several messages equal it."""
-    for j, v in enumerate(values):
-        if math.isnan(v):
-            return float("nan"), -2 - j
+    message is NaN (kNanRecord), else the extreme and its slot when one message is equal to it,
+    -N when N are."""
+    if any(math.isnan(v) for v in values):
+        return float("nan"), NAN_RECORD
     best = min(values) if is_min else max(values)
-    first = values.index(best)
-    return best, first if values.count(best) == 1 else -2 - first
+    n = values.count(best)
+    return best, values.index(best) if n == 1 else -n
 
 
 def test_max_min_rule_is_the_same_for_every_split(build_host_harness):

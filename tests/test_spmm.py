@@ -329,8 +329,8 @@ def test_native_matches_reference(native, h, reduce, dtype, index_dtype, weight_
     N = 12
     ei = _graph_with_features(N, 45, index_dtype=index_dtype, seed=1)
     E = ei.size(1)
-    # integer-valued features: max/min have ties; both must pick the first CSR slot and record
-    # the tie (-2 - slot: the gradient is split, as torch splits it)
+    # integer-valued features: max/min have ties; both must record the winner's CSR slot, or
+    # how many messages tie (-N: the gradient is split, as torch splits it)
     x = torch.randint(-3, 4, (N, H, C) if weight_mode == "head" else (N, H * C), generator=g).to(dtype)
     w = h.make_weight(weight_mode, E, H, dtype, g)
     rowptr, col, perm = ops.build_csr(ei[1], ei[0], N, N)
@@ -345,11 +345,13 @@ def test_native_matches_reference(native, h, reduce, dtype, index_dtype, weight_
         deg = (rowptr[1:] - rowptr[:-1]).long()
         empty = (deg == 0).view(-1, *([1] * (x.dim() - 1))).expand_as(arg)
         assert torch.all(arg[empty] == -1)
-        slot = torch.where(arg >= 0, arg, -2 - arg)
         lo = rowptr[:-1].long().view(-1, *([1] * (x.dim() - 1))).expand_as(arg)
         hi = rowptr[1:].long().view(-1, *([1] * (x.dim() - 1))).expand_as(arg)
-        assert torch.all((slot[~empty] >= lo[~empty]) & (slot[~empty] < hi[~empty]))
-        assert bool((arg < -1).any())  # the integer features do tie
+        one = ~empty & (arg >= 0)
+        assert torch.all((arg[one] >= lo[one]) & (arg[one] < hi[one]))
+        ties = ~empty & (arg < -1)
+        assert bool(ties.any())  # the integer features do tie
+        assert torch.all(-arg[ties] <= (hi - lo)[ties])
     else:
         assert arg.numel() == 0
 

@@ -46,6 +46,9 @@ class ExplainReport(Fusions):
                              ("graph breaks:", self.graph_breaks)):
             lines.append(title)
             lines += [f"  {i}" for i in items] or ["  (none)"]
+        if self.notes:
+            lines.append("notes:")
+            lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -56,7 +59,7 @@ class ExplainReport(Fusions):
                 "num_graph_breaks": self.num_graph_breaks, "structures": self.structures,
                 "transposed": self.transposed, "hoisted": self.hoisted,
                 "hoisted_nodes": self.hoisted_nodes, "fused": [asdict(f) for f in self.fused],
-                "unfused": [asdict(u) for u in self.unfused],
+                "unfused": [asdict(u) for u in self.unfused], "notes": list(self.notes),
                 "graph_breaks": [asdict(b) for b in self.graph_breaks]}
 
 
@@ -109,6 +112,7 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         _place_in_model(r, model)
         rep.fused += r.fused
         rep.unfused += r.unfused
+        rep.notes += [n for n in r.notes if n not in rep.notes]
         rep.structures += r.structures
         rep.transposed += r.transposed
         rep.hoisted += r.hoisted

@@ -2,13 +2,14 @@
 
 * ``spmm``: sum / mean backward is the CSC spmm of the output gradient (for x) and ``edge_dot``
   (for the weight); max / min route each output gradient to the edge chosen in the forward pass,
-  and follow torch's formula where it differs (ties, NaN: :mod:`.extremes`).
+  or follow torch's formula where that differs (ties, NaN: :mod:`.extremes`).
 * ``edge_softmax``: ``edge_softmax_backward``; a second derivative is refused with a clear error.
 * ``edge_dot``: two spmm calls, so that a double backward through spmm is exact.
 * ``gather``: a segment sum over the structure that groups the edges by the gathered index.
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Tuple
 
 import torch
@@ -19,8 +20,9 @@ from .structure import transpose_structure
 
 
 def _spmm_setup(ctx, inputs, output):
-    rowptr, col, perm, weight, x, reduce, knobs, rowptr_t, col_t, perm_t = inputs
+    rowptr, col, perm, weight, x, reduce, knobs, rowptr_t, col_t, perm_t, relu_input = inputs
     ctx.reduce = reduce
+    ctx.relu_input = relu_input
     ctx.knobs = knobs
     ctx.num_src = x.shape[0]
     ctx.x_shape = x.shape
@@ -28,7 +30,7 @@ def _spmm_setup(ctx, inputs, output):
     need_x = ctx.needs_input_grad[4]
     need_w = ctx.needs_input_grad[3]
     saved_x = x if (need_w or (need_x and reduce in ("max", "min"))) else None
-    saved_out = output[0] if reduce in ("max", "min") else None  # (extremes.exact_rows reads it)
+    saved_out = output[0] if reduce in ("max", "min") else None  # (the max / min backward reads it)
     ctx.save_for_backward(rowptr, col, perm, weight, saved_x, output[1], rowptr_t, col_t, perm_t, saved_out)
 
 
@@ -58,44 +60,17 @@ def accumulate_rows(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor
     out.view(-1).index_put_((flat.reshape(-1),), values.reshape(-1), accumulate=True)
 
 
-@torch.library.custom_op("gnncompile::spmm_arg_backward", mutates_args=())
-def spmm_arg_backward(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, weight: Optional[torch.Tensor],
-                      x: Optional[torch.Tensor], arg: torch.Tensor, out: torch.Tensor, grad: torch.Tensor,
-                      reduce: str, x_shape: List[int], need_x: bool, need_w: bool
-                      ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The max / min backward of spmm: (grad of x, grad of weight), an empty tensor for the one
-    not needed. An op of its own (opaque to tracing) because it decides from the data which rows
-    take torch's formula (:mod:`.extremes`)."""
-    gx, gw = _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, out, grad.contiguous(), need_x,
-                           need_w)
-    empty = grad.new_empty(0)
-    return (gx if gx is not None else empty), (gw if gw is not None else empty)
-
-
-@spmm_arg_backward.register_fake
-def _spmm_arg_backward_fake(rowptr, col, perm, weight, x, arg, out, grad, reduce, x_shape, need_x, need_w):
-    return (grad.new_empty(x_shape) if need_x else grad.new_empty(0),
-            weight.new_empty(weight.shape) if need_w else grad.new_empty(0))
-
-
-def _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, out, grad_out, need_x, need_w):
-    """max / min: each output gradient goes to the edge chosen in the forward pass ([M, F]
-    tensors, not [E, F]), except in the rows where torch's formula gives other numbers (ties,
-    NaN, non-finite gradients or inputs: :mod:`.extremes`), which are computed by it."""
-    M = grad_out.shape[0]
+def _arg_backward(x_shape, col, perm, weight, x, arg, g, need_x, need_w):
+    """max / min, the fast form: each gradient ``g`` (0 where nothing is routed) goes to the
+    winner recorded in ``arg`` ([M, F] tensors, not [E, F]; tensor operations only: traced into
+    the backward graph, where its compiler fuses them)."""
+    M = g.shape[0]
     if col.numel() == 0:  # no edge: every output is the constant 0
-        gx = torch.zeros(x_shape, dtype=grad_out.dtype, device=grad_out.device) if need_x else None
-        gw = torch.zeros_like(weight) if need_w else None
-        return gx, gw
-    a2, g2 = arg.reshape(M, -1), grad_out.reshape(M, -1)
-    exact = extremes.exact_rows(a2, g2, out.reshape(M, -1),
-                                extremes.non_finite(weight if need_x else None, x if need_w else None))
+        gx = torch.zeros(x_shape, dtype=g.dtype, device=g.device) if need_x else None
+        return gx, (torch.zeros_like(weight) if need_w else None)
     valid = arg >= 0
-    if exact is not None:
-        valid = valid & ~exact.view(-1, *([1] * (arg.dim() - 1)))
-    slot = torch.where(valid, arg, torch.zeros_like(arg))
+    slot = arg.clamp(min=0)  # no winner: slot 0, nothing routed (g is 0 there)
     src = col.long()[slot]
-    g = torch.where(valid, grad_out, torch.zeros_like(grad_out))
     eid = perm.long()[slot]
     heads = _head_index(weight, g.shape)
     if weight is not None:
@@ -103,46 +78,68 @@ def _arg_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, out, grad_
     gx = gw = None
     if need_x:
         contrib = torch.where(valid, g * w, torch.zeros_like(g)) if weight is not None else g
-        gx = torch.zeros(x_shape, dtype=grad_out.dtype, device=grad_out.device)
-        accumulate_rows(gx.reshape(x_shape[0], -1), src.reshape(M, -1), contrib.reshape(M, -1))
+        gx = torch.zeros(x_shape, dtype=g.dtype, device=g.device)
+        Fg = math.prod(g.shape[1:])
+        accumulate_rows(gx.reshape(x_shape[0], Fg), src.reshape(M, Fg), contrib.reshape(M, Fg))
     if need_w:
-        xs = x.reshape(x.shape[0], -1).gather(0, src.reshape(M, -1)).reshape(g.shape)
+        Fx = math.prod(x.shape[1:])
+        xs = x.reshape(x.shape[0], Fx).gather(0, src.reshape(M, Fx)).reshape(g.shape)
         flat = eid * weight.shape[1] + heads if heads is not None else eid
         gw = torch.zeros(weight.numel(), dtype=weight.dtype, device=weight.device)
         accumulate_rows(gw, flat.reshape(-1), torch.where(valid, xs * g, torch.zeros_like(g)).reshape(-1))
-    if exact is not None:
-        _exact_arg_backward(reduce, rowptr, col, perm, weight, x, g2, exact, gx, gw)
-    if need_w:
         gw = gw.reshape(weight.shape)
     return gx, gw
 
 
-def _exact_arg_backward(reduce, rowptr, col, perm, weight, x, grad, rows, gx, gw) -> None:
-    """torch's max / min gradient (:func:`.extremes.shares`) for the rows ``rows``, added to
-    ``gx`` / ``gw`` (in place; None: not needed). The messages are recomputed as the kernels
-    computed them (in the accumulation type), so ties are the kernels' ties."""
-    _, slots, which = extremes.row_slots(rowptr, rows)
-    src, eid = col.long()[slots], perm.long()[slots]
-    F = grad.shape[1]
+@torch.library.custom_op("gnncompile::spmm_arg_formula", mutates_args=("gx", "gw"))
+def spmm_arg_formula(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, weight: Optional[torch.Tensor],
+                     x: Optional[torch.Tensor], arg: torch.Tensor, out: torch.Tensor, grad: torch.Tensor,
+                     rows: torch.Tensor, reduce: str, gx: Optional[torch.Tensor], gw: Optional[torch.Tensor]) -> None:
+    """Adds to ``gx`` / ``gw`` torch's max / min gradient of spmm in the rows ``rows`` (where
+    the fast form is not torch's: :mod:`.extremes`), if there are any: an op of its own
+    (opaque to tracing) because it decides that from the data."""
+    if not bool(rows.any()):
+        return
+    _formula_backward(reduce, gx.shape if gx is not None else x.shape, rowptr, col, perm, weight, x, arg, out,
+                      grad.contiguous(), gx is not None, gw is not None, rows, gx, gw)
+
+
+@spmm_arg_formula.register_fake
+def _spmm_arg_formula_fake(rowptr, col, perm, weight, x, arg, out, grad, rows, reduce, gx, gw):
+    return None
+
+
+def _formula_backward(reduce, x_shape, rowptr, col, perm, weight, x, arg, out, grad_out, need_x, need_w, rows,
+                      gx, gw) -> None:
+    """torch's max / min gradient for the rows ``rows``, added to ``gx`` / ``gw`` (in place):
+    the message ``x_j`` (``w * x_j``) as a message program, through
+    :func:`.message.formula_grads`, in the type the forward kernels computed in."""
+    from . import message as _message
+    from . import program as P
+
+    M, N = grad_out.shape[0], x_shape[0]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xs = x.reshape(x.shape[0], -1).index_select(0, src).to(acc)
-    w = None
+    x2 = x.reshape(N, -1).to(acc)
+    F = x2.shape[1]
+    ins, sides = [x2], [P.COL]
+    expr = P.inp(0)
     if weight is not None:
-        we = weight.index_select(0, eid).to(acc)
-        w = we.reshape(-1, 1) if weight.dim() == 1 or weight.shape[1] == 1 else \
-            we.repeat_interleave(F // weight.shape[1], dim=1)
-    m = xs * w if w is not None else xs
-    share = extremes.shares(m, which, grad.index_select(0, rows.nonzero().squeeze(1)), reduce == "min")
-    if gx is not None:
-        c = share * w if w is not None else share
-        accumulate_rows(gx.reshape(gx.shape[0], -1), src.view(-1, 1).expand_as(c), c.to(gx.dtype))
-    if gw is not None:
-        per = (share * xs)
-        per = per.sum(1) if weight.dim() == 1 or weight.shape[1] == 1 else \
-            per.reshape(per.shape[0], weight.shape[1], -1).sum(-1).reshape(-1)
-        H = 1 if weight.dim() == 1 else weight.shape[1]
-        flat = (eid.view(-1, 1) * H + torch.arange(H, device=eid.device)).reshape(-1)
-        accumulate_rows(gw, flat, per.reshape(-1).to(gw.dtype))
+        ins.append((weight.reshape(-1, 1) if weight.dim() == 1 else weight).to(acc).contiguous())
+        sides.append(P.EDGE)
+        expr = P.node("mul", P.inp(1), P.inp(0))  # the kernel's w * x
+    code, consts = P.encode(expr)
+    y = out.reshape(M, -1)
+    if y.dtype != acc:  # 16-bit: the extremes as the kernels compared them, before rounding
+        y = ops.spmm(rowptr, col, perm, None if weight is None else ins[1].reshape(weight.shape), x.to(acc), reduce,
+                     [])[0].reshape(M, -1)
+    grads = [torch.zeros_like(t) for t in ins]
+    need = [need_x] + ([need_w] if weight is not None else [])
+    _message.formula_grads((rowptr, col, perm), ins, sides, code, consts, F, need, arg.reshape(M, -1), y,
+                           grad_out.reshape(M, -1).to(acc), [], rows, grads)
+    if need_x:
+        gx.add_(grads[0].reshape(x_shape).to(gx.dtype))
+    if need_w:
+        gw.add_(grads[1].reshape(weight.shape).to(gw.dtype))
 
 
 def _spmm_backward(ctx, grad_out, grad_arg):
@@ -163,11 +160,20 @@ def _spmm_backward(ctx, grad_out, grad_arg):
         if need_w:
             heads = weight.shape[1] if weight.dim() == 2 else 1
             gw = ops.edge_dot(rowptr, col, perm, x, g, heads, ctx.knobs).reshape(weight.shape)
-    else:
-        gx, gw = ops.spmm_arg_backward(rowptr, col, perm, weight, x, arg, out, grad_out, reduce,
-                                       list(ctx.x_shape), need_x, need_w)
-        gx, gw = (gx if need_x else None), (gw if need_w else None)
-    return None, None, None, gw, gx, None, None, None, None, None
+    else:  # max / min: the fast form, traced, and torch's formula where that differs (extremes.py)
+        g, a = grad_out, arg
+        if ctx.relu_input and weight is None:  # x = relu(h): whatever reaches a 0 of x is dropped
+            zero = out == 0
+            g = torch.where(zero, torch.zeros_like(g), g)
+            a = torch.where(zero, torch.full_like(a, -1), a)
+        M, Fw = g.shape[0], math.prod(g.shape[1:])
+        rows = extremes.formula_rows(a.reshape(M, Fw), g.reshape(M, Fw),
+                                     extremes.non_finite(weight if need_x else None, x if need_w else None))
+        relu = ctx.relu_input and weight is None  # (an extreme of 0 routes nothing: no scaling for it)
+        gx, gw = _arg_backward(ctx.x_shape, col, perm, weight, x, a, extremes.fast_grad(a, out, g, rows, not relu),
+                               need_x, need_w)
+        ops.spmm_arg_formula(rowptr, col, perm, weight, x, a, out, g, rows, reduce, gx, gw)
+    return None, None, None, gw, gx, None, None, None, None, None, None
 
 
 torch.library.register_autograd("gnncompile::spmm", _spmm_backward, setup_context=_spmm_setup)

@@ -7,24 +7,32 @@ the row NaN; an infinite or NaN ``g`` gives the messages that did not win ``0 * 
 the chain rule then multiplies each message's share into its inputs' derivatives, so a
 non-finite derivative at a message that did not win gives NaN too (``0 * inf``).
 
-Two details of torch's formula are followed as the installed torch has them (:func:`torch_rule`
-measures them once): PyG reduces into a fresh zeros buffer with ``include_self=False``, yet
-torch 2.13 still counts that buffer in ``N`` where it equals the extreme (an extreme of exactly
-0 gives each of its ``N`` messages ``g / (N + 1)``); and ``N = 0`` (a NaN extreme) divides by
-zero. A torch that changes either is followed as it is.
+Two details of that formula are followed as the installed torch has them (:func:`torch_rule`
+measures them once, at import): PyG reduces into a fresh zeros buffer with
+``include_self=False``, yet torch 2.13 still counts that buffer in ``N`` where it equals the
+extreme (an extreme of exactly 0 gives each of its ``N`` messages ``g / (N + 1)``); and ``N = 0``
+(a NaN extreme) divides by zero. A torch that changes either is followed as it is.
 
-The fused ops keep the fast form where it is the same number: the kernels record per output
-element the slot of the winner, or ``-2 - slot`` when ``N != 1`` (``arg_fold`` in
-native/common/macros.h), so the backward routes ``g`` to the one winner with ``[M, F]``
-tensors, and evaluates the formula above only for the rows that need it (:func:`exact_rows`):
-a tie, NaN or 0 there, a non-finite ``g``, or, for every row, non-finite values in what the
-derivatives read.
+The kernels record per output element (``arg_fold`` in native/common/macros.h) the CSR slot of
+the winner when one message reached the extreme, ``-N`` for a tie of ``N``, or
+:data:`NAN_RECORD`. The backward then takes one of two forms:
+
+* the fast one, where it gives torch's numbers: no tie and no NaN extreme anywhere, finite
+  gradients, finite inputs, and derivatives that cannot be infinite at finite inputs: each
+  gradient goes to its winner alone (``[M, F]`` tensors; ``g / 2`` for a winner at exactly 0
+  where torch counts the buffer);
+* in the rows where it does not, the formula itself, as a sum reduction's backward over the
+  edges of those rows (the kernels' CSR and CSC passes over a structure of those rows): the
+  message program's derivatives with the upstream gradient ``eq(m, y) * (g / N)`` per edge
+  (``gnncompile.ops.message.formula_grads``).
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
 import torch
+
+NAN_RECORD = -(1 << 62)  # kNanRecord in native/common/macros.h
 
 
 def _measure() -> Tuple[bool, bool]:
@@ -46,54 +54,55 @@ def torch_rule() -> Tuple[bool, bool]:
     return _RULE
 
 
-def exact_rows(arg: torch.Tensor, grad: torch.Tensor, out: torch.Tensor, everywhere: bool = False
-               ) -> Optional[torch.Tensor]:
-    """Rows (bool [M]) whose gradient needs torch's formula, or None when none does. ``arg``,
-    ``grad`` and ``out`` (the reduced values) are [M, F]; ``everywhere``: every row with an
-    edge does (non-finite inputs)."""
+def formula_rows(arg: torch.Tensor, grad: torch.Tensor, everywhere) -> torch.Tensor:
+    """The rows (bool [M]) whose gradient needs torch's formula rather than the fast form
+    (module docstring). ``arg`` and ``grad`` are [M, F]; ``everywhere`` (a bool, or a 0-d bool
+    tensor): every row with an edge does (non-finite inputs, or derivatives that can be
+    infinite at finite inputs). Tensor operations only, no decision on the data: the backward
+    graphs that call it are traced, and their compiler fuses it."""
     has = arg != -1
-    if everywhere:
-        rows = has.any(1)
-    else:
-        special = (arg < -1) | (has & ~torch.isfinite(grad))
-        if torch_rule()[0]:
-            special = special | (has & (out == 0))
-        rows = special.any(1)
-    return rows if bool(rows.any()) else None
+    special = (arg < -1) | (has & ~torch.isfinite(grad))
+    if everywhere is True:
+        special = has
+    elif isinstance(everywhere, torch.Tensor):
+        special = special | (has & everywhere)
+    return special.any(1)
 
 
-def row_slots(rowptr: torch.Tensor, rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(row ids, CSR slots of their edges, the position in row ids of each slot's row)."""
-    ids = rows.nonzero().squeeze(1)
-    start = rowptr[ids].long()
-    cnt = (rowptr[ids + 1] - rowptr[ids]).long()
-    total = int(cnt.sum())
-    which = torch.repeat_interleave(torch.arange(ids.numel(), device=rowptr.device), cnt, output_size=total)
-    first = torch.cumsum(cnt, 0) - cnt
-    slots = start.index_select(0, which) + torch.arange(total, device=rowptr.device) - first.index_select(0, which)
-    return ids, slots, which
+def fast_grad(arg: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, rows: torch.Tensor,
+              zeros: bool = True) -> torch.Tensor:
+    """The gradient the fast form routes to each winner: 0 where there is none (and in the
+    formula's ``rows``), ``g / 2`` for a winner at exactly 0 where torch counts the zeros buffer
+    (``zeros``: an extreme of 0 may still be routed). Tensor operations only, as
+    :func:`formula_rows`."""
+    valid = (arg >= 0) & ~rows.view(-1, *([1] * (arg.dim() - 1)))
+    if zeros and torch_rule()[0]:
+        grad = torch.where(out == 0, grad / 2, grad)
+    return torch.where(valid, grad, torch.zeros_like(grad))
 
 
-def shares(m: torch.Tensor, which: torch.Tensor, grad: torch.Tensor, is_min: bool) -> torch.Tensor:
-    """torch's share of every message ``m`` [Es, F] (its row: ``which``) of the rows' gradient
-    ``grad`` [R, F]: ``(m == y) * (g / N)`` with ``y`` the rows' extremes."""
-    R, F = grad.shape
-    idx = which.view(-1, 1).expand_as(m)
-    y = torch.zeros(R, F, dtype=m.dtype, device=m.device).scatter_reduce(
-        0, idx, m, "amin" if is_min else "amax", include_self=False)
-    eq = m == y.index_select(0, which)
-    n = torch.zeros(R, F, dtype=m.dtype, device=m.device).scatter_add(0, idx, eq.to(m.dtype))
+def non_finite(*tensors: Optional[torch.Tensor]):
+    """A 0-d bool tensor: does any of ``tensors`` hold a non-finite value (False, a bool, when
+    none is given)?"""
+    flags = [torch.isfinite(t).all() for t in tensors if t is not None and t.is_floating_point()]
+    if not flags:
+        return False
+    out = flags[0]
+    for f in flags[1:]:
+        out = out & f
+    return ~out
+
+
+def shares(count: torch.Tensor, out: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``g / N`` per output element of rows with edges, ``count`` being the number of messages
+    equal to the extreme ``out``, with ``N`` as the installed torch counts (module docstring)."""
+    n = count.to(grad.dtype)
     counts_zeros, nan_gives_nan = torch_rule()
     if counts_zeros:
-        n = n + (y == 0).to(m.dtype)
+        n = n + (out == 0).to(grad.dtype)
     if not nan_gives_nan:
         n = torch.where(n == 0, torch.ones_like(n), n)
-    q = grad.to(m.dtype) / n
-    return eq.to(m.dtype) * q.index_select(0, which)
+    return grad / n
 
 
-def non_finite(*tensors: Optional[torch.Tensor]) -> bool:
-    return any(t is not None and t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors)
-
-
-__all__ = ["torch_rule", "exact_rows", "row_slots", "shares", "non_finite"]
+__all__ = ["NAN_RECORD", "torch_rule", "formula_rows", "fast_grad", "non_finite", "shares"]

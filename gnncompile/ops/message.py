@@ -168,18 +168,19 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros((rows - t.shape[0],) + tuple(t.shape[1:]))])
 
 
-def _derivative(code, consts, k: int, n: int):
-    dcode, dconsts = P.derivative(tuple(int(c) for c in code), tuple(float(c) for c in consts), k, n)
+def _derivative(code, consts, k: int, n: int, extreme: bool = False):
+    dcode, dconsts = P.derivative(tuple(int(c) for c in code), tuple(float(c) for c in consts), k, n, extreme)
     if P.OPS[dcode[0]][0] == "const" and len(dcode) == P.INSTR and dconsts[dcode[2]] == 0.0:
         return None  # the message does not depend on input k
     return list(dcode), list(dconsts)
 
 
 @functools.lru_cache(maxsize=256)
-def _batched_derivatives(code: tuple, consts: tuple, ks: tuple, n: int):
+def _batched_derivatives(code: tuple, consts: tuple, ks: tuple, n: int, extreme: bool = False):
     """One instruction stream computing ``G * dm/d(input k)`` for every k of ``ks`` (the
-    upstream gradient G is input n): (code, consts, result slots)."""
-    grads = P.backward_expr(P.decode(code, consts), P.inp(n))
+    upstream gradient G: :func:`.program.upstream`): (code, consts, result slots)."""
+    root = P.decode(code, consts)
+    grads = P.backward_expr(root, P.upstream(root, n, extreme))
     code_, consts_, results = P.encode_many([grads[k] for k in ks])
     return list(code_), list(consts_), list(results)
 
@@ -222,15 +223,18 @@ def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs)
     return out
 
 
-def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs
-                   ) -> List[Optional[torch.Tensor]]:
+def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs,
+                   extreme: bool = False) -> List[Optional[torch.Tensor]]:
     """Gradients of every input of a sum-like program (``message_reduce`` sum / mean, or
-    ``message_edges``) given ``g``, the upstream gradient read on side ``g_side``. Outside a
-    double backward, the gradients read per destination (and constants) share one pass over the
-    CSR and those read per neighbour one pass over the CSC (``message_sum_multi``)."""
+    ``message_edges``) given ``g``, the upstream gradient read on side ``g_side``; with
+    ``extreme``, of a max / min reduction by torch's formula (ops/extremes.py), ``g`` being the
+    pair (reduced values, gradient shares), read per destination. Outside a double backward,
+    the gradients read per destination (and constants) share one pass over the CSR and those
+    read per neighbour one pass over the CSC (``message_sum_multi``)."""
     rowptr, col, perm = csr
     n = len(inputs)
-    ins, sides_g = list(inputs) + [g], list(sides) + [g_side]
+    extra = list(g) if extreme else [g]
+    ins, sides_g = list(inputs) + extra, list(sides) + [g_side] * len(extra)
     slot_t = v_rows = None
     out: List[Optional[torch.Tensor]] = [None] * n
     groups = {P.ROW: [], P.COL: []}
@@ -245,15 +249,17 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         return csc, slot_t
 
     for k, t in enumerate(inputs):
-        d = _derivative(code, consts, k, n) if need[k] else None
+        d = _derivative(code, consts, k, n, extreme) if need[k] else None
         if d is None:
             out[k] = torch.zeros_like(t) if need[k] else None
             continue
         dcode, dconsts = d
         W, side = t.shape[1], sides[k]
-        if _row_only(dcode, sides_g):  # d_k is the same for every edge of a row: no pass over edges
+        # d_k the same for every edge of a row: no pass over edges (not for the max / min formula,
+        # whose eq(m, y) must see the messages as the kernels computed them, bit for bit)
+        if not extreme and _row_only(dcode, sides_g):
             if v_rows is None:
-                v_rows = (rowptr[1:] - rowptr[:-1]).to(g.dtype).view(-1, 1)
+                v_rows = (rowptr[1:] - rowptr[:-1]).to(t.dtype).view(-1, 1)
             c = csc_and_slots(t.shape[0])[0] if side == P.COL else csc
             out[k] = _row_only_grad(csr, c, ins, sides_g, dcode, dconsts, F, t, side, v_rows, knobs)
         elif multi and side in (P.ROW, P.CONST):
@@ -272,8 +278,8 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
             out[k] = _finish(r, t, side)
     key = (tuple(int(c) for c in code), tuple(float(c) for c in consts))
     for where, ks in groups.items():
-        for chunk in _chunks(*key, tuple(ks), n):
-            mcode, mconsts, results = _batched_derivatives(*key, chunk, n)
+        for chunk in _chunks(*key, tuple(ks), n, extreme):
+            mcode, mconsts, results = _batched_derivatives(*key, chunk, n, extreme)
             if where == P.ROW:
                 r = ops.message_sum_multi(rowptr, col, perm, ins, sides_g, mcode, mconsts, results, F, knobs, None)
             else:
@@ -289,7 +295,7 @@ MAX_RESULTS = 16  # results of one message_sum_multi pass (kMaxResults in native
 
 
 @functools.lru_cache(maxsize=256)
-def _chunks(code: tuple, consts: tuple, ks: tuple, n: int) -> Tuple[tuple, ...]:
+def _chunks(code: tuple, consts: tuple, ks: tuple, n: int, extreme: bool = False) -> Tuple[tuple, ...]:
     """``ks`` cut into runs that one message_sum_multi pass computes: at most MAX_RESULTS
     results, and an instruction stream that fits the registers (each single derivative does:
     checked when the program was matched)."""
@@ -298,7 +304,7 @@ def _chunks(code: tuple, consts: tuple, ks: tuple, n: int) -> Tuple[tuple, ...]:
         size = min(MAX_RESULTS, len(ks) - i)
         while size > 1:
             try:
-                _batched_derivatives(code, consts, ks[i:i + size], n)
+                _batched_derivatives(code, consts, ks[i:i + size], n, extreme)
                 break
             except ValueError:  # more live registers than the kernels have
                 size //= 2
@@ -321,38 +327,106 @@ def _unbounded(code, consts) -> bool:
     return False
 
 
-@torch.library.custom_op("gnncompile::message_arg_backward", mutates_args=())
-def message_arg_backward(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, inputs: List[torch.Tensor],
-                         sides: List[int], code: List[int], consts: List[float], width: int, arg: torch.Tensor,
-                         out: torch.Tensor, grad: torch.Tensor, reduce: str, need: List[bool]) -> List[torch.Tensor]:
-    """The max / min backward of message_reduce: every input's gradient (an empty tensor where
-    not needed). An op of its own (opaque to tracing) because it decides from the data which
-    rows take torch's formula (:mod:`.extremes`)."""
-    grads = _arg_grads((rowptr, col, perm), list(inputs), list(sides), list(code), list(consts), width, list(need),
-                       arg, out, grad.contiguous(), reduce == "min")
-    return [g if g is not None else grad.new_empty(0) for g in grads]
+@functools.lru_cache(maxsize=128)
+def _count_program(code: tuple, consts: tuple, n: int):
+    """The program ``eq(m, y)`` (``y``: input n) of message program (code, consts)."""
+    c, cs = P.encode(P.node("eq", P.decode(code, consts), P.inp(n)))
+    return list(c), list(cs)
 
 
-@message_arg_backward.register_fake
-def _message_arg_backward_fake(rowptr, col, perm, inputs, sides, code, consts, width, arg, out, grad, reduce, need):
-    return [t.new_empty(t.shape) if n else grad.new_empty(0) for t, n in zip(inputs, need)]
+@torch.library.custom_op("gnncompile::message_arg_formula", mutates_args=("grads",))
+def message_arg_formula(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, inputs: List[torch.Tensor],
+                        sides: List[int], code: List[int], consts: List[float], width: int, arg: torch.Tensor,
+                        out: torch.Tensor, grad: torch.Tensor, rows: torch.Tensor, need: List[bool],
+                        knobs: List[int], grads: List[torch.Tensor]) -> None:
+    """Adds to ``grads`` (one per input, an empty tensor where not needed) torch's max / min
+    gradient of a message program in the rows ``rows`` (where the fast form is not torch's:
+    ops/extremes.py), if there are any: an op of its own (opaque to tracing) because it decides
+    that from the data."""
+    if not bool(rows.any()):
+        return
+    formula_grads((rowptr, col, perm), list(inputs), list(sides), list(code), list(consts), width, list(need), arg,
+                  out, grad.contiguous(), list(knobs), rows, list(grads))
 
 
-def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, out_values, grad, is_min) -> List[Optional[torch.Tensor]]:
-    """max / min: d_k at the chosen edge of every (row, feature), added where input k was read;
-    in the rows where torch's formula gives other numbers (:mod:`.extremes`) by that formula."""
+@message_arg_formula.register_fake
+def _message_arg_formula_fake(rowptr, col, perm, inputs, sides, code, consts, width, arg, out, grad, rows, need,
+                              knobs, grads):
+    return None
+
+
+def formula_grads(csr, inputs, sides, code, consts, F, need, arg, out, grad, knobs, rows, grads) -> None:
+    """torch's max / min gradient (ops/extremes.py) for the rows ``rows`` (bool [M]), added to
+    ``grads`` (in place): the backward of a sum over a structure of those rows' edges, whose
+    derivative programs take the upstream gradient ``eq(m, y) * (g / N)`` per edge. Per-edge
+    inputs are read by slot there (gathered through perm for the rows' slots)."""
+    rowptr, col, perm = csr
+    ids = rows.nonzero().squeeze(1)
+    cnt = (rowptr[ids + 1] - rowptr[ids]).long()
+    total = int(cnt.sum())
+    which = torch.repeat_interleave(torch.arange(ids.numel(), device=rowptr.device), cnt, output_size=total)
+    first = torch.cumsum(cnt, 0) - cnt
+    slots = rowptr[ids].long().index_select(0, which) + torch.arange(total, device=rowptr.device) - \
+        first.index_select(0, which)
+    sub_rowptr = torch.cat([cnt.new_zeros(1), torch.cumsum(cnt, 0)]).to(rowptr.dtype)
+    sub = (sub_rowptr, col.index_select(0, slots), torch.arange(total, dtype=perm.dtype, device=perm.device))
+    ins, sub_sides, edge_of = [], [], perm.long().index_select(0, slots)
+    for t, s in zip(inputs, sides):
+        if s == P.ROW:
+            ins.append(t.index_select(0, ids))
+        elif s == P.EDGE:
+            ins.append(t.index_select(0, edge_of))
+        elif s == P.SLOT:
+            ins.append(t.index_select(0, slots))
+        else:
+            ins.append(t)
+        sub_sides.append(P.SLOT if s in (P.EDGE, P.SLOT) else s)
+    y = out.index_select(0, ids).contiguous()
+    n = len(inputs)  # N, the messages equal to the extreme, counted by a pass over the rows' edges
+    eq_code, eq_consts = _count_program(tuple(int(c) for c in code), tuple(float(c) for c in consts), n)
+    count = ops.message_reduce(*sub, ins + [y], sub_sides + [P.ROW], eq_code, eq_consts, F, "sum", knobs, [],
+                               None)[0]
+    q = extremes.shares(count, y, grad.index_select(0, ids)).contiguous()
+    part = _segment_grads(sub, [], ins, sub_sides, code, consts, F, need, (y, q), P.ROW, knobs, extreme=True)
+    for k, (g, s) in enumerate(zip(part, sides)):
+        if g is None or not need[k]:
+            continue
+        if s == P.ROW:
+            grads[k].index_add_(0, ids, g)
+        elif s == P.EDGE:
+            grads[k].index_add_(0, edge_of, g)
+        elif s == P.SLOT:
+            grads[k].index_add_(0, slots, g)
+        else:
+            grads[k].add_(g)
+
+
+def _extreme_grads(csr, ins, sides, code, consts, F, need, arg, out, g, knobs) -> List[Optional[torch.Tensor]]:
+    """max / min: the fast form (traced: tensor operations only) and torch's formula in the rows
+    where that differs (ops/extremes.py), through message_arg_formula."""
+    relu = code[-P.INSTR] == P.OPCODE["relu"]
+    if relu:  # m = relu(z): a message of 0 has z <= 0, where the program's own derivative is 0: nothing to route
+        zero = out == 0
+        g = torch.where(zero, torch.zeros_like(g), g)
+        arg = torch.where(zero, torch.full_like(arg, -1), arg)
+    rows = extremes.formula_rows(arg, g, True if _unbounded(code, consts) else extremes.non_finite(*ins))
+    grads = _arg_grads(csr, ins, sides, code, consts, F, need, arg, extremes.fast_grad(arg, out, g, rows, not relu),
+                       rows)
+    filled = [gk if gk is not None else g.new_empty(0) for gk in grads]
+    ops.message_arg_formula(*csr, ins, sides, code, consts, F, arg, out, g, rows, list(need), knobs, filled)
+    return grads
+
+
+def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad, rows=None) -> List[Optional[torch.Tensor]]:
+    """max / min, the fast form: d_k at the winner of every (row, feature), added where input k
+    was read ([M, F] tensors); rows in ``rows`` (bool [M]) are left to :func:`formula_grads`."""
     rowptr, col, perm = csr
     M = arg.shape[0]
-    exact = None
-    if col.shape[0] > 0:
-        exact = extremes.exact_rows(arg, grad, out_values, _unbounded(code, consts) or extremes.non_finite(*inputs))
     valid = arg >= 0
-    if exact is not None:
-        valid = valid & ~exact.view(-1, 1)
-    # rows without an edge (arg -1) read slot E of col / perm padded with one 0: no
-    # data-dependent branch (E may be an unbacked size while tracing)
+    if rows is not None:
+        valid = valid & ~rows.view(-1, 1)
     E = col.shape[0]
-    slot = torch.where(valid, arg, torch.full_like(arg, E))
+    slot = torch.where(valid, arg, torch.full_like(arg, E))  # rows without edges read a padded 0
     zero = torch.zeros(1, dtype=torch.long, device=arg.device)
     col_p, perm_p = torch.cat([col.long(), zero]), torch.cat([perm.long(), zero])
     f = torch.arange(F, device=arg.device).view(1, F)
@@ -387,32 +461,7 @@ def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, out_values, grad,
         gk = torch.zeros(t.numel() + t.shape[1], dtype=t.dtype, device=t.device)
         accumulate_rows(gk, flat[k].reshape(-1), dk.reshape(-1))
         out.append(gk[:t.numel()].reshape(t.shape))
-    if exact is not None:
-        _exact_arg_grads(csr, inputs, sides, code, consts, F, need, grad, exact, is_min, out)
     return out
-
-
-def _exact_arg_grads(csr, inputs, sides, code, consts, F, need, grad, rows, is_min, out) -> None:
-    """torch's max / min gradient (:func:`.extremes.shares`) for the rows ``rows``: every
-    message of those rows recomputed, its share of the row's gradient multiplied into each
-    input's derivative and added to ``out`` (in place)."""
-    rowptr, col, perm = csr
-    ids, slots, which = extremes.row_slots(rowptr, rows)
-    srcs = {P.COL: col.long()[slots], P.ROW: ids.index_select(0, which), P.EDGE: perm.long()[slots], P.SLOT: slots}
-    vals = [t[:1] if s == P.CONST else t.index_select(0, srcs[s]) for t, s in zip(inputs, sides)]
-    m = P.evaluate(code, consts, vals, F).expand(slots.shape[0], F)
-    share = extremes.shares(m, which, grad.index_select(0, ids), is_min)
-    n = len(inputs)
-    for k, t in enumerate(inputs):
-        d = _derivative(code, consts, k, n) if need[k] else None
-        if d is None:
-            continue
-        dk = P.evaluate(d[0], d[1], vals + [share], F).expand(slots.shape[0], F)
-        W = t.shape[1]
-        r = srcs[sides[k]] if sides[k] != P.CONST else torch.zeros_like(slots)
-        flat = r.view(-1, 1) * W + torch.div(torch.arange(F, device=r.device), F // W, rounding_mode="floor")
-        g = out[k].reshape(-1)
-        accumulate_rows(g, flat.reshape(-1), dk.reshape(-1).to(g.dtype))
 
 
 def _backward_return(n_csc: int, grads) -> tuple:
@@ -429,7 +478,7 @@ def _reduce_setup(ctx, inputs, output):
     ctx.meta = (list(sides), list(code), list(consts), width, reduce, list(knobs), len(ins), len(csc))
     ctx.empty = (len(consts) == 0, len(knobs) == 0)
     ctx.need = [t.requires_grad for t in ins]
-    # max / min: the reduced values too (extremes.exact_rows reads them); sum / mean: nothing
+    # max / min: the reduced values too (their backward reads them); sum / mean: nothing
     ctx.save_for_backward(rowptr, col, perm, output[1], output[0] if reduce in ("max", "min") else None, *csc, *ins)
 
 
@@ -455,8 +504,7 @@ def _reduce_backward(ctx, grad_out, grad_arg):
             g = g / (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(g.dtype).view(-1, 1)
         grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, g, P.ROW, knobs)
     else:
-        grads = ops.message_arg_backward(*csr, ins, sides, code, consts, F, arg, out, g, reduce, list(ctx.need))
-        grads = [gk if n else None for gk, n in zip(grads, ctx.need)]
+        grads = _extreme_grads(csr, ins, sides, code, consts, F, ctx.need, arg, out, g, knobs)
     return _fix_empty(_backward_return(n_csc, grads), ctx)
 
 

@@ -52,9 +52,10 @@ OPS: Dict[int, Tuple[str, int, int]] = {
     26: ("abs", 1, 0), 27: ("sign", 1, 0),
     # x ** c for a number c, with torch's special cases (sqrt for 0.5, x * x for 2, ...)
     28: ("powc", 1, 1),
-    # derivative helper: gate(x, y) = x where y != 0, else 0 (torch's where(cond, grad, 0),
-    # which gives 0 also for an infinite or NaN grad)
-    29: ("gate", 2, 0),
+    # derivative helpers: gate(x, y) = x where y != 0, else 0 (torch's where(cond, grad, 0),
+    # which gives 0 also for an infinite or NaN grad); eq(x, y) = 1 where x == y, else 0 (which
+    # messages reach a max / min: torch's scatter_reduce gradient)
+    29: ("gate", 2, 0), 30: ("eq", 2, 0),
 }
 OPCODE = {name: code for code, (name, _, _) in OPS.items()}
 MAX_SLOTS = 32
@@ -299,12 +300,22 @@ def backward_expr(root: Expr, grad: Expr) -> Dict[int, Expr]:
     return out
 
 
+def upstream(root: Expr, n_inputs: int, extreme: bool = False) -> Expr:
+    """The upstream gradient of a program's derivatives: input ``n_inputs`` (``G``); for a max /
+    min reduction's formula (``extreme``), ``eq(m, y) * q`` with ``y`` the reduced value and ``q``
+    the gradient share (inputs ``n_inputs`` and ``n_inputs + 1``; see ops/extremes.py)."""
+    if not extreme:
+        return inp(n_inputs)
+    return node("mul", node("eq", root, inp(n_inputs)), inp(n_inputs + 1))
+
+
 @functools.lru_cache(maxsize=512)
-def derivative(code: Tuple[int, ...], consts: Tuple[float, ...], k: int, n_inputs: int
+def derivative(code: Tuple[int, ...], consts: Tuple[float, ...], k: int, n_inputs: int, extreme: bool = False
                ) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
-    """The program ``G * d m / d input k`` of program (code, consts), with ``G`` (the upstream
-    gradient) read as input ``n_inputs``; a program of the constant 0 when m ignores input k."""
-    grads = backward_expr(decode(code, consts), inp(n_inputs))
+    """The program ``G * d m / d input k`` of program (code, consts), with ``G`` the upstream
+    gradient (:func:`upstream`); a program of the constant 0 when m ignores input k."""
+    root = decode(code, consts)
+    grads = backward_expr(root, upstream(root, n_inputs, extreme))
     c, cs = encode(grads.get(k, const(0.0)))
     return tuple(c), tuple(cs)
 
@@ -333,6 +344,7 @@ _TORCH = {
     "pow": torch.pow, "step": lambda a: (~(a <= 0)).to(a.dtype), "gelu_grad": _gelu_grad,
     "pow_exp_grad": _pow_exp_grad, "powc": lambda a, c: torch.pow(a, c),
     "gate": lambda a, b: torch.where(b != 0, a, torch.zeros_like(a)),
+    "eq": lambda a, b: (a == b).to(a.dtype),
     "leaky_relu": lambda a, s: torch.nn.functional.leaky_relu(a, s),
     "elu": lambda a, al: torch.nn.functional.elu(a, al),
     "softplus": lambda a, b, t: torch.nn.functional.softplus(a, b, t),
@@ -379,4 +391,4 @@ def evaluate_slots(code, consts, values, F: int, last: bool = False):
 
 
 __all__ = ["COL", "ROW", "EDGE", "CONST", "SLOT", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
-           "encode", "encode_many", "decode", "derivative", "backward_expr", "evaluate"]
+           "encode", "encode_many", "decode", "derivative", "upstream", "backward_expr", "evaluate"]

@@ -7,6 +7,7 @@ oracle in tests. They favour clarity over speed and materialise E x F tensors fr
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -85,7 +86,7 @@ def _weight_view(weight: torch.Tensor, x: torch.Tensor, perm: torch.Tensor) -> t
 
 
 def spmm(rowptr, col, perm, weight: Optional[torch.Tensor], x: torch.Tensor, reduce: str,
-         knobs: Sequence[int] = (), rowptr_t=None, col_t=None, perm_t=None):
+         knobs: Sequence[int] = (), rowptr_t=None, col_t=None, perm_t=None, relu_input: bool = False):
     if reduce not in _REDUCES:
         raise ValueError(f"gnncompile.spmm: unknown reduce '{reduce}' (expected sum, mean, max or min)")
     M = rowptr.numel() - 1
@@ -106,28 +107,36 @@ def spmm(rowptr, col, perm, weight: Optional[torch.Tensor], x: torch.Tensor, red
         op = "amax" if reduce == "max" else "amin"
         out = torch.zeros(shape, dtype=msg.dtype, device=x.device).scatter_reduce_(
             0, idx, msg, op, include_self=False)
-        E = col.numel()
-        arg = arg_record(msg.reshape(E, -1), out.reshape(M, -1), rows, rowptr).reshape(shape)
+        E, Fw = col.numel(), math.prod(shape[1:])
+        arg = arg_record(msg.reshape(E, Fw), out.reshape(M, Fw), rows, rowptr, relu_input and weight is None
+                         ).reshape(shape)
     return out.to(x.dtype), arg
 
 
-def arg_record(m: torch.Tensor, best: torch.Tensor, rows: torch.Tensor, rowptr: torch.Tensor) -> torch.Tensor:
+def arg_record(m: torch.Tensor, best: torch.Tensor, rows: torch.Tensor, rowptr: torch.Tensor,
+               zero_ties_free: bool = False) -> torch.Tensor:
     """The max / min record of the kernels (``arg_fold`` in native/common/macros.h) for the
     messages ``m`` [E, F] (in CSR slot order, row ``rows[j]``) and the reduced values ``best``
     [M, F]: -1 for a row without edges; the CSR slot of the extreme when exactly one message
-    equals it; else -2 - slot of the first message that reached it (a tie, or a NaN extreme,
-    which no message equals)."""
+    equals it; -N when N >= 2 messages do (a tie); ``extremes.NAN_RECORD`` for a NaN extreme.
+    ``zero_ties_free`` (spmm of a relu's output): a tie at 0 is recorded as its first slot (the
+    backward drops it)."""
+    from .extremes import NAN_RECORD
+
     E, F = m.shape
     M = best.shape[0]
     at = best.index_select(0, rows)
     equal = m == at
-    hit = equal | (torch.isnan(m) & torch.isnan(at))
     idx = rows.view(-1, 1).expand(E, F)
     slots = torch.arange(E, device=m.device).view(-1, 1).expand(E, F)
     first = torch.full((M, F), E, dtype=torch.long, device=m.device).scatter_reduce(
-        0, idx, torch.where(hit, slots, torch.full_like(slots, E)), "amin")
+        0, idx, torch.where(equal, slots, torch.full_like(slots, E)), "amin")
     count = torch.zeros((M, F), dtype=torch.long, device=m.device).scatter_add(0, idx, equal.long())
-    arg = torch.where(count == 1, first, -2 - first)
+    one = count == 1
+    if zero_ties_free:
+        one = one | (best == 0)
+    arg = torch.where(one, first, -count)
+    arg = torch.where(torch.isnan(best), torch.full_like(arg, NAN_RECORD), arg)
     has = (rowptr[1:] > rowptr[:-1]).view(-1, 1)
     return torch.where(has, arg, torch.full_like(arg, -1))
 

@@ -24,7 +24,8 @@ _lib.define(
 )
 _lib.define(
     "spmm(Tensor rowptr, Tensor col, Tensor perm, Tensor? weight, Tensor x, str reduce, int[] knobs, "
-    "Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None) -> (Tensor out, Tensor arg)"
+    "Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None, bool relu_input=False) "
+    "-> (Tensor out, Tensor arg)"
 )
 _lib.define(
     "edge_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor g, int heads, int[] knobs) -> Tensor"
@@ -113,7 +114,8 @@ def _build_csr_fake(dst, src, num_dst, num_src):
 
 
 @torch.library.register_fake("gnncompile::spmm")
-def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t=None, perm_t=None):
+def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t=None, perm_t=None,
+               relu_input=False):
     shape = (rowptr.shape[0] - 1,) + tuple(x.shape[1:])
     out = x.new_empty(shape)
     if reduce in ("max", "min"):

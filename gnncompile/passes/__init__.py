@@ -47,9 +47,11 @@ def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Call
     graph = gm.graph
     drop_identity_dropout(graph)
     dropouts = fast_dropout_pass(graph) if fast_dropout else 0
-    moved = push_linear_to_nodes(graph, reassociate) if programs else 0
+    notes: list = []
+    moved = push_linear_to_nodes(graph, reassociate, notes) if programs else 0
     order = node_order(graph)
     report = rewrite(graph, plan(match(graph, order, programs), order), order, copy_structures, knobs_for)
+    report.notes += list(dict.fromkeys(notes))
     report.linear_moved = moved
     report.dropouts = dropouts
     if hoist:

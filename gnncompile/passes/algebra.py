@@ -37,7 +37,7 @@ from torch.fx import Node
 from torch.fx.node import map_arg
 
 from .._log import get_logger
-from .canonical import argument, fake_tensor, opname, same_size
+from .canonical import argument, fake_tensor, layer_of, opname, same_size
 from .match import gather_of
 from .semantics import SIGNATURES, Writes, unmodelled
 
@@ -219,7 +219,13 @@ class _Splitter:
         return out
 
 
-def _rewrite_linear(graph, n: Node, writes: Writes, reassociate: bool) -> bool:
+def _kept_difference(z: Node, parts: Optional[List[Node]]) -> bool:
+    """Would ``reassociate=True`` have moved a sum or difference of gathered rows under ``z``?"""
+    pieces = parts if parts is not None else [z]
+    return any(opname(p) in ("add", "sub") and _gathered(p, True) for p in pieces)
+
+
+def _rewrite_linear(graph, n: Node, writes: Writes, reassociate: bool, notes: Optional[List[str]] = None) -> bool:
     la = _linear_args(n)
     if la is None:
         return False
@@ -248,6 +254,9 @@ def _rewrite_linear(graph, n: Node, writes: Writes, reassociate: bool) -> bool:
             parts, tower = _last_dim_cat(z.args[0]), _tower_index(z.args[1])
             if parts is not None and any(fake_tensor(p).dim() != 3 for p in parts):
                 parts = None
+        if not reassociate and notes is not None and _kept_difference(z, parts):
+            notes.append(f"{layer_of(n)}: linear map of a sum or difference of gathered rows kept per edge "
+                         "(exact); gnncompile.compile(..., reassociate=True) moves it to the nodes")
         if parts is not None and any(_gathered(p, reassociate) for p in parts):
             new = sp.cat(parts, w, b, tower)
         elif reassociate and opname(z) in ("add", "sub") and _gathered(z, True):
@@ -267,7 +276,7 @@ def _rewrite_linear(graph, n: Node, writes: Writes, reassociate: bool) -> bool:
 _SAME_ROWS = ("view", "reshape", "repeat", "getitem", "unsqueeze", "squeeze", "contiguous")
 
 
-def _merge_linears(graph, n: Node, writes: Writes, reassociate: bool = False) -> bool:
+def _merge_linears(graph, n: Node, writes: Writes, reassociate: bool = False, notes=None) -> bool:
     """``linear(r(linear(z, A, a)), B, b) = linear(z, B A, B a + b)`` where ``r`` only reshapes
     each row (view, a repeat by ones, a select of a size-1 dim: PNA's towers of one) and ``z``
     is narrower than the inner output: the GEMM over the edges runs at ``z``'s width once
@@ -323,10 +332,11 @@ def _merge_linears(graph, n: Node, writes: Writes, reassociate: bool = False) ->
     return True
 
 
-def push_linear_to_nodes(graph, reassociate: bool = False) -> int:
+def push_linear_to_nodes(graph, reassociate: bool = False, notes: Optional[List[str]] = None) -> int:
     """Applies the rewrites above to every ``linear`` of per-edge gathered rows, then merges
     stacked linear maps of narrow edge features; returns how many linear nodes were rewritten.
-    ``reassociate``: also distribute linear maps over sums and differences (module docstring)."""
+    ``reassociate``: also distribute linear maps over sums and differences (module docstring);
+    ``notes``: where that would have applied, a line for explain() is appended."""
     from .rewrite import drop_dead
 
     done = 0
@@ -337,7 +347,7 @@ def push_linear_to_nodes(graph, reassociate: bool = False) -> int:
         for n in list(graph.nodes):
             if n.graph is graph and opname(n) == "linear":
                 try:
-                    done += rule(graph, n, writes, reassociate)
+                    done += rule(graph, n, writes, reassociate, notes)
                 except Exception as e:  # a fake-tensor failure leaves the node as it is
                     _log.debug("algebra: %s left %s as it is (%s: %s)", rule.__name__, n.name, type(e).__name__, e)
     return done

@@ -101,6 +101,7 @@ class Aggregate(Match):
     weight: Optional[Node] = None
     weight_kind: str = "none"  # 'none' | 'edge' ([E, 1..]) | 'head' ([E, H, 1])
     needs_csc: bool = False  # a sum/mean gradient of x flows back: the CSC is needed
+    relu_input: bool = False  # max / min of x = relu(h) without weight: gradients at 0 are dropped anyway
 
 
 @dataclass
@@ -330,7 +331,9 @@ def match_aggregate(sc: Scatter, writes: Writes) -> Aggregate:
     return Aggregate(sc.node, IndexRef.of(sc.index), sc.index, size_key(fake_tensor(sc.buffer).shape[0]),
                      sc.buffer, sc.inplace, reduce=sc.reduce, x=x, src=IndexRef.of(j), src_index=j,
                      weight=weight, weight_kind=kind,
-                     needs_csc=sc.reduce in ("sum", "mean") and bool(xv.requires_grad))
+                     needs_csc=sc.reduce in ("sum", "mean") and bool(xv.requires_grad),
+                     relu_input=sc.reduce in ("max", "min") and weight is None and opname(x) == "relu"
+                     and unmodelled(x) is None)
 
 
 def match_degree(sc: Scatter) -> Optional[Degree]:

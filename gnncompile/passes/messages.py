@@ -360,6 +360,13 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
 def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=()) -> Program:
     """``sc`` as a message program; raises NoMatch saying why not."""
     b, code, consts, F, fs, gathers = _build(sc.message, dst, sc.index, sc.node, writes, stops)
+    if sc.reduce in ("max", "min"):  # torch's formula for ties: its derivatives must fit the kernels too
+        for k, lf in enumerate(b.leaves):
+            if fake_tensor(lf.node).requires_grad:
+                try:
+                    P.derivative(tuple(code), tuple(consts), k, len(b.leaves), True)
+                except ValueError as e:
+                    raise NoMatch(f"the {sc.reduce} gradient of input {k} of the message: {e}") from None
     if b.src is not None:
         src_ref, src_index = b.src
     elif dst.row is not None:

@@ -22,7 +22,8 @@ class Fused:
     detail: str = ""  # message programs: the operations and the inputs they read
 
     def __str__(self) -> str:
-        what = self.kind if self.kind != "spmm" else f"spmm[{self.reduce}{', weighted' if self.weighted else ''}]"
+        what = self.kind if self.kind != "spmm" else \
+            f"spmm[{self.reduce}{', weighted' if self.weighted else ''}{', ' + self.detail if self.detail else ''}]"
         if self.kind in ("message", "segment", "edges"):
             what = f"{self.kind}[{self.reduce}: {self.detail}]"
         return f"{what:<26} in {self.layer}  (at {self.node})"
@@ -43,6 +44,7 @@ class Unfused:
 class Fusions:
     fused: List[Fused] = field(default_factory=list)
     unfused: List[Unfused] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)  # choices the passes made that a user can change
 
     @property
     def num_fused(self) -> int:

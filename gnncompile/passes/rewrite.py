@@ -112,7 +112,8 @@ def _fused_spmm(graph, m: Aggregate, b: Built, knobs: List[int]) -> Node:
             else graph.call_method("squeeze", (m.weight, -1))
         w = graph.call_method("contiguous", (w,))
     t = b.csc.get(size_key(xv.shape[0]), (None, None, None)) if m.needs_csc else (None, None, None)
-    call = graph.call_function(targets.SPMM, (*b.csr, w, x, m.reduce, knobs, *t))
+    extra = (True,) if m.relu_input else ()  # (the max / min backward: gradients at x's zeros are dropped)
+    call = graph.call_function(targets.SPMM, (*b.csr, w, x, m.reduce, knobs, *t, *extra))
     return graph.call_function(operator.getitem, (call, 0))
 
 
@@ -161,12 +162,11 @@ def _slot_chain(leaf: Node, writes: Writes, at: Node, wide_ok=()) -> Optional[Tu
     if not linear or not chain:
         return None
     end = writes.pos.get(at, len(writes.pos))
-    for c in chain + [cur]:
+    for c in chain + [cur]:  # the chain's values, and what each of its calls reads
         if writes.first_write(c, writes.pos[c], end) is not None:
             return None
-        for a in (x for a in list(c.args) + list(c.kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))):
-            if isinstance(a, Node) and writes.first_write(a, writes.pos[c] - 1, end) is not None:
-                return None
+        if any(writes.first_write(a, writes.pos[c] - 1, end) is not None for a in c.all_input_nodes):
+            return None
     if cur in wide_ok:
         return cur, list(reversed(chain))
     rv, lv = fake_tensor(cur), fake_tensor(leaf)
@@ -253,7 +253,8 @@ def _fused(graph, m: Match, b: Built, knobs_for: Callable) -> Tuple[Node, Fused]
             return _fused_program(graph, m, b, knobs), Fused(kind, m.reduce, layer, False, at, m.describe())
         if isinstance(m, Aggregate):
             knobs = list(knobs_for(fake_tensor(m.x).device))
-            return _fused_spmm(graph, m, b, knobs), Fused("spmm", m.reduce, layer, m.weight is not None, at)
+            return _fused_spmm(graph, m, b, knobs), Fused("spmm", m.reduce, layer, m.weight is not None, at,
+                                                          "relu input" if m.relu_input else "")
         if isinstance(m, Softmax):
             knobs = list(knobs_for(fake_tensor(m.scores).device))
             s = graph.call_method("contiguous", (m.scores,))

@@ -35,23 +35,25 @@ GNN_HD bool arg_takes(bool is_min, A v, A acc, bool empty) {
 }
 
 // The max / min fold of every backend, recording what torch's gradient needs besides the
-// winner: `best` is -1 before the first message; the CSR slot of the extreme when exactly one
-// message reached it; -2 - slot (slot: the first that reached it) when several messages are
-// equal to it (a tie: torch splits the gradient between them) or when it is NaN (NaN == NaN is
-// false: torch's gradient reaches no message as the winner). `code` is what is folded: for one
-// message arg_code(slot, v is NaN); for the result of a run of messages (CUDA) its own best.
+// winner (its `N`, the number of messages equal to the extreme): `best` is -1 before the first
+// message; the CSR slot of the extreme when exactly one message reached it; -N when N >= 2
+// messages are equal to it (a tie: torch splits the gradient between them); kNanRecord when it
+// is NaN (NaN == NaN is false: N = 0). `code` is what is folded: for one message
+// arg_code(slot, v is NaN); for the result of a run of messages (CUDA) its own record.
+constexpr int64_t kNanRecord = -(int64_t(1) << 62);
+
+// N of a record other than -1.
+GNN_HD int64_t arg_count(int64_t r) { return r >= 0 ? 1 : (r == kNanRecord ? 0 : -r); }
+
 template <typename A>
 GNN_HD void arg_fold(bool is_min, A v, int64_t code, A& acc, int64_t& best) {
   const bool take = arg_takes(is_min, v, acc, best == -1);
   const bool tie = !take && v == acc;  // best != -1 here, and neither is NaN
   acc = take ? v : acc;
-  best = take ? code : ((tie && best >= 0) ? -2 - best : best);
+  best = take ? code : (tie ? -(arg_count(best) + arg_count(code)) : best);
 }
 
-GNN_HD int64_t arg_code(int64_t slot, bool is_nan) { return is_nan ? -2 - slot : slot; }
-
-// The slot `best` names (for -1: none).
-GNN_HD int64_t arg_slot(int64_t best) { return best >= -1 ? best : -2 - best; }
+GNN_HD int64_t arg_code(int64_t slot, bool is_nan) { return is_nan ? kNanRecord : slot; }
 
 // Status codes returned by the torch-free cores that validate input; the glue turns them into
 // Python exceptions with the offending value.

@@ -15,9 +15,9 @@ namespace {
 
 // The number of (slot, float-param) operands each opcode reads: program.py's OPS table.
 constexpr int kArity[msg::NumOps] = {0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1,
-                                     1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 2};
+                                     1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 2, 2};
 constexpr int kParams[msg::NumOps] = {0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 2, 0, 0, 2, 0, 0,
-                                      0, 1, 1, 0, 2, 2, 0, 0, 0, 1, 0};
+                                      0, 1, 1, 0, 2, 2, 0, 0, 0, 1, 0, 0};
 
 struct Program {
   std::vector<int32_t> code;

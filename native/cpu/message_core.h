@@ -11,8 +11,8 @@
 //
 //  * message_reduce: the messages of a row reduced (sum, mean, max, min) in registers, one
 //    thread per row, in CSR order: deterministic, no atomics. max/min record the CSR slot of
-//    the chosen edge (first one on ties, NaN wins; -2 - slot for a tie or a NaN: arg_fold in
-//    common/macros.h) for the backward pass.
+//    the chosen edge (NaN wins), or how many edges tie (arg_fold in common/macros.h), for the
+//    backward pass.
 //  * message_edges: the message of every edge written to out[e] (out[j] with by_slot: CSR order;
 //    grouped sums: column g of a [E, W_out] output sums features [g * F / W_out, (g + 1) * F / W_out)).
 #pragma once
@@ -34,7 +34,8 @@ enum Op : int32_t {
   Elu = 9, Gelu = 10, Sigmoid = 11, Tanh = 12, Softplus = 13, Exp = 14, Log = 15, Clamp = 16,
   Pow = 17, Sqrt = 18, Step = 19, LeakyReluGrad = 20, EluGrad = 21, GeluGrad = 22,
   SoftplusGrad = 23, ClampGrad = 24, PowExpGrad = 25, Abs = 26, Sign = 27, PowC = 28, Gate = 29,
-  NumOps = 30,
+  Eq = 30,
+  NumOps = 31,
 };
 enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3, Slot = 4 };
 constexpr int kMaxSlots = 32;
@@ -210,6 +211,7 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
         break;
       }
       case Gate: for (int t = 0; t < n; ++t) d[t] = y[t] != acc_t(0) ? x[t] : acc_t(0); break;
+      case Eq: for (int t = 0; t < n; ++t) d[t] = x[t] == y[t] ? acc_t(1) : acc_t(0); break;
       default: break;  // opcodes are validated before any kernel runs
     }
     reg[ins[1]] = d;
@@ -261,16 +263,16 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
   alignas(64) acc_t s[kMaxSlots][TILE];
   const acc_t* reg[kMaxSlots];
   acc_t acc[TILE];
-  int64_t best[kArg ? TILE : 1];
+  int32_t win[kArg ? TILE : 1];
+  acc_t eq[kArg ? TILE : 1];  // 1 where a message equalled the extreme when it came (a possible tie)
   for (int64_t row = row_begin; row < row_end; ++row) {
     if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
     const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
     for (int64_t f0 = 0; f0 < a.F; f0 += TILE) {
       const int n = static_cast<int>(a.F - f0 < TILE ? a.F - f0 : TILE);
-      for (int t = 0; t < n; ++t) {
-        acc[t] = reduce_init<R, acc_t>();
-        if (kArg) best[t] = -1;
-      }
+      for (int t = 0; t < n; ++t) acc[t] = reduce_init<R, acc_t>();
+      if (kArg)
+        for (int t = 0; t < n; ++t) { win[t] = -1; eq[t] = acc_t(0); }
       for (int64_t j = begin; j < end; ++j) {
         if (j + kPrefetchDistance < end) prefetch_slot(a, j + kPrefetchDistance, f0, n);
         int64_t src, e, sl;
@@ -280,10 +282,12 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
         if (!kArg) {
           for (int t = 0; t < n; ++t) acc[t] += v[t];
         } else {
-          for (int t = 0; t < n; ++t) arg_fold(R == Reduce::Min, v[t], arg_code(j, v[t] != v[t]), acc[t], best[t]);
+          const int32_t off = static_cast<int32_t>(j - begin);
+          for (int t = 0; t < n; ++t)
+            fold_extreme(R == Reduce::Min, v[t], off, acc[t], win[t], eq[t]);
         }
       }
-      store_reduced<scalar_t, R>(acc, best, end - begin, n, a.out + row * a.F + f0,
+      store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, a.out + row * a.F + f0,
                                  kArg ? a.arg + row * a.F + f0 : nullptr);
     }
   }

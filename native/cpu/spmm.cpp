@@ -36,7 +36,8 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
     const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
     const std::optional<at::Tensor>& weight_in, const at::Tensor& x_in, c10::string_view reduce_s,
     c10::IntArrayRef knobs, const std::optional<at::Tensor>& /*rowptr_t*/,
-    const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/) {
+    const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/,
+    bool relu_input) {
   const char* op = "gnncompile.spmm";
   const SpmmCall c = spmm_call(rowptr_in, col_in, perm_in, weight_in, x_in, reduce_s, op,
                                [&](const at::Tensor& t, const char* name) { check_cpu(t, op, name); });
@@ -69,6 +70,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
       a.C = Fx / H;
       a.num_src = x.size(0);
       a.num_edges = E;
+      a.zero_ties_free = relu_input && !weight.defined();
       switch (reduce) {
         case Reduce::Sum: st = run_weight<core_t, index_t, Reduce::Sum>(a, M, c.w.mode, knobs); break;
         case Reduce::Mean: st = run_weight<core_t, index_t, Reduce::Mean>(a, M, c.w.mode, knobs); break;

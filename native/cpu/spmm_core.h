@@ -29,6 +29,7 @@ struct SpmmArgs {
   int64_t C;               // features per head, F = H * C
   int64_t num_src;         // rows of x: every col entry is checked against it
   int64_t num_edges;       // E: every rowptr and perm entry is checked against it
+  bool zero_ties_free;     // max / min of a relu's output: ties at 0 need no record (its backward drops them)
 };
 
 // One tile of one row: features [f0, f0 + n) with a single weight column `h`.
@@ -43,10 +44,11 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
   constexpr bool kArg = (R == Reduce::Max || R == Reduce::Min);
 
   acc_t acc[TILE];
-  int64_t best[kArg ? TILE : 1];
+  int32_t win[kArg ? TILE : 1];
+  acc_t eq[kArg ? TILE : 1];  // 1 where a message equalled the extreme when it came (a possible tie)
   for (int t = 0; t < n; ++t) acc[t] = reduce_init<R, acc_t>();
   if (kArg)
-    for (int t = 0; t < n; ++t) best[t] = -1;
+    for (int t = 0; t < n; ++t) { win[t] = -1; eq[t] = acc_t(0); }
 
   const scalar_t* xbase = a.x + f0;
   for (int64_t j = begin; j < end; ++j) {
@@ -76,14 +78,17 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
         for (int t = 0; t < n; ++t) acc[t] += w * to_float(xr[t]);
       }
     } else {
+      const int32_t off = static_cast<int32_t>(j - begin);
       for (int t = 0; t < n; ++t) {
         const acc_t v = (W == WeightMode::None) ? acc_t(to_float(xr[t])) : w * to_float(xr[t]);
-        arg_fold(R == Reduce::Min, v, arg_code(j, v != v), acc[t], best[t]);  // macros.h
+        fold_extreme(R == Reduce::Min, v, off, acc[t], win[t], eq[t]);  // reduce_core.h
       }
     }
   }
 
-  store_reduced<scalar_t, R>(acc, best, end - begin, n, a.out + row * a.F + f0,
+  if (kArg && a.zero_ties_free)  // a tie at 0 of a relu's output needs no record: its backward drops it
+    for (int t = 0; t < n; ++t) eq[t] = acc[t] == acc_t(0) ? acc_t(0) : eq[t];
+  store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, a.out + row * a.F + f0,
                              kArg ? a.arg + row * a.F + f0 : nullptr);
   return Status::Ok;
 }

@@ -13,7 +13,8 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
     const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
     const std::optional<at::Tensor>& weight_in, const at::Tensor& x_in, c10::string_view reduce_s,
     c10::IntArrayRef knobs, const std::optional<at::Tensor>& /*rowptr_t*/,
-    const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/) {
+    const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/,
+    bool /*relu_input: read by the backward only*/) {
   const char* op = "gnncompile.spmm";
   const at::Device dev = x_in.device();
   const SpmmCall c = spmm_call(rowptr_in, col_in, perm_in, weight_in, x_in, reduce_s, op,
