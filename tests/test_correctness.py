@@ -183,3 +183,70 @@ def test_max_over_relu_outputs(aggr):
     _same(model, [x, ei])
     rep = gnncompile.explain(model, x, ei)
     assert rep.num_fused >= 2 and f"spmm[{aggr}, relu input]" in str(rep), str(rep)
+
+
+# ----------------------------------------------------------------------------- found by fuzzing
+class _Message(MessagePassing):
+    """A layer whose message is ``fn(x_i, x_j, w)`` (float64, no weights of its own)."""
+
+    def __init__(self, fn, aggr):
+        super().__init__(aggr=aggr)
+        self.fn = fn
+
+    def forward(self, x, edge_index, w):
+        return self.propagate(edge_index, x=x, w=w)
+
+    def message(self, x_i, x_j, w):
+        return self.fn(x_i, x_j, w)
+
+
+def _small_graph():
+    torch.manual_seed(0)
+    x = torch.randn(6, 4, dtype=torch.float64)
+    ei = torch.tensor([[1, 2, 3, 0, 1, 4, 5, 3], [0, 0, 0, 1, 2, 2, 4, 4]])
+    w = torch.rand(ei.shape[1], 1, dtype=torch.float64) + 0.25
+    return x, ei, w
+
+
+def test_relu_keeps_a_negative_zero():
+    """torch.relu(-0.0) is -0.0 (so is clamp_min(-0.0, 0)): a division by the ReLU of a signed
+    zero gives -inf, and a sum of it with +inf is NaN in both (fuzzing seed 1411)."""
+    x, ei, w = _small_graph()
+    w[1, 0], w[0, 0] = -0.0, 0.0  # edges 0 and 1 reach node 0: 1 / relu(w) = +inf and -inf
+    model = _Message(lambda xi, xj, w: xj.abs() / torch.relu(w) + xi.abs() / w.clamp_min(0.0), "sum")
+    _same(model, [x.requires_grad_(), ei, w])
+    out = gnncompile.compile(model)(x, ei, w)
+    assert torch.isnan(out[0]).all()
+
+
+def test_a_value_shared_with_a_kept_operation_gets_one_gradient():
+    """``t0 = exp(-x_i)`` feeds both an operation the guard keeps as written (a sub with
+    alpha=-0.5, computed by torch) and the fused part of a min message. Eager sums t0's gradient
+    from both readers before multiplying by exp's derivative (inf at x = -inf: inf); recomputed
+    in the kernel, the fused share 0 times inf would be NaN. The kernel reads t0 as computed
+    (fuzzing seed 1197)."""
+    def fn(xi, xj, w):
+        t0 = torch.exp(-xi)
+        return torch.sub(t0, t0, alpha=-0.5) - t0.clamp_min(0.0).clamp_max(0.5) + w
+
+    x, ei, w = _small_graph()
+    x[0, 0] = -INF
+    model = _Message(fn, "min")
+    _same(model, [x.requires_grad_(), ei, w], grad=torch.ones(6, 4, dtype=torch.float64))
+    xs = x.detach().clone().requires_grad_()
+    gx, = torch.autograd.grad(gnncompile.compile(model)(xs, ei, w), xs, torch.ones(6, 4, dtype=torch.float64))
+    assert gx[0, 0] == -INF
+    assert "read as computed" in str(gnncompile.explain(model, x, ei, w))
+
+
+@pytest.mark.parametrize("aggr", ["max", "min"])
+def test_relu_message_with_an_infinite_derivative_below(aggr):
+    """``relu(pow(|w| + 0.5, x_j))`` with x_j = -inf: the message is 0, relu's backward selects 0
+    for it, and pow's derivative at -inf times that 0 is NaN in eager, for a winner and a loser
+    alike. The fused max / min keeps that NaN rather than dropping the zeros' gradient (fuzzing
+    seed 1463)."""
+    x, ei, w = _small_graph()
+    x[1], x[4], x[3, 2], x[2, 1] = -INF, -INF, INF, NAN
+    w[0], w[4], w[5] = 1.0, 1.0, 0.75  # 1.5 ** -inf = 0: all of row 0's minima, row 2's maxima
+    model = _Message(lambda xi, xj, w: torch.relu(torch.pow(w.abs() + 0.5, xj)), aggr)
+    _same(model, [x.requires_grad_(), ei, w.requires_grad_()])

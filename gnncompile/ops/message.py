@@ -404,12 +404,15 @@ def formula_grads(csr, inputs, sides, code, consts, F, need, arg, out, grad, kno
 def _extreme_grads(csr, ins, sides, code, consts, F, need, arg, out, g, knobs) -> List[Optional[torch.Tensor]]:
     """max / min: the fast form (traced: tensor operations only) and torch's formula in the rows
     where that differs (ops/extremes.py), through message_arg_formula."""
-    relu = code[-P.INSTR] == P.OPCODE["relu"]
-    if relu:  # m = relu(z): a message of 0 has z <= 0, where the program's own derivative is 0: nothing to route
-        zero = out == 0
+    everywhere = True if _unbounded(code, consts) else extremes.non_finite(*ins)
+    relu = code[-P.INSTR] == P.OPCODE["relu"] and everywhere is not True
+    if relu:  # m = relu(z): a message of 0 has z <= 0, where relu's derivative selects 0 and the
+        # derivatives below it are finite (0 * finite): nothing to route. Where they may not be
+        # (everywhere), eager's 0 * inf is NaN and the formula gives it.
+        zero = (out == 0) & ~torch.as_tensor(everywhere, device=out.device)
         g = torch.where(zero, torch.zeros_like(g), g)
         arg = torch.where(zero, torch.full_like(arg, -1), arg)
-    rows = extremes.formula_rows(arg, g, True if _unbounded(code, consts) else extremes.non_finite(*ins))
+    rows = extremes.formula_rows(arg, g, everywhere)
     grads = _arg_grads(csr, ins, sides, code, consts, F, need, arg, extremes.fast_grad(arg, out, g, rows, not relu),
                        rows)
     filled = [gk if gk is not None else g.new_empty(0) for gk in grads]

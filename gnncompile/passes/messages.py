@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.fx import Node
@@ -118,6 +118,22 @@ class _Builder:
         self.ops: List[str] = []
         self.kept: List[str] = []  # nodes kept as written (computed outside) by the guard, with why
         self.reads: Dict[Node, int] = {}  # a leaf computed outside -> its first reader's position
+        self.leafed: Set[Node] = set()  # nodes read as leaves (inputs of the program)
+
+    def shared(self, root: Node) -> List[Node]:
+        """Operations inside the program whose value something outside it also reads. The graph
+        computes them anyway, and eager sums their gradient from every reader before applying
+        their derivative once: recomputed inside the program, the kernel would apply it to its
+        own share and autograd to the other (``0 * inf`` is NaN where eager's ``(g + 0) * inf``
+        is inf). They are read as computed instead."""
+        inner = {n for n in self.memo if isinstance(n, Node) and n not in self.leafed}
+        out = []
+        for n in inner:
+            if n is root or opname(n) in _VIEWS or opname(n) in ("to", "float", "type_as"):
+                continue
+            if any(u not in inner for u in n.users):
+                out.append(n)
+        return out
 
     # ---- leaves
     def _leaf(self, n: Node, side: int, width: int) -> P.Expr:
@@ -156,6 +172,7 @@ class _Builder:
             return P.const(float(n)), None
         if not isinstance(n, Node):
             raise NoMatch(f"message reads a {type(n).__name__} constant")
+        self.leafed.add(n)
         v = fake_tensor(n)
         if v is None:
             raise NoMatch(f"message reads '{opname(n) or n.op}', not a tensor")
@@ -332,8 +349,19 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
     if w is not None:
         raise NoMatch(describe_write(w, dst_index) + ": the index of the reduction changes")
     F = math.prod(fs)
-    b = _Builder(message, dst, dst_index, anchor, writes, stops)
-    expr, efs = b.visit(message, anchor)
+    given = set(stops)
+    stops = set(stops)
+    while True:  # operations shared with the rest of the graph become inputs (_Builder.shared)
+        b = _Builder(message, dst, dst_index, anchor, writes, stops)
+        expr, efs = b.visit(message, anchor)
+        shared = b.shared(message)
+        if not shared:
+            break
+        stops |= set(shared)
+    for n in sorted(stops - given, key=lambda n: writes.pos.get(n, 0)):
+        if n in b.leafed:
+            users = ", ".join(f"'{u.name}'" for u in n.users if u not in b.memo or u in b.leafed)
+            b.kept.append(f"'{n.name}' read as computed: {users} outside the message also read it")
     if efs is None:
         raise NoMatch("message does not depend on the edge")
     b.check_reads()

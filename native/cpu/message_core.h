@@ -129,7 +129,8 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
       case Mul: for (int t = 0; t < n; ++t) d[t] = x[t] * y[t]; break;
       case Div: for (int t = 0; t < n; ++t) d[t] = x[t] / y[t]; break;
       case Neg: for (int t = 0; t < n; ++t) d[t] = -x[t]; break;
-      case Relu: for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? x[t] : (x[t] != x[t] ? x[t] : acc_t(0)); break;
+      // torch.relu: NaN and both zeros pass unchanged (relu(-0.0) is -0.0), a negative gives +0
+      case Relu: for (int t = 0; t < n; ++t) d[t] = x[t] < acc_t(0) ? acc_t(0) : x[t]; break;
       case LeakyRelu: {
         const acc_t sl = a.consts[ins[3]];
         for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? x[t] : x[t] * sl;
