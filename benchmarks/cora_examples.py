@@ -226,13 +226,14 @@ def main(argv=None) -> dict:
         msg = f"skipped: the raw Cora files are not in {raw}"
         print(msg)
         return {"skipped": msg}
+    from gnncompile import config as _cfg
     from gnncompile.compiler import backend as _be
 
     load_before = os.getloadavg()
     results = {ex: run_example(ex, opts) for ex in examples}
     payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
                "examples": examples, "epochs": opts.epochs, "repeats": opts.repeats, "threads": opts.threads,
-               "inner": (_be._ENV_INNER if _be._ENV_INNER in _be.INNERS else
+               "inner": (_cfg.current().inner or
                          f"auto (eager below {_be.AUTO_INDUCTOR_MIN_SIZE} nodes + edges, else inductor)"),
                "results": results,
                "command": " ".join(["python", "benchmarks/cora_examples.py"]

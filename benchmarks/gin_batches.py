@@ -297,6 +297,7 @@ def main(argv=None) -> dict:
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
         ap.error(f"unknown variants {bad}; known: {', '.join(VARIANTS)}")
+    from gnncompile import config as _cfg
     from gnncompile.compiler import backend as _be
 
     load_before = os.getloadavg()
@@ -310,7 +311,7 @@ def main(argv=None) -> dict:
                            "class_counts": torch.bincount(torch.cat([d.y for d in ds]), minlength=C).tolist()},
                "batch_size": opts.batch_size, "batches_per_epoch": -(-opts.graphs // opts.batch_size),
                "repeats": opts.repeats, "threads": opts.threads, "in_process": opts.in_process,
-               "variants": variants, "inner": (_be._ENV_INNER if _be._ENV_INNER in _be.INNERS else
+               "variants": variants, "inner": (_cfg.current().inner or
                                                     f"auto (eager below {_be.AUTO_INDUCTOR_MIN_SIZE} "
                                                     "nodes + edges, else inductor; -<inner> variants force one)"),
                "results": results,

@@ -410,6 +410,7 @@ def main(argv=None) -> dict:
     graphs = [g.strip() for g in (opts.graphs or ("1000" if opts.quick else "100000")).split(",") if g.strip()]
     if any(not g.isdigit() or int(g) <= 0 for g in graphs):
         ap.error(f"--graphs takes positive node counts, got {opts.graphs!r}")
+    from gnncompile import config as _cfg
     from gnncompile.compiler import backend as _be
 
     load_before = os.getloadavg()
@@ -430,7 +431,7 @@ def main(argv=None) -> dict:
                "molecules": {"batches": opts.molecule_batches, "batch_size": opts.batch_size,
                              "features": MOL_F, "hidden": MOL_HIDDEN, "layers": MOL_LAYERS, "classes": MOL_C},
                "tolerances": {"output": OUT_TOL, "loss": LOSS_TOL},
-               "inner": (_be._ENV_INNER if _be._ENV_INNER in _be.INNERS else
+               "inner": (_cfg.current().inner or
                          f"auto (the device profile's inner where it names one, else eager below "
                          f"{_be.AUTO_INDUCTOR_MIN_SIZE} nodes + edges, inductor above)"),
                "rows": rows,

@@ -117,11 +117,15 @@ class _Trainer:
     def __init__(self, data, train, model_kind: str, setting: str, opts) -> None:
         from torch_geometric.nn.models import GraphSAGE
 
-        from gnncompile.hardware import profiles
+        from gnncompile import profiles
 
         torch.set_num_threads(opts.threads)
-        if setting == "profile":
-            profiles.resolve(opts.profile).apply(threads=True)
+        if setting == "profile":  # the profile's thread count (the compiled model carries its knobs)
+            from gnncompile.settings import Settings
+
+            threads = Settings.build(profiles.resolve(opts.profile)).threads
+            if threads:
+                torch.set_num_threads(threads)
         torch.manual_seed(0)
         model = GraphSAGE(F, 128, 2, C)
         self.ref = GraphSAGE(F, 128, 2, C)
@@ -363,7 +367,7 @@ def main(argv=None) -> dict:
         out = peak_only(data, train, *opts.child, opts) if opts.peak_only else run_setting(data, train, *opts.child, opts)
         print("RESULT " + json.dumps(out), flush=True)
         return {}
-    from gnncompile.compiler import DEFAULT_INNER
+    from gnncompile import config as _cfg
 
     load_before = os.getloadavg()
     results = run_all(opts)
@@ -372,11 +376,11 @@ def main(argv=None) -> dict:
                "train_seeds": max(1, int(opts.nodes * opts.train_fraction)), "fanout": FANOUT,
                "batch_size": opts.batch_size, "dynamic": opts.dynamic, "memory_batches": opts.memory_batches,
                "warmup": opts.warmup, "epochs": opts.epochs,
-               "inner": DEFAULT_INNER, "profile": opts.profile, "results": results,
+               "inner": _cfg.current().inner or "auto (chosen per graph piece by its size)", "profile": opts.profile, "results": results,
                "command": " ".join(["python", "benchmarks/neighbor_epoch.py"]
                                    + list(sys.argv[1:] if argv is None else argv))}
     if opts.profile:
-        from gnncompile.hardware import profiles
+        from gnncompile import profiles
 
         prof = profiles.resolve(opts.profile)
         payload["profile_settings"], payload["profile_workload"] = prof.settings, prof.workload

@@ -4,7 +4,9 @@
     gnncompile.explain(model, x, edge_index)   # what fused, what did not, and why
     gnncompile.export(model, (x, ei), "m.onnx")  # export/: ONNX or torch.export
 
-The fused kernels are in :mod:`gnncompile.ops`, device profiles in :mod:`gnncompile.hardware`,
+The fused kernels are in :mod:`gnncompile.ops`, the settings a compiled model carries in
+:mod:`gnncompile.settings`, the environment variables in :mod:`gnncompile.config`, device
+detection in :mod:`gnncompile.hardware`, device profiles in :mod:`gnncompile.profiles`,
 loaders in :mod:`gnncompile.data`, the optional Optuna tuner in :mod:`gnncompile.tuner` (never
 imported here), the command line in :mod:`gnncompile.cli`.
 """
@@ -17,8 +19,10 @@ try:
 except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
+from . import config  # noqa: E402  (every environment variable, read in one place)
 from . import ops  # noqa: E402  (defines the op schemas and loads the native kernels)
-from . import hardware  # noqa: E402
+from . import hardware, profiles, settings  # noqa: E402
+from .settings import Settings  # noqa: E402
 from .compiler import compile, explain  # noqa: E402  (also registers the "gnncompile" backend)
 from .export import export  # noqa: E402
 
@@ -40,4 +44,5 @@ def info() -> dict:
     }
 
 
-__all__ = ["info", "ops", "hardware", "compile", "explain", "export", "__version__"]
+__all__ = ["info", "ops", "hardware", "profiles", "config", "settings", "Settings", "compile", "explain",
+           "export", "__version__"]

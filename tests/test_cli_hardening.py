@@ -191,7 +191,8 @@ def test_profile_write_keeps_the_faster_result_of_the_study(tmp_path, monkeypatc
 
 
 def test_profile_write_waits_for_the_lock(tmp_path):
-    from gnncompile.hardware import device, profiles
+    from gnncompile import profiles
+    from gnncompile.hardware import device
 
     props = device.detect("cpu")
     doc = profiles.make(props, {"kind": "graphs"}, {"batch_size": 16}, tuned=2.0, default=1.0,
@@ -240,7 +241,8 @@ def test_cli_timeout(tmp_path):
 
 # ----------------------------------------------------------------------------- 17: CLI errors
 def test_profile_list_marks_malformed_files(tmp_path, capsys):
-    from gnncompile.hardware import device, profiles
+    from gnncompile import profiles
+    from gnncompile.hardware import device
 
     good = profiles.save(profiles.make(device.detect("cpu"), {"kind": "graphs", "model": "gin"},
                                        {"batch_size": 16}, tuned=2.0, default=1.0), tmp_path)

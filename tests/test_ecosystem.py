@@ -204,7 +204,7 @@ def test_deepcopy_is_a_compiled_copy():
     model = gnncompile.compile(_gcn(), inner="eager")
     twin = copy.deepcopy(model)
     assert isinstance(twin, CompiledModule) and twin.model is not model.model
-    assert twin._compiled._gnncompile_inner == "eager"
+    assert twin.gnncompile_settings.inner == "eager"
     torch.testing.assert_close(twin(x, ei), model(x, ei))
 
 
@@ -252,7 +252,7 @@ try:
     before = stats["fused"]
     got = loaded(x, ei)
     out["load"] = {"ok": True, "type": type(loaded).__name__, "training": loaded.training,
-                   "inner": loaded._compiled._gnncompile_inner,
+                   "inner": loaded.gnncompile_settings.inner,
                    "max_err": (got - expected).abs().max().item(), "fused": stats["fused"] - before}
 except Exception as e:
     out["load"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}

@@ -297,11 +297,9 @@ def test_bad_arguments(tmp_path):
 
 
 CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "Cora" / "raw"
-if not CORA.is_dir():
-    CORA = Path("/work/shared/data/planetoid/Cora/raw")
 
 
-@pytest.mark.skipif(not CORA.is_dir(), reason="Cora raw files not available")
+@pytest.mark.skipif(not CORA.is_dir(), reason=f"Cora raw files not found at {CORA}")
 def test_trained_gcn_on_cora(tmp_path):
     from torch_geometric.datasets import Planetoid
 

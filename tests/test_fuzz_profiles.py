@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from gnncompile.compiler.backend import INNERS
-from gnncompile.hardware import device, profiles
-from gnncompile.ops import get_knobs, set_knobs
+from gnncompile import profiles
+from gnncompile.hardware import device
+from gnncompile.settings import Settings
 
 SEED = 20260014
 CASES = 3000
@@ -22,7 +23,7 @@ CPU = {**device.detect("cpu"), "logical_cpus": 4, "physical_cores": 2}
 CUDA = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "capability": [9, 0], "sm_count": 132,
         "memory_bytes": 80 << 30, "l2_bytes": 50 << 20, "host_logical_cpus": 3}
 
-# The documented ranges (module docstring of gnncompile.hardware.profiles), written out here
+# The documented ranges (module docstring of gnncompile.profiles), written out here
 # as the specification rather than taken from the code under test.
 def _ranges(props):
     cpus = props.get("logical_cpus") or props["host_logical_cpus"]
@@ -143,8 +144,6 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GNNCOMPILE_CACHE_DIR", str(tmp_path / "cache"))
     threads = torch.get_num_threads()
     yield tmp_path
-    set_knobs("cpu", None)
-    set_knobs("cuda", None)
     torch.set_num_threads(threads)
 
 
@@ -191,8 +190,8 @@ def test_fuzz_profiles_load_clamped_or_default(isolated, monkeypatch):
                 assert {k: prof.settings[k] for k in settings} == settings, where
                 assert bool(msgs) == clamped, f"{where}: {msgs}"
         if props["type"] == "cpu" and i % 10 == 0:
-            prof.apply(threads=True)
-            assert get_knobs(torch.device("cpu")) == prof.knobs
-            assert 1 <= torch.get_num_threads() <= props["logical_cpus"]
+            s = Settings.build(prof)  # what a compiled model carries: accepted as loaded
+            assert s.knobs_for(torch.device("cpu")) == prof.knobs
+            assert s.threads is None or 1 <= s.threads <= props["logical_cpus"]
     # the fuzz reaches every outcome, each many times
     assert min(outcomes.values()) > CASES // 20, outcomes

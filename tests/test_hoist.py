@@ -195,9 +195,9 @@ def test_capture_flag_is_restored_and_can_be_turned_off(monkeypatch):
     x, ei = _graph()
     gnncompile.compile(model)(x, ei)
     assert not cfg.capture_dynamic_output_shape_ops
-    monkeypatch.setattr(_backend, "CAPTURE_DYNAMIC", False)
     _fresh()
-    rep = gnncompile.explain(model, x, ei)
+    with gnncompile.config.override(capture_dynamic=False):
+        rep = gnncompile.explain(model, x, ei)
     assert rep.num_graph_breaks >= 1  # as plain torch.compile: the nonzero breaks the graph
 
 
@@ -241,7 +241,11 @@ def _captures(model, *inputs, times=2):
         with _backend.dynamic_output_shapes():
             torch.compile(model, backend=grab)(*inputs)
     torch._dynamo.reset()
-    return got
+    # the captures leave the closure: Dynamo may keep ``grab`` alive (a cached callback, after
+    # other tests in the process), and its list would keep every graph alive with it
+    out = list(got)
+    got.clear()
+    return out
 
 
 def test_a_region_shared_by_two_compiled_graphs_lives_while_either_does():
@@ -251,7 +255,7 @@ def test_a_region_shared_by_two_compiled_graphs_lives_while_either_does():
     x, ei = _graph()
     before = _live_regions()
     (ga, inputs), (gb, _) = _captures(model, x, ei)
-    be = _backend.Backend("eager")
+    be = _backend.make_backend("eager")
     fa, fb = be(ga, inputs), be(gb, inputs)
     del ga, gb
     assert _live_regions() == before + 1  # one key, registered by both
@@ -312,13 +316,13 @@ def test_hoisted_op_refuses_float_roots():
 def test_auto_inner_rule_by_graph_size(monkeypatch):
     """'auto' without a profile or $GNNCOMPILE_INNER: eager below the measured size, inductor
     at and above it (benchmarks/inner_rule.py); parameters do not count as nodes."""
-    monkeypatch.setattr(_backend, "_ENV_INNER", "")
     T = _backend.AUTO_INDUCTOR_MIN_SIZE
     small = [torch.empty(2708, 16), torch.empty(2, 10556, dtype=torch.long), torch.nn.Parameter(torch.empty(T, 1))]
     assert _backend.graph_size(small) == 2708 + 10556
     assert _backend.choose_inner(small) == "eager"
     big = [torch.empty(T // 10, 4), torch.empty(2, T - T // 10, dtype=torch.long)]
     assert _backend.choose_inner(big) == "inductor"
-    assert _backend.Backend("auto").inner == "auto"
-    monkeypatch.setattr(_backend, "_ENV_INNER", "aot_eager")
-    assert _backend.choose_inner(big) == "aot_eager" and _backend.Backend("auto").inner == "aot_eager"
+    with gnncompile.config.override(inner=None):
+        assert _backend.make_backend("auto").inner == "auto"
+    with gnncompile.config.override(inner="aot_eager"):  # $GNNCOMPILE_INNER names one for every piece
+        assert _backend.make_backend("auto").inner == "aot_eager"

@@ -43,7 +43,8 @@ def _check_epoch(p: dict, out: Path, name: str, seeds: int, settings=("default",
 
 def test_neighbor_epoch_tiny(tmp_path):
     """Default loader settings and a profile's (batch size 50, one thread)."""
-    from gnncompile.hardware import device, profiles
+    from gnncompile import profiles
+    from gnncompile.hardware import device
 
     doc = profiles.make(device.detect(), {"kind": "neighbor", "model": "graphsage"},
                         {"batch_size": 50, "num_workers": 0, "threads": 1, "knobs": []})

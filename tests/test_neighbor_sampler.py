@@ -344,7 +344,8 @@ def test_trim_to_layer_gives_the_same_seed_outputs():
 
 
 def test_profile_settings_apply(tmp_path):
-    from gnncompile.hardware import device, profiles
+    from gnncompile import profiles
+    from gnncompile.hardware import device
 
     props = device.detect()
     doc = profiles.make(props, {"kind": "neighbor", "model": "sage"},

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gnncompile.hardware import cuda_knobs, device, profiles
-from gnncompile.ops import get_knobs, set_knobs
+from gnncompile import profiles
+from gnncompile.hardware import cuda_knobs, device
+from gnncompile.settings import Settings
 
 NATIVE = Path(__file__).resolve().parents[1] / "native"
 CPU = {**device.detect("cpu"), "logical_cpus": 2, "physical_cores": 2}
@@ -26,8 +27,6 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("GNNCOMPILE_CACHE_DIR", str(tmp_path / "cache"))
     threads = torch.get_num_threads()
     yield
-    set_knobs("cpu", None)
-    set_knobs("cuda", None)
     torch.set_num_threads(threads)
 
 
@@ -68,8 +67,7 @@ def test_huge_cpu_knob_is_clamped_with_a_warning(knob):
     assert not prof.is_default and prof.knobs == [4096]
     assert any(f"settings.knobs[0] = {knob} is above its range [0, 4096]" in m and "clamped to 4096" in m
                for m in msgs), msgs
-    prof.apply()
-    assert get_knobs(torch.device("cpu")) == [4096]
+    assert Settings.build(prof).knobs_for("cpu") == [4096]  # what a compiled model bakes in
 
 
 @pytest.mark.parametrize("field,value,clamped", [
@@ -83,10 +81,9 @@ def test_absurd_settings_are_clamped(field, value, clamped):
     assert {k: prof.settings[k] for k in other} == other  # the rest as written
 
 
-def test_clamped_threads_are_what_apply_sets():
+def test_clamped_threads_are_what_the_settings_carry():
     prof, _ = _load(CPU, threads=10000)
-    prof.apply(threads=True)
-    assert torch.get_num_threads() == 2
+    assert Settings.build(prof).threads == 2
 
 
 def test_cuda_knobs_clamped_to_the_kernels_bounds_and_extra_entries_dropped(monkeypatch):

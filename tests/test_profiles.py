@@ -11,15 +11,14 @@ import pytest
 import torch
 
 import gnncompile
-from gnncompile.hardware import device, profiles
-from gnncompile.ops import get_knobs, set_knobs
+from gnncompile import profiles
+from gnncompile.hardware import device
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GNNCOMPILE_CACHE_DIR", str(tmp_path / "cache"))
     yield
-    set_knobs("cpu", None)
 
 
 def _doc(settings=None, workload=None, props=None, **kw):
@@ -235,30 +234,32 @@ def test_compile_applies_profile_from_path(tmp_path):
     path = profiles.save(_doc(settings={"knobs": [5]}), tmp_path)
     m = gnncompile.compile(_Lin(), profile=str(path))
     assert m.gnncompile_profile.path == str(path)
-    assert get_knobs(torch.device("cpu")) == [5]
+    assert m.gnncompile_settings.knobs_for(torch.device("cpu")) == [5]
+    assert m.gnncompile_settings.profile == str(path)
 
 
 def test_compile_uses_the_profiles_inner_compiler(tmp_path):
     path = profiles.save(_doc(settings={"inner": "aot_eager"}), tmp_path)
     assert profiles.load_file(path).inner == "aot_eager"
     m = gnncompile.compile(_Lin(), profile=str(path))
-    assert m._compiled._gnncompile_inner == "aot_eager" and "inner=aot_eager" in repr(m)
+    assert m.gnncompile_settings.inner == "aot_eager" and "inner=aot_eager" in repr(m)
     x = torch.randn(3, 4)
     torch._dynamo.reset()
     assert torch.allclose(m(x), m.model(x))
     # an explicit inner wins over the profile's; a profile without one leaves the default
-    assert gnncompile.compile(_Lin(), profile=str(path), inner="eager")._compiled._gnncompile_inner == "eager"
+    assert gnncompile.compile(_Lin(), profile=str(path), inner="eager").gnncompile_settings.inner == "eager"
     p2 = profiles.save(_doc(settings={"inner": None}), tmp_path / "other")
-    assert gnncompile.compile(_Lin(), profile=str(p2))._compiled._gnncompile_inner == "auto"
+    with gnncompile.config.override(inner=None):  # the suite sets GNNCOMPILE_INNER
+        assert gnncompile.compile(_Lin(), profile=str(p2)).gnncompile_settings.inner == "auto"
 
 
 def test_compile_auto_and_none():
     profiles.save(_doc(settings={"knobs": [6]}, workload={"kind": "graphs", "model": "_lin"}))
     m = gnncompile.compile(_Lin())  # profile="auto"
-    assert m.gnncompile_profile.source == "file" and get_knobs(torch.device("cpu")) == [6]
+    assert m.gnncompile_profile.source == "file" and m.gnncompile_settings.knobs_for("cpu") == [6]
     m = gnncompile.compile(_Lin(), profile=None)
     assert m.gnncompile_profile.is_default
-    assert get_knobs(torch.device("cpu")) == device.default_settings()["knobs"]
+    assert m.gnncompile_settings.knobs_for("cpu") == device.default_settings()["knobs"]
     x = torch.randn(3, 4)
     torch._dynamo.reset()
     assert torch.allclose(m(x), m.model(x))

@@ -133,9 +133,9 @@ def test_check_mode_setting_and_environment(monkeypatch, check_mode):
     for raw, mode in (("", "cpu"), ("0", "off"), ("off", "off"), ("1", "cpu"), ("2", "all"), ("ALL", "all")):
         monkeypatch.setenv("GNNCOMPILE_STRUCTURE_CHECK", raw)
         assert structure.check_mode_from_env() == mode
-    monkeypatch.setenv("GNNCOMPILE_STRUCTURE_CHECK", "maybe")
-    with pytest.warns(RuntimeWarning, match="GNNCOMPILE_STRUCTURE_CHECK='maybe'"):
-        assert structure.check_mode_from_env() == "cpu"
+    monkeypatch.setenv("GNNCOMPILE_STRUCTURE_CHECK", "maybe")  # a clear error naming the variable
+    with pytest.raises(gnncompile.config.ConfigError, match="GNNCOMPILE_STRUCTURE_CHECK='maybe'"):
+        structure.check_mode_from_env()
     check_mode("all")
     assert gnncompile.ops.structure_check() == "all"
 

@@ -17,8 +17,7 @@ import torch
 optuna = pytest.importorskip("optuna")
 
 import gnncompile  # noqa: E402
-from gnncompile.hardware import profiles  # noqa: E402
-from gnncompile.ops import get_knobs, set_knobs  # noqa: E402
+from gnncompile import profiles  # noqa: E402
 from gnncompile.tuner import Workload, tune  # noqa: E402
 from gnncompile.tuner import study as study_mod  # noqa: E402
 
@@ -37,7 +36,6 @@ def _tiny(**kw):
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GNNCOMPILE_CACHE_DIR", str(tmp_path / "cache"))
     yield
-    set_knobs("cpu", None)
 
 
 def _cli(args, cwd=None):
@@ -68,7 +66,7 @@ def test_cli_tune_writes_profile_that_compile_uses(tmp_path):
     # compile takes the profile's knobs and records the profile
     m = gnncompile.compile(torch.nn.Linear(2, 2), profile=str(path))
     assert m.gnncompile_profile.path == str(path)
-    assert get_knobs(torch.device("cpu")) == doc["settings"]["knobs"]
+    assert m.gnncompile_settings.knobs_for(torch.device("cpu")) == doc["settings"]["knobs"]
     # profile list / show
     r = subprocess.run([sys.executable, "-m", "gnncompile.cli", "profile", "list", "--dir", str(out)],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -271,7 +269,7 @@ def test_fullgraph_workload_measures(compiled):
 
     w = Workload(kind="fullgraph", model="gcn", num_nodes=300, num_edges=1500, hidden=8, layers=2,
                  num_features=4, warmup=1, steps=2, chunks=2, compiled=compiled)
-    seen = []
+    seen, threads = [], torch.get_num_threads()
     rate, peak = measure(w, {"threads": 1, "knobs": [2]}, report=lambda step, v: seen.append(step))
     assert rate > 0 and peak >= 0 and seen == [0, 1]
-    assert get_knobs(torch.device("cpu")) == []  # restored
+    assert torch.get_num_threads() == threads  # restored

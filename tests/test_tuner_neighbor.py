@@ -15,8 +15,7 @@ optuna = pytest.importorskip("optuna")
 
 import gnncompile  # noqa: E402
 from gnncompile.data import NeighborLoader  # noqa: E402
-from gnncompile.hardware import profiles  # noqa: E402
-from gnncompile.ops import get_knobs, set_knobs  # noqa: E402
+from gnncompile import profiles  # noqa: E402
 from gnncompile.tuner import Workload, measure, tune  # noqa: E402
 from gnncompile.tuner import study as study_mod  # noqa: E402
 from gnncompile.tuner import workloads as wl_mod  # noqa: E402
@@ -37,7 +36,6 @@ def _tiny(**kw):
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GNNCOMPILE_CACHE_DIR", str(tmp_path / "cache"))
     yield
-    set_knobs("cpu", None)
 
 
 def _tune(tmp_path, w, **kw):
@@ -79,10 +77,10 @@ def test_workload_fields_and_bad_input():
 
 
 def test_measure_counts_seed_nodes():
-    seen = []
+    seen, threads = [], torch.get_num_threads()
     rate, peak = measure(_tiny(), {"batch_size": 64, "threads": 1}, report=lambda c, v: seen.append((c, v)))
     assert rate > 0 and peak >= 0 and [c for c, _ in seen] == [0, 1] and seen[-1][1] == rate
-    assert get_knobs(torch.device("cpu")) == []  # restored
+    assert torch.get_num_threads() == threads  # restored
 
 
 def test_compiled_measure_does_not_recompile_per_batch():
@@ -173,10 +171,9 @@ def test_loader_and_compile_take_every_tuned_setting(tmp_path, monkeypatch):
     # explicit arguments win over the profile
     assert NeighborLoader(data, [4, 3], batch_size=7, num_workers=0, profile=res["profile_path"]).batch_size == 7
     model = gnncompile.compile(wl_mod.build_model(_tiny()), profile=str(res["profile_path"]))
-    assert get_knobs(torch.device("cpu")) == s["knobs"]
+    assert model.gnncompile_settings.knobs_for(torch.device("cpu")) == s["knobs"]
     assert model.gnncompile_profile.inner == s["inner"]
-    model.gnncompile_profile.apply(threads=True)
-    assert torch.get_num_threads() == s["threads"]
+    assert model.gnncompile_settings.threads == s["threads"]
 
 
 def test_memory_budget_fails_trials_and_the_study_goes_on(tmp_path, monkeypatch):

@@ -111,7 +111,7 @@ def _tune(args):
     import os
     import subprocess
 
-    from gnncompile.hardware import profiles
+    from gnncompile import profiles
 
     try:
         import optuna  # noqa: F401

@@ -18,7 +18,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import warnings
 
-    from gnncompile.hardware import device, profiles
+    from gnncompile import profiles
+
+    from gnncompile.hardware import device
 
     if args.profile_cmd == "list":
         key = device.device_key()

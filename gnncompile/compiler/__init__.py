@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .api import CompiledModule, compile
-from .backend import DEFAULT_INNER, INNERS, STATS, collect, gnncompile_backend, make_backend
+from .backend import INNERS, STATS, collect, gnncompile_backend, make_backend
 from .explainer import ExplainReport, GraphBreak, explain
 
 __all__ = ["compile", "explain", "CompiledModule", "ExplainReport", "GraphBreak", "make_backend",
-           "gnncompile_backend", "collect", "STATS", "INNERS", "DEFAULT_INNER"]
+           "gnncompile_backend", "collect", "STATS", "INNERS"]

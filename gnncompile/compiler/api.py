@@ -1,13 +1,15 @@
 """``gnncompile.compile(model)``: the model wrapped around ``torch.compile`` with the gnncompile
-backend and the device profile's settings."""
+backend and its :class:`~gnncompile.settings.Settings` (defaults <- configuration <- device
+profile <- the call's arguments), which the model carries."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
 from .._log import get_logger
+from ..settings import Settings
 from . import backend as _backend
 
 _log = get_logger(__name__)
@@ -28,17 +30,21 @@ class CompiledModule(torch.nn.Module):
     Pickling (``torch.save``, ``copy.deepcopy``) stores the model and the ``compile`` options;
     unpickling compiles again (see :func:`compile`)."""
 
-    def __init__(self, model: torch.nn.Module, compiled, options: Optional[dict] = None) -> None:
+    def __init__(self, model: torch.nn.Module, compiled, options: Optional[dict] = None,
+                 settings: Optional[Settings] = None) -> None:
         super().__init__()
         self._orig_mod = model
         self.training = model.training  # train()/eval() set both from here on
         object.__setattr__(self, "_compiled", compiled)  # not a registered submodule
         object.__setattr__(self, "_options", dict(options or {}))  # compile()'s, for pickling
         object.__setattr__(self, "_loading", [])  # (prefix, error list) of loads under way
+        # what the compiled graphs run with (their knobs are baked into them as op arguments)
+        object.__setattr__(self, "gnncompile_settings", Settings() if settings is None else settings)
+        object.__setattr__(self, "_capture", self.gnncompile_settings.capture_dynamic)
         self.register_load_state_dict_post_hook(_restore_key_names)
 
     def forward(self, *args, **kwargs):
-        with _backend.dynamic_output_shapes():
+        with _backend.dynamic_output_shapes(self._capture):
             return self._compiled(*args, **kwargs)
 
     @property
@@ -91,7 +97,7 @@ class CompiledModule(torch.nn.Module):
                                       unexpected_keys, error_msgs)
 
     def extra_repr(self) -> str:
-        return f"inner={getattr(self._compiled, '_gnncompile_inner', '?')}"
+        return f"inner={self.gnncompile_settings.inner}"
 
 
 def _restore_key_names(module: CompiledModule, incompatible) -> None:
@@ -120,22 +126,37 @@ def _portable_profile(request: Any, prof) -> Any:
     return dict(prof.raw) if prof.raw else None
 
 
+def _settings(prof, inner: str, reassociate: bool, settings: Any) -> Settings:
+    """defaults <- configuration <- profile ``prof`` <- inner / reassociate <- ``settings``."""
+    if isinstance(settings, Settings):
+        return settings
+    s = Settings.build(prof, inner=inner, reassociate=True if reassociate else None)
+    if settings is None:
+        return s
+    if not isinstance(settings, Mapping):
+        raise TypeError(f"gnncompile.compile: settings must be a Settings or a dict of settings, got "
+                        f"{type(settings).__name__}")
+    return s.replace(**settings)
+
+
 def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optional[bool] = None,
-            fullgraph: bool = False, workload: Optional[dict] = None, reassociate: bool = False):
+            fullgraph: bool = False, workload: Optional[dict] = None, reassociate: bool = False,
+            settings: Any = None):
     """Compiles a PyG model (or any callable) with the gnncompile backend.
 
     Args:
         model: an ``nn.Module`` (returned wrapped in :class:`CompiledModule`, sharing its
             parameters and state) or a function (returned as ``torch.compile`` returns it).
         profile: the device profile whose kernel knobs the fused ops use
-            (:mod:`gnncompile.hardware.profiles`): 'auto' (default) loads the profile for the detected
+            (:mod:`gnncompile.profiles`): 'auto' (default) loads the profile for the detected
             device from the cache folder, the one nearest to ``workload`` when there is no
             exact match, else the defaults; a path loads that file (or the nearest in that
             folder); None uses the defaults of :func:`gnncompile.hardware.default_settings`. A
             corrupt, foreign or stale profile warns and falls back to the defaults. The
             profile used is recorded as ``.gnncompile_profile`` on the returned module
-            (its loader settings: ``.gnncompile_profile.loader_kwargs()``). Knobs are set per
-            device type and read when a graph is compiled, so the last ``compile`` wins.
+            (its loader settings: ``.gnncompile_profile.loader_kwargs()``); its kernel knobs
+            go into the model's settings, so models compiled with different profiles in one
+            process each run with their own.
         inner: compiler for the rest of the graph: 'auto' (the profile's ``inner`` when the
             profile has one, else ``$GNNCOMPILE_INNER``, else chosen per graph piece by
             :func:`gnncompile.compiler.backend.choose_inner`: inductor for graphs of at least
@@ -153,41 +174,43 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
             edges). Off by default, because it is not exact: ``W a - W b`` cancels where
             ``a - b`` does not (coordinates sharing a large offset lose every digit of their
             difference in float32). Turn it on for features without such offsets.
+        settings: a dict of settings applied last (``{"knobs": {"cpu": [4]}, "inner":
+            "eager"}``; see :class:`gnncompile.settings.Settings`), or a ``Settings`` used as
+            it is (the profile is then only recorded).
 
-    The returned module pickles (``torch.save(m)``; ``torch.load(path, weights_only=False)``):
+    The settings the model runs with are ``.gnncompile_settings`` on the returned module (or
+    function); :func:`gnncompile.explain` prints them and :func:`gnncompile.export` of the
+    returned module uses them. The returned module pickles (``torch.save(m)``; ``torch.load(path, weights_only=False)``):
     it is stored as the model plus these options, and loading compiles again, which applies the
     profile there as this call does: 'auto' and None are resolved on the loading machine, a
     profile from a file travels as its document and is validated again.
     """
-    from ..hardware import profiles as _profiles
+    from .. import profiles as _profiles
 
     if workload is None and isinstance(model, torch.nn.Module):
         workload = {"model": type(model).__name__.lower()}
+    if inner != "auto" and inner not in _backend.INNERS:
+        raise ValueError(f"gnncompile: unknown inner compiler {inner!r}; expected 'auto' or one of "
+                         f"{_backend.INNERS}")
     prof = _profiles.resolve(profile, workload=workload)
-    prof.apply()
+    s = _settings(prof, inner, reassociate, settings)
     options = dict(profile=_portable_profile(profile, prof), inner=inner, dynamic=dynamic,
-                   fullgraph=fullgraph, workload=workload, reassociate=reassociate)
-    if inner == "auto" and prof.inner:
-        inner = prof.inner  # what the tuning run measured fastest for this device and workload
-    _log.info("compile %s: profile %s, inner %s", type(model).__name__, prof.summary(), inner)
-    be = _backend.make_backend(inner, reassociate=reassociate)
-    compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
+                   fullgraph=fullgraph, workload=workload, reassociate=reassociate, settings=settings)
+    _log.info("compile %s: profile %s; settings: %s", type(model).__name__, prof.summary(), s)
+    compiled = torch.compile(model, backend=_backend.Backend(s), dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
-        try:
-            object.__setattr__(compiled, "_gnncompile_inner", inner)
-        except Exception:
-            pass
-        out = CompiledModule(model, compiled, options)
+        out = CompiledModule(model, compiled, options, s)
         object.__setattr__(out, "gnncompile_profile", prof)
         return out
-    compiled_fn = compiled
+    compiled_fn, capture = compiled, s.capture_dynamic
 
     @functools.wraps(model)
     def compiled(*args, **kwargs):
-        with _backend.dynamic_output_shapes():
+        with _backend.dynamic_output_shapes(capture):
             return compiled_fn(*args, **kwargs)
 
     compiled.gnncompile_profile = prof
+    compiled.gnncompile_settings = s
     return compiled
 
 

@@ -7,9 +7,10 @@ gives several) to :func:`gnncompile_backend`, which
    with the fused custom ops (whose registered autograd formulas give the fused backward), and
 2. hands the rewritten graph to an inner compiler: ``"eager"`` (run the FX graph as is; autograd
    at run time), ``"aot_eager"`` (AOTAutograd traces forward + backward, no code generation) or
-   ``"inductor"``. ``"auto"`` is ``$GNNCOMPILE_INNER`` when set, else chosen per graph piece
-   from its size by :func:`choose_inner` (a measured rule: inductor for large graphs,
-   :data:`DEFAULT_INNER`; "eager" for small ones, where compiling costs more than it saves).
+   ``"inductor"``: the backend's ``settings.inner``, which is 'auto' unless compile(inner=...),
+   the profile or ``$GNNCOMPILE_INNER`` name one; 'auto' is chosen per graph piece from its
+   size by :func:`choose_inner` (a measured rule: inductor for large graphs, "eager" for small
+   ones, where compiling costs more than it saves).
 
 ``torch.compile(model, backend="gnncompile")`` uses the defaults and works without importing
 gnncompile first: the package declares the name in the ``torch_dynamo_backends`` entry-point group,
@@ -18,31 +19,30 @@ one, a picklable :class:`Backend` (what :func:`gnncompile.compile` does).
 """
 from __future__ import annotations
 
-import os
 import threading
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import torch
 from torch.fx import GraphModule
 
+from .. import config as _config
 from .. import passes
+from ..settings import Settings
 from ..ops import hoisted, loops
 from .._log import get_logger, log_fusions
 
 _log = get_logger(__name__)
 
-INNERS = ("eager", "aot_eager", "inductor")
-# Chosen by measurement on the development CPU (2 cores), training step of 2-layer models at
+INNERS = _config.INNERS
+# Inner compilers measured on the development CPU (2 cores), training step of 2-layer models at
 # 100k nodes / 1M edges, F = 128 (benchmarks/models.py, quiet machine): with the message
 # passing fused, what remains is GEMMs and elementwise chains, which inductor fuses and
 # aot_eager does not. Median step, gnncompile with aot_eager vs with inductor: GraphSAGE 420 vs
-# 308 ms, GIN 538 vs 445 ms, GAT 1069 vs 892 ms; first step 1.6-3.2 s vs 4.7-6.6 s (inside the
-# 15 s budget). inductor is the default; GNNCOMPILE_INNER=aot_eager (or inner="aot_eager")
-# trades those steps for a faster first call (the test suite does that, for speed).
-_ENV_INNER = os.environ.get("GNNCOMPILE_INNER", "").strip()
-DEFAULT_INNER = _ENV_INNER if _ENV_INNER in INNERS else "inductor"
+# 308 ms, GIN 538 vs 445 ms, GAT 1069 vs 892 ms; first step 1.6-3.2 s vs 4.7-6.6 s.
+# GNNCOMPILE_INNER (gnncompile.config) or compile(inner=...) picks one for every graph piece;
+# the test suite sets aot_eager, for speed.
 
-# 'auto' without a profile and without $GNNCOMPILE_INNER: each graph piece gets inductor when its
+# 'auto' (no compile(inner=...), no profile inner, no $GNNCOMPILE_INNER): each graph piece gets inductor when its
 # graph is large enough that inductor's faster steps repay its longer compile within a typical
 # training run, else "eager" (the rewritten graph run op by op: fused kernels and hoisted
 # graph-only work, nothing generated, a first call of about two seconds). Size = nodes + edges
@@ -74,28 +74,28 @@ def graph_size(example_inputs) -> int:
 
 def choose_inner(example_inputs) -> str:
     """The inner compiler 'auto' uses for a graph piece (see AUTO_INDUCTOR_MIN_SIZE)."""
-    if _ENV_INNER in INNERS:
-        return _ENV_INNER
     return "inductor" if graph_size(example_inputs) >= AUTO_INDUCTOR_MIN_SIZE else "eager"
 
 # Data-dependent output sizes (``edge_index[:, mask]`` in add_remaining_self_loops and
 # remove_self_loops, in every default GCNConv / GATConv) are traced into the graph instead of
 # breaking it: Dynamo's capture_dynamic_output_shape_ops, set while a gnncompile-compiled
 # callable runs (see :func:`dynamic_output_shapes`). The hoisting pass then moves them, with
-# the rest of the graph-only work, into a cached region. GNNCOMPILE_CAPTURE_DYNAMIC=0 turns
-# this off (the graph breaks there again, as with plain torch.compile).
-CAPTURE_DYNAMIC = os.environ.get("GNNCOMPILE_CAPTURE_DYNAMIC", "1").strip() not in ("0", "off", "false")
-
-
+# the rest of the graph-only work, into a cached region. Settings.capture_dynamic = False
+# (GNNCOMPILE_CAPTURE_DYNAMIC=0) turns this off: the graph breaks there again, as with plain
+# torch.compile.
 class dynamic_output_shapes:
     """Context manager: Dynamo captures ops with data-dependent output sizes while it is
-    active (restored afterwards; a no-op when it is already on or CAPTURE_DYNAMIC is off)."""
+    active (restored afterwards; a no-op when it is already on, or when ``on`` is False: a
+    model's ``settings.capture_dynamic``)."""
 
-    __slots__ = ("_set",)
+    __slots__ = ("_set", "_on")
+
+    def __init__(self, on: bool = True) -> None:
+        self._on = on
 
     def __enter__(self):
         cfg = torch._dynamo.config
-        self._set = CAPTURE_DYNAMIC and not cfg.capture_dynamic_output_shape_ops
+        self._set = self._on and not cfg.capture_dynamic_output_shape_ops
         if self._set:
             cfg.capture_dynamic_output_shape_ops = True
         return self
@@ -163,27 +163,36 @@ def _inner(name: str) -> Callable:
 
 
 class Backend:
-    """A configured gnncompile backend: the rewrite passes (``rewrite=False`` skips them, for
-    comparisons; ``reassociate=True`` lets them distribute linear maps over sums and
-    differences, see :mod:`gnncompile.passes.algebra`), then the inner compiler ``inner``. A
-    module-level class that holds only its options, so whatever references it (a
+    """A configured gnncompile backend: the rewrite passes with ``settings``
+    (:class:`gnncompile.settings.Settings`: the knobs baked into the fused calls, reassociate,
+    slot order; ``rewrite=False`` skips the passes, for comparisons), then the inner compiler
+    ``settings.inner``. A module-level class that holds only values, so whatever references it (a
     ``torch.compile`` result, a :class:`~gnncompile.compiler.CompiledModule`) can be pickled;
     the inner compiler's function is looked up again when it is unpickled."""
 
-    def __init__(self, inner: str = "auto", rewrite: bool = True, reassociate: bool = False) -> None:
-        if inner == "auto" and _ENV_INNER in INNERS:
-            inner = _ENV_INNER
-        self.inner = inner  # 'auto': chosen per graph piece by choose_inner()
+    def __init__(self, settings: Optional[Settings] = None, rewrite: bool = True) -> None:
+        if isinstance(settings, str):
+            raise TypeError("gnncompile.Backend(settings): give a Settings (make_backend(inner) takes a name)")
+        self.settings = Settings.from_config() if settings is None else settings
         self.rewrite = bool(rewrite)
-        self.reassociate = bool(reassociate)
+        inner = self.settings.inner
         self._inner_fn = None if inner == "auto" else _inner(inner)  # ValueError for an unknown name
+
+    @property
+    def inner(self) -> str:
+        return self.settings.inner  # 'auto': chosen per graph piece by choose_inner()
+
+    @property
+    def reassociate(self) -> bool:
+        return self.settings.reassociate
 
     def __call__(self, gm: GraphModule, example_inputs):
         inner = choose_inner(example_inputs) if self.inner == "auto" else self.inner
-        report = (passes.run(gm, copy_structures=(inner == "inductor"), hoist=True,
-                             fast_dropout=(inner != "inductor"), reassociate=self.reassociate) if self.rewrite
+        report = (passes.run(gm, self.settings, copy_structures=(inner == "inductor"), hoist=True,
+                             fast_dropout=(inner != "inductor")) if self.rewrite
                   else passes.PassReport())
         report.inner = inner
+        report.settings = self.settings
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused
         log_fusions(_log, f"graph piece {STATS['graphs']} ({len(gm.graph.nodes)} nodes, "
@@ -198,23 +207,34 @@ class Backend:
         return hoisted.pass_on(gm, fn(gm, example_inputs))
 
     def __getstate__(self) -> dict:
-        return {"inner": self.inner, "rewrite": self.rewrite, "reassociate": self.reassociate}
+        return {"settings": self.settings, "rewrite": self.rewrite}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["inner"], state["rewrite"], state.get("reassociate", False))
+        self.__init__(state["settings"], state["rewrite"])
 
     def __repr__(self) -> str:
-        extra = ", reassociate=True" if self.reassociate else ""
-        return f"gnncompile.Backend(inner={self.inner!r}, rewrite={self.rewrite}{extra})"
+        return f"gnncompile.Backend(rewrite={self.rewrite}, {self.settings})"
 
 
-def make_backend(inner: str = "auto", rewrite: bool = True, reassociate: bool = False) -> Backend:
-    """A configured backend (picklable); ``rewrite=False`` skips the passes (for comparisons)."""
-    return Backend(inner, rewrite, reassociate)
+def make_backend(inner: str = "auto", rewrite: bool = True, reassociate: bool = False,
+                 settings: Optional[Settings] = None) -> Backend:
+    """A configured backend (picklable): ``settings`` (default: the configuration's, see
+    :meth:`Settings.from_config`) with ``inner`` (unless 'auto') and ``reassociate`` over them;
+    ``rewrite=False`` skips the passes (for comparisons)."""
+    s = Settings.from_config() if settings is None else settings
+    if inner != "auto":
+        if inner not in INNERS:
+            raise ValueError(f"gnncompile: unknown inner compiler {inner!r}; expected 'auto' or one of {INNERS}")
+        s = s.replace(inner=inner)
+    if reassociate:
+        s = s.replace(reassociate=True)
+    return Backend(s, rewrite)
 
 
 def gnncompile_backend(gm: GraphModule, example_inputs):
-    """The registered backend: passes, then the default inner compiler."""
+    """The registered backend (``torch.compile(m, backend="gnncompile")``): the passes with the
+    configuration's settings (no device profile: the kernels' own knobs), then the inner
+    compiler 'auto' resolves to. :func:`gnncompile.compile` applies a profile."""
     return make_backend("auto")(gm, example_inputs)
 
 
@@ -239,4 +259,4 @@ _register()
 loops.install()  # PyG's self-loop functions traced as gnncompile ops (see gnncompile.ops.loops)
 
 __all__ = ["gnncompile_backend", "make_backend", "Backend", "collect", "dynamic_output_shapes", "STATS",
-           "INNERS", "DEFAULT_INNER", "CAPTURE_DYNAMIC", "AUTO_INDUCTOR_MIN_SIZE", "choose_inner", "graph_size"]
+           "INNERS", "AUTO_INDUCTOR_MIN_SIZE", "choose_inner", "graph_size"]

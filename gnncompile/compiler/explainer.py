@@ -3,13 +3,14 @@ why, and where Dynamo broke the graph."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import List
+from typing import List, Optional
 
 import torch
 
 from ..passes.canonical import module_label
 from ..passes.report import Fusions, one_line
 from .._log import get_logger
+from ..settings import Settings
 from . import backend as _backend
 
 _log = get_logger(__name__)
@@ -32,6 +33,7 @@ class ExplainReport(Fusions):
     transposed: int = 0
     hoisted: int = 0  # graph-only regions computed once per graph (gnncompile::hoisted)
     hoisted_nodes: int = 0
+    settings: Optional[Settings] = None  # what the passes ran with (a compiled model's own)
 
     @property
     def num_graph_breaks(self) -> int:
@@ -49,6 +51,9 @@ class ExplainReport(Fusions):
         if self.notes:
             lines.append("notes:")
             lines += [f"  {n}" for n in self.notes]
+        if self.settings is not None:
+            lines.append("settings:")
+            lines += [f"  {line}" for line in self.settings.lines()]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -60,7 +65,8 @@ class ExplainReport(Fusions):
                 "transposed": self.transposed, "hoisted": self.hoisted,
                 "hoisted_nodes": self.hoisted_nodes, "fused": [asdict(f) for f in self.fused],
                 "unfused": [asdict(u) for u in self.unfused], "notes": list(self.notes),
-                "graph_breaks": [asdict(b) for b in self.graph_breaks]}
+                "graph_breaks": [asdict(b) for b in self.graph_breaks],
+                "settings": self.settings.as_dict() if self.settings is not None else None}
 
 
 def _frame_root(report, model) -> str:
@@ -93,21 +99,26 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
 
     The model runs for real (eager inner compiler; outputs discarded) so that every graph
     piece, including those after graph breaks, is captured. Does not reset Dynamo: other
-    compiled models keep their caches.
+    compiled models keep their caches. For a model returned by :func:`gnncompile.compile` the
+    passes run with the model's own settings (``.gnncompile_settings``), which the report
+    prints; otherwise with the configuration's.
     """
     from torch._dynamo.utils import counters
 
     from .api import CompiledModule
 
-    options = {}
-    if isinstance(model, CompiledModule):  # explain what its compile() options fuse
-        options, model = model._options, model.model
+    settings = getattr(model, "gnncompile_settings", None)
+    if isinstance(model, CompiledModule):  # explain what its settings fuse
+        model = model.model
+    if not isinstance(settings, Settings):
+        settings = Settings.from_config()
     before = dict(counters.get("graph_break", {}))
-    be = _backend.make_backend("eager", reassociate=bool(options.get("reassociate", False)))
+    # the model's own settings, run by the eager inner compiler (no code generation)
+    be = _backend.Backend(settings.replace(inner="eager"))
     compiled = torch.compile(model, backend=be, dynamic=False)
-    with _backend.collect() as reports, _backend.dynamic_output_shapes():
+    with _backend.collect() as reports, _backend.dynamic_output_shapes(settings.capture_dynamic):
         compiled(*example_inputs, **example_kwargs)
-    rep = ExplainReport(num_graphs=len(reports))
+    rep = ExplainReport(num_graphs=len(reports), settings=settings)
     for r in reports:
         _place_in_model(r, model)
         rep.fused += r.fused

@@ -1,7 +1,7 @@
 """Neighbor sampling for mini-batch training on large graphs, with a native kernel.
 
 * :class:`NeighborSampler`: a :class:`torch_geometric.sampler.BaseSampler` over the native op
-  ``torch.ops.gnncompile.neighbor_sample`` (native/cpu/neighbor_sample.cpp). Usable wherever PyG
+  ``gnncompile::neighbor_sample`` (native/cpu/neighbor_sample.cpp). Usable wherever PyG
   takes a node sampler, e.g. ``NodeLoader(data, node_sampler=NeighborSampler(data, [15, 10]))``.
 * :class:`NeighborLoader`: PyG's ``NeighborLoader`` arguments over that sampler. Batches are
   what PyG's loader produces (``n_id``, ``e_id``, ``input_id``, ``batch_size``,
@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..ops import structure as _structure
+from ..ops import targets as _targets
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -167,7 +168,7 @@ class NeighborSampler(BaseSampler):
         if seeds.is_floating_point() or seeds.dtype == torch.bool:
             raise TypeError(f"seed nodes must be integers, got {seeds.dtype}")
         row, perm = (self._pairs, None) if self._pairs is not None else (self.row, self.perm)
-        return torch.ops.gnncompile.neighbor_sample(
+        return _targets.NEIGHBOR_SAMPLE(
             self.colptr, row, seeds.reshape(-1).long().cpu(), self.num_neighbors, self.replace,
             self.directed, self.disjoint, int(seed) & (2**63 - 1), perm)
 
@@ -220,7 +221,7 @@ class _Positions:
 def _profile_loader_settings(profile: Any) -> dict:
     if profile is None:
         return {}
-    from ..hardware import profiles
+    from .. import profiles
 
     p = profiles.resolve(profile)
     return {} if p.is_default else p.loader_kwargs()
@@ -233,7 +234,7 @@ class NeighborLoader(NodeLoader):
     nodes), ``batch_size``, ``shuffle``, ``replace``, ``directed``, ``disjoint``,
     ``num_workers``, ``persistent_workers``, ``pin_memory`` and the other DataLoader/NodeLoader
     keywords. Also ``seed`` (batches are a function of it) and ``profile``: a tuned profile
-    (path, :class:`~gnncompile.hardware.profiles.Profile` or 'auto') whose ``batch_size``,
+    (path, :class:`~gnncompile.profiles.Profile` or 'auto') whose ``batch_size``,
     ``num_workers``, ``pool_size`` (batches in flight: the DataLoader's prefetch depth),
     ``pin_memory`` and ``persistent_workers`` apply where they are not given here.
     """

@@ -1,7 +1,7 @@
 """A vectorized pure-PyTorch neighbor sampler: the peer the native ``neighbor_sample`` op is
 measured against (benchmarks/sampler.py) and a second implementation to test it with.
 
-Same semantics as ``torch.ops.gnncompile.neighbor_sample`` with ``directed=True,
+Same semantics as ``gnncompile::neighbor_sample`` with ``directed=True,
 disjoint=False`` (homogeneous graph in CSC form, as ``gnncompile::build_csr(dst, src, N, N)``
 returns it): ``node`` starts with the seeds; hop ``h`` samples, for each node added in the
 previous hop (hop 0: the seeds), ``num_neighbors[h]`` of its in-edges (``-1``: all; without

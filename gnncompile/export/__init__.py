@@ -57,7 +57,10 @@ def export(model, example_inputs, path, format: str = "onnx", dynamic: bool = Tr
 
     Args:
         model: a PyG model (``nn.Module``) called as ``model(*example_inputs)``. It is captured
-            in eval mode with gradients off (its mode is restored afterwards).
+            in eval mode with gradients off (its mode is restored afterwards). A model returned
+            by :func:`gnncompile.compile` is exported with its own settings
+            (``.gnncompile_settings``: the kernel knobs in the fused calls); any other with the
+            configuration's (the kernels' own knobs).
         example_inputs: a tuple of tensors (x, edge_index, ...). With ``dynamic=True`` the
             numbers of nodes (dim 0 of feature tensors) and edges (dim 1 of ``[2, E]`` integer
             tensors) are symbolic: use at least 2 nodes and 2 edges, and different numbers of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import warnings
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch.fx import GraphModule
@@ -15,6 +15,7 @@ from ..ops import loops
 from .._log import get_logger, log_fusions
 from ..ops import targets
 from ..ops.checks import INDEX_DTYPES, is_edge_index
+from ..settings import Settings
 from .diagnose import ExportError, fail
 from .indices import guard_indices
 
@@ -101,11 +102,19 @@ def _pure_structures(gm: GraphModule) -> None:
     gm.recompile()
 
 
-def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True, for_onnx: bool = False):
+def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True, for_onnx: bool = False,
+             settings: Optional[Settings] = None):
     """Captures ``model`` on ``example_inputs`` and returns ``(exported_program, pass_report)``:
     a ``torch.export`` program holding the fused gnncompile ops and pure structure ops.
     ``for_onnx``: the index of every op whose eager kernel rejects a negative index is guarded
-    (:mod:`.indices`), since ONNX wraps it; a torch.export program needs no guard."""
+    (:mod:`.indices`), since ONNX wraps it; a torch.export program needs no guard.
+    ``settings``: what the passes run with (the kernel knobs baked into the fused calls);
+    default: a compiled model's own (``.gnncompile_settings``), else the configuration's."""
+    if settings is None:
+        settings = getattr(model, "gnncompile_settings", None)
+    if not isinstance(settings, Settings):
+        settings = Settings.from_config()
+    model = getattr(model, "model", model) if hasattr(model, "gnncompile_settings") else model
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     _check_inputs(args, dynamic)
     was_training = getattr(model, "training", False)
@@ -120,7 +129,7 @@ def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True, for_onn
                     model, aten_graph=False, assume_static_by_default=not dynamic)(*args)
             except Exception as e:
                 raise fail(model, "graph capture (torch._dynamo.export)", e) from e
-            report = passes.run(gm, programs=False)
+            report = passes.run(gm, settings, programs=False)
             log_fusions(_log, f"export of {type(model).__name__}", report)
             _pure_structures(gm)
             if for_onnx:

@@ -1,15 +1,15 @@
-"""The hardware gnncompile runs on and the settings chosen for it.
+"""The hardware gnncompile runs on: detection and the defaults derived from it.
 
 * :mod:`.device`: device detection (:func:`detect`), a stable device key, and the default
   settings of a device that has no profile (:func:`default_settings`).
-* :mod:`.profiles`: device profiles (the settings a tuning run chose), read, validated,
-  written atomically, and resolved by :func:`gnncompile.compile`.
-* :mod:`.cuda_knobs`: the CUDA kernels' launch knobs and their default rule (a mirror of
-  ``native/cuda/knobs.h``, testable without a GPU).
+* :mod:`.cuda_knobs`: the CUDA kernels' launch knobs and their default rule.
+
+The settings a tuning run chose for a device (device profiles) are data, in
+:mod:`gnncompile.profiles`; what a compiled model runs with is :mod:`gnncompile.settings`.
 """
 from __future__ import annotations
 
-from . import cuda_knobs, profiles  # noqa: F401
+from . import cuda_knobs  # noqa: F401
 from .device import cpu_isa, default_settings, describe, detect, device_key
 
-__all__ = ["detect", "device_key", "describe", "cpu_isa", "default_settings", "profiles", "cuda_knobs"]
+__all__ = ["detect", "device_key", "describe", "cpu_isa", "default_settings", "cuda_knobs"]

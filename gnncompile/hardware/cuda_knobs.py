@@ -58,7 +58,7 @@ MAX_VEC = 16  # the cap knobs.h puts on an explicit vec_width (elements) before 
 # The largest explicit value of each knob that knobs.h does not clamp further (lanes and rows per
 # block are clamped to these before rounding, vec_width to MAX_VEC, items_per_group to
 # [K_mem, max(2^20, K_mem)]): a device profile's knobs are clamped to them when it is loaded
-# (gnncompile.hardware.profiles).
+# (gnncompile.profiles).
 EXPLICIT_KNOB_MAX = (MAX_LANES, MAX_BLOCK, MAX_VEC, MAX_EXPLICIT_ITEMS)
 
 # Vector widths compiled for each element size, widest first (VecSet in native/cuda/common.cuh).

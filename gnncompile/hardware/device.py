@@ -192,8 +192,8 @@ def default_settings(props: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
       ``persistent_workers`` when there are workers.
 
     ``batch_size`` is a workload setting and is not chosen here (None); so is ``inner``, the
-    compiler for the graph around the fused ops (None: :data:`gnncompile.compiler.DEFAULT_INNER`),
-    which depends on the graph sizes more than on the device (a tuning run measures it).
+    compiler for the graph around the fused ops (None: 'auto', chosen per graph piece by
+    :func:`gnncompile.compiler.backend.choose_inner`), which depends on the graph sizes more than on the device (a tuning run measures it).
     """
     p = detect() if props is None else props
     if p.get("type") == "cuda":

@@ -6,17 +6,18 @@
 * :mod:`.autograd`: their autograd formulas.
 * :mod:`.structure`: graph structures (CSR / CSC), the one structure cache, and the structure
   ops that compiled graphs call.
-* :mod:`.functional`: the public functions :func:`spmm` and :func:`edge_softmax`, the kernel
-  knobs (:func:`set_knobs`), and the loader's collation ops.
+* :mod:`.functional`: the public functions :func:`spmm` and :func:`edge_softmax` (their
+  ``knobs`` argument: the launch knobs, default the kernels' own rule), and the loader's
+  collation ops.
 * :mod:`.targets`: the op overloads that the passes insert and export translates.
 """
 from __future__ import annotations
 
 from . import reference, schemas  # noqa: F401  (schemas first: it defines the ops)
 from . import autograd, loops, message, program, structure, targets  # noqa: F401
-from .functional import REDUCES, collate_rows, edge_softmax, get_knobs, segment_ids, set_knobs, spmm
+from .functional import REDUCES, collate_rows, edge_softmax, segment_ids, spmm
 from .structure import cache_info, clear_cache, set_structure_check, structure_check, transpose_structure
 
-__all__ = ["spmm", "edge_softmax", "set_knobs", "get_knobs", "collate_rows", "segment_ids", "REDUCES",
+__all__ = ["spmm", "edge_softmax", "collate_rows", "segment_ids", "REDUCES",
            "reference", "structure", "transpose_structure", "cache_info", "clear_cache", "set_structure_check",
            "structure_check"]

@@ -7,13 +7,14 @@ through its pure-torch reference, and one warning says so.
 from __future__ import annotations
 
 import logging
-import os
 import warnings
+
+from .. import config as _config  # gnncompile.config imports nothing of the package
 
 _C = None
 LOAD_ERROR: str | None = None
 
-if os.environ.get("GNNCOMPILE_DISABLE_NATIVE", "") not in ("", "0"):
+if _config.current().disable_native:
     LOAD_ERROR = "disabled by GNNCOMPILE_DISABLE_NATIVE"
 else:
     try:

@@ -1,4 +1,4 @@
-"""The public op functions (PyG semantics) and the kernel knobs they pass.
+"""The public op functions (PyG semantics).
 
 ``spmm(edge_index, x, edge_weight, reduce, num_dst)`` equals::
 
@@ -10,7 +10,9 @@ and ``edge_softmax(edge_index, scores, num_dst)`` equals
 materialising the ``E x F`` message tensor in the forward or the backward pass (sum, mean and
 weighted sum). Each call looks up the cached graph structure of ``edge_index``
 (:mod:`.structure`) and runs a ``gnncompile`` custom op, which has a fake kernel and an autograd
-formula, so ``torch.compile`` and ``torch.export`` see through it.
+formula, so ``torch.compile`` and ``torch.export`` see through it. ``knobs`` (default: the
+kernels' own rule) are the launch knobs of :mod:`gnncompile.settings`; compiled graphs get
+theirs from the model's settings, as op arguments.
 """
 from __future__ import annotations
 
@@ -24,20 +26,13 @@ from .structure import structure
 
 REDUCES = ("sum", "mean", "max", "min")
 
-# Kernel knobs by device type; filled from a device profile (empty = the kernels' defaults).
-_KNOBS: dict = {}
-
-
-def set_knobs(device_type: str, knobs: Optional[Sequence[int]]) -> None:
-    """Sets the kernel knobs used for ``device_type`` ('cpu' or 'cuda'); None restores defaults."""
+def _knobs(knobs: Optional[Sequence[int]], fn: str) -> List[int]:
     if knobs is None:
-        _KNOBS.pop(device_type, None)
-    else:
-        _KNOBS[device_type] = [int(k) for k in knobs]
-
-
-def get_knobs(device: torch.device) -> List[int]:
-    return list(_KNOBS.get(device.type, ()))
+        return []
+    if isinstance(knobs, (str, bytes)) or not isinstance(knobs, Sequence) or any(
+            isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in knobs):
+        raise TypeError(f"{fn}: knobs must be a list of ints >= 0, got {knobs!r}")
+    return [int(k) for k in knobs]
 
 
 def _check_weight(edge_weight, x: torch.Tensor, E: int, fn: str) -> None:
@@ -60,7 +55,8 @@ def _check_weight(edge_weight, x: torch.Tensor, E: int, fn: str) -> None:
 
 
 def spmm(edge_index: torch.Tensor, x: torch.Tensor, edge_weight: Optional[torch.Tensor] = None,
-         reduce: str = "sum", num_dst: Optional[int] = None) -> torch.Tensor:
+         reduce: str = "sum", num_dst: Optional[int] = None,
+         knobs: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Fused gather -> (weight) -> scatter-reduce. Returns ``[num_dst, *x.shape[1:]]``.
 
     Args:
@@ -72,6 +68,7 @@ def spmm(edge_index: torch.Tensor, x: torch.Tensor, edge_weight: Optional[torch.
             incoming edge get 0, as in PyG.
         num_dst: number of destination nodes (default ``x.size(0)``); may differ from
             ``x.size(0)`` for bipartite graphs.
+        knobs: the kernel's launch knobs (default: its own rule; see :mod:`gnncompile.settings`).
     """
     fn = "gnncompile.ops.spmm"
     check_float(x, "x", fn)
@@ -90,12 +87,12 @@ def spmm(edge_index: torch.Tensor, x: torch.Tensor, edge_weight: Optional[torch.
     t = (None, None, None)
     if torch.is_grad_enabled() and x.requires_grad and reduce in ("sum", "mean"):
         t = s.transposed(x.size(0))
-    out, _ = ops.spmm(s.rowptr, s.col, s.perm, edge_weight, x, reduce, get_knobs(x.device), *t)
+    out, _ = ops.spmm(s.rowptr, s.col, s.perm, edge_weight, x, reduce, _knobs(knobs, fn), *t)
     return out
 
 
 def edge_softmax(edge_index: torch.Tensor, scores: torch.Tensor,
-                 num_dst: Optional[int] = None) -> torch.Tensor:
+                 num_dst: Optional[int] = None, knobs: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Softmax of per-edge ``scores`` (``[E]`` or ``[E, H]``) over edges sharing a destination."""
     fn = "gnncompile.ops.edge_softmax"
     check_float(scores, "scores", fn)
@@ -107,7 +104,7 @@ def edge_softmax(edge_index: torch.Tensor, scores: torch.Tensor,
         num_dst = int(edge_index[1].max()) + 1 if E > 0 else 0
     num_dst = check_count(num_dst, "num_dst", fn)
     s = structure(edge_index, num_dst)
-    return ops.edge_softmax(s.rowptr, s.perm, scores.contiguous(), get_knobs(scores.device))
+    return ops.edge_softmax(s.rowptr, s.perm, scores.contiguous(), _knobs(knobs, fn))
 
 
 def collate_rows(values, starts, sizes, idx, out, incs=None) -> None:
@@ -121,4 +118,4 @@ def segment_ids(sizes, idx, out, ptr) -> None:
     ops.segment_ids(sizes, idx, out, ptr)
 
 
-__all__ = ["spmm", "edge_softmax", "set_knobs", "get_knobs", "collate_rows", "segment_ids", "REDUCES"]
+__all__ = ["spmm", "edge_softmax", "collate_rows", "segment_ids", "REDUCES"]

@@ -51,9 +51,7 @@ The structure ops (``torch.ops.gnncompile.*``, Python custom ops, opaque to the 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -62,12 +60,12 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .. import config as _config
+from ..config import CHECK_MODES
 from .checks import check_edge_index
 from .schemas import ops
 
 MAX_SHARED = 4
-CHECK_MODES = ("off", "cpu", "all")
-_CHECK_WORDS = {"0": "off", "off": "off", "1": "cpu", "on": "cpu", "cpu": "cpu", "2": "all", "all": "all"}
 
 
 # ----------------------------------------------------------------------------- structures
@@ -148,17 +146,9 @@ def _version(t: Tensor) -> Optional[int]:
 
 
 def check_mode_from_env() -> str:
-    """``GNNCOMPILE_STRUCTURE_CHECK``: 0/off, 1/cpu (the default when unset), 2/all; any other
-    value warns and gives the default."""
-    raw = os.environ.get("GNNCOMPILE_STRUCTURE_CHECK", "").strip()
-    if not raw:
-        return "cpu"
-    mode = _CHECK_WORDS.get(raw.lower())
-    if mode is None:
-        warnings.warn(f"GNNCOMPILE_STRUCTURE_CHECK={raw!r} is not one of 0/off, 1/cpu, 2/all; "
-                      "using the default, 'cpu'", RuntimeWarning, stacklevel=2)
-        return "cpu"
-    return mode
+    """``GNNCOMPILE_STRUCTURE_CHECK`` (:mod:`gnncompile.config`): 0/off, 1/cpu (the default when
+    unset), 2/all; any other value is a :class:`gnncompile.config.ConfigError`."""
+    return _config.current().structure_check
 
 
 def fingerprint(edge_index: Tensor):

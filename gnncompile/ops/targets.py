@@ -1,6 +1,7 @@
 """The op overloads that graph rewrites insert (:mod:`gnncompile.passes`) and that export
-translates or replaces (:mod:`gnncompile.export`): the rest of the package names the ops
-through this module, never through ``torch.ops.gnncompile``."""
+translates or replaces (:mod:`gnncompile.export`), and the sampler's op
+(:mod:`gnncompile.data.neighbor`): the rest of the package names the ops through this module,
+never through ``torch.ops.gnncompile`` (a test checks it)."""
 from __future__ import annotations
 
 from . import autograd  # noqa: F401  (the ops carry their autograd formulas wherever they go)
@@ -22,6 +23,8 @@ HOISTED = ops.hoisted.default
 DROPOUT = ops.dropout.default
 MESSAGE_REDUCE = ops.message_reduce.default
 MESSAGE_EDGES = ops.message_edges.default
+NEIGHBOR_SAMPLE = ops.neighbor_sample.default  # called by gnncompile.data.neighbor
 
 __all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
-           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES"]
+           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES",
+           "NEIGHBOR_SAMPLE"]

@@ -1,22 +1,25 @@
 """Graph rewrites on the torch-level FX graph that Dynamo captures (before AOTAutograd), one
-module per phase, typed records between them:
+module per phase, typed records between them. :func:`run` runs six phases, in this order:
 
-0. :mod:`.algebra`: linear maps of gathered rows moved to the nodes (exact rewrites).
-1. :mod:`.canonical`: one name per operation whatever its spelling, sizes as printable keys;
-   identity dropout removed.
-2. :mod:`.match`: every scatter explained as a fusable chain (:class:`~.match.Aggregate`,
-   :class:`~.match.Softmax`, :class:`~.match.Degree`) or as unfused with a reason.
-3. :mod:`.plan`: the graph structures the chains share (:class:`~.plan.SharedStructure`).
-4. :mod:`.rewrite`: structure ops and fused ops inserted, replaced nodes removed.
-5. :mod:`.hoist` (``hoist=True``): the work that depends only on the graph moved into one
+1. :mod:`.canonical`: identity dropout removed; with ``fast_dropout``, each dropout becomes one
+   ``gnncompile::dropout`` call. (:mod:`.canonical` also gives every other phase one name per
+   operation whatever its spelling, and sizes as printable keys.)
+2. :mod:`.algebra` (``programs=True``): linear maps of gathered rows moved to the nodes.
+3. :mod:`.match`: every scatter explained as a fusable chain (:class:`~.match.Aggregate`,
+   :class:`~.match.Softmax`, :class:`~.match.Degree`, a message program of :mod:`.messages`)
+   or as unfused with a reason.
+4. :mod:`.plan`: the graph structures the chains share (:class:`~.plan.SharedStructure`).
+5. :mod:`.rewrite`: structure ops and fused ops inserted, replaced nodes removed, then the
+   per-edge gathers left in the graph turned into ``gnncompile::gather``.
+6. :mod:`.hoist` (``hoist=True``): the work that depends only on the graph moved into one
    cached region (``gnncompile::hoisted``), computed once per graph instead of once per call.
 
-:func:`run` does all four and returns a :class:`~.report.PassReport`. Passes never launch
-kernels: they insert calls to the ops of :mod:`gnncompile.ops`, which run with the graph.
+It returns a :class:`~.report.PassReport`. Passes never launch kernels: they insert calls to
+the ops of :mod:`gnncompile.ops`, which run with the graph.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 from torch.fx import GraphModule
 
@@ -28,29 +31,32 @@ from .match import match
 from .plan import plan
 from .report import Fused, Fusions, PassReport, Unfused
 from .rewrite import node_order, rewrite
+from ..settings import DEFAULT, Settings
 
 
-def run(gm: GraphModule, copy_structures: bool = False, knobs_for: Optional[Callable] = None,
-        hoist: bool = False, fast_dropout: bool = False, programs: bool = True,
-        reassociate: bool = False) -> PassReport:
+def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: bool = False,
+        hoist: bool = False, fast_dropout: bool = False, programs: bool = True) -> PassReport:
     """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
 
-    ``copy_structures``: the cached graph structure is handed out as copies (for inner
-    compilers that recycle buffers). ``knobs_for(device)``: the kernel knobs baked into the
-    fused calls (default :func:`gnncompile.ops.get_knobs`). ``hoist``: run :func:`.hoist.hoist`
+    ``settings`` (:class:`gnncompile.settings.Settings`; default: the defaults, no knobs): the
+    kernel knobs baked into the fused calls as op arguments (``settings.knobs_for(device, op)``),
+    ``settings.slot_order`` and ``settings.reassociate`` (linear maps are also distributed over
+    sums and differences of gathered rows (:mod:`.algebra`: faster, but ``W a - W b`` cancels
+    where ``a - b`` does not)). Nothing else is read: the rewritten graph reads no process-wide
+    setting. ``copy_structures``: the cached graph structure is handed out as copies (for inner
+    compilers that recycle buffers). ``hoist``: run :func:`.hoist.hoist`
     (compiled graphs do; export does not, its graphs must hold standard ops). ``fast_dropout``:
     :func:`.canonical.fast_dropout` (compiled graphs whose inner compiler is not inductor).
     ``programs``: :func:`.algebra.push_linear_to_nodes` and message programs
-    (:mod:`.messages`); export turns them off (its graphs keep the messages as standard ops).
-    ``reassociate``: linear maps are also distributed over sums and differences of gathered
-    rows (:mod:`.algebra`: faster, but ``W a - W b`` cancels where ``a - b`` does not)."""
+    (:mod:`.messages`); export turns them off (its graphs keep the messages as standard ops)."""
+    settings = DEFAULT if settings is None else settings
     graph = gm.graph
     drop_identity_dropout(graph)
     dropouts = fast_dropout_pass(graph) if fast_dropout else 0
     notes: list = []
-    moved = push_linear_to_nodes(graph, reassociate, notes) if programs else 0
+    moved = push_linear_to_nodes(graph, settings.reassociate, notes) if programs else 0
     order = node_order(graph)
-    report = rewrite(graph, plan(match(graph, order, programs), order), order, copy_structures, knobs_for)
+    report = rewrite(graph, plan(match(graph, order, programs), order), order, copy_structures, settings)
     report.notes += list(dict.fromkeys(notes))
     report.linear_moved = moved
     report.dropouts = dropouts

@@ -16,9 +16,8 @@ Nothing here launches a kernel; the inserted ops run when the compiled graph run
 from __future__ import annotations
 
 import operator
-import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.fx import Node
@@ -32,11 +31,9 @@ from .messages import EdgeProgram, Program
 from .plan import Plan, SharedStructure
 from .semantics import Writes, written_args
 from .report import Fused, PassReport, Unfused
+from ..settings import DEFAULT, Settings
 
 Triple = Tuple[Node, Node, Node]
-# Per-edge inputs computed from narrower edge features are recomputed in CSR order (read at the
-# slot, not through perm); GNNCOMPILE_SLOT_ORDER=0 turns this off (for A/B measurements).
-_SLOT_ORDER = os.environ.get("GNNCOMPILE_SLOT_ORDER", "1") != "0"
 _PURE_OPS = (targets.MESSAGE_EDGES,)  # dropped when unused (an edge program recomputed in CSR order)
 
 
@@ -52,6 +49,9 @@ class Built:
     programs: Dict[tuple, Node] = field(default_factory=dict)  # fused programs, to compute each once
     writes: Optional[Writes] = None  # the in-place writes of the graph before the rewrite
     at: Optional[Node] = None  # the anchor of the chain being rewritten
+    # per-edge inputs computed from narrower edge features are recomputed in CSR order (read at
+    # the slot, not through perm); Settings.slot_order = False turns this off (A/B measurements)
+    slot_order: bool = True
 
 
 def node_order(graph) -> Dict[Node, int]:
@@ -221,7 +221,7 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool =
     ins, sides = [], []
     for lf in m.leaves:
         node, side = lf.node, lf.side
-        if side == P.EDGE and _SLOT_ORDER:
+        if side == P.EDGE and b.slot_order:
             reordered = _leaf_in_csr_order(graph, node, b, knobs)
             if reordered is not None:
                 node, side = reordered, P.SLOT
@@ -241,22 +241,22 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool =
     return graph.call_method("reshape", (out, (-1, *m.shape)))
 
 
-def _fused(graph, m: Match, b: Built, knobs_for: Callable) -> Tuple[Node, Fused]:
+def _fused(graph, m: Match, b: Built, settings: Settings) -> Tuple[Node, Fused]:
     """The fused replacement of chain ``m``, inserted before its anchor, and its report line."""
     rowptr, _, perm = b.csr
     layer, at = layer_of(m.anchor), m.anchor.name
     b.at = m.anchor
     with graph.inserting_before(m.anchor):
         if isinstance(m, Program):
-            knobs = list(knobs_for(fake_tensor(m.leaves[0].node).device))
+            knobs = settings.knobs_for(fake_tensor(m.leaves[0].node).device, "message")
             kind = "edges" if isinstance(m, EdgeProgram) else ("message" if m.gathers else "segment")
             return _fused_program(graph, m, b, knobs), Fused(kind, m.reduce, layer, False, at, m.describe())
         if isinstance(m, Aggregate):
-            knobs = list(knobs_for(fake_tensor(m.x).device))
+            knobs = settings.knobs_for(fake_tensor(m.x).device, "spmm")
             return _fused_spmm(graph, m, b, knobs), Fused("spmm", m.reduce, layer, m.weight is not None, at,
                                                           "relu input" if m.relu_input else "")
         if isinstance(m, Softmax):
-            knobs = list(knobs_for(fake_tensor(m.scores).device))
+            knobs = settings.knobs_for(fake_tensor(m.scores).device, "edge_softmax")
             s = graph.call_method("contiguous", (m.scores,))
             out = graph.call_function(targets.EDGE_SOFTMAX, (rowptr, perm, s, knobs))
             return out, Fused("edge_softmax", "softmax", layer, False, at)
@@ -296,21 +296,22 @@ def drop_dead(graph, claimed=()) -> None:
 
 
 def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = False,
-            knobs_for: Optional[Callable] = None) -> PassReport:
-    """Applies plan ``p`` to ``graph``; returns what was fused and what was left, with reasons."""
-    from ..ops import get_knobs
-
-    knobs_for = knobs_for or get_knobs
+            settings: Optional[Settings] = None) -> PassReport:
+    """Applies plan ``p`` to ``graph``; returns what was fused and what was left, with reasons.
+    The kernel knobs of ``settings`` (default: none, the kernels' defaults) go into the fused
+    calls as arguments."""
+    settings = DEFAULT if settings is None else settings
     report = PassReport()
     writes = Writes(graph)
     built = insert_structures(graph, p, copy_structures, report)
     for b in built:
         b.writes = writes
+        b.slot_order = settings.slot_order
     chains = sorted(((m, b) for b in built for m in b.shared.members), key=lambda mb: order[mb[0].anchor])
     outs = []
     for m, b in chains:
         at = m.anchor.name
-        out, line = _fused(graph, m, b, knobs_for)
+        out, line = _fused(graph, m, b, settings)
         report.fused.append(line)
         if line.kind == "segment":  # reduced in one pass, but the message itself is not fused
             built_by = opname(m.leaves[0].node) or m.leaves[0].node.op
@@ -327,7 +328,7 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
     for n, why in p.unfused.items():
         report.unfused.append(Unfused(opname(n), layer_of(n), why, n.name))
     drop_dead(graph, p.claimed)
-    report.gathers = rewrite_edge_gathers(graph, built, knobs_for)
+    report.gathers = rewrite_edge_gathers(graph, built, settings)
     return report
 
 
@@ -345,7 +346,7 @@ def _grouping_structure(built: List[Built], ref: IndexRef, nkey: str) -> Optiona
     return None
 
 
-def rewrite_edge_gathers(graph, built: List[Built], knobs_for: Callable) -> int:
+def rewrite_edge_gathers(graph, built: List[Built], settings: Settings) -> int:
     """Per-edge gathers of a row of edge_index still in the graph become ``gnncompile::gather``
     where the gathered tensor needs a gradient and a structure grouping the edges by that index
     exists. Returns how many."""
@@ -363,7 +364,7 @@ def rewrite_edge_gathers(graph, built: List[Built], knobs_for: Callable) -> int:
         if structure is None or not _hoist_structure(graph, structure[0].args[0], n):
             continue
         with graph.inserting_before(n):
-            new = graph.call_function(targets.GATHER, (x, idx, *structure, list(knobs_for(xv.device))))
+            new = graph.call_function(targets.GATHER, (x, idx, *structure, settings.knobs_for(xv.device, "gather")))
         n.replace_all_uses_with(new)
         graph.erase_node(n)
         done += 1

@@ -66,10 +66,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 
-from .. import __version__
-from ..compiler.backend import INNERS  # what settings.inner may hold (None: the default)
-from . import cuda_knobs as _cuda_knobs
-from . import device as _device
+from . import __version__
+from . import config as _config
+from .config import INNERS  # what settings.inner may hold (None: the default)
+from .hardware import cuda_knobs as _cuda_knobs
+from .hardware import device as _device
 
 FORMAT = "gnncompile-profile"
 SCHEMA_VERSION = 1
@@ -96,14 +97,9 @@ class ProfileError(ValueError):
 
 # ------------------------------------------------------------------------------ locations
 def cache_dir() -> Path:
-    """gnncompile's cache folder: $GNNCOMPILE_CACHE_DIR, else $XDG_CACHE_HOME/gnncompile,
-    else ~/.cache/gnncompile."""
-    explicit = os.environ.get("GNNCOMPILE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "gnncompile"
+    """gnncompile's cache folder (:func:`gnncompile.config.cache_dir`): $GNNCOMPILE_CACHE_DIR,
+    else $XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile."""
+    return _config.cache_dir()
 
 
 def profile_dir() -> Path:
@@ -168,15 +164,6 @@ class Profile:
     def inner(self) -> Optional[str]:
         """The inner compiler the tuning run chose (None: gnncompile's default)."""
         return self.settings.get("inner")
-
-    def apply(self, threads: bool = False) -> None:
-        """Sets the kernel knobs for this profile's device type (and, if ``threads``, torch's
-        intra-op thread count)."""
-        from ..ops import set_knobs
-
-        set_knobs(self.device.get("type", "cpu"), self.knobs)
-        if threads and self.settings.get("threads"):
-            torch.set_num_threads(int(self.settings["threads"]))
 
     def summary(self) -> str:
         tp = self.throughput

@@ -1,0 +1,191 @@
+"""gnncompile's configuration: every environment variable it reads, read here and only here.
+
+Each variable is parsed into a typed field of :class:`Config`; a value that does not parse is a
+:class:`ConfigError` naming the variable and what it accepts (never a silent default).
+:func:`current` reads the environment each time it is called (cheaply: the parsed result is
+kept while the raw values stay the same), so a variable set before the first use counts.
+What a compiled model uses is copied into its :class:`gnncompile.settings.Settings` when it is
+compiled; changing a variable later does not change a model already compiled.
+
+Tests override values without touching ``os.environ`` with :func:`override`::
+
+    with config.override(structure_check="all"):
+        ...
+
+The README's table of variables is :func:`table`, checked by a test.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple  # noqa: F401
+
+#: the inner compilers gnncompile hands the rest of a graph to
+INNERS = ("eager", "aot_eager", "inductor")
+#: the structure check modes (see :func:`gnncompile.ops.structure.set_structure_check`)
+CHECK_MODES = ("off", "cpu", "all")
+_CHECK_WORDS = {"0": "off", "off": "off", "1": "cpu", "on": "cpu", "cpu": "cpu", "2": "all", "all": "all"}
+_TRUE = ("1", "on", "true", "yes")
+_FALSE = ("0", "off", "false", "no")
+
+
+class ConfigError(ValueError):
+    """An environment variable of gnncompile holds a value it cannot use."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The parsed environment (see :data:`VARIABLES` for each field's variable)."""
+
+    inner: Optional[str] = None
+    capture_dynamic: bool = True
+    slot_order: bool = True
+    structure_check: str = "cpu"
+    disable_native: bool = False
+    cache_dir: Optional[Path] = None  # None: $XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile
+    xdg_cache_home: Optional[Path] = None
+
+
+def _flag(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+
+
+def _inner(name: str, raw: str) -> Optional[str]:
+    v = raw.strip()
+    if v in ("", "auto"):
+        return None
+    if v not in INNERS:
+        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(INNERS)} (or unset / 'auto')")
+    return v
+
+
+def _check(name: str, raw: str) -> str:
+    mode = _CHECK_WORDS.get(raw.strip().lower())
+    if mode is None:
+        raise ConfigError(f"{name}={raw!r}: expected 0/off, 1/on/cpu or 2/all")
+    return mode
+
+
+def _path(name: str, raw: str) -> Optional[Path]:
+    if "\0" in raw:
+        raise ConfigError(f"{name}={raw!r}: a path cannot hold a NUL character")
+    return Path(raw).expanduser() if raw else None  # empty: unset
+
+
+def _xdg(name: str, raw: str) -> Optional[Path]:
+    # the XDG base directory rule: a relative value is invalid and is ignored
+    return Path(raw) if raw and os.path.isabs(raw) else None
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    field: str
+    parse: Callable[[str, str], Any]
+    accepts: str
+    doc: str
+
+
+#: Every environment variable gnncompile reads, in the README's order.
+VARIABLES: Tuple[Variable, ...] = (
+    Variable("GNNCOMPILE_INNER", "inner", _inner, "eager, aot_eager, inductor, auto (unset)",
+             "the inner compiler for the graph around the fused ops when compile(inner='auto') "
+             "and the profile names none; unset: chosen per graph piece by its size"),
+    Variable("GNNCOMPILE_CAPTURE_DYNAMIC", "capture_dynamic", _flag, "1 (default) / 0",
+             "trace ops with data-dependent output sizes (edge_index[:, mask]) into the graph "
+             "instead of breaking it there"),
+    Variable("GNNCOMPILE_SLOT_ORDER", "slot_order", _flag, "1 (default) / 0",
+             "recompute per-edge inputs in CSR order (0: read them through the permutation; "
+             "for A/B measurements)"),
+    Variable("GNNCOMPILE_STRUCTURE_CHECK", "structure_check", _check, "0/off, 1/cpu (default), 2/all",
+             "when a structure found by the identity of its edge_index is confirmed by a "
+             "content fingerprint"),
+    Variable("GNNCOMPILE_DISABLE_NATIVE", "disable_native", _flag, "0 (default) / 1",
+             "do not load the native kernels (every op runs its pure-torch reference); read at import"),
+    Variable("GNNCOMPILE_CACHE_DIR", "cache_dir", _path, "a path",
+             "gnncompile's cache folder (device profiles, tuning studies); default "
+             "$XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile"),
+    Variable("XDG_CACHE_HOME", "xdg_cache_home", _xdg, "an absolute path (a relative one is ignored)",
+             "the base of the default cache folder"),
+)
+
+_lock = threading.Lock()
+_overrides: Dict[str, Any] = {}
+_cached: Tuple[Any, Optional[Config]] = (None, None)
+
+
+def _parse(raw: Tuple[Optional[str], ...]) -> Config:
+    values = {}
+    for var, value in zip(VARIABLES, raw):
+        if value is not None and value.strip():  # set and not empty (empty = unset)
+            values[var.field] = var.parse(var.name, value)
+    return Config(**values)
+
+
+def current() -> Config:
+    """The configuration now: the environment, then :func:`override`'s values over it. Raises
+    :class:`ConfigError` for a variable holding a value it cannot use."""
+    global _cached
+    raw = tuple(os.environ.get(v.name) for v in VARIABLES)
+    key = (raw, tuple(sorted(_overrides.items(), key=lambda kv: kv[0])))
+    cached_key, cfg = _cached
+    if cfg is None or cached_key != key:
+        cfg = _parse(raw)
+        if _overrides:
+            cfg = replace(cfg, **_overrides)
+        _cached = (key, cfg)
+    return cfg
+
+
+_FIELDS = {f.name for f in fields(Config)}
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[Config]:
+    """Within the block, :func:`current` gives ``values`` over the environment (for tests).
+    Values are checked as the variable's parser checks them (strings are parsed)."""
+    unknown = set(values) - _FIELDS
+    if unknown:
+        raise TypeError(f"gnncompile.config.override: unknown field(s) {sorted(unknown)}; "
+                        f"the fields are {sorted(_FIELDS)}")
+    by_field = {v.field: v for v in VARIABLES}
+    parsed = {k: by_field[k].parse(by_field[k].name, v) if isinstance(v, str) else v
+              for k, v in values.items()}
+    with _lock:
+        saved = dict(_overrides)
+        _overrides.update(parsed)
+    try:
+        yield current()
+    finally:
+        with _lock:
+            _overrides.clear()
+            _overrides.update(saved)
+
+
+def cache_dir() -> Path:
+    """gnncompile's cache folder: $GNNCOMPILE_CACHE_DIR, else $XDG_CACHE_HOME/gnncompile,
+    else ~/.cache/gnncompile."""
+    cfg = current()
+    if cfg.cache_dir is not None:
+        return cfg.cache_dir
+    base = cfg.xdg_cache_home if cfg.xdg_cache_home is not None else Path.home() / ".cache"
+    return base / "gnncompile"
+
+
+def table() -> str:
+    """The markdown table of :data:`VARIABLES` (the README holds it)."""
+    lines = ["| variable | values | what it sets |", "|---|---|---|"]
+    lines += [f"| `{v.name}` | {v.accepts} | {v.doc} |" for v in VARIABLES]
+    return "\n".join(lines)
+
+
+__all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
+           "INNERS", "CHECK_MODES"]

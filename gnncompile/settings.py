@@ -1,0 +1,199 @@
+"""The settings a compiled model runs with: one immutable value, carried by the model.
+
+:func:`gnncompile.compile` builds a :class:`Settings` from, in order of precedence (later wins)::
+
+    defaults  <-  configuration (environment, gnncompile.config)  <-  device profile  <-  compile(...) arguments
+
+and hands it to the backend, which hands it to the rewrite: the kernel knobs are baked into the
+fused calls of each compiled graph as op arguments, so a compiled graph reads no process-wide
+state, and two models compiled with different settings in one process each run with their own.
+``model.gnncompile_settings`` shows them, :func:`gnncompile.explain` prints them, and
+:func:`gnncompile.export` of a compiled model uses them.
+
+Fields:
+
+* ``knobs``: kernel knobs by device type (``(("cpu", (8,)),)``; a device type that is not
+  listed gets the kernels' own defaults), and ``op_knobs`` by op and device type, which win
+  over ``knobs`` for that op (ops: :data:`OPS`).
+* ``inner``: the inner compiler ('auto': chosen per graph piece by its size, see
+  :func:`gnncompile.compiler.backend.choose_inner`).
+* ``reassociate``: distribute linear maps over sums and differences of gathered rows (not exact,
+  off by default; see :mod:`gnncompile.passes.algebra`).
+* ``slot_order``, ``capture_dynamic``: rewrite and capture switches (``gnncompile.config``).
+* ``structure_check``: the fingerprint check mode of the structure cache (process-wide: the
+  cache is shared by every model; recorded here as it was when the model was compiled).
+* ``threads``: torch's intra-op thread count the profile chose (gnncompile never changes a
+  process-wide thread count on its own; the tuner applies it in its trials).
+* ``loader``: keyword arguments for :class:`gnncompile.data.PooledLoader` from the profile.
+* ``choices``: per-op implementation choices (room for what the kernels expose next; none yet).
+* ``profile``: where the profile's settings came from (a path, or "(defaults)").
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import config as _config
+
+#: the ops a knob list may be given for in ``op_knobs``
+OPS = ("spmm", "edge_softmax", "message", "gather")
+DEVICE_TYPES = ("cpu", "cuda")
+_LOADER_KEYS = ("batch_size", "pool_size", "num_workers", "pin_memory", "persistent_workers")
+
+
+def _knob_tuple(knobs: Any, what: str) -> Tuple[int, ...]:
+    if isinstance(knobs, (str, bytes)) or not isinstance(knobs, Sequence):
+        raise TypeError(f"gnncompile settings: {what} must be a list of ints >= 0, got {knobs!r}")
+    out = []
+    for k in knobs:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"gnncompile settings: {what} must be a list of ints >= 0, got {list(knobs)!r}")
+        out.append(int(k))
+    return tuple(out)
+
+
+def _device_type(d: Any, what: str) -> str:
+    if d not in DEVICE_TYPES:
+        raise ValueError(f"gnncompile settings: {what}: device type must be one of {DEVICE_TYPES}, got {d!r}")
+    return d
+
+
+@dataclass(frozen=True)
+class Settings:
+    """See the module docstring. Build one with :meth:`build` or :meth:`replace`; both check
+    every value (a bad one is a ValueError / TypeError naming the setting)."""
+
+    knobs: Tuple[Tuple[str, Tuple[int, ...]], ...] = ()
+    op_knobs: Tuple[Tuple[str, str, Tuple[int, ...]], ...] = ()
+    inner: str = "auto"
+    reassociate: bool = False
+    slot_order: bool = True
+    capture_dynamic: bool = True
+    structure_check: str = "cpu"
+    threads: Optional[int] = None
+    loader: Tuple[Tuple[str, Any], ...] = ()
+    choices: Tuple[Tuple[str, str], ...] = ()
+    profile: str = "(defaults)"
+
+    def __post_init__(self) -> None:
+        if self.inner != "auto" and self.inner not in _config.INNERS:
+            raise ValueError(f"gnncompile settings: inner must be 'auto' or one of {_config.INNERS}, "
+                             f"got {self.inner!r}")
+        if self.structure_check not in _config.CHECK_MODES:
+            raise ValueError(f"gnncompile settings: structure_check must be one of {_config.CHECK_MODES}, "
+                             f"got {self.structure_check!r}")
+        for name in ("reassociate", "slot_order", "capture_dynamic"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"gnncompile settings: {name} must be True or False, got {getattr(self, name)!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ValueError(f"gnncompile settings: threads must be None or an int >= 1, got {self.threads!r}")
+        # normalised forms: sorted, deduplicated (the last entry for a key wins)
+        knobs = {_device_type(d, "knobs"): _knob_tuple(k, f"knobs[{d!r}]") for d, k in self.knobs}
+        object.__setattr__(self, "knobs", tuple(sorted(knobs.items())))
+        op_knobs = {}
+        for op, d, k in self.op_knobs:
+            if op not in OPS:
+                raise ValueError(f"gnncompile settings: op_knobs: op must be one of {OPS}, got {op!r}")
+            op_knobs[(op, _device_type(d, "op_knobs"))] = _knob_tuple(k, f"op_knobs[{op!r}, {d!r}]")
+        object.__setattr__(self, "op_knobs", tuple(sorted((o, d, k) for (o, d), k in op_knobs.items())))
+        loader = dict(self.loader)
+        bad = set(loader) - set(_LOADER_KEYS)
+        if bad:
+            raise ValueError(f"gnncompile settings: loader keys must be among {_LOADER_KEYS}, got {sorted(bad)}")
+        object.__setattr__(self, "loader", tuple(sorted(loader.items())))
+        object.__setattr__(self, "choices", tuple(sorted(dict(self.choices).items())))
+
+    # ------------------------------------------------------------------ reading
+    def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
+        """The knobs ``op`` gets on ``device`` (a torch.device or a device type): the op's own,
+        else the device type's, else [] (the kernels' defaults)."""
+        dtype = getattr(device, "type", device)
+        if op is not None:
+            for o, d, k in self.op_knobs:
+                if o == op and d == dtype:
+                    return list(k)
+        for d, k in self.knobs:
+            if d == dtype:
+                return list(k)
+        return []
+
+    def loader_kwargs(self) -> Dict[str, Any]:
+        """Keyword arguments for :class:`gnncompile.data.PooledLoader` (those that are set)."""
+        return {k: v for k, v in self.loader if v is not None}
+
+    def as_dict(self) -> Dict[str, Any]:
+        """A JSON-friendly dict (lists for tuples)."""
+        return {"knobs": {d: list(k) for d, k in self.knobs},
+                "op_knobs": {f"{o}/{d}": list(k) for o, d, k in self.op_knobs},
+                "inner": self.inner, "reassociate": self.reassociate, "slot_order": self.slot_order,
+                "capture_dynamic": self.capture_dynamic, "structure_check": self.structure_check,
+                "threads": self.threads, "loader": dict(self.loader), "choices": dict(self.choices),
+                "profile": self.profile}
+
+    def lines(self) -> List[str]:
+        """One line per setting, for explain()."""
+        d = self.as_dict()
+        knobs = ", ".join(f"{k} {v}" for k, v in d["knobs"].items()) or "the kernels' defaults"
+        out = [f"knobs: {knobs}"]
+        if d["op_knobs"]:
+            out.append("op knobs: " + ", ".join(f"{k} {v}" for k, v in d["op_knobs"].items()))
+        out += [f"inner: {self.inner}", f"reassociate: {self.reassociate}", f"slot order: {self.slot_order}",
+                f"capture dynamic: {self.capture_dynamic}", f"structure check: {self.structure_check}",
+                f"threads: {self.threads if self.threads is not None else 'as torch has it'}"]
+        if self.loader:
+            out.append("loader: " + ", ".join(f"{k}={v}" for k, v in self.loader))
+        if self.choices:
+            out.append("choices: " + ", ".join(f"{k}={v}" for k, v in self.choices))
+        out.append(f"profile: {self.profile}")
+        return out
+
+    def __str__(self) -> str:
+        return "; ".join(self.lines())
+
+    # ------------------------------------------------------------------ building
+    def replace(self, **changes: Any) -> "Settings":
+        """A copy with ``changes`` (checked); ``knobs`` may be given as a mapping
+        ``{device type: [ints]}``, ``op_knobs`` as ``{(op, device type): [ints]}``."""
+        return dataclasses.replace(self, **_normalise(changes))
+
+    @classmethod
+    def from_config(cls, cfg: Optional[_config.Config] = None) -> "Settings":
+        """The defaults with the configuration (environment) over them."""
+        cfg = _config.current() if cfg is None else cfg
+        return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
+                   structure_check=cfg.structure_check)
+
+    @classmethod
+    def build(cls, profile: Any = None, cfg: Optional[_config.Config] = None, **explicit: Any) -> "Settings":
+        """defaults <- configuration <- ``profile`` (a :class:`gnncompile.profiles.Profile`, or
+        None) <- ``explicit`` (``inner='auto'`` and None values leave the setting as it is)."""
+        s = cls.from_config(cfg)
+        if profile is not None:
+            dtype = str(profile.device.get("type", "cpu"))
+            prof = {"knobs": {dtype: profile.knobs}, "threads": profile.settings.get("threads"),
+                    "loader": profile.loader_kwargs(),
+                    "profile": profile.path or "(defaults)"}
+            if profile.inner:
+                prof["inner"] = profile.inner
+            s = s.replace(**prof)
+        given = {k: v for k, v in explicit.items() if v is not None and not (k == "inner" and v == "auto")}
+        return s.replace(**given) if given else s
+
+
+def _normalise(changes: Mapping[str, Any]) -> Dict[str, Any]:
+    out = dict(changes)
+    if isinstance(out.get("knobs"), Mapping):
+        out["knobs"] = tuple((d, tuple(k)) for d, k in out["knobs"].items())
+    if isinstance(out.get("op_knobs"), Mapping):
+        out["op_knobs"] = tuple((o, d, tuple(k)) for (o, d), k in out["op_knobs"].items())
+    for key in ("loader", "choices"):
+        if isinstance(out.get(key), Mapping):
+            out[key] = tuple(out[key].items())
+    return out
+
+
+DEFAULT = Settings()
+
+__all__ = ["Settings", "DEFAULT", "OPS"]
