@@ -21,7 +21,7 @@ env install: $(STAMP)
 # (speedup + explain report), then the fused ops against their peers.
 demo: $(STAMP)
 	$(VENV)/bin/gnncompile demo
-	$(PY) benchmarks/ops.py --quick
+	$(PY) -m benchmarks ops --quick
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow"
@@ -30,7 +30,7 @@ test-all: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
-	$(PY) benchmarks/ops.py --memory
+	$(PY) -m benchmarks ops --memory
 
 # Compiles every CUDA kernel with nvcc (no GPU needed); the glue files need torch's headers,
 # taken from the project's environment.

@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmarks: timing, memory, machine bandwidth, report writing."""
+"""Shared helpers for the benchmarks: timing (CPU and CUDA), memory, machine bandwidth, the
+machine and load records, child processes, the command line and report writing."""
 from __future__ import annotations
 
 import json
@@ -7,11 +8,25 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]  # the repository: `python -m benchmarks...` runs from here
+RESULTS = Path(__file__).resolve().parent / "results"  # the current tables
+
+
+def command(name: str, argv: Optional[Sequence[str]] = None) -> str:
+    """The command line that ran benchmark ``name`` with ``argv`` (default: this process's
+    arguments), as the result tables record it: ``python -m benchmarks NAME ARGS``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return " ".join(["python", "-m", "benchmarks", name] + args)
+
+
+def module_command(name: str) -> List[str]:
+    """The start of a child process's command line that runs benchmark ``name`` (its arguments
+    follow). Run it with ``cwd=ROOT`` (run_child does) so that the package is importable."""
+    return [sys.executable, "-m", f"{__package__ or 'benchmarks'}.{name}"]
 
 
 def timeit(fn: Callable[[], object], repeats: int, warmup: int = 1) -> Dict[str, float]:
@@ -55,19 +70,33 @@ def read_peak_rss_delta(fn: Callable[[], object]) -> int:
     return status("VmHWM") - before
 
 
-def isolated_env() -> dict:
+def isolated_env(threads: Optional[int] = None) -> dict:
+    """A child's environment for memory measurements: MALLOC_MMAP_THRESHOLD_=65536 (see
+    read_peak_rss_delta); ``threads``: OMP_NUM_THREADS."""
     env = dict(os.environ)
     env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def timing_env(threads: Optional[int] = None) -> dict:
+    """A child's environment for timing under the default allocator: this process's without
+    MALLOC_MMAP_THRESHOLD_; ``threads``: OMP_NUM_THREADS."""
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
 def run_child(cmd: list, env: dict, timeout: float, tail_chars: int = 500) -> dict:
-    """Runs a benchmark child process; its last ``RESULT {json}`` line, or {"error": ...} with
-    the command (a timeout, a non-zero exit or no result line)."""
+    """Runs a benchmark child process (in ROOT, see module_command); its last ``RESULT {json}``
+    line, or {"error": ...} with the command (a timeout, a non-zero exit or no result line)."""
     import subprocess
 
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s", "command": " ".join(cmd)}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -77,10 +106,13 @@ def run_child(cmd: list, env: dict, timeout: float, tail_chars: int = 500) -> di
     return {"error": f"rc {p.returncode}: {tail[0][:tail_chars]}", "command": " ".join(cmd)}
 
 
-def write_json(path: Path, payload: dict) -> None:
+def write_json(path: Path, payload: dict, default: Optional[Callable] = None) -> None:
+    """Writes ``payload`` to ``path`` (through a temporary file, so a reader never sees half of
+    it); ``default`` as json.dumps takes it (``str`` for payloads holding other objects)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.write_text(json.dumps(payload, indent=2, default=default))
     os.replace(tmp, path)
 
 
@@ -98,16 +130,63 @@ def machine() -> dict:
     }
 
 
+def loadavg() -> Tuple[float, float, float]:
+    """The machine's load averages (1, 5, 15 min): benchmarks record them before and after a run
+    (the machine is shared) as ``"loadavg_before_after": [before, after]``."""
+    return os.getloadavg()
+
+
+def load_text(before_after) -> str:
+    """The tables' note on a run's ``loadavg_before_after``: the 1-min load before / after."""
+    before, after = before_after
+    return f"Load average (1 min) before / after: {before[0]:.1f} / {after[0]:.1f}"
+
+
 def write_results(folder: Path, name: str, payload: dict, markdown: Callable[[dict], str],
-                  plot: Callable[[dict, Path], None]) -> None:
-    """Writes folder/name.{json,md,png} (the plot skipped, with a note, where it fails: the table
-    is the result) and prints the markdown."""
+                  plot: Optional[Callable[[dict, Path], None]] = None,
+                  json_default: Optional[Callable] = None) -> None:
+    """Writes folder/name.{json,md,png} (no plot where ``plot`` is None; the plot skipped, with
+    a note, where it fails: the table is the result) and prints the markdown."""
     folder = Path(folder)
-    write_json(folder / f"{name}.json", payload)
+    write_json(folder / f"{name}.json", payload, default=json_default)
     md = markdown(payload)
     (folder / f"{name}.md").write_text(md)
     print(md)
+    if plot is None:
+        return
     try:
         plot(payload, folder / f"{name}.png")
     except Exception as e:  # matplotlib missing
         print(f"(no plot: {e})")
+
+
+# --------------------------------------------------------------------------- CUDA
+def cuda_time(fn: Callable[[], object], repeats: int, warmup: int) -> Tuple[float, List[float]]:
+    """Median and every time of ``repeats`` calls of fn after ``warmup`` calls, in milliseconds,
+    measured with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))  # milliseconds
+    return statistics.median(times), times
+
+
+def cuda_peak_bytes(fn: Callable[[], object]) -> int:
+    """The CUDA allocator's high-water mark during one call of fn, above what was allocated
+    before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return int(peak)

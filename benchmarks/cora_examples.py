@@ -1,7 +1,7 @@
 """End to end: PyG's Cora examples (GCN, GAT) as scripts, plain vs one added gnncompile line.
 
-    python benchmarks/cora_examples.py                          # gcn + gat, 200 epochs, 3 repeats
-    python benchmarks/cora_examples.py --examples gcn --epochs 50 --repeats 1
+    python -m benchmarks cora_examples                          # gcn + gat, 200 epochs, 3 repeats
+    python -m benchmarks cora_examples --examples gcn --epochs 50 --repeats 1
 
 The scripts are benchmarks/examples/{gcn,gat}_cora.py: our own versions of the recipes of PyG's
 examples/gcn.py and examples/gat.py (Planetoid Cora, NormalizeFeatures, 200 epochs of one
@@ -46,8 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+from . import _common
 
 HERE = Path(__file__).resolve().parent
 # name: (script, extra arguments). gcn-uncached: GCNConv(cached=False), the normalisation on every
@@ -65,9 +64,7 @@ def _dir_bytes(path: Path) -> int:
 
 def run_script(example: str, compile_: bool, cache_dir, opts) -> dict:
     """One run of an example script in a fresh process; the script's JSON plus process_wall_s."""
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(opts.threads)
-    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    env = _common.timing_env(opts.threads)
     if cache_dir is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     fd, out = tempfile.mkstemp(suffix=".json", prefix=f"{example}_")
@@ -177,8 +174,8 @@ def markdown(p: dict) -> str:
               f"end; first epoch includes compilation. Break-even: extra epochs after which the "
               f"compiled run's fixed cost is paid back by its faster epochs ((wall_c - wall_e) / "
               f"(epoch_e - epoch_c)). Inner compiler: {p['inner']}. torch {m['torch']}, gnncompile "
-              f"{m['gnncompile']}. Load average (1 min) before / after: {p['loadavg_before_after'][0][0]:.1f} / "
-              f"{p['loadavg_before_after'][1][0]:.1f} (a shared machine). Command: `{p['command']}`"]
+              f"{m['gnncompile']}. {_common.load_text(p['loadavg_before_after'])} (a shared machine). "
+              f"Command: `{p['command']}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -229,15 +226,14 @@ def main(argv=None) -> dict:
     from gnncompile import config as _cfg
     from gnncompile.compiler import backend as _be
 
-    load_before = os.getloadavg()
+    load_before = _common.loadavg()
     results = {ex: run_example(ex, opts) for ex in examples}
-    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
+    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, _common.loadavg()],
                "examples": examples, "epochs": opts.epochs, "repeats": opts.repeats, "threads": opts.threads,
                "inner": (_cfg.current().inner or
                          f"auto (eager below {_be.AUTO_INDUCTOR_MIN_SIZE} nodes + edges, else inductor)"),
                "results": results,
-               "command": " ".join(["python", "benchmarks/cora_examples.py"]
-                                   + list(sys.argv[1:] if argv is None else argv))}
+               "command": _common.command("cora_examples", argv)}
     _common.write_results(Path(opts.results_dir), opts.out, payload, markdown, plot)
     return payload
 

@@ -6,7 +6,7 @@ ONNX file in onnxruntime (CPU) and the eager model on the *same* benchmark graph
 power-law graph of another size), check they agree (1e-4), and time both (median of repeats,
 inference, no grad). Also the size of the pt2 program.
 
-    python benchmarks/export.py [--nodes 5000 --edges 50000 --features 32 --repeats 20]
+    python -m benchmarks export [--nodes 5000 --edges 50000 --features 32 --repeats 20]
 
 Writes benchmarks/results/export.{json,md}.
 """
@@ -19,12 +19,11 @@ import tempfile
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import gnncompile
 
-import gnncompile  # noqa: E402
+import torch
 
-import torch  # noqa: E402
+from . import _common
 
 
 def _models(F: int):
@@ -108,29 +107,34 @@ def main(argv=None) -> int:
 
     payload = {"machine": _common.machine(), "onnxruntime": ort.__version__,
                "graph": {"nodes": a.nodes, "edges": a.edges, "features": F, "generator": "power_law_graph"},
-               "example": {"nodes": 64, "edges": 256}, "repeats": a.repeats, "rows": rows}
+               "example": {"nodes": 64, "edges": 256}, "repeats": a.repeats, "rows": rows,
+               "command": _common.command("export", argv)}
     out = Path(a.out)
-    _common.write_json(out.with_suffix(".json"), payload)
+    _common.write_results(out.parent, out.stem, payload, markdown)
+    print(f"wrote {out.with_suffix('.md')}")
+    return 0
+
+
+def markdown(p: dict) -> str:
+    g = p["graph"]
     lines = [
         "# Exported models: file size and latency",
         "",
-        f"Inference on a generated power-law graph of {a.nodes} nodes, {a.edges} edges, {F} features "
-        f"(exported on a 64-node example); median of {a.repeats} runs, eager and onnxruntime "
+        f"Inference on a generated power-law graph of {g['nodes']} nodes, {g['edges']} edges, {g['features']} "
+        f"features (exported on a 64-node example); median of {p['repeats']} runs, eager and onnxruntime "
         f"alternating; torch threads = onnxruntime "
-        f"intra-op threads = {torch.get_num_threads()}; onnxruntime {ort.__version__}, CPU provider.",
+        f"intra-op threads = {p['machine']['threads']}; onnxruntime {p['onnxruntime']}, CPU provider.",
         "Outputs agree within 1e-4 before timing.",
         "",
         "| model | ONNX size | pt2 size | fused ops | eager PyTorch | onnxruntime | eager / ort |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
+    for r in p["rows"]:
         lines.append(f"| {r['model']} | {r['onnx_bytes'] / 1024:.1f} KiB | {r['pt2_bytes'] / 1024:.1f} KiB | "
                      f"{r['fused']} | {r['eager_ms']:.2f} ms | {r['ort_ms']:.2f} ms | "
                      f"{r['eager_ms'] / r['ort_ms']:.2f} |")
-    lines += ["", "Command: `python benchmarks/export.py " + " ".join(argv if argv is not None else sys.argv[1:]) + "`", ""]
-    out.with_suffix(".md").write_text("\n".join(lines))
-    print(f"wrote {out.with_suffix('.md')}")
-    return 0
+    lines += ["", f"Command: `{p['command']}`", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Differential fuzzing of the compiler against eager, as long a run as a budget allows.
 
-    python benchmarks/fuzz_messages.py                      # 10 minutes, seeds from 1000
-    python benchmarks/fuzz_messages.py --minutes 60 --start 1000
-    python benchmarks/fuzz_messages.py --cases 50           # a fixed number of cases
+    python -m benchmarks fuzz_messages                      # 10 minutes, seeds from 1000
+    python -m benchmarks fuzz_messages --minutes 60 --start 1000
+    python -m benchmarks fuzz_messages --cases 50           # a fixed number of cases
 
 Random user MessagePassing layers (gnncompile/testing/fuzz.py: elementwise messages over x_i,
 x_j, edge features, edge weights and parameters; modelled and unmodelled operations with every
@@ -18,17 +18,13 @@ Writes benchmarks/results/fuzz_messages.{json,md} (no plot: the counts are the r
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+from gnncompile.testing import fuzz
 
-import torch  # noqa: E402
-
-from gnncompile.testing import fuzz  # noqa: E402
+from . import _common
 
 
 def main(argv=None) -> int:
@@ -37,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=None, help="run exactly this many cases")
     ap.add_argument("--start", type=int, default=1000, help="first seed")
     ap.add_argument("--layers", type=int, default=10, help="layers per case")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--out", default=str(_common.RESULTS))
     ap.add_argument("--name", default="fuzz_messages")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -66,8 +62,8 @@ def main(argv=None) -> int:
                "mismatching_layers": sum(len(m["layers"]) for m in mismatches),
                "forward_only_layers": forward_only, "skipped_cases": skipped,
                "seconds": round(time.monotonic() - t0, 1), "dtype": "float64", "inner": "aot_eager",
-               "mismatches": mismatches}
-    _common.write_results(Path(args.out), args.name, payload, markdown, lambda p, path: None)
+               "command": _common.command("fuzz_messages", argv), "mismatches": mismatches}
+    _common.write_results(Path(args.out), args.name, payload, markdown)
     return 1 if mismatches else 0
 
 
@@ -77,7 +73,7 @@ def markdown(p: dict) -> str:
         "",
         f"Machine: {p['machine']['device']}, torch {p['machine']['torch']}, {p['machine']['threads']} threads. "
         f"Seeds {p['first_seed']}-{p['last_seed']}, {p['layers_per_case']} layers per case, {p['dtype']}, "
-        f"inner compiler {p['inner']}, {p['seconds']} s. Command: `python benchmarks/fuzz_messages.py`.",
+        f"inner compiler {p['inner']}, {p['seconds']} s. Command: `{p['command']}`.",
         "",
         "| cases | layers | mismatching cases | mismatching layers | layers compared forward only | cases eager rejects |",
         "|---|---|---|---|---|---|",

@@ -1,8 +1,8 @@
 """GIN graph classification over mini-batches of small graphs: eager vs gnncompile (vs inductor).
 
-    python benchmarks/gin_batches.py                 # 2048 graphs, batches of 128, 3 timed epochs
-    python benchmarks/gin_batches.py --quick         # 256 graphs, 1 timed epoch, in-process
-    python benchmarks/gin_batches.py --variants eager,gnncompile
+    python -m benchmarks gin_batches                 # 2048 graphs, batches of 128, 3 timed epochs
+    python -m benchmarks gin_batches --quick         # 256 graphs, 1 timed epoch, in-process
+    python -m benchmarks gin_batches --variants eager,gnncompile
 
 Data (generated, no downloads; ``make_dataset``): ``--graphs`` molecule-sized graphs of 10-40
 nodes, each a random spanning tree (node i joined to a random earlier node) plus random extra
@@ -38,18 +38,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import gnncompile  # (the installed package; imported before anything else)
+import torch
 
-import gnncompile  # noqa: E402  (the installed package; imported before anything else)
-import torch  # noqa: E402
+from . import _common
 
 F, HIDDEN, LAYERS, C = 32, 64, 3, 2
 VARIANTS = ("eager", "gnncompile", "gnncompile-static-first", "gnncompile-aot_eager", "gnncompile-inductor",
@@ -181,12 +178,10 @@ def measure(variant: str, model0: GINClassifier, dataset: list, opts) -> dict:
 
 def child(variant: str, opts) -> dict:
     """``variant`` in a fresh process; its result or {"error": ...}."""
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(opts.threads)
-    env.pop("MALLOC_MMAP_THRESHOLD_", None)
-    cmd = [sys.executable, __file__, "--child", variant, "--graphs", str(opts.graphs), "--batch-size",
-           str(opts.batch_size), "--repeats", str(opts.repeats), "--threads", str(opts.threads)]
-    return _common.run_child(cmd, env, opts.timeout, tail_chars=10_000)
+    cmd = _common.module_command("gin_batches") + [
+        "--child", variant, "--graphs", str(opts.graphs), "--batch-size", str(opts.batch_size),
+        "--repeats", str(opts.repeats), "--threads", str(opts.threads)]
+    return _common.run_child(cmd, _common.timing_env(opts.threads), opts.timeout, tail_chars=10_000)
 
 
 def run_all(opts, variants) -> dict:
@@ -242,8 +237,8 @@ def markdown(p: dict) -> str:
               f"{p['repeats']} timed epochs; median over all timed steps. Recompiles: Dynamo's "
               f"unique_graphs during the timed epochs (0 is wanted). Inner compiler (gnncompile): "
               f"{p['inner']}. {p['threads']} threads, {'one process' if p['in_process'] else 'a process per variant'}. "
-              f"torch {m['torch']}. Load average (1 min) before / after: {p['loadavg_before_after'][0][0]:.1f} / "
-              f"{p['loadavg_before_after'][1][0]:.1f} (a shared machine). Command: `{p['command']}`"]
+              f"torch {m['torch']}. {_common.load_text(p['loadavg_before_after'])} (a shared machine). "
+              f"Command: `{p['command']}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -300,11 +295,11 @@ def main(argv=None) -> dict:
     from gnncompile import config as _cfg
     from gnncompile.compiler import backend as _be
 
-    load_before = os.getloadavg()
+    load_before = _common.loadavg()
     results = run_all(opts, variants)
     ds = make_dataset(opts.graphs)
     nodes = [d.num_nodes for d in ds]
-    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
+    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, _common.loadavg()],
                "dataset": {"graphs": opts.graphs, "nodes_min": min(nodes), "nodes_max": max(nodes),
                            "nodes_mean": sum(nodes) / len(nodes),
                            "edges_mean": sum(d.num_edges for d in ds) / len(ds),
@@ -315,8 +310,7 @@ def main(argv=None) -> dict:
                                                     f"auto (eager below {_be.AUTO_INDUCTOR_MIN_SIZE} "
                                                     "nodes + edges, else inductor; -<inner> variants force one)"),
                "results": results,
-               "command": " ".join(["python", "benchmarks/gin_batches.py"]
-                                   + list(sys.argv[1:] if argv is None else argv))}
+               "command": _common.command("gin_batches", argv)}
     name = opts.out or ("gin_batches_quick" if opts.quick else "gin_batches")
     _common.write_results(Path(opts.results_dir), name, payload, markdown, plot)
     return payload

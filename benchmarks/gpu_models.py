@@ -1,6 +1,6 @@
 """GPU training step of 2-layer PyG models: gnncompile vs PyG eager vs PyG CSR vs inductor.
 
-    python benchmarks/gpu_models.py --out OUTDIR [--nodes 1000000 --models GCN,GraphSAGE,GAT]
+    python -m benchmarks gpu_models --out OUTDIR [--nodes 1000000 --models GCN,GraphSAGE,GAT]
 
 The CUDA counterpart of benchmarks/models.py, made to fit a short GPU lease: every variant runs
 in this one process, one after the other, on gnncompile.data.synthetic.power_law_graph(N, 10 N)
@@ -22,15 +22,13 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
 
-import torch  # noqa: E402
+import gnncompile
 
-import gnncompile  # noqa: E402
-from gpu_ops import cuda_time  # noqa: E402
-from models import _csr_adj, _model, train_step  # noqa: E402
+from . import _common
+from .models import _csr_adj, _model, train_step
 
 VARIANTS = ("eager", "csr", "gnncompile", "inductor")
 
@@ -72,14 +70,9 @@ def run_variant(name: str, variant: str, x, ei, y, C: int, args) -> dict:
     del out, expect
     if err > 1e-3:
         raise AssertionError(f"{variant} disagrees with eager: relative error {err:.2e}")
-    _, times = cuda_time(step, args.repeats, args.warmup)
+    _, times = _common.cuda_time(step, args.repeats, args.warmup)
     times = [t / 1e3 for t in times]  # seconds
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
+    peak = _common.cuda_peak_bytes(step)
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
             "first_step_s": first, "peak_bytes": int(peak), "rel_err": err}
 
@@ -145,9 +138,7 @@ def main(argv=None) -> int:
             torch._dynamo.reset()
             torch.cuda.empty_cache()
             print(name, variant, json.dumps(res[variant]), flush=True)
-            with open(path + ".tmp", "w") as f:
-                json.dump(report, f, indent=1)
-            os.replace(path + ".tmp", path)
+            _common.write_json(path, report)
     text = table(report)
     print(text)
     with open(os.path.join(args.out, "gpu_models.txt"), "w") as f:

@@ -1,6 +1,6 @@
 """GPU benchmark of gnncompile's CUDA spmm against its peers, on a power-law graph.
 
-    python benchmarks/gpu_ops.py --out OUTDIR [--nodes 1000000 --edges 10000000 --features 128]
+    python -m benchmarks gpu_ops --out OUTDIR [--nodes 1000000 --edges 10000000 --features 128]
 
 Main case: spmm sum, F = 128 float32, on gnncompile.data.synthetic.power_law_graph(1M nodes, 10M
 edges), side by side with, in the same run,
@@ -21,47 +21,20 @@ build_csr. Writes gpu_ops.json and gpu_ops.txt to OUTDIR.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
 import sys
 import time
 
 import torch
 
-
-def cuda_time(fn, repeats: int, warmup: int):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))  # milliseconds
-    return statistics.median(times), times
-
-
-def peak_bytes(fn) -> int:
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return int(peak)
+from . import _common
 
 
 def copy_bandwidth_gbs(nbytes: int, repeats: int) -> float:
     a = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
-    ms, _ = cuda_time(lambda: b.copy_(a), repeats, 3)
+    ms, _ = _common.cuda_time(lambda: b.copy_(a), repeats, 3)
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
@@ -115,7 +88,7 @@ def main(argv=None) -> int:
     src, dst = ei[0], ei[1]
     say(f"graph: power_law_graph({N}, {E}) in {time.perf_counter() - t0:.1f}s")
 
-    build_ms, _ = cuda_time(lambda: ops.build_csr(dst, src, N, N), 5, 1)
+    build_ms, _ = _common.cuda_time(lambda: ops.build_csr(dst, src, N, N), 5, 1)
     rowptr, col, perm = ops.build_csr(dst, src, N, N)
     deg = rowptr[1:] - rowptr[:-1]
     graph_stats = {"nodes": N, "edges": E, "features": F, "max_in_degree": int(deg.max()),
@@ -165,8 +138,8 @@ def main(argv=None) -> int:
     results = []
     for name, fn in (("gnncompile.spmm", ours), ("torch.sparse.mm (CSR, cuSPARSE)", sparse_mm),
                      ("index_select + scatter_add_", gather_scatter)):
-        ms, times = cuda_time(fn, R, W)
-        mem = peak_bytes(fn)
+        ms, times = _common.cuda_time(fn, R, W)
+        mem = _common.cuda_peak_bytes(fn)
         gbs = model_bytes / (ms * 1e-3) / 1e9
         results.append({"name": name, "median_ms": ms, "min_ms": min(times), "max_ms": max(times),
                         "achieved_GBps": gbs, "fraction_of_copy_bw": gbs / copy_bw, "peak_extra_bytes": mem})
@@ -182,7 +155,7 @@ def main(argv=None) -> int:
             err = None
             if check is not None:
                 err = check()
-            ms, times = cuda_time(fn, max(R // 2, 5), W)
+            ms, times = _common.cuda_time(fn, max(R // 2, 5), W)
             extras.append({"name": name, "median_ms": ms, "rel_err_vs_peer": err})
 
         add_extra(f"spmm max F={F} fp32", lambda: ops.spmm(rowptr, col, perm, None, x, "max", knobs),
@@ -241,8 +214,7 @@ def main(argv=None) -> int:
         "copy_bandwidth_GBps": copy_bw, "model_bytes": model_bytes, "repeats": R, "warmup": W,
         "agreement": agreement, "agree": ok, "results": results, "extras": extras, "log": log,
     }
-    with open(os.path.join(args.out, "gpu_ops.json"), "w") as f:
-        json.dump(report, f, indent=1, default=str)
+    _common.write_json(os.path.join(args.out, "gpu_ops.json"), report, default=str)
     with open(os.path.join(args.out, "gpu_ops.txt"), "w") as f:
         f.write(text + "\n")
     return 0 if ok else 1

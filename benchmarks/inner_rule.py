@@ -1,7 +1,7 @@
 """The measurement behind the first-call rule: which inner compiler pays off at which graph size.
 
-    python benchmarks/inner_rule.py                       # GCN and GraphSAGE, 4 sizes
-    python benchmarks/inner_rule.py --models GCN --sizes 2708,10000
+    python -m benchmarks inner_rule                       # GCN and GraphSAGE, 4 sizes
+    python -m benchmarks inner_rule --models GCN --sizes 2708,10000
 
 For each model and graph size (N nodes, 10 N edges, F = 128, 2 layers, hidden 128) and each
 inner compiler (eager: the rewritten graph runs op by op; inductor: code generated), one fresh
@@ -20,18 +20,14 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
+import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+from . import _common
 
 
 def child(model: str, n: int, inner: str, repeats: int, threads: int) -> dict:
-    import statistics
-    import time
-
     import torch
 
     import gnncompile
@@ -56,13 +52,8 @@ def child(model: str, n: int, inner: str, repeats: int, threads: int) -> dict:
     t0 = time.perf_counter()
     step()
     first = time.perf_counter() - t0
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        ts.append(time.perf_counter() - t0)
     return {"model": model, "nodes": n, "edges": int(ei.shape[1]), "inner": inner, "first_s": first,
-            "step_s": statistics.median(ts)}
+            "step_s": _common.timeit(step, repeats, warmup=0)["median"]}
 
 
 def main(argv=None) -> dict:
@@ -87,9 +78,9 @@ def main(argv=None) -> dict:
                 with tempfile.TemporaryDirectory() as cache:
                     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS=str(a.threads))
                     env.pop("GNNCOMPILE_INNER", None)
-                    out = subprocess.run([sys.executable, __file__, "--child", model, str(n), inner,
-                                          "--repeats", str(a.repeats), "--threads", str(a.threads)],
-                                         env=env, capture_output=True, text=True, check=True)
+                    out = subprocess.run(_common.module_command("inner_rule") + [
+                        "--child", model, str(n), inner, "--repeats", str(a.repeats), "--threads", str(a.threads)],
+                        env=env, capture_output=True, text=True, check=True, cwd=_common.ROOT)
                 r[inner] = json.loads(out.stdout.strip().splitlines()[-1])
             e, i = r["eager"], r["inductor"]
             row = {"model": model, "nodes": n, "edges": e["edges"], "size": n + e["edges"],
@@ -100,22 +91,22 @@ def main(argv=None) -> dict:
             row["inductor_pays"] = row["saving_over_steps_s"] > row["extra_compile_s"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    p = {"steps": a.steps, "threads": a.threads, "rows": rows,
-         "command": "python benchmarks/inner_rule.py " + " ".join(argv or sys.argv[1:])}
-    out = Path(a.results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{a.out}.json").write_text(json.dumps(p, indent=1))
+    p = {"machine": _common.machine(), "steps": a.steps, "threads": a.threads, "repeats": a.repeats, "rows": rows,
+         "command": _common.command("inner_rule", argv)}
+    _common.write_results(Path(a.results_dir), a.out, p, markdown)
+    return p
+
+
+def markdown(p: dict) -> str:
     lines = ["| model | nodes | edges | first step s eager / inductor | step ms eager / inductor | "
-             f"saving over {a.steps} steps s | extra compile s | inductor pays |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+             f"saving over {p['steps']} steps s | extra compile s | inductor pays |", "|---|---|---|---|---|---|---|---|"]
+    for r in p["rows"]:
         lines.append(f"| {r['model']} | {r['nodes']} | {r['edges']} | {r['first_eager_s']:.2f} / "
                      f"{r['first_inductor_s']:.2f} | {r['step_eager_ms']:.1f} / {r['step_inductor_ms']:.1f} | "
                      f"{r['saving_over_steps_s']:.2f} | {r['extra_compile_s']:.2f} | {r['inductor_pays']} |")
-    lines += ["", f"Fresh process and empty inductor cache per cell, {a.threads} threads, F = 128, "
-              f"median of {a.repeats} steps. Command: `{p['command']}`"]
-    (out / f"{a.out}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return p
+    lines += ["", f"Fresh process and empty inductor cache per cell, {p['threads']} threads, F = 128, "
+              f"median of {p['repeats']} steps. Command: `{p['command']}`"]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Training steps of layers with edge features or non-trivial messages: gnncompile vs PyG eager vs inductor.
 
-    python benchmarks/messages.py                        # 100k nodes / 1M edges + molecule batches
-    python benchmarks/messages.py --quick                # tiny sizes, a few seconds per variant, in-process
-    python benchmarks/messages.py --models EdgeCNN --graphs 20000   # a smaller graph for EdgeCNN
+    python -m benchmarks messages                        # 100k nodes / 1M edges + molecule batches
+    python -m benchmarks messages --quick                # tiny sizes, a few seconds per variant, in-process
+    python -m benchmarks messages --models EdgeCNN --graphs 20000   # a smaller graph for EdgeCNN
 
 Workloads (``--models``):
   GINE       node classification, 2 x GINEConv(nn=Sequential(Linear(c, h), ReLU(), Linear(h, h)),
@@ -52,19 +52,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import statistics
-import sys
 import time
 import traceback
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import gnncompile  # (the installed package; imported before anything else)
+import torch
 
-import gnncompile  # noqa: E402  (the installed package; imported before anything else)
-import torch  # noqa: E402
+from . import _common
 
 NODE_WORKLOADS = ("GINE", "PNA", "EdgeCNN")
 WORKLOADS = NODE_WORKLOADS + ("molecules",)
@@ -82,7 +79,7 @@ def edge_features(E: int, D: int, seed: int = 2):
 
 def node_graph(N: int, F: int, D: int):
     """x, edge_index, edge_attr, y, classes for the node-level workloads."""
-    import models
+    from . import models
 
     x, ei, y, C = models._load_graph(str(N), F)
     return x, ei, edge_features(ei.size(1), D), y, C
@@ -100,7 +97,7 @@ def molecule_batches(num_batches: int, batch_size: int, D: int, seed: int = 0) -
     [E, D] edge features (see gin_batches.make_dataset for the graphs)."""
     from torch_geometric.data import Batch
 
-    import gin_batches
+    from . import gin_batches
 
     graphs = gin_batches.make_dataset(num_batches * batch_size, seed=seed)
     g = torch.Generator().manual_seed(seed + 2)
@@ -335,15 +332,13 @@ def run_one(workload: str, graph: str, variant: str, opts) -> dict:
     if opts.in_process:
         return child(argparse.Namespace(**{**vars(opts), "workload": workload, "variant": variant,
                                            "nodes": None if workload == "molecules" else int(graph)}))
-    cmd = [sys.executable, __file__, "--child", "--workload", workload, "--variant", variant,
+    cmd = _common.module_command("messages") + ["--child", "--workload", workload, "--variant", variant,
            "--repeats", str(opts.repeats), "--warmup", str(opts.warmup), "--threads", str(opts.threads),
            "--features", str(opts.features), "--edge-dim", str(opts.edge_dim),
            "--molecule-batches", str(opts.molecule_batches), "--batch-size", str(opts.batch_size)]
     if workload != "molecules":
         cmd += ["--nodes", graph]
-    env = _common.isolated_env()
-    env["OMP_NUM_THREADS"] = str(opts.threads)
-    return _common.run_child(cmd, env, opts.timeout)
+    return _common.run_child(cmd, _common.isolated_env(opts.threads), opts.timeout)
 
 
 def _ratio(R: dict, num: str, den: str = "gnncompile"):
@@ -413,7 +408,7 @@ def main(argv=None) -> dict:
     from gnncompile import config as _cfg
     from gnncompile.compiler import backend as _be
 
-    load_before = os.getloadavg()
+    load_before = _common.loadavg()
     rows = []
     for w in workloads:
         for graph in (graphs if w in NODE_WORKLOADS else [f"{opts.molecule_batches}x{opts.batch_size}"]):
@@ -425,7 +420,7 @@ def main(argv=None) -> dict:
             row["eager_over_gnncompile"] = _ratio(row["results"], "eager")
             row["inductor_over_gnncompile"] = _ratio(row["results"], "inductor")
             rows.append(row)
-    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
+    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, _common.loadavg()],
                "variants": variants, "workloads": workloads, "repeats": opts.repeats, "warmup": opts.warmup,
                "threads": opts.threads, "in_process": opts.in_process, "features": opts.features, "hidden": HIDDEN, "edge_dim": opts.edge_dim,
                "molecules": {"batches": opts.molecule_batches, "batch_size": opts.batch_size,
@@ -435,8 +430,7 @@ def main(argv=None) -> dict:
                          f"auto (the device profile's inner where it names one, else eager below "
                          f"{_be.AUTO_INDUCTOR_MIN_SIZE} nodes + edges, inductor above)"),
                "rows": rows,
-               "command": " ".join(["python", "benchmarks/messages.py"]
-                                   + list(sys.argv[1:] if argv is None else argv))}
+               "command": _common.command("messages", argv)}
     name = opts.out or ("messages_quick" if opts.quick else "messages")
     _common.write_results(Path(opts.results_dir), name, payload, markdown, plot)
     return payload
@@ -496,8 +490,7 @@ def markdown(p: dict) -> str:
               f"loss agreed with eager (relative {p['tolerances']['output']:g} / {p['tolerances']['loss']:g}) "
               f"unless an error is noted. gnncompile inner compiler: {p['inner']}. "
               f"{'One process (peak memory indicative only)' if p['in_process'] else 'A process per variant'}. "
-              f"Load average (1 min) "
-              f"before / after: {p['loadavg_before_after'][0][0]:.1f} / {p['loadavg_before_after'][1][0]:.1f}. "
+              f"{_common.load_text(p['loadavg_before_after'])}. "
               f"Command: `{p['command']}`"]
     if notes:
         lines += [""] + notes

@@ -1,8 +1,8 @@
 """Training step of 2-layer PyG models: gnncompile vs PyG eager vs PyG CSR adjacency vs inductor.
 
-    python benchmarks/models.py                 # 10k and 100k nodes (avg degree 10, F=128) + Cora
-    python benchmarks/models.py --quick         # a small graph, a few seconds per model
-    python benchmarks/models.py --inners        # also gnncompile with each inner compiler
+    python -m benchmarks models                 # 10k and 100k nodes (avg degree 10, F=128) + Cora
+    python -m benchmarks models --quick         # a small graph, a few seconds per model
+    python -m benchmarks models --inners        # also gnncompile with each inner compiler
 
 One step = forward, cross-entropy loss, backward, Adam step. Models: GCN, GraphSAGE, GIN, GAT
 from torch_geometric.nn.models, hidden 128, 2 layers (GAT: 4 heads of 32). Graphs: generated
@@ -31,17 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import gnncompile  # noqa: F401  (the installed package; imported before anything else)
 
-import gnncompile  # noqa: E402,F401  (the installed package; imported before anything else)
+from . import _common
 
 MODELS = ("GCN", "GraphSAGE", "GIN", "GAT")
 CORA_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "Cora" / "raw"
@@ -170,18 +167,13 @@ def child(args) -> dict:
 
 # ----------------------------------------------------------------------------- driver
 def run_one(model: str, graph: str, variant: str, opts) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--model", model, "--graph", graph, "--variant",
-           variant, "--repeats", str(opts.repeats), "--warmup", str(opts.warmup), "--threads",
-           str(opts.threads), "--features", str(opts.features)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=_common.isolated_env(),
-                       timeout=opts.timeout)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode != 0 or not lines:
-        return {"error": (p.stderr or p.stdout).strip().splitlines()[-1:] or ["failed"]}
-    return json.loads(lines[-1][len("RESULT "):])
+    cmd = _common.module_command("models") + [
+        "--child", "--model", model, "--graph", graph, "--variant", variant, "--repeats", str(opts.repeats),
+        "--warmup", str(opts.warmup), "--threads", str(opts.threads), "--features", str(opts.features)]
+    return _common.run_child(cmd, _common.isolated_env(), opts.timeout)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--inners", action="store_true", help="also gnncompile with each inner compiler")
@@ -199,7 +191,7 @@ def main() -> None:
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--graph", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
-    opts = ap.parse_args()
+    opts = ap.parse_args(argv)
     if opts.child:
         print("RESULT " + json.dumps(child(opts)), flush=True)
         return
@@ -230,16 +222,9 @@ def main() -> None:
             rows.append(row)
     payload = {"machine": _common.machine(), "variants": variants, "repeats": opts.repeats,
                "threads": opts.threads, "features": opts.features, "rows": rows,
-               "command": " ".join(["python", "benchmarks/models.py"] + sys.argv[1:])}
+               "command": _common.command("models", argv)}
     name = opts.out or ("models_quick" if opts.quick else "models")
-    _common.write_json(_common.RESULTS / f"{name}.json", payload)
-    md = markdown(payload)
-    (_common.RESULTS / f"{name}.md").write_text(md)
-    print(md)
-    try:
-        plot(payload, _common.RESULTS / f"{name}.png")
-    except Exception as e:  # matplotlib missing: the table is the result
-        print(f"(no plot: {e})")
+    _common.write_results(_common.RESULTS, name, payload, markdown, plot)
 
 
 def _ms(r):

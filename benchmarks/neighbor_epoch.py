@@ -1,8 +1,8 @@
 """One epoch of sampled mini-batch GraphSAGE training: eager vs gnncompile, per loader setting.
 
-    python benchmarks/neighbor_epoch.py                       # 1M nodes / 10M edges, 50k train seeds
-    python benchmarks/neighbor_epoch.py --profile PATH        # also the loader settings of a profile
-    python benchmarks/neighbor_epoch.py --quick               # 20k nodes, 1k train seeds, in-process
+    python -m benchmarks neighbor_epoch                       # 1M nodes / 10M edges, 50k train seeds
+    python -m benchmarks neighbor_epoch --profile PATH        # also the loader settings of a profile
+    python -m benchmarks neighbor_epoch --quick               # 20k nodes, 1k train seeds, in-process
 
 Graph: ``power_law_graph(N, 10 N, seed=0)`` with random features (F = 128) and 16 random
 classes. Training set: a fixed random ``--train-fraction`` (default 5%) of the nodes; the whole
@@ -42,20 +42,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import gnncompile  # noqa: F401  (the installed package; imported before anything else)
+import torch
 
-import gnncompile  # noqa: E402,F401  (the installed package; imported before anything else)
-import torch  # noqa: E402
+from . import _common
 
 F, C, FANOUT = 128, 16, [15, 10]
 MODELS = ("eager", "gnncompile")
@@ -235,17 +231,8 @@ def child_args(opts) -> list:
 def child(opts, what: list, memory: bool) -> dict:
     """``what`` (``--child SETTING`` or ``--child MODEL SETTING --peak-only N``) in a fresh
     process: timing under the default allocator; ``memory`` under MALLOC_MMAP_THRESHOLD_=65536."""
-    import os
-
-    env = _common.isolated_env() if memory else dict(os.environ)
-    if not memory:
-        env.pop("MALLOC_MMAP_THRESHOLD_", None)
-    p = subprocess.run([sys.executable, __file__] + what + child_args(opts), capture_output=True, text=True,
-                       env=env, timeout=opts.timeout)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    if p.returncode == 0 and lines:
-        return json.loads(lines[-1][7:])
-    return {"error": ((p.stderr or p.stdout).strip().splitlines() or ["failed"])[-1]}
+    env = _common.isolated_env() if memory else _common.timing_env()
+    return _common.run_child(_common.module_command("neighbor_epoch") + what + child_args(opts), env, opts.timeout)
 
 
 def run_all(opts) -> dict:
@@ -303,8 +290,7 @@ def markdown(p: dict) -> str:
               f"(gnncompile.ops.structure.build), with the structure cache's builds during the epoch. "
               f"Peak: resident memory added over {p['memory_batches']} training batches (a separate process "
               f"under MALLOC_MMAP_THRESHOLD_=65536; --quick: the epoch, in-process). Timing under the "
-              f"default allocator. torch {m['torch']}. Load average (1 min) before / after: "
-              f"{p['loadavg_before_after'][0][0]:.1f} / {p['loadavg_before_after'][1][0]:.1f} (a shared "
+              f"default allocator. torch {m['torch']}. {_common.load_text(p['loadavg_before_after'])} (a shared "
               f"machine). Command: `{p['command']}`"]
     if p.get("profile"):
         lines.append(f"\nProfile {p['profile']}: settings {p['profile_settings']}, tuned on workload "
@@ -369,16 +355,15 @@ def main(argv=None) -> dict:
         return {}
     from gnncompile import config as _cfg
 
-    load_before = os.getloadavg()
+    load_before = _common.loadavg()
     results = run_all(opts)
-    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
+    payload = {"machine": _common.machine(), "loadavg_before_after": [load_before, _common.loadavg()],
                "nodes": opts.nodes, "train_fraction": opts.train_fraction,
                "train_seeds": max(1, int(opts.nodes * opts.train_fraction)), "fanout": FANOUT,
                "batch_size": opts.batch_size, "dynamic": opts.dynamic, "memory_batches": opts.memory_batches,
                "warmup": opts.warmup, "epochs": opts.epochs,
-               "inner": _cfg.current().inner or "auto (chosen per graph piece by its size)", "profile": opts.profile, "results": results,
-               "command": " ".join(["python", "benchmarks/neighbor_epoch.py"]
-                                   + list(sys.argv[1:] if argv is None else argv))}
+               "inner": _cfg.current().inner or "auto (chosen per graph piece by its size)", "profile": opts.profile,
+               "results": results, "command": _common.command("neighbor_epoch", argv)}
     if opts.profile:
         from gnncompile import profiles
 

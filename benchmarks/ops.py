@@ -1,15 +1,15 @@
 """Fused spmm vs. what PyG runs eagerly vs. torch.sparse on a prebuilt CSR adjacency.
 
-    python benchmarks/ops.py                      # 100k nodes, 1M edges, F in {32, 128, 256}
-    python benchmarks/ops.py --quick              # small graph, for the demo
-    python benchmarks/ops.py --memory             # also peak memory vs E x F (subprocesses)
+    python -m benchmarks ops                      # 100k nodes, 1M edges, F in {32, 128, 256}
+    python -m benchmarks ops --quick              # small graph, for the demo
+    python -m benchmarks ops --memory             # also peak memory vs E x F (subprocesses)
 
 Peers, each checked against gnncompile before it is timed:
   eager   x.index_select(0, src) [* w] -> zeros.scatter_add_(0, dst, .)   (PyG's eager path)
   sparse  torch.sparse.mm(A, x) with A a CSR tensor built before timing    (PyG's SparseTensor/CSR path)
 Times are medians over --repeats calls after a warm-up; the graph structure of gnncompile is
 built once before timing (as across training steps); its build time is reported separately.
-Writes benchmarks/results/ops.{json,md,png}.
+Writes benchmarks/results/ops.{json,md,png} (--quick: ops_quick.*).
 """
 from __future__ import annotations
 
@@ -20,11 +20,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import gnncompile
+from gnncompile.data.synthetic import power_law_graph
 
-import gnncompile  # noqa: E402
-from gnncompile.data.synthetic import power_law_graph  # noqa: E402
+from . import _common
 
 
 def make_inputs(N: int, E: int, F: int, seed: int = 0):
@@ -148,8 +147,8 @@ def memory_sweep(N: int, edges, features) -> list:
             row = {"N": N, "E": E, "F": F, "ExF_bytes": E * F * 4}
             for impl in MEM_IMPLS:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--memory-case", impl, str(N), str(E), str(F)],
-                    capture_output=True, text=True, env=_common.isolated_env(), check=True)
+                    _common.module_command("ops") + ["--memory-case", impl, str(N), str(E), str(F)],
+                    capture_output=True, text=True, env=_common.isolated_env(), check=True, cwd=_common.ROOT)
                 row[impl] = int(out.stdout.strip().splitlines()[-1])
             rows.append(row)
             print(f"  memory E={E:>9,} F={F:>4}: gnncompile {row['gnncompile'] / 2**20:8.1f} MiB"
@@ -257,13 +256,9 @@ def main(argv=None) -> int:
         payload["memory"] = mem
         text += "\n\nPeak resident memory added by one weighted forward + backward (after warm-up):\n\n" + memory_table(mem)
     print()
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
     name = "ops_quick" if args.quick else "ops"
-    _common.write_json(args.out / f"{name}.json", payload)
-    (args.out / f"{name}.md").write_text(text + "\n")
-    plot(results, args.out / f"{name}.png")
-    print(f"\nwrote {args.out / name}.{{json,md,png}}")
+    _common.write_results(args.out, name, payload, lambda p: text + "\n", lambda p, path: plot(results, path))
+    print(f"wrote {args.out / name}.{{json,md,png}}")
     return 0
 
 

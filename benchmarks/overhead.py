@@ -1,7 +1,7 @@
 """Per-call overhead of a compiled model on a tiny graph: what a call costs beyond its kernels.
 
-    python benchmarks/overhead.py                     # GCN and GAT, 2 threads, all inners
-    python benchmarks/overhead.py --models GCN --inners inductor
+    python -m benchmarks overhead                     # GCN and GAT, 2 threads, all inners
+    python -m benchmarks overhead --models GCN --inners inductor
 
 A 2-layer GCN / GAT (F = 16) on a 64-node / 256-edge graph, forward only under
 torch.no_grad() (a training step adds the same fixed costs in backward). Timed with
@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import gnncompile
 
-import gnncompile  # noqa: E402
+import torch
+from torch.utils import benchmark as tbench
 
-import torch  # noqa: E402
-from torch.utils import benchmark as tbench  # noqa: E402
+from . import _common
 
 INNERS = ("eager", "aot_eager", "inductor")
 
@@ -183,15 +181,10 @@ def main(argv=None) -> dict:
             r = measure(name, inner, x, ei, a.min_run_time)
             results.append(r)
             print(json.dumps(r), flush=True)
-    p = {"nodes": a.nodes, "edges": a.edges, "features": a.features, "threads": a.threads,
-         "torch": torch.__version__, "command": "python benchmarks/overhead.py " + " ".join(argv or sys.argv[1:]),
+    p = {"machine": _common.machine(), "nodes": a.nodes, "edges": a.edges, "features": a.features,
+         "threads": a.threads, "torch": torch.__version__, "command": _common.command("overhead", argv),
          "results": results}
-    out = Path(a.results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{a.out}.json").write_text(json.dumps(p, indent=1))
-    (out / f"{a.out}.md").write_text(markdown(p))
-    plot(p, out / f"{a.out}.png")
-    print(markdown(p))
+    _common.write_results(Path(a.results_dir), a.out, p, markdown, plot)
     return p
 
 

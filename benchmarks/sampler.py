@@ -1,7 +1,7 @@
 """Neighbor sampling speed: the native op vs the vectorized pure-PyTorch sampler.
 
-    python benchmarks/sampler.py            # power_law_graph(1_000_000, 10_000_000, seed=0)
-    python benchmarks/sampler.py --quick    # 20k nodes, 200k edges, fewer batches
+    python -m benchmarks sampler            # power_law_graph(1_000_000, 10_000_000, seed=0)
+    python -m benchmarks sampler --quick    # 20k nodes, 200k edges, fewer batches
 
 Sampler inputs: the graph's CSC (``torch.ops.gnncompile.build_csr(dst, src, N, N)``, built once
 and timed), a batch of random seed nodes (``--batch-size``, distinct, the same batches for
@@ -32,20 +32,18 @@ benchmarks/results/sampler[_quick].{json,md,png}.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import gnncompile  # noqa: F401  (registers the native ops)
+import torch
 
-import gnncompile  # noqa: E402,F401  (registers the native ops)
-import torch  # noqa: E402
+from gnncompile.data.neighbor_torch import sample_neighbors_torch
+from gnncompile.data.synthetic import power_law_graph
 
-from gnncompile.data.neighbor_torch import sample_neighbors_torch  # noqa: E402
-from gnncompile.data.synthetic import power_law_graph  # noqa: E402
+from . import _common
 
 IMPLS = ("native", "native_loader", "torch")
 
@@ -132,7 +130,7 @@ def time_interleaved(fns: dict, batches, warmup: int) -> dict:
 
 
 def run(opts) -> dict:
-    load_before = os.getloadavg()  # the machine is shared: record how busy it was
+    load_before = _common.loadavg()  # the machine is shared: record how busy it was
     torch.set_num_threads(opts.thread_counts[0])
     N, E = (20_000, 200_000) if opts.quick else (1_000_000, 10_000_000)
     fanout = [int(k) for k in opts.fanout.split(",")]
@@ -163,7 +161,7 @@ def run(opts) -> dict:
     for t in opts.thread_counts:
         torch.set_num_threads(t)
         timings[str(t)] = time_interleaved(fns, batches, opts.warmup)
-    return {"machine": _common.machine(), "loadavg_before_after": [load_before, os.getloadavg()],
+    return {"machine": _common.machine(), "loadavg_before_after": [load_before, _common.loadavg()],
             "graph": {"N": N, "E": E, "generator": "power_law_graph(seed=0)"},
             "fanout": fanout, "batch_size": opts.batch_size, "batches": opts.batches, "warmup": opts.warmup,
             "threads": opts.thread_counts, "graph_gen_s": gen_s, "csc_build_s": csc_s,
@@ -171,7 +169,7 @@ def run(opts) -> dict:
             "mean_sampled_edges": statistics.mean(edges[opts.warmup:]),
             "speedup_torch_over_native": {t: r["torch"]["median_s"] / r["native"]["median_s"]
                                           for t, r in timings.items()},
-            "command": " ".join(["python", "benchmarks/sampler.py"] + opts.argv)}
+            "command": _common.command("sampler", opts.argv)}
 
 
 def markdown(p: dict) -> str:
@@ -187,8 +185,8 @@ def markdown(p: dict) -> str:
     lines += ["", f"Graph: {g['generator']}, N = {g['N']:,}, E = {g['E']:,}; CSC build (build_csr) "
               f"{p['csc_build_s']:.2f} s once; NeighborSampler construction {p['neighbor_sampler_init_s']:.2f} s. "
               f"Fanout {p['fanout']}, {p['batch_size']} random seeds per batch, {p['batches']} batches after "
-              f"{p['warmup']} warm-up, implementations interleaved; torch {m['torch']}. Load average (1 min) before / after: "
-              f"{p['loadavg_before_after'][0][0]:.1f} / {p['loadavg_before_after'][1][0]:.1f} (a shared machine). "
+              f"{p['warmup']} warm-up, implementations interleaved; torch {m['torch']}. "
+              f"{_common.load_text(p['loadavg_before_after'])} (a shared machine). "
               f"Mean sampled edges per batch: {p['mean_sampled_edges']:.0f}. Native op >= 5x faster than the "
               f"PyTorch sampler is the issue's target; measured (torch / native): "
               f"{speedup}. native = the op on the plain int64 CSC (as the PyTorch sampler gets it); "

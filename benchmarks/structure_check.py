@@ -1,7 +1,7 @@
 """Cost of the structure cache's content check (gnncompile.ops.set_structure_check, issue 14).
 
-    python benchmarks/structure_check.py            # tiny graph + 1M edges + compiled GraphSAGE step
-    python benchmarks/structure_check.py --quick    # fewer repeats, no compiled step
+    python -m benchmarks structure_check            # tiny graph + 1M edges + compiled GraphSAGE step
+    python -m benchmarks structure_check --quick    # fewer repeats, no compiled step
 
 Every identity hit of the structure cache on a CPU edge_index recomputes the edge_index's
 content fingerprint (gnncompile::fingerprint) when the check is on ("cpu", the default); "off"
@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Callable, Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import torch
 
-import torch  # noqa: E402
+import gnncompile
+from gnncompile.data.synthetic import power_law_graph
+from gnncompile.ops import spmm, structure
 
-import gnncompile  # noqa: E402
-from gnncompile.data.synthetic import power_law_graph  # noqa: E402
-from gnncompile.ops import spmm, structure  # noqa: E402
+from . import _common
 
 MODES = ("cpu", "off")
 
@@ -114,24 +111,24 @@ def report(res: dict) -> str:
     if "sage" in res:
         lines.append(f"checked lookups per GraphSAGE step: {res['sage']['identity_lookups_per_step']} "
                      f"(first step {res['sage']['first_step']:.1f} s)")
+    if "command" in res:
+        lines += ["", f"Command: `{res['command']}`"]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     n = args.repeats or (5 if args.quick else 21)
     res = {"machine": _common.machine(), "repeats": n, "tiny": tiny(n * 2), "big": big(n)}
     if not args.quick:
         res["sage"] = sage_step(max(5, n // 2))
+    res["command"] = _common.command("structure_check", argv)
     suffix = "_quick" if args.quick else ""
-    _common.write_json(_common.RESULTS / f"structure_check{suffix}.json", res)
-    text = report(res)
-    (_common.RESULTS / f"structure_check{suffix}.md").write_text(text)
-    print(text)
+    _common.write_results(_common.RESULTS, f"structure_check{suffix}", res, report)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ history and parameter importance plots in benchmarks/results/tuning_profiles/. T
 to a new SQLite file unless --storage is given, so every trial reported ran in this run.
 Throughput is graphs per second of training (forward, backward, Adam step) after warm-up.
 
-    python benchmarks/tuning.py                     # the full run (20k graphs)
-    python benchmarks/tuning.py --num-graphs 2000 --trials 4 --range-trials 4 --rounds 1  # quick
+    python -m benchmarks tuning                     # the full run (20k graphs)
+    python -m benchmarks tuning --num-graphs 2000 --trials 4 --range-trials 4 --rounds 1  # quick
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from gnncompile.hardware import device  # noqa: E402
 from gnncompile.tuner import Workload, measure, tune  # noqa: E402
 from gnncompile.tuner.workloads import dataset_for, default_settings  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from . import _common  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--storage", default=None,
                     help="Optuna storage (default: a new SQLite file in a temporary folder, so that every "
                          "trial reported was run by this run of the script)")
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=str(_common.RESULTS))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     gen_s = time.perf_counter() - t0
     props = device.detect()
     report = {"device": props, "device_key": device.device_key(props), "workload": w.signature_dict(),
-              "torch": torch.__version__, "dataset_seconds": gen_s}
+              "torch": torch.__version__, "dataset_seconds": gen_s, "command": _common.command("tuning", argv)}
 
     print(f"[1/3] tuning at batch size 128 ({args.trials} trials, timeout {args.timeout}s)", flush=True)
     prof_dir = out / "tuning_profiles"  # the profiles and their history / importance plots
@@ -117,10 +117,7 @@ def main(argv=None) -> int:
     print(json.dumps(report["range"], indent=1), flush=True)
     report["seconds"] = time.perf_counter() - t0
 
-    (out / "tuning.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "tuning.md").write_text(_markdown(report))
-    _plot(report, out / "tuning.png")
-    print((out / "tuning.md").read_text())
+    _common.write_results(out, "tuning", report, _markdown, _plot, json_default=str)
     return 0
 
 
@@ -194,6 +191,8 @@ def _markdown(r) -> str:
                   f"(medians of the re-measurements in that study: {r['range']['tuned'] / r['range']['default']:.2f}x)."]
     lines += ["", "Runs, in order: " + "; ".join(f"{k} {', '.join(f'{v:.0f}' for v in vs)}" for k, vs in h["runs"].items()) + ".",
               "", f"Fixed-batch study: {r['fixed']['trials']}; range study: {r['range']['trials']}.", ""]
+    if "command" in r:
+        lines += [f"Command: `{r['command']}`", ""]
     return "\n".join(lines)
 
 

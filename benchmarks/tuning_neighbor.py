@@ -19,8 +19,8 @@ and parameter importance plots in benchmarks/results/tuning_profiles/. The study
 SQLite file unless --storage is given, so every trial reported ran in this run. Throughput is seed
 nodes trained per second (forward, backward, Adam step on the batch's seeds) after warm-up.
 
-    python benchmarks/tuning_neighbor.py       # 200k nodes, 2M edges, fanout 15 10, 10 trials
-    python benchmarks/tuning_neighbor.py --num-nodes 20000 --num-edges 200000 --trials 3 --steps 6  # quick
+    python -m benchmarks tuning_neighbor       # 200k nodes, 2M edges, fanout 15 10, 10 trials
+    python -m benchmarks tuning_neighbor --num-nodes 20000 --num-edges 200000 --trials 3 --steps 6  # quick
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from gnncompile.hardware import device  # noqa: E402
 from gnncompile.tuner import Workload, measure, tune  # noqa: E402
 from gnncompile.tuner.workloads import build_model, default_settings, neighbor_data  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from . import _common  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the gain split (0: skip)")
     ap.add_argument("--eager", action="store_true", help="tune for PyG's eager model")
     ap.add_argument("--storage", default=None, help="Optuna storage (default: a new SQLite file)")
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=str(_common.RESULTS))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     report = {"device": props, "device_key": device.device_key(props), "workload": w.signature_dict(),
               "torch": torch.__version__, "graph_seconds": time.perf_counter() - t0,
               "train_nodes": int(train.numel()), "steps": w.steps, "warmup": w.warmup,
-              "loadavg_start": os.getloadavg()}
+              "loadavg_start": _common.loadavg(), "command": _common.command("tuning_neighbor", argv)}
     report["default_settings"] = default_settings(w, props, batch_size=args.default_batch_size)
 
     print(f"[1/4] tuning ({args.trials} trials, timeout {args.timeout}s)", flush=True)
@@ -97,10 +97,8 @@ def main(argv=None) -> int:
     print(f"[4/4] where the gain comes from, {args.rounds} interleaved rounds", flush=True)
     report["split"] = _split(w, report["default_settings"], report["best"], args.rounds)
     report["seconds"] = time.perf_counter() - t0
-    report["loadavg_end"] = os.getloadavg()
-    (out / "tuning_neighbor.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "tuning_neighbor.md").write_text(_markdown(report, args))
-    print((out / "tuning_neighbor.md").read_text())
+    report["loadavg_end"] = _common.loadavg()
+    _common.write_results(out, "tuning_neighbor", report, lambda r: _markdown(r, args), json_default=str)
     return 0
 
 
@@ -173,7 +171,7 @@ def _split(w: Workload, defaults: dict, best: dict, rounds: int) -> dict:
     for r in range(rounds):
         for k, st in rows.items():
             runs[k].append(measure(w, st)[0])
-        load.append(os.getloadavg()[0])
+        load.append(_common.loadavg()[0])
         print(f"  round {r}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in runs.items()) +
               f" seeds/s; load {load[-1]:.1f}", flush=True)
     if not rounds:
@@ -198,7 +196,7 @@ def _markdown(r, args) -> str:
         f"{'compiled' if wl['compiled'] else 'eager'}. Throughput: seed nodes trained per second after "
         f"{r['warmup']} warm-up steps, {r['steps']} timed steps per measurement.",
         "",
-        f"Command: `python benchmarks/tuning_neighbor.py {' '.join(sys.argv[1:])}`".rstrip() + f" ({r['seconds']:.0f} s). "
+        f"Command: `{r['command']}` ({r['seconds']:.0f} s). "
         f"Load average (1 min) at the start / end: {r['loadavg_start'][0]:.1f} / {r['loadavg_end'][0]:.1f} on "
         f"{os.cpu_count()} CPUs (the machine was shared with other jobs).",
         "",

@@ -11,8 +11,8 @@
 
 Writes benchmarks/results/tuning_resume.md (and .json).
 
-    python benchmarks/tuning_resume.py                 # about 2-3 minutes here
-    python benchmarks/tuning_resume.py --trials 6 --kill-after 2
+    python -m benchmarks tuning_resume                 # about 2-3 minutes here
+    python -m benchmarks tuning_resume --trials 6 --kill-after 2
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 warnings.simplefilter("ignore")
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from . import _common  # noqa: E402
 
 
 def _cmd(args, storage, out):
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-delay", type=float, default=0.5,
                     help="seconds into the next trial (once it is running) before the kill")
     ap.add_argument("--num-graphs", type=int, default=2000)
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=str(_common.RESULTS))
     args = ap.parse_args(argv)
     import optuna
 
@@ -156,11 +156,7 @@ def main(argv=None) -> int:
     ok = not lost and prof.source == "file" and max(diffs) < 1e-4 and len(after) >= args.trials - 1
     report["ok"] = ok
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tuning_resume.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "tuning_resume.md").write_text(_markdown(report))
-    print((out / "tuning_resume.md").read_text())
+    _common.write_results(Path(args.out), "tuning_resume", report, _markdown, json_default=str)
     return 0 if ok else 1
 
 

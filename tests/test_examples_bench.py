@@ -1,21 +1,15 @@
-"""Smoke tests of benchmarks/cora_examples.py (with benchmarks/examples/{gcn,gat}_cora.py),
-benchmarks/gin_batches.py and benchmarks/messages.py: their main functions on tiny settings,
+"""Smoke tests of benchmarks.cora_examples (with benchmarks/examples/{gcn,gat}_cora.py),
+benchmarks.gin_batches and benchmarks.messages: their main functions on tiny settings,
 results written to a temporary folder. gin_batches and messages check each variant's first-step
 loss (messages: and output) against eager themselves (and report a failure as an error entry,
 which fails the test here)."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import cora_examples  # noqa: E402
-import gin_batches  # noqa: E402
-import messages  # noqa: E402
+from benchmarks import cora_examples, gin_batches, messages
 
 CORA_RAW = cora_examples.DEFAULT_ROOT / "Cora" / "raw"
 

@@ -3,7 +3,7 @@ MessagePassing layers (elementwise messages over x_i, x_j, edge features, edge w
 parameters; modelled and unmodelled operations, every argument form, in-place writes, rounding
 and integer operations; NaN, infinities and signed zeros in the inputs; ties), 10 per case,
 compiled == eager in float64, forward and backward. A fixed set of seeds, 300 layers;
-benchmarks/fuzz_messages.py runs as many as a time budget allows."""
+`python -m benchmarks fuzz_messages` runs as many as a time budget allows."""
 from __future__ import annotations
 
 import pytest

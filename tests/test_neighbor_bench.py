@@ -1,18 +1,14 @@
-"""Smoke tests of benchmarks/sampler.py and benchmarks/neighbor_epoch.py: their main functions
+"""Smoke tests of benchmarks.sampler and benchmarks.neighbor_epoch: their main functions
 on tiny inputs, results written to a temporary folder (the benchmarks' own agreement checks
 run inside and raise on a disagreement)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import neighbor_epoch  # noqa: E402
-import sampler  # noqa: E402
+from benchmarks import neighbor_epoch, sampler
 
 
 def _check_sampler(p: dict, out: Path, name: str) -> None:

@@ -14,11 +14,11 @@
 #              TORCH_CUDA_ARCH_LIST says otherwise); --cpu: reused when
 #              gnncompile already loads its native kernels
 #   gpu-tests  pytest tests/gpu (every CUDA op test, no -x)                   -> gpu_tests.log
-#   gpu-bench  benchmarks/gpu_ops.py (spmm sum, F = 128, 1M nodes / 10M       -> gpu_ops.json,
-#              edges)                                                            bench.log
-#   gpu-models benchmarks/gpu_models.py (training step of GCN, GraphSAGE,     -> gpu_models.json,
-#              GAT on 1M nodes / 10M edges: eager, CSR, gnncompile,             bench.log
-#              inductor)
+#   gpu-bench  python -m benchmarks gpu_ops (spmm sum, F = 128, 1M nodes /    -> gpu_ops.json,
+#              10M edges)                                                        bench.log
+#   gpu-models python -m benchmarks gpu_models (training step of GCN,         -> gpu_models.json,
+#              GraphSAGE, GAT on 1M nodes / 10M edges: eager, CSR,              bench.log
+#              gnncompile, inductor)
 #   op-tests   the op tests, CPU and CUDA parametrisations (GPU mode), or the -> op_tests.log
 #              host checks of the native rules (--cpu)
 #
@@ -168,8 +168,8 @@ else
     note "tests/gpu were SKIPPED: the CUDA kernels were not loaded"
     STATUS=1
   fi
-  phase gpu-bench "$OUT/bench.log" "$PY" benchmarks/gpu_ops.py --out "$OUT"
-  phase gpu-models "$OUT/bench.log" "$PY" benchmarks/gpu_models.py --out "$OUT" \
+  phase gpu-bench "$OUT/bench.log" "$PY" -m benchmarks gpu_ops --out "$OUT"
+  phase gpu-models "$OUT/bench.log" "$PY" -m benchmarks gpu_models --out "$OUT" \
       --budget $(( ${LIMIT[gpu-models]} - 40 ))
   for t in gpu_ops gpu_models; do  # the tables go into the summary (at most 8 files come back)
     [ -f "$OUT/$t.txt" ] && cat "$OUT/$t.txt" >> "$SUMMARY" && rm -f "$OUT/$t.txt"
