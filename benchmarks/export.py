@@ -1,6 +1,6 @@
 """Exported models: ONNX file size and onnxruntime latency next to eager PyTorch.
 
-For each model of tests/test_export.py (GCN, GraphSAGE mean / max, GIN, GAT, GATv2, from
+For each model of tests/export/test_export.py (GCN, GraphSAGE mean / max, GIN, GAT, GATv2, from
 torch_geometric.nn.models): export with gnncompile.export on a small example graph, then run the
 ONNX file in onnxruntime (CPU) and the eager model on the *same* benchmark graph (a generated
 power-law graph of another size), check they agree (1e-4), and time both (median of repeats,

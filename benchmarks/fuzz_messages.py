@@ -9,7 +9,7 @@ x_j, edge features, edge weights and parameters; modelled and unmodelled operati
 argument form, in-place writes, rounding and integer operations, NaN / infinities / signed zeros
 in the inputs, ties), 10 per case, each case compiled (inner aot_eager) and compared with eager
 in float64: outputs and the gradients of the features, edge features, edge weights and every
-parameter. The test suite runs seeds 0-29 (tests/test_fuzz_messages.py); this script starts
+parameter. The test suite runs seeds 0-29 (tests/passes/test_fuzz_messages.py); this script starts
 elsewhere so that it tries layers the suite does not. A mismatch is narrowed down to the
 layers that cause it, and their sources are written to the results.
 

@@ -33,8 +33,8 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 
 # Build tools and the packages the tests and benchmarks use (optuna-dashboard, psycopg2-binary
-# and pgserver, whose PostgreSQL binaries tests/test_tuner_storage.py runs, are for the tuner's
-# storage tests; lightning is for tests/test_ecosystem.py). Of these only lightning and its
+# and pgserver, whose PostgreSQL binaries tests/tuner/test_tuner_storage.py runs, are for the tuner's
+# storage tests; lightning is for tests/compiler/test_ecosystem.py). Of these only lightning and its
 # dependencies pytorch-lightning and torchmetrics require torch (lightning 2.6: torch>=2.1,<4.0),
 # and pip keeps an already-installed torch that satisfies a requirement (no --upgrade here).
 # The constraint pins the torch chosen above anyway, so that pip fails rather than replace it.

@@ -15,7 +15,7 @@ import os
 
 # The suite compiles many small models: use the aot_eager inner compiler unless told otherwise
 # (inductor, the default, code-generates every graph piece and would multiply the suite's time);
-# tests/test_compile.py checks the inductor path and the default explicitly.
+# tests/compiler/test_compile.py checks the inductor path and the default explicitly.
 os.environ.setdefault("GNNCOMPILE_INNER", "aot_eager")
 
 import shutil

@@ -2,7 +2,7 @@
 
 A line-for-line mirror of ``native/cuda/knobs.h`` (the C++ rule the kernels apply when a knob
 is 0 or missing), so that the rule can be read, tested and tuned on a machine without a GPU.
-Keep the two in step: ``tests/test_cuda_knobs.py`` compiles the C++ header with the host
+Keep the two in step: ``tests/hardware/test_cuda_knobs.py`` compiles the C++ header with the host
 compiler and checks that both give the same knobs.
 
 The ops take ``knobs: int[]``; on CUDA the layout is::

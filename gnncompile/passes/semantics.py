@@ -295,7 +295,7 @@ __all__ = ["SIGNATURES", "MESSAGE_OPS", "OPERAND", "PARAM", "ANY", "INPLACE", "V
 
 def table() -> str:
     """The accepted operations and how each of their arguments is handled, as a markdown table
-    (docs/semantics.md is this table; tests/test_semantics.py checks that they agree)."""
+    (docs/semantics.md is this table; tests/passes/test_semantics.py checks that they agree)."""
     words = {OPERAND: "read (an operand)", PARAM: "modelled (a number parameter)", ANY: "any value",
              INPLACE: "modelled (the write is tracked)", VARARGS: "any value (a shape)"}
     rows = ["| operation | argument | handling |", "|---|---|---|"]

@@ -161,7 +161,7 @@ if [ "$MODE" = cpu ]; then
   skip gpu-bench "--cpu: no CUDA device"
   skip gpu-models "--cpu: no CUDA device"
   phase op-tests "$OUT/op_tests.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
-      tests/test_native_rules.py tests/test_cuda_knobs.py
+      tests/ops/test_native_rules.py tests/hardware/test_cuda_knobs.py
 else
   phase gpu-tests "$OUT/gpu_tests.log" "$PY" -m pytest tests/gpu -q -rs -p no:cacheprovider --durations=15
   if grep -q -E "^SKIPPED .*needs a CUDA device" "$OUT/gpu_tests.log" 2>/dev/null; then
@@ -175,7 +175,7 @@ else
     [ -f "$OUT/$t.txt" ] && cat "$OUT/$t.txt" >> "$SUMMARY" && rm -f "$OUT/$t.txt"
   done
   phase op-tests "$OUT/op_tests.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
-      tests/test_spmm.py tests/test_edge_softmax.py tests/test_bad_input.py tests/test_graph.py
+      tests/ops/test_spmm.py tests/ops/test_edge_softmax.py tests/ops/test_bad_input.py tests/ops/test_graph.py
 fi
 
 note "total $(elapsed)s of ${BUDGET}s; status $STATUS"

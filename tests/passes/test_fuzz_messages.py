@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gnncompile.testing import fuzz
-from test_compile import _fresh_dynamo  # noqa: F401  (autouse)
+from shared import _fresh_dynamo  # noqa: F401  (autouse)
 
 SEEDS = range(30)
 

@@ -17,7 +17,7 @@ from gnncompile import config, profiles
 from gnncompile.hardware import device
 from gnncompile.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gnncompile"
 KNOBBED = ("spmm", "edge_softmax", "edge_softmax_backward", "edge_dot", "gather", "message_reduce",
            "message_edges")

@@ -16,7 +16,7 @@ from gnncompile import profiles
 from gnncompile.hardware import cuda_knobs, device
 from gnncompile.settings import Settings
 
-NATIVE = Path(__file__).resolve().parents[1] / "native"
+NATIVE = Path(__file__).resolve().parents[2] / "native"
 CPU = {**device.detect("cpu"), "logical_cpus": 2, "physical_cores": 2}
 CUDA = {"type": "cuda", "name": "NVIDIA A100-SXM4-40GB", "capability": [8, 0], "sm_count": 108,
         "memory_bytes": 40 << 30, "l2_bytes": 40 << 20, "host_logical_cpus": 16}

@@ -296,7 +296,7 @@ def test_bad_arguments(tmp_path):
         gnncompile.export(_model("GCN"), (EXAMPLE[0][:1], EXAMPLE[1][:, :1] * 0), tmp_path / "m.onnx")
 
 
-CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "Cora" / "raw"
+CORA = Path(__file__).resolve().parents[3] / "shared" / "data" / "planetoid" / "Cora" / "raw"
 
 
 @pytest.mark.skipif(not CORA.is_dir(), reason=f"Cora raw files not found at {CORA}")

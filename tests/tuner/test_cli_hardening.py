@@ -19,7 +19,6 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-sys.path.insert(0, os.path.dirname(__file__))
 from test_tuner import TINY, _cli, _tiny, _wait_for, _isolated_cache  # noqa: E402,F401
 
 from gnncompile.cli import main  # noqa: E402

@@ -36,7 +36,6 @@ import pytest
 optuna = pytest.importorskip("optuna")
 
 # the helpers and the TINY workload of the tuner's own tests (same folder)
-sys.path.insert(0, os.path.dirname(__file__))
 from test_tuner import TINY, _cli, _isolated_cache  # noqa: E402,F401  (_isolated_cache: autouse)
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)

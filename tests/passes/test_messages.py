@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as Fn
 
 import gnncompile
-from test_compile import _fresh_dynamo, check_same  # noqa: F401  (_fresh_dynamo: autouse)
+from shared import _fresh_dynamo, check_same  # noqa: F401  (_fresh_dynamo: autouse)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -14,7 +14,7 @@ import pytest
 from benchmarks import __main__ as runner
 from benchmarks import _common
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_"))
 
 

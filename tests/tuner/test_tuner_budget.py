@@ -20,7 +20,6 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-sys.path.insert(0, os.path.dirname(__file__))
 from test_tuner import TINY, _tiny, _isolated_cache  # noqa: E402,F401
 
 from gnncompile.cli import main  # noqa: E402

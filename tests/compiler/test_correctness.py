@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gnncompile
-from test_compile import _fresh_dynamo  # noqa: F401  (autouse)
+from shared import _fresh_dynamo  # noqa: F401  (autouse)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -31,7 +31,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from torch_geometric.nn.models import GCN
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N, E, F_IN, HID, F_OUT = 30, 120, 8, 16, 4
 
 

@@ -15,7 +15,7 @@ import torch
 
 import gnncompile
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _installed_extension() -> bool:

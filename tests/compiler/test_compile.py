@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import gnncompile
+from shared import _fresh_dynamo, check_same  # noqa: F401  (_fresh_dynamo: autouse)
 from gnncompile.ops import hoisted, structure
 
 with warnings.catch_warnings():
@@ -26,12 +27,6 @@ with warnings.catch_warnings():
 N, E, F = 24, 96, 8
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    # Each test compiles new modules of the same classes: start from empty Dynamo caches so that
-    # no test runs into the recompile limit of a shared code object.
-    torch._dynamo.reset()
-    yield
 
 
 def _graph(seed=0, n=N, e=E, unique=True):
@@ -84,23 +79,6 @@ def _inputs(builder):
     for a in builder():
         out.append(a.clone().requires_grad_() if a.is_floating_point() else a.clone())
     return out
-
-
-def check_same(model, compiled, inputs, rtol=1e-4, atol=1e-5):
-    """Outputs, parameter gradients and input gradients of compiled == eager."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    floats = [a for a in inputs if a.is_floating_point() and a.requires_grad]
-    out_c = compiled(*inputs)
-    out_e = model(*inputs)
-    torch.testing.assert_close(out_c, out_e, rtol=rtol, atol=atol)
-    g = torch.randn_like(out_e)
-    gc = torch.autograd.grad(out_c, params + floats, g, allow_unused=True)
-    ge = torch.autograd.grad(out_e, params + floats, g, allow_unused=True)
-    for a, b in zip(gc, ge):
-        if a is None or b is None:
-            assert a is None and b is None
-        else:
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("name", list(LAYERS))
@@ -471,7 +449,7 @@ def test_float64_and_int32():
 
 
 # ----------------------------------------------------------------------------- Cora
-CORA = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "Cora" / "raw"
+CORA = Path(__file__).resolve().parents[3] / "shared" / "data" / "planetoid" / "Cora" / "raw"
 
 
 @pytest.mark.skipif(not CORA.is_dir(), reason=f"Cora raw files not found at {CORA}")
