@@ -4,7 +4,7 @@
 
 * storage: any Optuna storage URL, ``journal:PATH`` or a path ending in .log / .journal (an
   Optuna journal file), or a storage object; default ``sqlite:///<cache dir>/tuner/studies.db``
-  (:func:`gnncompile.hardware.profiles.cache_dir`). The study is named after the device key and the
+  (:func:`gnncompile.profiles.cache_dir`). The study is named after the device key and the
   workload signature and opened with ``load_if_exists``: a run that was interrupted (Ctrl-C,
   kill) resumes with every completed trial kept, and several processes (or machines, given an
   RDB URL) can work on one study at once. ``trials`` is the number of finished (complete or
@@ -21,7 +21,7 @@
   that raises (out of memory, a crash) is recorded as failed and the study goes on.
 * the defaults (:func:`tuner.workloads.default_settings`) are measured in the same run, and
   the profile records tuned vs default throughput. The profile JSON goes to ``out`` (default
-  :func:`gnncompile.hardware.profiles.profile_dir`) with the optimisation history and parameter
+  :func:`gnncompile.profiles.profile_dir`) with the optimisation history and parameter
   importance plots as PNG next to it. Several tuners of one study finishing together: the
   file keeps the faster result (:func:`save_if_better`, under a lock file).
 * timeout: one deadline for the whole run (opening the study, trials, re-measurements, profile,
@@ -51,7 +51,7 @@ import torch
 
 from gnncompile.hardware import device as _device
 from gnncompile.compiler import INNERS
-from gnncompile.hardware import profiles as _profiles
+from gnncompile import profiles as _profiles
 
 from . import guard as _guard
 from .workloads import (NEIGHBOR_BATCH_RANGE, MemoryBudgetExceeded, Workload, default_settings, measure,

@@ -316,13 +316,10 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     passes ``memory_budget``. Inside a tuning run, :func:`tuner.guard.checkpoint` before each
     step raises KeyboardInterrupt after a Ctrl-C and DeadlineReached past the run's deadline.
     """
-    from gnncompile.ops import get_knobs, set_knobs
-
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    old_threads, old_knobs = torch.get_num_threads(), get_knobs(dev) or None
+    old_threads = torch.get_num_threads()
     if settings.get("threads"):
         torch.set_num_threads(int(settings["threads"]))
-    set_knobs(dev.type, settings.get("knobs"))
     loader = it = None
     try:
         checkpoint()  # Ctrl-C or the run's deadline (tuner.guard): before and between the steps
@@ -363,7 +360,6 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     finally:
         _close(it, loader)
         torch.set_num_threads(old_threads)
-        set_knobs(dev.type, old_knobs)
 
 
 def _close(it, loader) -> None:
@@ -392,13 +388,14 @@ def _odd_batch(ds, bs: int, dev):
 
 
 def _compile_with(model, settings, dev):
+    """The model compiled with the knobs under test (carried by the compiled model, whatever
+    was compiled before in this process)."""
     import gnncompile
-    from gnncompile.ops import set_knobs
 
     torch._dynamo.reset()
-    fwd = gnncompile.compile(model, profile=None, inner=settings.get("inner") or "auto")
-    set_knobs(dev.type, settings.get("knobs"))  # the knobs under test, read when graphs compile
-    return fwd
+    knobs = settings.get("knobs")
+    return gnncompile.compile(model, profile=None, inner=settings.get("inner") or "auto",
+                              settings={"knobs": {dev.type: list(knobs)}} if knobs is not None else None)
 
 
 def workload_from_dict(d: Dict[str, Any]) -> Workload:
