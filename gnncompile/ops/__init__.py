@@ -6,6 +6,8 @@
 * :mod:`.autograd`: their autograd formulas.
 * :mod:`.structure`: graph structures (CSR / CSC), the one structure cache, and the structure
   ops that compiled graphs call.
+* :mod:`.identity`: the one identity rule (is this still the same tensor, with the same
+  content?) that the structure cache and the hoisted results (:mod:`.hoisted`) apply.
 * :mod:`.functional`: the public functions :func:`spmm` and :func:`edge_softmax` (their
   ``knobs`` argument: the launch knobs, default the kernels' own rule), and the loader's
   collation ops.

@@ -5,12 +5,14 @@ graph (integer index tensors such as ``edge_index``, and sizes) into a region: a
 ``GraphModule`` registered here under a key derived from its code. The compiled graph calls
 ``hoisted(key, roots, sizes, copy)`` instead, which returns the region's outputs from a cache:
 
-* **Validity.** A result belongs to the exact root tensors it was computed from, under the
-  rules of the structure cache (:mod:`gnncompile.ops.structure`): the same tensor objects
-  (held by weak references), the same version counters and data pointers, and, where
+* **Validity.** A result belongs to the exact root tensors it was computed from, under the one
+  identity rule of :mod:`gnncompile.ops.identity`, which the structure cache follows too, in
+  its check mode: the same tensor objects (held by weak references), the same version
+  counters, data pointers, shapes, strides, dtypes and devices, and, where
   :meth:`~gnncompile.ops.structure.StructureCache.checks` says so (CPU tensors by default,
-  inference tensors always), the same content fingerprint. Any change recomputes; a root
-  that is freed drops its results. The sizes are part of the key.
+  inference tensors always), the same content fingerprint; what is recorded is one look at
+  each root taken before the region runs. Any change recomputes; a root that is freed drops
+  its results. The sizes are part of the key.
 * **What may be a root.** Only tensors that need no gradient and hold integers: nothing
   trainable and nothing computed from features can reach a region (the pass checks; see
   :mod:`gnncompile.passes.hoist`).
@@ -35,11 +37,12 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor
 
+from . import identity as _identity
 from . import structure as _structure
 
 MAX_RESULTS = 16  # cached results kept (least recently used goes first)
@@ -109,20 +112,8 @@ def pass_on(gm: torch.fx.GraphModule, compiled):
 
 # ----------------------------------------------------------------------------- results cache
 @dataclass
-class _Root:
-    ref: "weakref.ReferenceType[Tensor]"
-    version: Optional[int]
-    data_ptr: int
-    fingerprint: object
-
-    def holds(self, t: Tensor, fp) -> bool:
-        return (self.ref() is t and self.version == _structure._version(t) and self.data_ptr == t.data_ptr()
-                and (fp is None or _structure._same_fingerprint(self.fingerprint, fp)))
-
-
-@dataclass
 class _Result:
-    roots: Tuple[_Root, ...]
+    roots: Tuple[_identity.Identity, ...]  # of each root, when the outputs were computed
     outputs: Tuple[Tensor, ...]
 
 
@@ -145,26 +136,27 @@ class HoistCache:
                 del self._results[k]
 
     def get(self, key: int, roots: List[Tensor], sizes: List[int]) -> Tuple[Tensor, ...]:
-        fps = [(_structure.fingerprint(r) if _structure.CACHE.checks(r) else None) for r in roots]
-        ck = (key, tuple(id(r) for r in roots), tuple(int(s) for s in sizes))
+        mode = _structure.CACHE.check  # the structure cache's check mode
+        looks = [_identity.Look(r, mode) for r in roots]  # the one look at each root
+        ck = (key, tuple(map(id, roots)), tuple(map(int, sizes)))
         with _lock:
             res = self._results.get(ck)
             if res is not None:
-                if all(o.holds(r, fp) for o, r, fp in zip(res.roots, roots, fps)):
+                for o, lk in zip(res.roots, looks):
+                    if o.compare(lk) is not _identity.SAME:
+                        del self._results[ck]
+                        self.stale += 1
+                        break
+                else:
                     self._results.move_to_end(ck)
                     self.hits += 1
                     return res.outputs
-                del self._results[ck]
-                self.stale += 1
+        # recorded before the region runs: the state and content it computes from
+        held = tuple(_identity.Identity(lk, self._drop_root) for lk in looks)
         outputs = self._compute(key, roots, sizes)
-        held = []
-        for r, fp in zip(roots, fps):
-            rid = id(r)
-            held.append(_Root(weakref.ref(r, lambda _w, rid=rid: self._drop_root(rid)), _structure._version(r),
-                              r.data_ptr(), fp if fp is not None else _structure.fingerprint(r)))
         with _lock:
             self.computes += 1
-            self._results[ck] = _Result(tuple(held), outputs)
+            self._results[ck] = _Result(held, outputs)
             while len(self._results) > MAX_RESULTS:
                 self._results.popitem(last=False)
         return outputs

@@ -8,9 +8,11 @@ and steps; the transposed structure (by source) is built on first need and kept 
 
 The cache policy
 ----------------
-* **Identity.** An entry belongs to one ``edge_index`` tensor, held by a weak reference. It is
-  valid while the tensor's version counter and data pointer are what they were when the entry
-  was made: an in-place change (``ei[0, 0] = 3``, ``ei.add_(1)``, a write through a view) is a
+* **Identity.** An entry belongs to one ``edge_index`` tensor, under the one identity rule of
+  :mod:`gnncompile.ops.identity` (which the hoisted results follow too): held by a weak
+  reference, valid while the tensor's version counter, data pointer, shape, strides, dtype and
+  device are what they were when the structure was built from it. An in-place change
+  (``ei[0, 0] = 3``, ``ei.add_(1)``, a write through a view) or an ``ei.data = ...`` swap is a
   miss and builds anew. When the tensor is freed, its entry goes (autograd keeps the structure
   tensors it saved, never the entry or the user's tensor).
 * **Content check.** Writes through ``ei.numpy()``, ``ei.data`` or DLPack do not move the version
@@ -23,7 +25,8 @@ The cache policy
   (environment: ``GNNCOMPILE_STRUCTURE_CHECK``): ``"cpu"`` (default: CPU tensors; on CUDA
   comparing means a host wait per call, so CUDA trusts the version counter), ``"all"`` (CUDA
   too: the fingerprint is computed on the device, the comparison waits), ``"off"`` (the version
-  counter only: writes that bypass it are missed).
+  counter only: writes that bypass it are missed). The state and fingerprint recorded are those
+  of one look taken when the lookup starts, before the build.
 * **Content, for the compiled graphs.** A lookup that asks for it (``share=True``, which the
   rewritten graphs do) also matches a cached ``edge_index`` of equal content (same shape,
   dtype and device, ``torch.equal``: an O(E) comparison, about 1 ms for 1M edges here, against
@@ -52,7 +55,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
@@ -62,7 +64,9 @@ from torch import Tensor
 
 from .. import config as _config
 from ..config import CHECK_MODES
+from . import identity as _identity
 from .checks import check_edge_index
+from .identity import fingerprint
 from .schemas import ops
 
 MAX_SHARED = 4
@@ -140,49 +144,24 @@ def build(edge_index: Tensor, num_dst: int) -> Structure:
 
 
 # ----------------------------------------------------------------------------- the cache
-def _version(t: Tensor) -> Optional[int]:
-    """The version counter, None for an inference tensor (it has none)."""
-    return None if t.is_inference() else t._version
-
-
 def check_mode_from_env() -> str:
     """``GNNCOMPILE_STRUCTURE_CHECK`` (:mod:`gnncompile.config`): 0/off, 1/cpu (the default when
     unset), 2/all; any other value is a :class:`gnncompile.config.ConfigError`."""
     return _config.current().structure_check
 
 
-def fingerprint(edge_index: Tensor):
-    """The content fingerprint (``gnncompile::fingerprint``) of ``edge_index``: an int for a CPU
-    tensor, a 0-d tensor on its device otherwise (computing it does not wait for the device,
-    comparing it does)."""
-    fp = ops.fingerprint.default(edge_index)
-    return fp.item() if edge_index.is_cpu else fp
-
-
-def _same_fingerprint(a, b) -> bool:
-    return a == b if isinstance(a, int) else bool(torch.equal(a, b))
-
-
-@dataclass
-class _Owner:
-    """One edge_index tensor an entry belongs to, and its state when the entry was made."""
-
-    ref: "weakref.ReferenceType[Tensor]"
-    version: Optional[int]
-    data_ptr: int
-
-
 @dataclass
 class _Entry:
     by_num_dst: Dict[int, Structure] = field(default_factory=dict)
-    owners: Dict[int, _Owner] = field(default_factory=dict)  # id(tensor) -> owner
+    # id(tensor) -> the identity (identity.py) of each edge_index tensor the entry belongs to
+    owners: Dict[int, _identity.Identity] = field(default_factory=dict)
     content: Optional[Tensor] = None  # private copy, for entries shared by content
     fingerprint: object = None  # fingerprint() of the content it was built from
 
-    def owns(self, edge_index: Tensor) -> bool:
-        o = self.owners.get(id(edge_index))
-        return (o is not None and o.ref() is edge_index and o.version == _version(edge_index)
-                and o.data_ptr == edge_index.data_ptr())
+    def verdict(self, look: _identity.Look) -> str:
+        """The identity rule's verdict on ``look`` against the owner of its id (OTHER: none)."""
+        o = self.owners.get(id(look.tensor))
+        return _identity.OTHER if o is None else o.compare(look)
 
     def same_content(self, edge_index: Tensor) -> bool:
         c = self.content
@@ -210,23 +189,25 @@ class StructureCache:
                 entry.owners.pop(key, None)
 
     def checks(self, edge_index: Tensor) -> bool:
-        """Whether a hit by identity on ``edge_index`` is confirmed by its fingerprint."""
-        if edge_index.is_inference():
-            return True  # no version counter: the fingerprint is the only witness of an edit
-        return self.check == "all" or (self.check == "cpu" and edge_index.is_cpu)
+        """Whether a hit by identity on ``edge_index`` is confirmed by its fingerprint
+        (:func:`gnncompile.ops.identity.checks` under this cache's mode)."""
+        return _identity.checks(edge_index, self.check)
 
-    def _find(self, edge_index: Tensor, share: bool, fp) -> Tuple[Optional[_Entry], str]:
-        """The entry of ``edge_index``: by identity (confirmed by ``fp`` unless it is None), else,
-        with ``share``, by content."""
+    def _find(self, look: _identity.Look, share: bool) -> Tuple[Optional[_Entry], str]:
+        """The entry of the tensor of ``look``: by identity, else, with ``share``, by content."""
+        edge_index = look.tensor
         key = id(edge_index)
         entry = self._live.get(key)
-        if entry is not None and entry.owns(edge_index):
-            if fp is None or _same_fingerprint(entry.fingerprint, fp):
+        if entry is not None:
+            owner = entry.owners.get(key)
+            verdict = _identity.OTHER if owner is None else owner.compare(look)
+            if verdict is _identity.SAME:
                 return entry, "identity"
-            # written behind its version counter: the entry still describes its old content
-            entry.owners.pop(key, None)
-            del self._live[key]
-            self.stale += 1
+            if verdict is _identity.REWRITTEN:
+                # written behind its version counter: the entry still describes its old content
+                entry.owners.pop(key, None)
+                del self._live[key]
+                self.stale += 1
         if share:
             for k, cand in self._shared.items():
                 if cand.same_content(edge_index):
@@ -234,15 +215,17 @@ class StructureCache:
                     return cand, "content"
         return None, ""
 
-    def _adopt(self, entry: Optional[_Entry], edge_index: Tensor, share: bool, fp) -> _Entry:
-        """Makes ``entry`` (a new one of fingerprint ``fp`` when None) the entry of ``edge_index``;
-        with ``share``, one of the shared entries too."""
-        entry = _Entry(fingerprint=fp) if entry is None else entry
-        if not entry.owns(edge_index):
-            key = id(edge_index)
-            ref = weakref.ref(edge_index, lambda _r, k=key: self._forget(k))
-            entry.owners[key] = _Owner(ref, _version(edge_index), edge_index.data_ptr())
-            self._live[key] = entry
+    def _adopt(self, entry: Optional[_Entry], look: _identity.Look, share: bool, owned: bool = False) -> _Entry:
+        """Makes ``entry`` (a new one when None, of the look's settled fingerprint) the entry of
+        the tensor of ``look`` (``owned``: it is already, found by identity); with ``share``, one
+        of the shared entries too."""
+        edge_index = look.tensor
+        entry = _Entry(fingerprint=look.settle().fingerprint) if entry is None else entry
+        if not owned and entry.verdict(look) is not _identity.SAME:
+            # the content is the entry's (built from it, or matched by torch.equal): its fingerprint
+            o = _identity.Identity(look, self._forget, content_fingerprint=entry.fingerprint)
+            entry.owners[o.key] = o
+            self._live[o.key] = entry
         if share:
             if entry.content is None:
                 entry.content = edge_index.detach().clone()
@@ -254,25 +237,24 @@ class StructureCache:
 
     def get(self, edge_index: Tensor, num_dst: int, share: bool = False) -> Structure:
         """The structure of ``edge_index`` for ``num_dst`` destinations, built on a miss."""
-        fp = fingerprint(edge_index) if self.checks(edge_index) else None
+        look = _identity.Look(edge_index, self.check)  # the one look of this lookup
         with self._lock:
-            entry, how = self._find(edge_index, share, fp)
+            entry, how = self._find(look, share)
             if entry is not None and num_dst in entry.by_num_dst:
                 if how == "identity":
                     self.identity_hits += 1
                 else:
                     self.content_hits += 1
                 if share:
-                    self._adopt(entry, edge_index, share, fp)
+                    self._adopt(entry, look, share, owned=how == "identity")
                 return entry.by_num_dst[num_dst]
-        if fp is None:
-            fp = fingerprint(edge_index)  # recorded with the structure, whatever the mode
+        look.settle()  # the fingerprint recorded with the structure, whatever the mode, before it
         with outside_inference_mode():
             s = build(edge_index, num_dst)  # outside the lock: may raise for a bad edge_index
         with self._lock:
             self.builds += 1
-            entry, _ = self._find(edge_index, share, fp)
-            self._adopt(entry, edge_index, share, fp).by_num_dst[num_dst] = s
+            entry, how = self._find(look, share)
+            self._adopt(entry, look, share, owned=how == "identity").by_num_dst[num_dst] = s
         return s
 
     def clear(self) -> None:

@@ -9,21 +9,36 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace gnncompile {
 namespace {
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
+// One tensor as it was when its facts were recorded: the identity rule of the Python caches
+// (gnncompile/ops/identity.py, whose docstring says why this record applies it separately)
+// without the fingerprint. The same TensorImpl (a Python tensor wraps one; `.data = other`
+// keeps it and swaps its storage and metadata), the same version counter, data pointer,
+// sizes, strides, dtype and device.
 struct Ref {
   WeakImpl impl;
   int64_t version = 0;
+  const void* data = nullptr;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  at::Device device = at::kCPU;
 
   static bool recordable(const at::Tensor& t) { return t.defined() && !t.is_inference(); }
-  static Ref of(const at::Tensor& t) { return Ref{WeakImpl(t.getIntrusivePtr()), t._version()}; }
+  static Ref of(const at::Tensor& t) {
+    return Ref{WeakImpl(t.getIntrusivePtr()), t._version(), t.const_data_ptr(), t.sizes().vec(),
+               t.strides().vec(), t.scalar_type(), t.device()};
+  }
   bool is(const at::Tensor& t) const {
     return t.defined() && !t.is_inference() && !impl.expired() &&
-           impl._unsafe_get_target() == t.unsafeGetTensorImpl() && version == t._version();
+           impl._unsafe_get_target() == t.unsafeGetTensorImpl() && version == t._version() &&
+           data == t.const_data_ptr() && t.sizes().equals(sizes) && t.strides().equals(strides) &&
+           dtype == t.scalar_type() && device == t.device();
   }
 };
 

@@ -4,10 +4,13 @@
 // Facts are recorded by build_csr (its outputs are valid by construction), by a successful
 // validation, and by clone_structure (a copy inherits its source's facts). They belong to the
 // very tensors they were recorded for: an entry holds weak references to their TensorImpls and
-// the version counters they had, so a tensor that is freed, or changed in place (its version
-// moves), is unknown again. Inference tensors have no version counter and are never recorded.
-// Writing a structure through `.data` or numpy bypasses the version counter: the CPU kernels
-// still range-check every index they read; the CUDA kernels trust a recorded structure.
+// the version counters, data pointers, sizes, strides, dtypes and devices they had (the identity
+// rule of gnncompile/ops/identity.py, less its fingerprint; its docstring says why the record
+// applies it here), so a tensor that is freed, changed in place (its version moves) or given
+// other storage (`t.data = other`) is unknown again. Inference tensors have no version counter
+// and are never recorded. Writing a structure through `.data[...]` or numpy bypasses the version
+// counter: the CPU kernels still range-check every index they read; the CUDA kernels trust a
+// recorded structure.
 #pragma once
 #include <ATen/ATen.h>
 
