@@ -4,8 +4,9 @@
   settings of a device that has no profile (:func:`default_settings`).
 * :mod:`.profiles`: device profiles (the settings a tuning run chose), read, validated,
   written atomically, and resolved by :func:`gnncompile.compile`.
-* :mod:`.cuda_knobs`: the CUDA kernels' launch knobs and their default rule (a mirror of
-  ``native/cuda/knobs.h``, testable without a GPU).
+* :mod:`.cuda_knobs`: the CUDA kernels' launch knobs and their default rule, read from the
+  native extension (the rule lives in ``native/cuda/knobs.h``; every build binds it, so it
+  needs no GPU).
 """
 from __future__ import annotations
 
