@@ -45,8 +45,9 @@ a ProfileWarning saying what was changed:
   (extra entries are dropped): on the CPU ``[chunks_per_thread]`` in ``[0, 4096]``
   (:data:`CPU_MAX_CHUNKS_PER_THREAD`, the kernels' own cap in native/cpu/glue.h); on CUDA
   ``[lanes_per_row, rows_per_block, vec_width, items_per_group]`` up to
-  :data:`gnncompile.hardware.cuda_knobs.EXPLICIT_KNOB_MAX` = ``(32, 256, 16, 2**20)``, the bounds
-  native/cuda/knobs.h applies to explicit knobs.
+  :data:`gnncompile.hardware.cuda_knobs.EXPLICIT_KNOB_MAX` (``(32, 256, 16, 2**20)``), the bounds
+  native/cuda/knobs.h applies to explicit knobs, read from the native extension (without it
+  the CUDA knobs are only checked to be ints >= 0: no kernel reads them then).
 * ``pin_memory``, ``persistent_workers``: true or false; ``inner``: one of
   :data:`gnncompile.compiler.backend.INNERS`.
 """
@@ -287,10 +288,15 @@ def setting_ranges(props: Optional[Mapping[str, Any]] = None) -> Dict[str, Tuple
             "pool_size": (1, max(MIN_POOL_CAP, 2 * cpus + 2)), "batch_size": (1, MAX_BATCH_SIZE)}
 
 
-def knob_ranges(device_type: str) -> List[Tuple[int, int]]:
+def knob_ranges(device_type: str) -> Optional[List[Tuple[int, int]]]:
     """``(low, high)`` of each kernel knob of a device type; the list's length is the number
-    of knobs the kernels read (a profile's extra entries are dropped)."""
+    of knobs the kernels read (a profile's extra entries are dropped). CUDA's come from the
+    launch rule in the native extension; None when it is not loaded (no kernel reads the knobs
+    then: every op runs its pure-torch reference), and the knobs are only checked to be ints
+    >= 0."""
     if device_type == "cuda":
+        if not _cuda_knobs.available():
+            return None
         return [(0, hi) for hi in _cuda_knobs.EXPLICIT_KNOB_MAX]
     return [(0, CPU_MAX_CHUNKS_PER_THREAD)]
 
@@ -319,6 +325,8 @@ def check_settings(settings: Mapping[str, Any], props: Optional[Mapping[str, Any
         if not isinstance(knobs, list):
             raise ProfileError(f"corrupt: settings.knobs must be a list of ints >= 0, got {knobs!r}")
         ranges = knob_ranges(device_type)
+        if ranges is None:  # the bounds are unknown (see knob_ranges): every entry kept
+            ranges = [(0, None)] * len(knobs)
         knobs = [_in_range(f"settings.knobs[{i}]", k, *(ranges[i] if i < len(ranges) else (0, None)), notes)
                  for i, k in enumerate(knobs)]
         if len(knobs) > len(ranges):

@@ -1,6 +1,11 @@
 // The Python extension gnncompile._C. Loading it runs the TORCH_LIBRARY_IMPL registrations of
-// every kernel file linked into it; the module itself only reports how it was built.
+// every kernel file linked into it; the module itself reports how it was built and holds the
+// submodule launch_rule, the CUDA kernels' launch rule (common/launch_rule.cpp).
 #include <pybind11/pybind11.h>
+
+namespace gnncompile {
+void bind_launch_rule(pybind11::module_& m);
+}
 
 #ifndef GNNCOMPILE_WITH_CUDA
 #define GNNCOMPILE_WITH_CUDA 0
@@ -24,4 +29,5 @@ PYBIND11_MODULE(_C, m) {
     d["compiler"] = __VERSION__;
     return d;
   });
+  gnncompile::bind_launch_rule(m);
 }

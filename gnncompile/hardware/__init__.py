@@ -2,7 +2,9 @@
 
 * :mod:`.device`: device detection (:func:`detect`), a stable device key, and the default
   settings of a device that has no profile (:func:`default_settings`).
-* :mod:`.cuda_knobs`: the CUDA kernels' launch knobs and their default rule.
+* :mod:`.cuda_knobs`: the CUDA kernels' launch knobs and their default rule, read from the
+  native extension (the rule lives in ``native/cuda/knobs.h``; every build binds it, so it
+  needs no GPU).
 
 The settings a tuning run chose for a device (device profiles) are data, in
 :mod:`gnncompile.profiles`; what a compiled model runs with is :mod:`gnncompile.settings`.

@@ -185,8 +185,9 @@ def default_settings(props: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 
     CUDA (``knobs = [lanes_per_row, rows_per_block, vec_width, items_per_group]``):
 
-    * ``knobs`` all 0: the kernels apply the rule of :mod:`gnncompile.hardware.cuda_knobs` at launch
-      (it needs the feature width and the graph size, which are known only then).
+    * ``knobs`` all 0: the kernels apply their launch rule (native/cuda/knobs.h, readable through
+      :mod:`gnncompile.hardware.cuda_knobs`) at launch (it needs the feature width and the graph
+      size, which are known only then).
     * loader: ``num_workers`` = ``min(8, host cpus // 2)``, ``pool_size`` = ``num_workers + 2``,
       ``pin_memory`` on (the side-stream copy overlaps compute only from pinned memory),
       ``persistent_workers`` when there are workers.

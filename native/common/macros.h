@@ -1,6 +1,7 @@
 // Portable qualifiers shared by the CPU and CUDA kernel cores. No torch headers here.
 #pragma once
 #include <cstdint>
+#include <string_view>
 
 #if defined(__CUDACC__)
 #define GNN_HD __host__ __device__ __forceinline__
@@ -11,9 +12,24 @@
 namespace gnncompile {
 
 // Reductions understood by every spmm kernel. Python passes the reduce as a string (the
-// schema's `str reduce`); parse_reduce in torch_glue.h maps it onto this enum. The integer
-// values stay inside the native code (the CUDA kernels receive them as SpmmParams::reduce).
+// schema's `str reduce`); reduce_from_name maps it onto this enum (parse_reduce in torch_glue.h
+// raises for an unknown name). The integer values stay inside the native code (the CUDA kernels
+// receive them as SpmmParams::reduce).
 enum class Reduce : int { Sum = 0, Mean = 1, Max = 2, Min = 3 };
+
+// sum, mean, max, min, or the aliases add, amax, amin; false for any other name. Host-only.
+inline bool reduce_from_name(std::string_view name, Reduce& out) {
+  if (name == "sum" || name == "add") out = Reduce::Sum;
+  else if (name == "mean") out = Reduce::Mean;
+  else if (name == "max" || name == "amax") out = Reduce::Max;
+  else if (name == "min" || name == "amin") out = Reduce::Min;
+  else return false;
+  return true;
+}
+
+// Whether a reduction records the slot of its winner (spmm's `arg` output; on CUDA an int64
+// per feature in the scratch of cut rows too, which the launch rule sizes).
+constexpr bool reduce_keeps_arg(Reduce r) { return r == Reduce::Max || r == Reduce::Min; }
 
 // How a per-edge weight multiplies the gathered feature row.
 //   None:   no weight, message = x[src]

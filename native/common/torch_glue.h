@@ -113,12 +113,11 @@ inline void check_structure(const at::Tensor& rowptr, const at::Tensor& col, con
 
 // The schema's `str reduce` (sum, mean, max, min, or the aliases add, amax, amin) as a Reduce.
 inline Reduce parse_reduce(c10::string_view reduce) {
-  if (reduce == "sum" || reduce == "add") return Reduce::Sum;
-  if (reduce == "mean") return Reduce::Mean;
-  if (reduce == "max" || reduce == "amax") return Reduce::Max;
-  if (reduce == "min" || reduce == "amin") return Reduce::Min;
-  TORCH_CHECK_VALUE(false, "gnncompile.spmm: unknown reduce '", std::string(reduce),
+  Reduce r = Reduce::Sum;
+  TORCH_CHECK_VALUE(reduce_from_name(std::string_view(reduce.data(), reduce.size()), r),
+                    "gnncompile.spmm: unknown reduce '", std::string(reduce),
                     "' (expected sum, mean, max or min)");
+  return r;
 }
 
 // The edge weight of an spmm call, checked against x: none, one per edge ([E] or [E, 1]), or
@@ -166,7 +165,7 @@ inline SpmmOutputs spmm_outputs(const at::Tensor& x, int64_t num_rows, int64_t n
   if (shape.empty()) shape.push_back(0);
   shape[0] = num_rows;
   o.out = at::empty(shape, x.options());
-  o.need_arg = reduce == Reduce::Max || reduce == Reduce::Min;
+  o.need_arg = reduce_keeps_arg(reduce);
   o.arg = o.need_arg ? at::empty(shape, x.options().dtype(at::kLong))
                      : at::empty({0}, x.options().dtype(at::kLong));
   if (num_rows == 0 || features == 0) {

@@ -1,6 +1,8 @@
 // Launch configuration of the CUDA kernels: the knob layout and the default rule. Host-only,
-// torch-free. Mirrored line for line in gnncompile/hardware/cuda_knobs.py (keep the two in step; the
-// tests in tests/test_cuda_knobs.py pin the rule for T4-, A100- and H100-like devices).
+// torch-free, no CUDA types. The one copy of the rule: the CUDA glue (spmm.cu, edge_dot.cu,
+// edge_softmax.cu) applies it at launch, and every build of the extension, the CPU-only one too,
+// binds it for Python as gnncompile._C.launch_rule (native/common/launch_rule.cpp), which
+// gnncompile/hardware/cuda_knobs.py wraps; tests/test_cuda_knobs.py checks it through that binding.
 //
 // knobs (the ops' `int[] knobs` on CUDA; 0 or missing = default):
 //   [0] lanes_per_row  L: lanes of one warp that share a destination row, power of two <= 32
@@ -56,14 +58,42 @@ struct LaunchKnobs {
   int64_t items = 32;       // K
 };
 
+// The knob layout: the index of each entry of the ops' `int[] knobs` and its name.
+enum Knob : int { kLanesKnob = 0, kRowsPerBlockKnob = 1, kVecKnob = 2, kItemsKnob = 3, kNumKnobs = 4 };
+inline constexpr const char* kKnobNames[kNumKnobs] = {"lanes_per_row", "rows_per_block", "vec_width",
+                                                      "items_per_group"};
+
 constexpr int kMaxLanes = 32;
 constexpr int64_t kMinItems = 32;
 constexpr int64_t kMaxItems = 4096;
 constexpr int kWaves = 4;
 constexpr int kMaxBlock = 256;  // = kMaxBlockThreads in common.cuh (the kernels' launch bounds)
 constexpr int64_t kMaxGridY = 65535;
+// The most features per node spmm takes: its feature tiles and fix-up chunks go on gridDim.y,
+// at most kMaxGridY of kMaxLanes or more features each.
+constexpr int64_t kMaxSpmmFeatures = kMaxGridY * kMaxLanes;
+constexpr int64_t kMaxExplicitVec = 16;  // an explicit vec_width is capped here before picking a width
 constexpr int64_t kMaxExplicitItems = int64_t{1} << 20;
 constexpr int64_t kScratchFloorBytes = int64_t{64} << 20;
+
+// The largest explicit value of each knob that the rule does not clamp further (lanes and rows
+// per block are clamped to these before rounding, vec_width to kMaxExplicitVec, items_per_group
+// to [K_mem, max(2^20, K_mem)]): a device profile's knobs are clamped to them when it is loaded.
+inline constexpr int64_t kExplicitKnobMax[kNumKnobs] = {kMaxLanes, kMaxBlock, kMaxExplicitVec, kMaxExplicitItems};
+
+// Bytes of the accumulator the kernels keep for an element of `elem_bytes` (acc_t in
+// common.cuh: float for 16-bit and float32, double for float64).
+constexpr int acc_bytes_for(int elem_bytes) { return elem_bytes == 8 ? 8 : 4; }
+
+// Whether the rule's int64 arithmetic is exact for these sizes: M, E and `width` (features, or
+// heads for edge_softmax) >= 0, and 4 * (M + E) * slot_bytes plus an L2 size of up to 2^31
+// bytes within int64 for the widest slot (16 bytes per feature or head). Far beyond any graph a
+// device holds; the binding (native/common/launch_rule.cpp) refuses larger sizes.
+inline bool sizes_fit_rule(int64_t M, int64_t E, int64_t width) {
+  constexpr int64_t cap = INT64_MAX / 128;
+  if (M < 0 || E < 0 || width < 0 || M > cap || E > cap - M) return false;
+  return M + E <= cap / std::max<int64_t>(width, 1);
+}
 
 inline int64_t next_pow2(int64_t v) {
   int64_t p = 1;
@@ -87,8 +117,8 @@ inline int threads_per_sm(const DeviceProps& d) {
 inline int block_threads(const DeviceProps& d) { return std::min(256, threads_per_sm(d) / 4); }
 
 // Compiled vector widths for an element size, widest first (see VecSet in common.cuh).
-inline int compiled_vec(int elem_bytes, int i) {
-  static const int w4[3] = {4, 2, 1}, w8[3] = {2, 1, 1}, w2[3] = {8, 2, 1};
+constexpr int compiled_vec(int elem_bytes, int i) {
+  constexpr int w4[3] = {4, 2, 1}, w8[3] = {2, 1, 1}, w2[3] = {8, 2, 1};
   if (elem_bytes == 8) return w8[i];
   if (elem_bytes == 2) return w2[i];
   return w4[i];
@@ -163,14 +193,14 @@ inline LaunchKnobs spmm_knobs(const DeviceProps& d, const int64_t* knobs, int64_
                               int64_t F, int64_t C, int elem_bytes, int acc_bytes, bool arg,
                               int64_t align_bytes) {
   LaunchKnobs k;
-  const int64_t want_vec = knob(knobs, n, 2) ? knob(knobs, n, 2) : 16 / elem_bytes;
-  k.vec = pick_vec(static_cast<int>(std::min<int64_t>(want_vec, 16)), elem_bytes, C, align_bytes);
-  finish_layout(d, knob(knobs, n, 0) ? knob(knobs, n, 0) : default_lanes(F, k.vec), knob(knobs, n, 1),
-                min_lanes_for_grid(F, k.vec), k);
+  const int64_t want_vec = knob(knobs, n, kVecKnob) ? knob(knobs, n, kVecKnob) : 16 / elem_bytes;
+  k.vec = pick_vec(static_cast<int>(std::min<int64_t>(want_vec, kMaxExplicitVec)), elem_bytes, C, align_bytes);
+  const int64_t want_lanes = knob(knobs, n, kLanesKnob) ? knob(knobs, n, kLanesKnob) : default_lanes(F, k.vec);
+  finish_layout(d, want_lanes, knob(knobs, n, kRowsPerBlockKnob), min_lanes_for_grid(F, k.vec), k);
   const int64_t tiles = (F + static_cast<int64_t>(k.lanes) * k.vec - 1) / (static_cast<int64_t>(k.lanes) * k.vec);
   const int64_t slot_bytes = F * (acc_bytes + (arg ? 8 : 0));
-  k.items = knob(knobs, n, 3) ? bound_items(knob(knobs, n, 3), M, E, slot_bytes)
-                              : default_items(d, M, E, k.lanes, tiles, slot_bytes);
+  k.items = knob(knobs, n, kItemsKnob) ? bound_items(knob(knobs, n, kItemsKnob), M, E, slot_bytes)
+                                       : default_items(d, M, E, k.lanes, tiles, slot_bytes);
   return k;
 }
 
@@ -178,10 +208,12 @@ inline LaunchKnobs spmm_knobs(const DeviceProps& d, const int64_t* knobs, int64_
 inline LaunchKnobs edge_dot_knobs(const DeviceProps& d, const int64_t* knobs, int64_t n, int64_t M, int64_t E,
                                   int64_t F, int64_t C, int elem_bytes, int64_t align_bytes) {
   LaunchKnobs k;
-  const int64_t want_vec = knob(knobs, n, 2) ? knob(knobs, n, 2) : 16 / elem_bytes;
-  k.vec = pick_vec(static_cast<int>(std::min<int64_t>(want_vec, 16)), elem_bytes, C, align_bytes);
-  finish_layout(d, knob(knobs, n, 0) ? knob(knobs, n, 0) : default_lanes(F, k.vec), knob(knobs, n, 1), 1, k);
-  k.items = knob(knobs, n, 3) ? bound_items(knob(knobs, n, 3), M, E, 0) : default_items(d, M, E, k.lanes, 1, 0);
+  const int64_t want_vec = knob(knobs, n, kVecKnob) ? knob(knobs, n, kVecKnob) : 16 / elem_bytes;
+  k.vec = pick_vec(static_cast<int>(std::min<int64_t>(want_vec, kMaxExplicitVec)), elem_bytes, C, align_bytes);
+  const int64_t want_lanes = knob(knobs, n, kLanesKnob) ? knob(knobs, n, kLanesKnob) : default_lanes(F, k.vec);
+  finish_layout(d, want_lanes, knob(knobs, n, kRowsPerBlockKnob), 1, k);
+  k.items = knob(knobs, n, kItemsKnob) ? bound_items(knob(knobs, n, kItemsKnob), M, E, 0)
+                                       : default_items(d, M, E, k.lanes, 1, 0);
   return k;
 }
 
@@ -198,8 +230,8 @@ inline LaunchKnobs edge_softmax_knobs(const DeviceProps& d, const int64_t* knobs
   k.lanes = kMaxLanes;
   k.rows_per_block = 8;
   k.vec = 1;
-  k.items = knob(knobs, n, 3) ? bound_items(knob(knobs, n, 3), M, E, 2 * H * acc_bytes)
-                              : default_items(d, M, E, kMaxLanes, 1, 2 * H * acc_bytes);
+  k.items = knob(knobs, n, kItemsKnob) ? bound_items(knob(knobs, n, kItemsKnob), M, E, 2 * H * acc_bytes)
+                                       : default_items(d, M, E, kMaxLanes, 1, 2 * H * acc_bytes);
   return k;
 }
 

@@ -29,8 +29,8 @@ std::tuple<at::Tensor, at::Tensor> spmm_cuda(
   if (c.o.done) return {out, arg};
 
   // Feature tiles and fix-up chunks go on gridDim.y (at most 65535 of 32+ features each).
-  TORCH_CHECK_VALUE(Fx <= int64_t{65535} * 32, op, ": ", Fx, " features per node is more than the CUDA kernel supports (",
-                    int64_t{65535} * 32, ")");
+  TORCH_CHECK_VALUE(Fx <= kMaxSpmmFeatures, op, ": ", Fx, " features per node is more than the CUDA kernel supports (",
+                    kMaxSpmmFeatures, ")");
   const DeviceProps props = device_props(dev.index());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {

@@ -40,11 +40,24 @@ namespace gpu {
 GNN_INSTANTIATE_INDEX(int32_t)
 GNN_INSTANTIATE_INDEX(int64_t)
 
-// The host-side knob rule compiles here too (it is also exercised from Python in
-// tests/test_cuda_knobs.py).
+// The host-side knob rule compiles here too (every build of the extension binds it for Python:
+// native/common/launch_rule.cpp, tested in tests/test_cuda_knobs.py).
 LaunchKnobs check_knobs_compile(const DeviceProps& d) {
   return spmm_knobs(d, nullptr, 0, 1000, 10000, 128, 128, 4, 4, false, 16);
 }
+
+// knobs.h is host C++ without CUDA types, so it states what it assumes of the kernels by
+// numbers; here, with the kernels' types at hand, those numbers are checked against them.
+static_assert(kMaxBlock == kMaxBlockThreads, "knobs.h kMaxBlock != common.cuh kMaxBlockThreads");
+template <typename T>
+constexpr bool rule_knows_type() {
+  constexpr int b = static_cast<int>(sizeof(T));
+  return sizeof(acc_t<T>) == static_cast<size_t>(acc_bytes_for(b)) && VecSet<T>::w[0] == compiled_vec(b, 0) &&
+         VecSet<T>::w[1] == compiled_vec(b, 1) && VecSet<T>::w[2] == compiled_vec(b, 2);
+}
+static_assert(rule_knows_type<float>() && rule_knows_type<double>() && rule_knows_type<__half>() &&
+                  rule_knows_type<__nv_bfloat16>(),
+              "knobs.h acc_bytes_for / compiled_vec disagree with acc_t / VecSet in common.cuh");
 
 }  // namespace gpu
 }  // namespace gnncompile
