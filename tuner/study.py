@@ -4,7 +4,7 @@
 
 * storage: any Optuna storage URL, ``journal:PATH`` or a path ending in .log / .journal (an
   Optuna journal file), or a storage object; default ``sqlite:///<cache dir>/tuner/studies.db``
-  (:func:`gnncompile.hardware.profiles.cache_dir`). The study is named after the device key and the
+  (:func:`gnncompile.profiles.cache_dir`). The study is named after the device key and the
   workload signature and opened with ``load_if_exists``: a run that was interrupted (Ctrl-C,
   kill) resumes with every completed trial kept, and several processes (or machines, given an
   RDB URL) can work on one study at once. ``trials`` is the number of finished (complete or
@@ -21,7 +21,7 @@
   that raises (out of memory, a crash) is recorded as failed and the study goes on.
 * the defaults (:func:`tuner.workloads.default_settings`) are measured in the same run, and
   the profile records tuned vs default throughput. The profile JSON goes to ``out`` (default
-  :func:`gnncompile.hardware.profiles.profile_dir`) with the optimisation history and parameter
+  :func:`gnncompile.profiles.profile_dir`) with the optimisation history and parameter
   importance plots as PNG next to it. Several tuners of one study finishing together: the
   file keeps the faster result (:func:`save_if_better`, under a lock file).
 * timeout: one deadline for the whole run (opening the study, trials, re-measurements, profile,
@@ -132,7 +132,8 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
         else:
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16])]
         # the compiler for the rest of the graph: which one wins depends on the model and the
-        # graph sizes (measurements in docs/ARCHITECTURE.md, "Inner compiler")
+        # graph sizes (benchmarks/results/inner_rule.md; earlier measurements in
+        # benchmarks/results/HISTORY.md, "Inner compiler")
         s["inner"] = trial.suggest_categorical("inner", list(INNERS))
     else:
         s["knobs"] = default_knobs
