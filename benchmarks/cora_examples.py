@@ -23,10 +23,11 @@ epoch (includes compilation) and median epoch time, the final loss and test accu
 eager process wall / compiled process wall, eager median epoch / compiled median epoch. The
 children run with OMP_NUM_THREADS and torch.set_num_threads = ``--threads`` (on a 2-core machine
 shared with other work, 2 threads can be many times slower than 1: compare runs made with the
-same setting). The inner compiler is gnncompile's default, 'auto' (recorded): $GNNCOMPILE_INNER when
-set, else the size rule of gnncompile.compiler.backend.choose_inner, which gives Cora (2.7k nodes +
-13k edges with self loops) the "eager" inner. With inductor, dropout inside the compiled graph draws other random
-numbers than eager, so final accuracies differ by the usual run-to-run spread; with aot_eager
+same setting). The inner compiler is gnncompile's default, 'auto': the inner of a device profile
+in the cache folder when one applies and names one, else $GNNCOMPILE_INNER when set, else the size
+rule of gnncompile.compiler.backend.choose_inner, which gives Cora (2.7k nodes + 13k edges with
+self loops) the "eager" inner. (The record names $GNNCOMPILE_INNER or the rule, not a
+profile's.) With inductor, dropout inside the compiled graph draws other random numbers than eager, so final accuracies differ by the usual run-to-run spread; with aot_eager
 they are identical. ``--examples gcn-uncached`` (not in the default list) runs the GCN script
 with ``--no-cached``: GCNConv(cached=False), the normalisation on every call, which gnncompile's
 compiled graph caches per edge_index instead. Writes

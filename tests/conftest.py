@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 
-# The suite compiles many small models: use the aot_eager inner compiler unless told otherwise
-# (inductor, the default, code-generates every graph piece and would multiply the suite's time);
-# tests/compiler/test_compile.py checks the inductor path and the default explicitly.
+# The suite compiles many models: use the aot_eager inner compiler unless told otherwise, the same
+# for every test whatever its graph size (the default, 'auto', gives graphs of 600k nodes + edges
+# and more to inductor, which code-generates every graph piece and would multiply the suite's
+# time). tests/compiler/test_compile.py checks the inductor path and tests/passes/test_hoist.py
+# the 'auto' rule explicitly.
 os.environ.setdefault("GNNCOMPILE_INNER", "aot_eager")
 
 import shutil

@@ -132,7 +132,8 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
         else:
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16])]
         # the compiler for the rest of the graph: which one wins depends on the model and the
-        # graph sizes (measurements in docs/ARCHITECTURE.md, "Inner compiler")
+        # graph sizes (benchmarks/results/inner_rule.md; earlier measurements in
+        # benchmarks/results/HISTORY.md, "Inner compiler")
         s["inner"] = trial.suggest_categorical("inner", list(INNERS))
     else:
         s["knobs"] = default_knobs

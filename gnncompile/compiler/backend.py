@@ -34,13 +34,9 @@ from .._log import get_logger, log_fusions
 _log = get_logger(__name__)
 
 INNERS = _config.INNERS
-# Inner compilers measured on the development CPU (2 cores), training step of 2-layer models at
-# 100k nodes / 1M edges, F = 128 (benchmarks/models.py, quiet machine): with the message
-# passing fused, what remains is GEMMs and elementwise chains, which inductor fuses and
-# aot_eager does not. Median step, gnncompile with aot_eager vs with inductor: GraphSAGE 420 vs
-# 308 ms, GIN 538 vs 445 ms, GAT 1069 vs 892 ms; first step 1.6-3.2 s vs 4.7-6.6 s.
-# GNNCOMPILE_INNER (gnncompile.config) or compile(inner=...) picks one for every graph piece;
-# the test suite sets aot_eager, for speed.
+# compile(inner=...), else the profile's inner, else $GNNCOMPILE_INNER (gnncompile.config) picks
+# one for every graph piece (Settings.inner); the test suite sets aot_eager, for speed. Earlier
+# measurements of aot_eager vs inductor: benchmarks/results/HISTORY.md, "Inner compiler".
 
 # 'auto' (no compile(inner=...), no profile inner, no $GNNCOMPILE_INNER): each graph piece gets inductor when its
 # graph is large enough that inductor's faster steps repay its longer compile within a typical

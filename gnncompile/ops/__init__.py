@@ -1,5 +1,5 @@
-"""Fused message-passing ops with PyG semantics, and the only code that names
-``torch.ops.gnncompile``.
+"""Fused message-passing ops with PyG semantics, and the only code of the package that names
+``torch.ops.gnncompile`` (the rest goes through :mod:`.targets`).
 
 * :mod:`.schemas`: the kernel ops' schemas, fake kernels and reference registrations
   (:mod:`.reference`); loading it loads the native kernels (:mod:`._native`).

@@ -22,8 +22,8 @@ else:
     except Exception as exc:  # ImportError, or an OSError from a broken link
         LOAD_ERROR = f"{type(exc).__name__}: {exc}"
 
-# a child of the package logger "gnncompile" (gnncompile/_log.py; ops imports no other part
-# of the package)
+# a child of the package logger "gnncompile" (gnncompile/_log.py), reached through logging
+# directly: of the package, ops imports only gnncompile.config
 _log = logging.getLogger(__name__)
 if _C is not None:
     _log.debug("native kernels loaded from %s", getattr(_C, "__file__", "?"))

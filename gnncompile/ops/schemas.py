@@ -8,7 +8,9 @@ Structure tensors (``rowptr``, ``col``, ``perm``) describe a graph sorted by des
 (CSR): ``col[j]`` is the source node of CSR slot ``j`` and ``perm[j]`` its original edge id,
 so per-edge tensors (weights, scores) always stay in the user's original edge order. The
 optional ``*_t`` tensors are the same structure sorted by source (CSC), used by backward.
-``knobs`` are the kernels' tuning arguments (see docs/ARCHITECTURE.md); ``[]`` means defaults.
+``knobs`` are the kernels' launch knobs (CPU: ``[chunks_per_thread]``, native/cpu/glue.h; CUDA:
+:mod:`gnncompile.hardware.cuda_knobs`), which the rewrite takes from the model's
+:class:`gnncompile.settings.Settings`; ``[]`` means the kernels' defaults.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Phase 0, algebra: exact rewrites that move work from edges to nodes before matching.
+"""Phase 2, algebra: exact rewrites that move work from edges to nodes before matching.
 
 A linear map applied per edge to gathered node rows is the same map applied to the nodes,
 then gathered: ``linear(x[j]) = linear(x)[j]``: a GEMM over N rows instead of E. Per-edge

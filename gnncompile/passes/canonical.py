@@ -1,4 +1,6 @@
-"""Canonical view of the torch-level FX graph that Dynamo captures.
+"""Phase 1, canonical: the graph cleaned before matching (:func:`drop_identity_dropout`, and
+:func:`fast_dropout` in compiled graphs whose inner compiler is not inductor); and the canonical view of the
+torch-level FX graph that Dynamo captures, which every phase reads through.
 
 The same operation reaches the graph in several spellings: a method (``x.index_select``), a
 function (``torch.index_select``), an unbound method (``torch.Tensor.index_select``), an
@@ -10,8 +12,6 @@ looks at ``node.op`` / ``node.target`` directly.
 Shapes come from the fake values Dynamo records in ``node.meta["example_value"]``. Symbolic
 sizes are compared by their printed expression (:func:`size_key`, :func:`same_size`), never with
 ``==`` (which would add a guard to the shape environment after tracing has finished).
-
-The graph is also cleaned here before matching: :func:`drop_identity_dropout`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Phase 4, hoist: the work of a graph piece that depends only on the graph runs once per
+"""Phase 6, hoist: the work of a graph piece that depends only on the graph runs once per
 graph, not once per call and layer.
 
 A node is *graph-invariant* when every tensor it reads is a root or another invariant node,

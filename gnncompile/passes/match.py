@@ -1,4 +1,4 @@
-"""Phase 1, match (read only): explain every scatter-like node of a Dynamo FX graph either as
+"""Phase 3, match (read only): explain every scatter-like node of a Dynamo FX graph either as
 part of a fusable chain or as unfused, with a reason.
 
 Every scatter (:data:`canonical.SCATTERS`, any spelling) is read as a :class:`Scatter`, then

@@ -1,5 +1,5 @@
-"""Phase 1b, match (read only): a scattered message that is an elementwise expression, read as a
-message program (:mod:`gnncompile.ops.program`) for ``gnncompile::message_reduce``.
+"""Part of phase 3, match (read only): a scattered message that is an elementwise expression,
+read as a message program (:mod:`gnncompile.ops.program`) for ``gnncompile::message_reduce``.
 
 From the scatter's message the expression is walked back through elementwise ops (add, sub,
 mul, div, neg, relu, leaky_relu, elu, gelu, sigmoid, tanh, softplus, exp, log, sqrt, abs,

@@ -1,4 +1,4 @@
-"""Phase 2, plan (read only): which graph structures the fused chains of one graph piece share.
+"""Phase 4, plan (read only): which graph structures the fused chains of one graph piece share.
 
 * One CSR per distinct (edge_index, number of destinations) when a chain aggregates over row 1
   of a ``[2, E]`` edge_index (and, for an aggregation, gathers from row 0 of the same tensor):

@@ -1,4 +1,4 @@
-"""Phase 3, rewrite: insert the planned structure ops and the fused ops, redirect the uses of
+"""Phase 5, rewrite: insert the planned structure ops and the fused ops, redirect the uses of
 the nodes they replace, drop what became dead, and give the per-edge gathers that remain a
 segment-sum gradient.
 
