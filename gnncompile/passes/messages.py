@@ -39,6 +39,11 @@ _UNARY = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "l
 _PARAMETRIC = {"leaky_relu": (("negative_slope", 0.01),), "elu": (("alpha", 1.0),),
                "softplus": (("beta", 1.0), ("threshold", 20.0))}
 _VIEWS = ("view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous", "clone", "stack")
+# Operations whose backward passes each incoming gradient on unchanged (add, sub and neg: with a
+# sign) or selects it (relu: where(x > 0, g, 0); views, casts): computed twice, once inside a
+# program and once outside, they give the leaves the same gradient terms as computed once
+# (_Builder.shared).
+_SPLIT_EXACT = frozenset(_VIEWS) | {"add", "sub", "neg", "relu", "to", "float", "type_as", "getitem", "cat"}
 _MODELLED = (set(_BINARY) | set(_UNARY) | set(_PARAMETRIC) | set(_VIEWS)
              | {"gelu", "clamp", "clip", "clamp_min", "clamp_max", "to", "float", "type_as"})
 # activations whose inplace=True the builder models: the write defines the value it returns
@@ -97,6 +102,26 @@ def _prefix_width(child: Tuple[int, ...], parent: Tuple[int, ...]) -> Optional[i
     return math.prod(child[:k])
 
 
+# Calls that read only the size, dtype or device of a tensor (of every argument, or of the
+# argument after self for the *_as methods): no gradient flows back through them.
+_METADATA = {"new_zeros", "new_ones", "new_empty", "new_full", "size", "dim", "numel", "zeros_like",
+             "ones_like", "empty_like", "full_like"}
+_SHAPE_OF_OTHER = {"expand_as", "view_as", "reshape_as"}
+
+
+def reads_value(user: Node, n: Node) -> bool:
+    """Whether ``user`` reads the values of ``n`` (not only its size, dtype or device)."""
+    name = opname(user)
+    if name in _METADATA:
+        return False
+    if user.op == "call_function" and name == "getattr" and len(user.args) == 2 and user.args[1] in (
+            "shape", "dtype", "device", "ndim", "is_cuda"):
+        return False
+    if name in _SHAPE_OF_OTHER:
+        return bool(user.args) and user.args[0] is n
+    return True
+
+
 class _Builder:
     """Walks a message back to its leaves (module docstring). ``anchor`` is the node the fused
     op replaces: the kernel reads every leaf there, so a leaf written in place between the
@@ -121,19 +146,38 @@ class _Builder:
         self.leafed: Set[Node] = set()  # nodes read as leaves (inputs of the program)
 
     def shared(self, root: Node) -> List[Node]:
-        """Operations inside the program whose value something outside it also reads. The graph
-        computes them anyway, and eager sums their gradient from every reader before applying
-        their derivative once: recomputed inside the program, the kernel would apply it to its
-        own share and autograd to the other (``0 * inf`` is NaN where eager's ``(g + 0) * inf``
-        is inf). They are read as computed instead."""
+        """Operations inside the program whose value something outside it also reads, and whose
+        recomputation would change a gradient. The graph computes them anyway, and eager sums
+        their gradient from every reader before applying the derivatives below them once:
+        recomputed inside the program, the kernel would apply them to its own share and autograd
+        to the other (``0 * inf`` is NaN where eager's ``(g + 0) * inf`` is inf; ``d * a + d * b``
+        rounds otherwise than ``d * (a + b)``). They are read as computed instead, unless every
+        operation below them inside the program passes a gradient on unchanged or selects it
+        (:data:`_SPLIT_EXACT`: add, sub, neg, relu, views): then each share reaches the leaves
+        as it is, and the leaves sum the same terms as eager does (only their order differs, as
+        in every fused sum)."""
         inner = {n for n in self.memo if isinstance(n, Node) and n not in self.leafed}
         out = []
         for n in inner:
             if n is root or opname(n) in _VIEWS or opname(n) in ("to", "float", "type_as"):
                 continue
-            if any(u not in inner for u in n.users):
+            if any(u not in inner and reads_value(u, n) for u in n.users) and not self._split_exact(n, inner):
                 out.append(n)
         return out
+
+    def _split_exact(self, n: Node, inner: Set[Node]) -> bool:
+        """Whether every operation of the program from ``n`` down to its leaves is in
+        :data:`_SPLIT_EXACT` (see :meth:`shared`)."""
+        todo, seen = [n], set()
+        while todo:
+            m = todo.pop()
+            if m in seen or m not in inner:
+                continue  # a leaf (read from outside the program) ends the path
+            seen.add(m)
+            if opname(m) not in _SPLIT_EXACT:
+                return False
+            todo += [a for a in m.all_input_nodes]
+        return True
 
     # ---- leaves
     def _leaf(self, n: Node, side: int, width: int) -> P.Expr:
@@ -360,7 +404,8 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
         stops |= set(shared)
     for n in sorted(stops - given, key=lambda n: writes.pos.get(n, 0)):
         if n in b.leafed:
-            users = ", ".join(f"'{u.name}'" for u in n.users if u not in b.memo or u in b.leafed)
+            users = ", ".join(f"'{u.name}'" for u in n.users
+                              if (u not in b.memo or u in b.leafed) and reads_value(u, n))
             b.kept.append(f"'{n.name}' read as computed: {users} outside the message also read it")
     if efs is None:
         raise NoMatch("message does not depend on the edge")

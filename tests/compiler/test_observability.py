@@ -163,7 +163,7 @@ def test_compile_and_export_log(caplog, tmp_path):
     debug = [r.getMessage() for r in ours if r.levelno == logging.DEBUG]
     assert any(m.startswith("compile GraphSAGE: profile") for m in info), info
     assert any("2 fused chain(s), 0 scatter(s) left unfused" in m for m in info), info
-    assert any("fused spmm[max]" in m and "convs.1 (SAGEConv)" in m for m in debug), debug
+    assert any("fused spmm[max, relu input]" in m and "convs.1 (SAGEConv)" in m for m in debug), debug
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="gnncompile"):
         gnncompile.export(model, (x, ei), tmp_path / "m.onnx")
