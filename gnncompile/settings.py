@@ -20,8 +20,9 @@ Fields:
 * ``reassociate``: distribute linear maps over sums and differences of gathered rows (not exact,
   off by default; see :mod:`gnncompile.passes.algebra`).
 * ``slot_order``, ``capture_dynamic``: rewrite and capture switches (``gnncompile.config``).
-* ``structure_check``: the fingerprint check mode of the structure cache (process-wide: the
-  cache is shared by every model; recorded here as it was when the model was compiled).
+* ``structure_check``: when the structure cache and the hoisted results confirm a hit by a
+  content fingerprint (see :func:`gnncompile.ops.set_structure_check`); baked into the
+  model's structure ops, so the model keeps the mode it was compiled with.
 * ``threads``: torch's intra-op thread count the profile chose (gnncompile never changes a
   process-wide thread count on its own; the tuner applies it in its trials).
 * ``loader``: keyword arguments for :class:`gnncompile.data.PooledLoader` from the profile.
@@ -160,10 +161,16 @@ class Settings:
 
     @classmethod
     def from_config(cls, cfg: Optional[_config.Config] = None) -> "Settings":
-        """The defaults with the configuration (environment) over them."""
-        cfg = _config.current() if cfg is None else cfg
+        """The defaults with the configuration (environment) over them; the structure check mode
+        is the process's (:func:`gnncompile.ops.structure_check`, which starts from the
+        environment) unless ``cfg`` is given."""
+        if cfg is None:
+            from .ops.structure import structure_check  # the process-wide mode ($GNNCOMPILE_STRUCTURE_CHECK
+            cfg, check = _config.current(), structure_check()  # unless set_structure_check changed it)
+        else:
+            check = cfg.structure_check
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
-                   structure_check=cfg.structure_check)
+                   structure_check=check)
 
     @classmethod
     def build(cls, profile: Any = None, cfg: Optional[_config.Config] = None, **explicit: Any) -> "Settings":

@@ -135,8 +135,9 @@ class HoistCache:
             for k in [k for k in self._results if k[0] == key]:
                 del self._results[k]
 
-    def get(self, key: int, roots: List[Tensor], sizes: List[int]) -> Tuple[Tensor, ...]:
-        mode = _structure.CACHE.check  # the structure cache's check mode
+    def get(self, key: int, roots: List[Tensor], sizes: List[int], check: str = "") -> Tuple[Tensor, ...]:
+        # the compiled model's check mode ("": the structure cache's process-wide one)
+        mode = _structure._mode(check, _structure.CACHE.check)
         looks = [_identity.Look(r, mode) for r in roots]  # the one look at each root
         ck = (key, tuple(map(id, roots)), tuple(map(int, sizes)))
         with _lock:
@@ -201,16 +202,16 @@ def hoist_info() -> dict:
 
 # ----------------------------------------------------------------------------- the op
 @torch.library.custom_op("gnncompile::hoisted", mutates_args=())
-def hoisted(key: int, roots: List[Tensor], sizes: List[int], copy: bool) -> List[Tensor]:
+def hoisted(key: int, roots: List[Tensor], sizes: List[int], copy: bool, check: str = "") -> List[Tensor]:
     for r in roots:
         if r.requires_grad or r.is_floating_point() or r.is_complex():
             raise TypeError("gnncompile::hoisted: roots must be integer tensors that need no gradient")
-    outs = CACHE.get(int(key), list(roots), list(sizes))
+    outs = CACHE.get(int(key), list(roots), list(sizes), check)
     return [o.clone() for o in outs] if copy else list(outs)
 
 
 @hoisted.register_fake
-def _(key, roots, sizes, copy):
+def _(key, roots, sizes, copy, check=""):
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     gm = region(int(key))

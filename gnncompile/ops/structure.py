@@ -235,9 +235,11 @@ class StructureCache:
                 self._shared.popitem(last=False)
         return entry
 
-    def get(self, edge_index: Tensor, num_dst: int, share: bool = False) -> Structure:
-        """The structure of ``edge_index`` for ``num_dst`` destinations, built on a miss."""
-        look = _identity.Look(edge_index, self.check)  # the one look of this lookup
+    def get(self, edge_index: Tensor, num_dst: int, share: bool = False, check: str = "") -> Structure:
+        """The structure of ``edge_index`` for ``num_dst`` destinations, built on a miss.
+        ``check``: the check mode of this lookup (a compiled model's own, baked into its graph);
+        "" for this cache's mode (:func:`set_structure_check`)."""
+        look = _identity.Look(edge_index, _mode(check, self.check))  # the one look of this lookup
         with self._lock:
             entry, how = self._find(look, share)
             if entry is not None and num_dst in entry.by_num_dst:
@@ -276,6 +278,14 @@ class StructureCache:
 CACHE = StructureCache()
 
 
+def _mode(check: str, default: str) -> str:
+    if not check:
+        return default
+    if check not in CHECK_MODES:
+        raise ValueError(f"gnncompile: structure check mode must be one of {', '.join(CHECK_MODES)}, got {check!r}")
+    return check
+
+
 def structure(edge_index: Tensor, num_dst: int) -> Structure:
     """The cached structure of ``edge_index`` for ``num_dst`` destination nodes (identity only)."""
     if torch.compiler.is_compiling():
@@ -294,7 +304,11 @@ def set_structure_check(mode: str) -> None:
     """When a hit by identity is confirmed by the content fingerprint (inference tensors: always):
     ``"cpu"`` (the default) for CPU tensors, ``"all"`` for every device (on CUDA one host wait per
     lookup), ``"off"`` never (an edit through ``.numpy()`` / ``.data`` is then missed). The
-    environment variable ``GNNCOMPILE_STRUCTURE_CHECK`` (0/off, 1/cpu, 2/all) sets the default."""
+    environment variable ``GNNCOMPILE_STRUCTURE_CHECK`` (0/off, 1/cpu, 2/all) sets the default.
+
+    This is the process-wide mode: what the eager API (:func:`gnncompile.ops.spmm`, ...) uses,
+    and what a model compiled from now on records in its settings. A compiled model keeps the
+    mode it was compiled with (an argument of its structure ops, ``settings.structure_check``)."""
     if mode not in CHECK_MODES:
         raise ValueError(f"gnncompile.ops.set_structure_check: mode must be one of {', '.join(CHECK_MODES)}, "
                          f"got {mode!r}")
@@ -324,28 +338,30 @@ def _maybe_copy(ts, copy: bool):
 
 
 @torch.library.custom_op("gnncompile::cached_csr", mutates_args=())
-def cached_csr(edge_index: Tensor, num_dst: int, copy: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+def cached_csr(edge_index: Tensor, num_dst: int, copy: bool = False,
+               check: str = "") -> Tuple[Tensor, Tensor, Tensor]:
     check_edge_index(edge_index, "gnncompile::cached_csr")
-    s = CACHE.get(edge_index, int(num_dst), share=True)
+    s = CACHE.get(edge_index, int(num_dst), share=True, check=check)
     return _maybe_copy((s.rowptr, s.col, s.perm), copy)
 
 
 @cached_csr.register_fake
-def _(edge_index, num_dst, copy=False):
+def _(edge_index, num_dst, copy=False, check=""):
     E = edge_index.shape[1]
     return (edge_index.new_empty(num_dst + 1), edge_index.new_empty(E), edge_index.new_empty(E))
 
 
 @torch.library.custom_op("gnncompile::cached_csc", mutates_args=())
-def cached_csc(edge_index: Tensor, num_dst: int, num_src: int, copy: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+def cached_csc(edge_index: Tensor, num_dst: int, num_src: int, copy: bool = False,
+               check: str = "") -> Tuple[Tensor, Tensor, Tensor]:
     check_edge_index(edge_index, "gnncompile::cached_csc")
-    s = CACHE.get(edge_index, int(num_dst), share=True)
+    s = CACHE.get(edge_index, int(num_dst), share=True, check=check)
     s.check_sources(int(num_src))
     return _maybe_copy(s.transposed(int(num_src)), copy)
 
 
 @cached_csc.register_fake
-def _(edge_index, num_dst, num_src, copy=False):
+def _(edge_index, num_dst, num_src, copy=False, check=""):
     E = edge_index.shape[1]
     return (edge_index.new_empty(num_src + 1), edge_index.new_empty(E), edge_index.new_empty(E))
 

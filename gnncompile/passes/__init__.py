@@ -61,7 +61,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     report.linear_moved = moved
     report.dropouts = dropouts
     if hoist:
-        h = hoist_pass(gm, copy=copy_structures)
+        h = hoist_pass(gm, copy=copy_structures, check=settings.structure_check)
         report.hoisted, report.hoisted_nodes = h.regions, h.nodes
     graph.lint()
     gm.recompile()

@@ -268,7 +268,7 @@ def _drop_with_dependents(n: Node, inv: Dict[Node, None]) -> None:
             stack.extend(m.users)
 
 
-def hoist(gm: GraphModule, copy: bool = False) -> HoistReport:
+def hoist(gm: GraphModule, copy: bool = False, check: str = "") -> HoistReport:
     """Moves the graph-invariant nodes of ``gm`` into one cached region (see the module
     docstring); ``copy``: the region's outputs are handed out as clones. Returns what moved."""
     from ..ops import hoisted as _hoisted
@@ -367,7 +367,7 @@ def hoist(gm: GraphModule, copy: bool = False) -> HoistReport:
                 return report
             size_inputs[i] = sub
     with graph.inserting_before(first_reader):
-        call = graph.call_function(targets.HOISTED, (key, list(used_roots), list(size_inputs), copy))
+        call = graph.call_function(targets.HOISTED, (key, list(used_roots), list(size_inputs), copy, check))
         got = [graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
     for o, g in zip(outputs, got):
         o.replace_all_uses_with(g, delete_user_cb=lambda u: u not in inv)

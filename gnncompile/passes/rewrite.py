@@ -52,6 +52,7 @@ class Built:
     # per-edge inputs computed from narrower edge features are recomputed in CSR order (read at
     # the slot, not through perm); Settings.slot_order = False turns this off (A/B measurements)
     slot_order: bool = True
+    check: str = ""  # the structure check mode baked into the structure ops (Settings.structure_check)
 
 
 def node_order(graph) -> Dict[Node, int]:
@@ -75,26 +76,27 @@ def _insert_csc(graph, b: Built, m: Aggregate, copy: bool) -> bool:
     with graph.inserting_before(m.anchor):
         num_src = _size0(graph, m.x)
         if b.shared.edge_index is not None:
-            call = graph.call_function(targets.CACHED_CSC, (b.shared.edge_index, b.num_dst, num_src, copy))
+            call = graph.call_function(targets.CACHED_CSC, (b.shared.edge_index, b.num_dst, num_src, copy, b.check))
         else:
             call = graph.call_function(targets.PAIR_CSC, (*b.csr, num_src))
         b.csc[nkey] = _unpack(graph, call)
     return True
 
 
-def insert_structures(graph, p: Plan, copy: bool, report: PassReport) -> List[Built]:
+def insert_structures(graph, p: Plan, copy: bool, report: PassReport, check: str = "") -> List[Built]:
     """One structure op per shared structure, before its first member (``copy``: the cached
-    tensors are handed out as clones, for inner compilers that recycle buffers)."""
+    tensors are handed out as clones, for inner compilers that recycle buffers; ``check``: the
+    structure check mode of the lookups, "" for the process-wide one)."""
     built = []
     for s in p.structures:
         first = s.members[0]
         with graph.inserting_before(first.anchor):
             num_dst = _size0(graph, first.buffer)
             if s.edge_index is not None:
-                call = graph.call_function(targets.CACHED_CSR, (s.edge_index, num_dst, copy))
+                call = graph.call_function(targets.CACHED_CSR, (s.edge_index, num_dst, copy, check))
             else:
                 call = graph.call_function(targets.PAIR_CSR, (first.dst_index, s.pair_src_index(), num_dst))
-            b = Built(s, _unpack(graph, call), num_dst)
+            b = Built(s, _unpack(graph, call), num_dst, check=check)
         report.structures += 1
         for m in s.members:
             if isinstance(m, Aggregate) and m.needs_csc and _insert_csc(graph, b, m, copy):
@@ -303,7 +305,7 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
     settings = DEFAULT if settings is None else settings
     report = PassReport()
     writes = Writes(graph)
-    built = insert_structures(graph, p, copy_structures, report)
+    built = insert_structures(graph, p, copy_structures, report, settings.structure_check)
     for b in built:
         b.writes = writes
         b.slot_order = settings.slot_order

@@ -273,7 +273,7 @@ def test_no_import_cycle_between_subpackages():
     assert _cycle(edges) is None, _cycle(edges)
     # the layers the map describes
     assert edges.get("config", set()) == set()  # imports nothing of the package
-    assert edges.get("settings", set()) <= {"config"}
+    assert edges.get("settings", set()) <= {"config", "ops"}  # ops: the process-wide structure check
     assert "compiler" not in edges.get("profiles", set()) and "profiles" not in edges.get("hardware", set())
     assert edges.get("ops", set()) <= {"config", "_log"}
     # the walk sees real edges (a walk that found none would pass the cycle check vacuously)
@@ -290,3 +290,30 @@ def test_only_ops_names_the_op_namespace():
                  if "ops" not in f.relative_to(PACKAGE).parts[:1]
                  and re.search(r"torch\.ops\.gnncompile", f.read_text())]
     assert offenders == []
+
+
+def test_each_model_keeps_its_structure_check_mode():
+    """Two models sharing one edge_index, compiled with the check off and on: an edit that
+    bypasses the version counter is missed by the first (as documented for 'off') and seen by
+    the second, whatever the process-wide mode is when they run."""
+    from gnncompile.ops import structure
+
+    torch.manual_seed(0)
+    net = SAGEConv(8, 8)
+    x, ei = _graph()
+    off = gnncompile.compile(net, settings={"structure_check": "off"}, inner="aot_eager")
+    cpu = gnncompile.compile(net, settings={"structure_check": "cpu"}, inner="aot_eager")
+    saved = structure.structure_check()
+    try:
+        structure.set_structure_check("all")  # the process-wide mode does not reach them
+        old = net(x, ei).detach()
+        off(x, ei), cpu(x, ei)  # structures (and hoisted results) cached
+        ei.data[1, :200] = 0  # behind the version counter
+        want = net(x, ei).detach()
+        assert not torch.allclose(old, want)
+        torch.testing.assert_close(off(x, ei), old)  # 'off': the cached structure, stale
+        torch.testing.assert_close(cpu(x, ei), want)  # 'cpu': the fingerprint sees the edit
+        structure.set_structure_check("off")
+        assert gnncompile.compile(net).gnncompile_settings.structure_check == "off"  # recorded at compile
+    finally:
+        structure.set_structure_check(saved)
