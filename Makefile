@@ -8,7 +8,7 @@ STAMP := $(VENV)/.gnncompile-installed
 # configuration needs a reinstall.
 SOURCES := pyproject.toml CMakeLists.txt scripts/setup_env.sh
 
-.PHONY: demo test test-all env install bench cuda-check clean
+.PHONY: demo test test-fast test-all env install bench cuda-check clean
 
 # Creates .venv and installs gnncompile (editable) into it.
 $(STAMP): $(SOURCES)
@@ -23,11 +23,15 @@ demo: $(STAMP)
 	$(VENV)/bin/gnncompile demo
 	$(PY) -m benchmarks ops --quick
 
+# Every test (what CI runs). test-fast leaves out the tests marked slow (each over about 5 s,
+# none the only cover for its behaviour): a few minutes, for the edit-test loop.
 test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
-test-all: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+test-all: test
 
 bench: $(STAMP)
 	$(PY) -m benchmarks ops --memory
