@@ -210,3 +210,33 @@ def pytest_report_header(config):
     info = gnncompile.info()
     return (f"gnncompile {info['version']} from {gnncompile.__file__}: native={info['native']} "
             f"({info['native_error']}), cuda_kernels={info['cuda_kernels']}, torch {info['torch']}")
+
+
+# ----------------------------------------------------------------------------- slow marks
+_SLOW_LIST = Path(__file__).with_name("slow.txt")
+
+
+def _slow_ids():
+    out = set()
+    for line in _SLOW_LIST.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            out.add(line.split("\t", 1)[1].strip())
+    return out
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Marks the tests listed in tests/slow.txt slow (see tests/slow_list.py). When the whole
+    suite is collected, a listed test that no longer exists is an error: the list must not go
+    stale silently."""
+    listed = _slow_ids()
+    rootdir = Path(str(config.rootpath))
+    seen = set()
+    for item in items:
+        node = item.nodeid
+        if node in listed:
+            item.add_marker(pytest.mark.slow)
+            seen.add(node)
+    whole = not config.args or [Path(a).resolve() for a in config.args] == [rootdir / "tests"]
+    if whole and not config.getoption("-k") and not config.getoption("-m") and listed - seen:
+        missing = sorted(listed - seen)
+        raise pytest.UsageError(f"tests/slow.txt lists {len(missing)} test(s) that do not exist: {missing[:5]}")

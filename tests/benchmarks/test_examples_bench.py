@@ -11,6 +11,10 @@ import pytest
 
 from benchmarks import cora_examples, gin_batches, messages
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 CORA_RAW = cora_examples.DEFAULT_ROOT / "Cora" / "raw"
 
 

@@ -10,6 +10,10 @@ import pytest
 
 from benchmarks import neighbor_epoch, sampler
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 
 def _check_sampler(p: dict, out: Path, name: str) -> None:
     assert json.loads((out / f"{name}.json").read_text())["fanout"] == [15, 10]

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

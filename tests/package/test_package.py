@@ -15,6 +15,10 @@ import torch
 
 import gnncompile
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -123,6 +127,7 @@ with warnings.catch_warnings(record=True) as rec:
 runtime = [str(w.message) for w in rec if issubclass(w.category, RuntimeWarning)]
 
 import torch
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from torch_geometric.utils import scatter, softmax

@@ -26,6 +26,10 @@ from gnncompile.tuner import guard as guard_mod  # noqa: E402
 from gnncompile.tuner import study as study_mod  # noqa: E402
 from gnncompile.tuner import tune  # noqa: E402
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
@@ -350,6 +354,7 @@ def test_compiler_warnings_stay_off_stderr(tmp_path, monkeypatch, caplog):
 _NOISY_TUNE = """
 import logging, sys, warnings
 from gnncompile.tuner import study, Workload, tune
+
 def noisy(w, s, report=None, **kw):
     logging.getLogger("torch._dynamo.variables.tensor").warning("Graph break from `Tensor.item()`")
     if report is not None:

@@ -21,6 +21,10 @@ from gnncompile import profiles  # noqa: E402
 from gnncompile.tuner import Workload, tune  # noqa: E402
 from gnncompile.tuner import study as study_mod  # noqa: E402
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 TINY = ["--workload", "graphs", "--model", "gin", "--num-graphs", "120", "--min-nodes", "3",
         "--max-nodes", "8", "--hidden", "8", "--layers", "2", "--num-features", "4", "--warmup", "1",
         "--steps", "2", "--batch-size", "16", "--max-workers", "1", "--no-compile", "--seed", "0",

@@ -27,6 +27,10 @@ from gnncompile.tuner import guard as guard_mod  # noqa: E402
 from gnncompile.tuner import study as study_mod  # noqa: E402
 from gnncompile.tuner import tune  # noqa: E402
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 20.0
 SLICES = 10  # checkpoints per stand-in measurement (the real one checks before every step)
 

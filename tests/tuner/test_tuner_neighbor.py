@@ -21,6 +21,10 @@ from gnncompile.tuner import study as study_mod  # noqa: E402
 from gnncompile.tuner import workloads as wl_mod  # noqa: E402
 from gnncompile.tuner.workloads import NEIGHBOR_BATCH_RANGE, neighbor_data  # noqa: E402
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 RANGE = (32, 256)
 
 

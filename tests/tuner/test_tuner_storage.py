@@ -38,6 +38,10 @@ optuna = pytest.importorskip("optuna")
 # the helpers and the TINY workload of the tuner's own tests (same folder)
 from test_tuner import TINY, _cli, _isolated_cache  # noqa: E402,F401  (_isolated_cache: autouse)
 
+# process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
+# does not (tests/slow_list.py)
+pytestmark = pytest.mark.slow
+
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
