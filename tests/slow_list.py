@@ -15,8 +15,8 @@ import collections
 import sys
 import xml.etree.ElementTree as ET
 
-THRESHOLD = 0.5
-ONLY_COVER = 2.0
+THRESHOLD = 0.4
+ONLY_COVER = 1.5
 
 
 def slow_cases(junit_path: str):

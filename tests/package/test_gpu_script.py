@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
 # does not (tests/slow_list.py)
 pytestmark = pytest.mark.slow
