@@ -7,7 +7,6 @@ per edge (or per edge and head); the others must be left unfused *with a reason*
 """
 from __future__ import annotations
 
-import os
 import shutil
 import warnings
 from pathlib import Path

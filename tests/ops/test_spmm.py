@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import gnncompile
 from gnncompile.ops import reference, spmm, transpose_structure
 
 REDUCES = ("sum", "mean", "max", "min")

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import sys
 import types
 
 import pytest
