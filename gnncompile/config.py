@@ -100,7 +100,8 @@ VARIABLES: Tuple[Variable, ...] = (
              "the inner compiler for the graph around the fused ops when compile(inner='auto') "
              "and the profile names none; unset: chosen per graph piece by its size"),
     Variable("GNNCOMPILE_CAPTURE_DYNAMIC", "capture_dynamic", _flag, "1 (default) / 0",
-             "trace ops with data-dependent output sizes (edge_index[:, mask]) into the graph "
+             "trace ops with data-dependent output sizes (edge_index[:, mask]) and sizes read "
+             "from data (int(batch.max()) + 1 in pooling with no graph count) into the graph "
              "instead of breaking it there"),
     Variable("GNNCOMPILE_SLOT_ORDER", "slot_order", _flag, "1 (default) / 0",
              "recompute per-edge inputs in CSR order (0: read them through the permutation; "

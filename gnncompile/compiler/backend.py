@@ -51,20 +51,34 @@ INNERS = _config.INNERS
 AUTO_INDUCTOR_MIN_SIZE = 600_000
 
 
+def _hint(n) -> Optional[int]:
+    """A size as a plain int without specialising it: a symbolic size's hint (its value in the
+    example Dynamo traced with), None for an unbacked one. ``int(s)`` on a SymInt would add a
+    guard ``s == value`` and recompile the graph for every other size."""
+    if isinstance(n, int):
+        return n
+    return getattr(getattr(n, "node", None), "hint", None)
+
+
 def graph_size(example_inputs) -> int:
     """Nodes + edges of a graph piece's inputs: the longest dim 0 of a float tensor that is not
-    a parameter, plus the longest dim 1 of an integer ``[2, E]`` tensor."""
+    a parameter, plus the longest dim 1 of an integer ``[2, E]`` tensor. Sizes are read from
+    their hints, never specialised (a dynamic piece stays dynamic); a size with no hint counts
+    as a large graph."""
     nodes = edges = 0
     for t in example_inputs:
         if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.dim() == 0:
             continue
-        try:
-            if t.is_floating_point():
-                nodes = max(nodes, int(t.shape[0]))
-            elif t.dim() == 2 and int(t.shape[0]) == 2:
-                edges = max(edges, int(t.shape[1]))
-        except Exception:  # an unhinted symbolic size: treat the graph as large
-            return AUTO_INDUCTOR_MIN_SIZE
+        first = _hint(t.shape[0])
+        if t.is_floating_point():
+            if first is None:
+                return AUTO_INDUCTOR_MIN_SIZE
+            nodes = max(nodes, first)
+        elif t.dim() == 2 and first == 2:
+            second = _hint(t.shape[1])
+            if second is None:
+                return AUTO_INDUCTOR_MIN_SIZE
+            edges = max(edges, second)
     return nodes + edges
 
 
@@ -72,17 +86,26 @@ def choose_inner(example_inputs) -> str:
     """The inner compiler 'auto' uses for a graph piece (see AUTO_INDUCTOR_MIN_SIZE)."""
     return "inductor" if graph_size(example_inputs) >= AUTO_INDUCTOR_MIN_SIZE else "eager"
 
-# Data-dependent output sizes (``edge_index[:, mask]`` in add_remaining_self_loops and
-# remove_self_loops, in every default GCNConv / GATConv) are traced into the graph instead of
-# breaking it: Dynamo's capture_dynamic_output_shape_ops, set while a gnncompile-compiled
-# callable runs (see :func:`dynamic_output_shapes`). The hoisting pass then moves them, with
-# the rest of the graph-only work, into a cached region. Settings.capture_dynamic = False
-# (GNNCOMPILE_CAPTURE_DYNAMIC=0) turns this off: the graph breaks there again, as with plain
-# torch.compile.
+# Data-dependent sizes are traced into the graph instead of breaking it, while a
+# gnncompile-compiled callable runs (see :func:`dynamic_output_shapes`):
+# * ops with data-dependent output sizes (``edge_index[:, mask]`` in add_remaining_self_loops
+#   and remove_self_loops, in every default GCNConv / GATConv): Dynamo's
+#   capture_dynamic_output_shape_ops. The hoisting pass then moves them, with the rest of the
+#   graph-only work, into a cached region;
+# * scalars read from tensors (``int(index.max()) + 1`` where PyG infers a size that was not
+#   given: ``global_*_pool(x, batch)``, ``aggr.*`` readouts, ``to_dense_batch``, ``softmax``):
+#   Dynamo's capture_scalar_outputs. The size becomes an unbacked symbolic size of the graph,
+#   read when the graph runs (as eager reads it), so graph-level readout compiles in the same
+#   piece as the layers and its reductions fuse as segment reductions.
+# Settings.capture_dynamic = False (GNNCOMPILE_CAPTURE_DYNAMIC=0) turns both off: the graph
+# breaks there again, as with plain torch.compile.
+_CAPTURE_FLAGS = ("capture_dynamic_output_shape_ops", "capture_scalar_outputs")
+
+
 class dynamic_output_shapes:
-    """Context manager: Dynamo captures ops with data-dependent output sizes while it is
-    active (restored afterwards; a no-op when it is already on, or when ``on`` is False: a
-    model's ``settings.capture_dynamic``)."""
+    """Context manager: Dynamo captures ops with data-dependent output sizes and scalar reads
+    while it is active (each flag restored afterwards; a no-op for a flag already on, and
+    entirely when ``on`` is False: a model's ``settings.capture_dynamic``)."""
 
     __slots__ = ("_set", "_on")
 
@@ -91,14 +114,14 @@ class dynamic_output_shapes:
 
     def __enter__(self):
         cfg = torch._dynamo.config
-        self._set = self._on and not cfg.capture_dynamic_output_shape_ops
-        if self._set:
-            cfg.capture_dynamic_output_shape_ops = True
+        self._set = [f for f in _CAPTURE_FLAGS if self._on and not getattr(cfg, f)]
+        for f in self._set:
+            setattr(cfg, f, True)
         return self
 
     def __exit__(self, *exc):
-        if self._set:
-            torch._dynamo.config.capture_dynamic_output_shape_ops = False
+        for f in self._set:
+            setattr(torch._dynamo.config, f, False)
         return False
 
 

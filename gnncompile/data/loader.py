@@ -23,8 +23,10 @@ How it is faster:
   copy of batch i+1 overlaps the compute of batch i. (This path is not exercised by the
   CPU-only test suite.)
 
-A yielded batch is a view of a slot: it stays valid until the next batch is requested (the
-usual training loop). ``batch.clone()`` keeps one longer.
+A yielded batch lives in a slot's memory: it stays valid until the next batch is requested
+(the usual training loop). ``batch.clone()`` keeps one longer. Its tensors have the layout of
+the DataLoader's (contiguous, not views of the slot buffers), so a compiled model compiles
+once for either loader.
 
 Datasets the columnar store does not cover (heterogeneous graphs, non-tensor attributes,
 a dataset with a ``transform``, which must run per access) are collated by PyG's own
@@ -84,6 +86,24 @@ def _repeat(values: torch.Tensor, sizes: torch.Tensor, total: int) -> torch.Tens
     d = torch.zeros(total + 1, dtype=values.dtype)
     d.index_add_(0, offs, torch.diff(values, prepend=values.new_zeros(1)))
     return torch.cumsum(d[:total], 0)
+
+
+def _used(buf: torch.Tensor, cat_dim: int, n: int) -> torch.Tensor:
+    """The first ``n`` entries along ``cat_dim`` of a slot buffer, laid out as the DataLoader
+    lays a batch out: contiguous (along a dim other than 0, the buffer's start taken with that
+    shape: a pooled ``edge_index`` ``[2, E]`` is contiguous), and not a view (a tensor of its
+    own on the slot's storage: Dynamo guards on a view's base, so a compiled model would
+    compile once for pooled batches and again for plain ones)."""
+    shape = list(buf.shape)
+    shape[cat_dim] = n
+    stride, step = [0] * len(shape), 1
+    for d in range(len(shape) - 1, -1, -1):
+        stride[d] = step
+        step *= max(1, shape[d])
+    if cat_dim == 0:
+        stride = list(buf.stride())
+    out = torch.empty(0, dtype=buf.dtype, device=buf.device)
+    return out.set_(buf.untyped_storage(), buf.storage_offset(), shape, stride)
 
 
 def _top_sum(sizes: torch.Tensor, k: int) -> int:
@@ -244,7 +264,7 @@ class _Store:
         for c in self.columns:
             sizes = c.sizes[idx]
             total = int(sizes.sum())
-            buf = bufs[c.key]
+            buf = bufs[c.key] if c.cat_dim == 0 else _used(bufs[c.key], c.cat_dim, total)
             incs = c.incs if c.has_inc else None
             native = c.values.is_contiguous() and (incs is None or c.values.dtype in _ADDABLE)
             if native and c.cat_dim == 0:
@@ -269,7 +289,7 @@ class _Store:
     @staticmethod
     def _collate_torch(c: "_Column", idx: torch.Tensor, sizes: torch.Tensor, total: int,
                        buf: torch.Tensor) -> None:
-        out = buf.narrow(c.cat_dim, 0, total)
+        out = _used(buf, c.cat_dim, total)
         offs = _exclusive_cumsum(sizes)
         rows = torch.arange(total) + _repeat(c.starts[idx] - offs, sizes, total)
         if c.cat_dim == 0:
@@ -292,19 +312,19 @@ class _Store:
         B = idx.numel()
         slice_dict, inc_dict = {}, {}
         for c in self.columns:
-            v = bufs[c.key].narrow(c.cat_dim, 0, used[c.key])
+            v = _used(bufs[c.key], c.cat_dim, used[c.key])
             setattr(out, c.key, v)
             sizes = c.sizes[idx]
             slice_dict[c.key] = torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
             inc_dict[c.key] = _exclusive_cumsum(c.incs[idx]) if c.has_inc else torch.zeros(B, dtype=torch.long)
             if c.key in self.follow_batch:
-                setattr(out, c.key + "_batch", bufs[c.key + "_batch"][:used[c.key + "_batch"]])
-                setattr(out, c.key + "_ptr", bufs[c.key + "_ptr"][:B + 1])
+                setattr(out, c.key + "_batch", _used(bufs[c.key + "_batch"], 0, used[c.key + "_batch"]))
+                setattr(out, c.key + "_ptr", _used(bufs[c.key + "_ptr"], 0, B + 1))
         if self.has_num_nodes_attr:
             out._num_nodes = self.num_nodes[idx].tolist()
             out.num_nodes = used["_num_nodes"]
-        out.batch = bufs["batch"][:used["batch"]]
-        out.ptr = bufs["ptr"][:B + 1]
+        out.batch = _used(bufs["batch"], 0, used["batch"])
+        out.ptr = _used(bufs["ptr"], 0, B + 1)
         out._num_graphs = B
         out._slice_dict = slice_dict
         out._inc_dict = inc_dict
@@ -679,7 +699,7 @@ class PooledLoader:
                     n = used[k]
                     src = self._host[slot][k]
                     dim = next((c.cat_dim for c in self._store.columns if c.key == k), 0)
-                    dst.narrow(dim, 0, n).copy_(src.narrow(dim, 0, n), non_blocking=True)
+                    _used(dst, dim, n).copy_(_used(src, dim, n), non_blocking=True)
             ev = torch.cuda.Event()
             ev.record(stream)
         self._copied[slot] = ev

@@ -68,7 +68,17 @@ def opname(n: Any) -> Optional[str]:
             or getattr(torch._C._VariableFunctions, name, None) is t
             or getattr(torch.nn.functional, name, None) is t):
         return _ALIASES.get(name, name)
+    for public in _REPLACED:
+        if getattr(torch, public, None) is t:
+            return public
     return None
+
+
+# torch functions another library replaces in torch's namespace with a wrapper of its own name
+# (PyG: ``torch.index_select = _new_index_select``, for its HashTensor). Whether Dynamo records
+# the wrapper or the builtin it calls depends on what the process did first (initialising
+# torch.distributed is enough to get the wrapper): both are the op.
+_REPLACED = ("index_select",)
 
 
 def argument(n: Node, pos: int, kw: Optional[str] = None, default: Any = None) -> Any:

@@ -17,7 +17,8 @@ of the roots (:mod:`gnncompile.ops.hoisted`). Correctness rules:
 * an invariant value that the rest of the graph mutates in place is not (the cached copy
   would be overwritten), nor is anything after an in-place write to a root;
 * views and sizes of roots stay where they are (cheap, and a cached output must not alias an
-  input);
+  input); scalars read from a tensor's data (``int(batch.max()) + 1``, the number of graphs
+  PyG's pooling infers) stay too, with what reads them;
 * a region must hold real work (not only views, sizes and cached structure ops).
 """
 from __future__ import annotations
@@ -88,6 +89,15 @@ def _is_tensor_node(n: Node) -> bool:
     return name not in _SIZES and not any(name.startswith(t) for t in _TUPLES)
 
 
+def _reads_scalar(n: Node) -> bool:
+    """``n`` reads a Python scalar out of a tensor's data (``int(batch.max())``, ``.item()``:
+    an unbacked symbolic size or value). It stays in the graph: a region hands out tensors."""
+    v = fake_value(n)
+    if not isinstance(v, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return False
+    return any(isinstance(fake_value(a), torch.Tensor) for a in n.all_input_nodes)
+
+
 def _is_root(n: Node) -> bool:
     v = fake_value(n)
     return (n.op == "placeholder" and isinstance(v, torch.Tensor) and v.dtype in INDEX_DTYPES
@@ -123,10 +133,10 @@ def _mutated(nodes: List[Node], views: Set[Node]) -> Set[Node]:
     return out
 
 
-def find_invariant(graph: Graph) -> Optional[tuple]:
+def find_invariant(graph: Graph, exclude: Set[Node] = frozenset()) -> Optional[tuple]:
     """(roots, free, consts, invariant): root placeholders, free nodes (sizes, views of roots),
     constants built from sizes alone that invariant nodes read, and the invariant nodes, in
-    graph order; None when nothing may be hoisted."""
+    graph order; None when nothing may be hoisted. Nodes in ``exclude`` are never invariant."""
     roots: List[Node] = []
     free: Set[Node] = set()  # readable by a region without being in it
     root_views: Set[Node] = set()
@@ -159,6 +169,8 @@ def find_invariant(graph: Graph) -> Optional[tuple]:
         ins = list(n.all_input_nodes)
         if name in _RANDOM or any(t.requires_grad for t in _tensors_in(fake_value(n))):
             continue
+        if _reads_scalar(n) or n in exclude:
+            continue  # a value read from a tensor's data (.item()): the graph keeps it
         if name in _VIEWS and ins and all(a in roots or a in root_views or a in free for a in ins) \
                 and any(a in roots or a in root_views for a in ins):
             root_views.add(n)
@@ -273,9 +285,21 @@ def hoist(gm: GraphModule, copy: bool = False, check: str = "") -> HoistReport:
     docstring); ``copy``: the region's outputs are handed out as clones. Returns what moved."""
     from ..ops import hoisted as _hoisted
 
+    exclude: Set[Node] = set()
+    while True:
+        late = _hoist_once(gm, copy, check, exclude, _hoisted)
+        if not isinstance(late, set):
+            return late
+        exclude |= late  # region nodes that read a size the graph defines too late: leave them
+
+
+def _hoist_once(gm: GraphModule, copy: bool, check: str, exclude: Set[Node], _hoisted):
+    """One try of :func:`hoist`: its report, or the invariant nodes to leave out when the region
+    would read a size defined after the region's call (the number of graphs PyG's pooling reads
+    from ``batch`` late in the graph, say)."""
     report = HoistReport()
     graph = gm.graph
-    found = find_invariant(graph)
+    found = find_invariant(graph, exclude)
     if found is None:
         return report
     roots, free, consts, inv_list = found
@@ -345,6 +369,20 @@ def hoist(gm: GraphModule, copy: bool = False, check: str = "") -> HoistReport:
     if not used_roots:
         return report
 
+    # the call goes after its inputs and before the first reader of an output
+    first_reader = min((u for o in outputs for u in o.users if u not in inv and u not in region_sizes),
+                       key=order.__getitem__)
+    late, call_sizes = set(), list(size_inputs)  # the call passes call_sizes: earlier reads of the same sizes
+    for i, f in enumerate(size_inputs):
+        if order[f] >= order[first_reader]:  # a size defined later: the same size, read earlier
+            sub = _earlier_size(graph, f, first_reader) if _name(f) == "size" else None
+            if sub is None:
+                late |= {u for u in f.users if u in inv}
+            else:
+                call_sizes[i] = sub
+    if late:
+        return late
+
     # the region's graph
     rg = Graph()
     env: Dict[Node, Node] = {}
@@ -357,17 +395,8 @@ def hoist(gm: GraphModule, copy: bool = False, check: str = "") -> HoistReport:
     rg.output(tuple(env[o] for o in outputs))
     key, region = _hoisted.register(GraphModule(torch.nn.Module(), rg))
 
-    # the call goes after its inputs and before the first reader of an output
-    first_reader = min((u for o in outputs for u in o.users if u not in inv and u not in region_sizes),
-                       key=order.__getitem__)
-    for i, f in enumerate(size_inputs):
-        if order[f] >= order[first_reader]:  # a size defined later: the same size, read earlier
-            sub = _earlier_size(graph, f, first_reader) if _name(f) == "size" else None
-            if sub is None:
-                return report
-            size_inputs[i] = sub
     with graph.inserting_before(first_reader):
-        call = graph.call_function(targets.HOISTED, (key, list(used_roots), list(size_inputs), copy, check))
+        call = graph.call_function(targets.HOISTED, (key, list(used_roots), call_sizes, copy, check))
         got = [graph.call_function(operator.getitem, (call, i)) for i in range(len(outputs))]
     for o, g in zip(outputs, got):
         o.replace_all_uses_with(g, delete_user_cb=lambda u: u not in inv)

@@ -25,6 +25,7 @@ def _same(a, b, keys=("x", "edge_index", "y", "batch", "ptr")):
     for k in keys:
         assert a[k].dtype == b[k].dtype, k
         assert torch.equal(a[k], b[k]), k
+        assert a[k].stride() == b[k].stride(), k  # a compiled model sees the same layout (no recompile)
 
 
 def _compare(ds, epochs=2, seed=0, pyg_kw=None, **kw):
@@ -90,6 +91,35 @@ def test_abandoned_epoch_then_full_epoch():
             _same(a, b)
     finally:
         loader.close()
+
+
+def test_compiled_model_does_not_recompile_between_loaders():
+    import gnncompile
+    from torch._dynamo.utils import counters
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch_geometric.nn import GINConv, global_add_pool
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GINConv(torch.nn.Linear(5, 8))
+
+        def forward(self, x, edge_index, batch):
+            return global_add_pool(self.conv(x, edge_index), batch)
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = gnncompile.compile(Net(), dynamic=True)
+    pooled = PooledLoader(DS, batch_size=40, shuffle=True, generator=torch.Generator().manual_seed(0))
+    plain = DataLoader(DS, batch_size=40, shuffle=True, generator=torch.Generator().manual_seed(0))
+    try:
+        for a, b in zip(pooled, plain):
+            torch.testing.assert_close(model(a.x, a.edge_index, a.batch), model(b.x, b.edge_index, b.batch))
+    finally:
+        pooled.close()
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 def test_buffers_are_reused():

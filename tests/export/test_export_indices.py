@@ -188,3 +188,49 @@ def test_pt2_keeps_torch_semantics(tmp_path):
     ei[0, 7] = -1
     with pytest.raises((IndexError, RuntimeError)), torch.no_grad():
         ep.module()(x, ei, ea)
+
+
+_WRAPPED_SCRIPT = r"""
+import sys, tempfile, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed as dist
+import gnncompile
+from test_export_indices import OPS, OTHER, _Indexed, _ort, _run_ort, EXAMPLE
+folder = tempfile.mkdtemp()
+dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1)
+dist.destroy_process_group()
+from torch_geometric.hash_tensor import _new_index_select
+assert torch.index_select is _new_index_select  # PyG's wrapper, which Dynamo now records
+model = _Indexed(OPS["torch.index_select-dim1"])
+gnncompile.export(model, EXAMPLE, folder + "/m.onnx")
+x, ei = OTHER
+ei = ei.clone()
+ei[0, 7] = -1
+try:
+    _run_ort(_ort(folder + "/m.onnx"), x, ei)
+except Exception as e:
+    print("raised:", " ".join(str(e).split()))
+else:
+    print("no error")
+"""
+
+
+@pytest.mark.slow
+def test_guard_when_dynamo_records_pygs_index_select_wrapper():
+    """PyG replaces ``torch.index_select`` by a wrapper of its own (``_new_index_select``); once
+    torch.distributed has been initialised in the process, Dynamo records the wrapper instead of
+    the builtin, and the export's index guard (and the passes) must still know it: a fresh
+    process, as a DDP user's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent)]))
+    p = subprocess.run([sys.executable, "-c", _WRAPPED_SCRIPT], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=here.parents[1])
+    assert p.returncode == 0, p.stderr[-3000:]
+    import re
+
+    assert "raised:" in p.stdout and re.search(OUT_OF_BOUNDS, p.stdout), p.stdout

@@ -1,0 +1,371 @@
+"""Graph classification on molecule-sized graphs, end to end: PyG eager vs inductor vs gnncompile.
+
+    python -m benchmarks molecules                       # 4000 graphs, batches of 128, 3 epochs
+    python -m benchmarks molecules --quick               # 512 graphs, 1 timed epoch
+    python -m benchmarks molecules --models gine --variants eager,gnncompile-pooled
+
+Data (generated, no downloads; ``make_dataset``): ``--graphs`` graphs of 10-40 nodes, each a
+random spanning tree plus about one extra edge in ten (average degree ~2.2, as in molecules),
+made undirected; node features N(0, 1) of width 32, edge features N(0, 1) of width 8, both
+directions of an edge sharing one; two classes, which shift the node features' mean (learnable).
+
+Models (as a PyG user writes them; readout ``global_add_pool(h, batch)`` with no graph count):
+  gin    3 x GINConv(MLP(F, 64, 64)) + ReLU, global_add_pool, Linear(64, 2)
+  gine   3 x GINEConv(MLP(F, 64, 64), edge_dim=8) + ReLU, global_add_pool, Linear(64, 2)
+  gcn    3 x GCNConv(F, 64) + ReLU, global_add_pool, Linear(64, 2)
+Step: forward, cross-entropy, backward, Adam (lr 1e-3).
+
+Variants (each model x variant in a process of its own; the model is built from seed 0; the
+compilers are told that sizes vary from batch to batch, ``dynamic=True``, as the README advises
+for mini-batches: one compilation instead of a static one and a dynamic one):
+  eager               the model, ``torch_geometric.loader.DataLoader``
+  inductor            ``torch.compile(model, dynamic=True)``, DataLoader
+  gnncompile          ``gnncompile.compile(model, dynamic=True)``, DataLoader
+  gnncompile-pooled   ``gnncompile.compile(model, dynamic=True)``, ``gnncompile.data.PooledLoader`` (same
+                      batches in the same order as the DataLoader: same seeded generator)
+  gnncompile-breaks   as gnncompile-pooled with ``settings={"capture_dynamic": False}``: the
+                      readout breaks the graph as before issue 24 (the "before" of the
+                      breakdown)
+
+Per run: epoch 1 timed whole (compilation included); the first step's loss checked against an
+eager copy of the model on the same batch (1e-4 relative); ``--epochs`` more epochs timed whole
+(loader + steps: "end to end"); then the model alone on a list of batches collated beforehand
+(``--repeats`` passes, every step timed: "model alone", median); recompiles (Dynamo's
+unique_graphs) after epoch 1; graph breaks; and a per-step breakdown over one pass of the
+prebuilt batches under torch.profiler (self CPU time by group; "outside ops" is the step's
+wall time minus the ops' self time: Python, autograd glue, guards; the profiler inflates small
+ops, so compare the breakdown's shares, and take times from the other columns).
+Writes benchmarks/results/molecules[_quick].{json,md,png}. A shared machine is noisy: compare
+ratios from one run.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import gnncompile  # (the installed package; imported before anything else)
+import torch
+
+from . import _common
+
+F, EDGE_DIM, HIDDEN, LAYERS, C = 32, 8, 64, 3, 2
+MODELS = ("gin", "gine", "gcn")
+VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile-pooled", "gnncompile-breaks")
+GROUPS = ("gnncompile fused ops", "matmul", "other aten ops", "optimizer", "Dynamo (guards, region)",
+          "outside ops")
+
+
+# ----------------------------------------------------------------------------- data and models
+def make_dataset(num_graphs: int, seed: int = 0) -> list:
+    """``num_graphs`` molecule-sized graphs (see the module docstring)."""
+    from torch_geometric.data import Data
+    from torch_geometric.utils import coalesce, remove_self_loops
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(num_graphs):
+        n = int(torch.randint(10, 41, (1,), generator=g))
+        y = int(torch.randint(0, C, (1,), generator=g))
+        src = torch.arange(1, n)
+        dst = (torch.rand(n - 1, generator=g) * src).long()  # a random earlier node: a tree
+        extra = max(1, n // 10)
+        src = torch.cat([src, torch.randint(0, n, (extra,), generator=g)])
+        dst = torch.cat([dst, torch.randint(0, n, (extra,), generator=g)])
+        attr = torch.randn(src.numel(), EDGE_DIM, generator=g)
+        ei = torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])
+        ei, ea = remove_self_loops(ei, torch.cat([attr, attr]))
+        ei, ea = coalesce(ei, ea, num_nodes=n, reduce="mean")
+        x = torch.randn(n, F, generator=g) + 0.25 * y
+        out.append(Data(x=x, edge_index=ei, edge_attr=ea, y=torch.tensor([y]), num_nodes=n))
+    return out
+
+
+class Classifier(torch.nn.Module):
+    def __init__(self, kind: str) -> None:
+        from torch_geometric.nn import GCNConv, GINConv, GINEConv
+
+        super().__init__()
+        self.kind = kind
+        self.convs = torch.nn.ModuleList()
+        for i in range(LAYERS):
+            d = F if i == 0 else HIDDEN
+            mlp = torch.nn.Sequential(torch.nn.Linear(d, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN))
+            self.convs.append({"gin": lambda: GINConv(mlp), "gine": lambda: GINEConv(mlp, edge_dim=EDGE_DIM),
+                               "gcn": lambda: GCNConv(d, HIDDEN)}[kind]())
+        self.head = torch.nn.Linear(HIDDEN, C)
+
+    def forward(self, x, edge_index, edge_attr, batch):
+        from torch_geometric.nn import global_add_pool
+
+        for conv in self.convs:
+            x = (conv(x, edge_index, edge_attr) if self.kind == "gine" else conv(x, edge_index)).relu()
+        return self.head(global_add_pool(x, batch))
+
+
+def build_model(kind: str) -> Classifier:
+    torch.manual_seed(0)
+    return Classifier(kind)
+
+
+def wrap(model, variant: str):
+    if variant == "eager":
+        return model
+    if variant == "inductor":
+        return torch.compile(model, dynamic=True)
+    if variant == "gnncompile-breaks":
+        return gnncompile.compile(model, dynamic=True, settings={"capture_dynamic": False})
+    return gnncompile.compile(model, dynamic=True)
+
+
+def make_loader(dataset: list, batch_size: int, variant: str):
+    gen = torch.Generator().manual_seed(0)
+    if variant in ("gnncompile-pooled", "gnncompile-breaks"):
+        from gnncompile.data import PooledLoader
+
+        return PooledLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
+    from torch_geometric.loader import DataLoader
+
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
+
+
+def _loss(run, b):
+    return torch.nn.functional.cross_entropy(run(b.x, b.edge_index, b.edge_attr, b.batch), b.y)
+
+
+# ----------------------------------------------------------------------------- one run
+def _group(name: str) -> str:
+    if "gnncompile" in name:
+        return "gnncompile fused ops"
+    if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul"):
+        return "matmul"
+    if name.startswith("Optimizer.") or name.startswith("aten::_foreach"):
+        return "optimizer"
+    if name.startswith("TorchDynamo") or name.startswith("Torch-Compiled Region") or "CompiledFunction" in name:
+        return "Dynamo (guards, region)"
+    return "other aten ops"
+
+
+def breakdown(step, batches) -> dict:
+    """ms per step by group (see the module docstring), over one pass of ``batches``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for b in batches:
+            step(b)
+        wall = time.perf_counter() - t0
+    out = dict.fromkeys(GROUPS, 0.0)
+    for e in prof.key_averages():
+        out[_group(e.key)] += e.self_cpu_time_total / 1e3  # ms
+    out["outside ops"] = max(0.0, wall * 1e3 - sum(out.values()))
+    return {k: v / len(batches) for k, v in out.items()}
+
+
+def measure(kind: str, variant: str, dataset: list, opts) -> dict:
+    from torch._dynamo.utils import counters
+
+    torch.set_num_threads(opts.threads)
+    counters.clear()
+    model0 = build_model(kind)
+    ref, model = copy.deepcopy(model0), copy.deepcopy(model0)
+    run = wrap(model, variant)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loader = make_loader(dataset, opts.batch_size, variant)
+    losses = []
+
+    def step(b):
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(run, b)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+
+    # epoch 1, compile included; the first loss against eager's (not timed)
+    t0, ref_s, expect = time.perf_counter(), 0.0, None
+    for b in loader:
+        if expect is None:
+            t1 = time.perf_counter()
+            with torch.no_grad():
+                expect = float(_loss(ref, b))
+            ref_s = time.perf_counter() - t1
+        step(b)
+    first_epoch = time.perf_counter() - t0 - ref_s
+    if abs(losses[0] - expect) > 1e-4 * abs(expect):
+        raise AssertionError(f"{kind}/{variant}: first loss {losses[0]} != eager {expect}")
+    graphs_after_first = counters["stats"]["unique_graphs"]
+    breaks = sum(counters["graph_break"].values())
+    epochs = []
+    for _ in range(opts.epochs):  # end to end: loader + steps
+        t0 = time.perf_counter()
+        for b in loader:
+            step(b)
+        epochs.append(time.perf_counter() - t0)
+    # the model alone, on batches collated beforehand (clones: a pooled batch is a view of a slot)
+    pre = [b.clone() for b in make_loader(dataset, opts.batch_size, "eager")]
+    for b in pre[:2]:
+        step(b)
+    steps = []
+    for _ in range(opts.repeats):
+        for b in pre:
+            t0 = time.perf_counter()
+            step(b)
+            steps.append(time.perf_counter() - t0)
+    recompiles = counters["stats"]["unique_graphs"] - graphs_after_first
+    parts = breakdown(step, pre)
+    compiled = variant != "eager"
+    return {"model": kind, "variant": variant, "first_epoch_s": first_epoch, "epoch_s": statistics.median(epochs),
+            "epoch_times_s": epochs, "step_s": statistics.median(steps), "batches": len(pre),
+            "first_loss": losses[0], "first_loss_eager": expect, "last_loss": losses[-1],
+            "graph_breaks": breaks if compiled else 0,
+            "graphs_compiled": counters["stats"]["unique_graphs"] if compiled else 0,
+            "recompiles_after_first_epoch": recompiles if compiled else 0, "breakdown_ms": parts,
+            "threads": torch.get_num_threads()}
+
+
+def child(kind: str, variant: str, opts) -> dict:
+    cmd = _common.module_command("molecules") + [
+        "--child", f"{kind}:{variant}", "--graphs", str(opts.graphs), "--batch-size", str(opts.batch_size),
+        "--epochs", str(opts.epochs), "--repeats", str(opts.repeats), "--threads", str(opts.threads)]
+    return _common.run_child(cmd, _common.timing_env(opts.threads), opts.timeout, tail_chars=2000)
+
+
+# ----------------------------------------------------------------------------- report
+def markdown(p: dict) -> str:
+    head = ["model", "variant", "end to end s / epoch", "vs eager", "model alone ms / step", "vs eager",
+            "first epoch s (compile incl.)", "vs eager's first", "graph breaks", "recompiles after epoch 1",
+            "first loss (eager)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for kind, runs in p["results"].items():
+        eager = runs.get("eager", {})
+        for v, r in runs.items():
+            if "epoch_s" not in r:
+                lines.append(f"| {kind} | {v} | error: {r.get('error', '')[:300]} |" + " |" * (len(head) - 3))
+                continue
+
+            def ratio(key):
+                return f"{eager[key] / r[key]:.2f}x" if key in eager else "n/a"
+
+            first = f"{r['first_epoch_s'] / eager['first_epoch_s']:.2f}x" if "first_epoch_s" in eager else "n/a"
+            lines.append("| " + " | ".join([
+                kind, v, f"{r['epoch_s']:.3f}", ratio("epoch_s"), f"{r['step_s'] * 1e3:.2f}", ratio("step_s"),
+                f"{r['first_epoch_s']:.2f}", first, str(r["graph_breaks"]), str(r["recompiles_after_first_epoch"]),
+                f"{r['first_loss']:.6f} ({r['first_loss_eager']:.6f})"]) + " |")
+    lines += ["", "Per-step breakdown (ms / step under torch.profiler, prebuilt batches; the profiler adds "
+              "its own cost to every op):", "",
+              "| model | variant | " + " | ".join(GROUPS) + " |", "|---|---|" + "---|" * len(GROUPS)]
+    for kind, runs in p["results"].items():
+        for v, r in runs.items():
+            if "breakdown_ms" in r:
+                lines.append(f"| {kind} | {v} | " + " | ".join(f"{r['breakdown_ms'][g]:.2f}" for g in GROUPS) + " |")
+    d, m = p["dataset"], p["machine"]
+    lines += ["", f"{d['graphs']} generated graphs ({d['nodes_min']}-{d['nodes_max']} nodes, mean {d['nodes_mean']:.1f} "
+              f"nodes and {d['edges_mean']:.1f} directed edges, average degree {d['degree']:.2f}; F = {F}, edge features "
+              f"{EDGE_DIM}), batches of {p['batch_size']} shuffled ({p['batches_per_epoch']} a epoch). Models: "
+              f"{LAYERS} layers of width {HIDDEN}, global_add_pool(h, batch) with no graph count, Linear, Adam. "
+              f"End to end: median of {p['epochs']} epochs after the first (loader + steps). Model alone: median "
+              f"step over {p['repeats']} passes of batches collated beforehand. Each model x variant in a process "
+              f"of its own, {p['threads']} threads; CPU: {p['cpu']}; torch {m['torch']}. "
+              f"{_common.load_text(p['loadavg_before_after'])} (a shared machine). Command: `{p['command']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(p: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(p["results"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, key, title in ((axes[0], "epoch_s", "end to end, eager / variant"),
+                           (axes[1], "step_s", "model alone, eager / variant")):
+        width = 0.8 / max(1, len(p["variants"]))
+        for j, v in enumerate(p["variants"]):
+            vals = []
+            for k in kinds:
+                r, e = p["results"][k].get(v, {}), p["results"][k].get("eager", {})
+                vals.append(e[key] / r[key] if key in r and key in e else 0.0)
+            ax.bar([i + j * width for i in range(len(kinds))], vals, width, label=v)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))], kinds)
+        ax.set_title(title, fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"molecule batches ({p['dataset']['graphs']} graphs, batch {p['batch_size']}, "
+                 f"{p['threads']} threads): higher is faster", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _cpu() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="512 graphs, 1 timed epoch, 1 pass")
+    ap.add_argument("--graphs", type=int, default=None, help="default 4000 (quick 512)")
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--epochs", type=int, default=None, help="timed epochs after the first (default 3, quick 1)")
+    ap.add_argument("--repeats", type=int, default=None, help="passes over the prebuilt batches (default 3, quick 1)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per process")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--results-dir", default=str(_common.RESULTS))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    opts = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    opts.graphs = opts.graphs or (512 if opts.quick else 4000)
+    opts.epochs = opts.epochs or (1 if opts.quick else 3)
+    opts.repeats = opts.repeats or (1 if opts.quick else 3)
+    if opts.child:
+        kind, variant = opts.child.split(":")
+        out = measure(kind, variant, make_dataset(opts.graphs), opts)
+        print("RESULT " + json.dumps(out), flush=True)
+        return out
+    models = [m.strip() for m in opts.models.split(",") if m.strip()]
+    variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
+    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown models / variants {bad}; known: {', '.join(MODELS)} / {', '.join(VARIANTS)}")
+    load_before = _common.loadavg()
+    results = {}
+    for kind in models:
+        results[kind] = {}
+        for v in variants:
+            r = results[kind][v] = child(kind, v, opts)
+            print(f"{kind:<5} {v:<18} " + (
+                f"epoch {r['epoch_s']:.3f} s, step {r['step_s'] * 1e3:.2f} ms, first epoch {r['first_epoch_s']:.2f} s, "
+                f"breaks {r['graph_breaks']}, recompiles {r['recompiles_after_first_epoch']}"
+                if "epoch_s" in r else str(r)), flush=True)
+    ds = make_dataset(opts.graphs)
+    nodes = [d.num_nodes for d in ds]
+    edges = sum(d.num_edges for d in ds)
+    payload = {"machine": _common.machine(), "cpu": _cpu(), "loadavg_before_after": [load_before, _common.loadavg()],
+               "dataset": {"graphs": opts.graphs, "nodes_min": min(nodes), "nodes_max": max(nodes),
+                           "nodes_mean": sum(nodes) / len(nodes), "edges_mean": edges / len(ds),
+                           "degree": edges / sum(nodes)},
+               "batch_size": opts.batch_size, "batches_per_epoch": -(-opts.graphs // opts.batch_size),
+               "epochs": opts.epochs, "repeats": opts.repeats, "threads": opts.threads, "models": models,
+               "variants": variants, "results": results, "command": _common.command("molecules", argv)}
+    name = opts.out or ("molecules_quick" if opts.quick else "molecules")
+    _common.write_results(Path(opts.results_dir), name, payload, markdown, plot)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
