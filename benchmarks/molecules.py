@@ -1,7 +1,7 @@
 """Graph classification on molecule-sized graphs, end to end: PyG eager vs inductor vs gnncompile.
 
-    python -m benchmarks molecules                       # 4000 graphs, batches of 128, 3 epochs
-    python -m benchmarks molecules --quick               # 512 graphs, 1 timed epoch
+    python -m benchmarks molecules                       # 4000 graphs, batches of 128, 3 rounds
+    python -m benchmarks molecules --quick               # 512 graphs, 1 timed epoch, 1 round
     python -m benchmarks molecules --models gine --variants eager,gnncompile-pooled
 
 Data (generated, no downloads; ``make_dataset``): ``--graphs`` graphs of 10-40 nodes, each a
@@ -227,6 +227,27 @@ def measure(kind: str, variant: str, dataset: list, opts) -> dict:
             "threads": torch.get_num_threads()}
 
 
+def combine(rounds: list, eager: list) -> dict:
+    """One variant's rounds as one result: medians of the times, of the breakdown and of the
+    ratios to eager's run of the same round; the largest graph-break and recompile counts."""
+    ok = [r for r in rounds if "epoch_s" in r]
+    if not ok:
+        return rounds[0] if rounds else {"error": "no run"}
+    med = statistics.median
+    out = dict(ok[0])
+    for k in ("first_epoch_s", "epoch_s", "step_s"):
+        out[k] = med(r[k] for r in ok)
+    for k in ("graph_breaks", "graphs_compiled", "recompiles_after_first_epoch"):
+        out[k] = max(r[k] for r in ok)
+    out["breakdown_ms"] = {g: med(r["breakdown_ms"][g] for r in ok) for g in GROUPS}
+    pairs = [(r, e) for r, e in zip(rounds, eager or []) if "epoch_s" in r and "epoch_s" in e]
+    for k in ("first_epoch_s", "epoch_s", "step_s"):
+        if pairs:  # eager / variant, round by round (> 1: the variant is faster)
+            out[f"eager_over_{k}"] = med(e[k] / r[k] for r, e in pairs)
+    out["rounds"] = rounds
+    return out
+
+
 def child(kind: str, variant: str, opts) -> dict:
     cmd = _common.module_command("molecules") + [
         "--child", f"{kind}:{variant}", "--graphs", str(opts.graphs), "--batch-size", str(opts.batch_size),
@@ -248,9 +269,9 @@ def markdown(p: dict) -> str:
                 continue
 
             def ratio(key):
-                return f"{eager[key] / r[key]:.2f}x" if key in eager else "n/a"
+                return f"{r['eager_over_' + key]:.2f}x" if "eager_over_" + key in r else "n/a"
 
-            first = f"{r['first_epoch_s'] / eager['first_epoch_s']:.2f}x" if "first_epoch_s" in eager else "n/a"
+            first = (f"{1 / r['eager_over_first_epoch_s']:.2f}x" if "eager_over_first_epoch_s" in r else "n/a")
             lines.append("| " + " | ".join([
                 kind, v, f"{r['epoch_s']:.3f}", ratio("epoch_s"), f"{r['step_s'] * 1e3:.2f}", ratio("step_s"),
                 f"{r['first_epoch_s']:.2f}", first, str(r["graph_breaks"]), str(r["recompiles_after_first_epoch"]),
@@ -269,7 +290,9 @@ def markdown(p: dict) -> str:
               f"{LAYERS} layers of width {HIDDEN}, global_add_pool(h, batch) with no graph count, Linear, Adam. "
               f"End to end: median of {p['epochs']} epochs after the first (loader + steps). Model alone: median "
               f"step over {p['repeats']} passes of batches collated beforehand. Each model x variant in a process "
-              f"of its own, {p['threads']} threads; CPU: {p['cpu']}; torch {m['torch']}. "
+              f"of its own, {p['rounds']} rounds in turn; times are medians over the rounds, ratios the median of "
+              f"each round's ratio to eager's run of that round (vs eager: eager / variant, > 1 is faster; first "
+              f"epoch: variant / eager). {p['threads']} threads; CPU: {p['cpu']}; torch {m['torch']}. "
               f"{_common.load_text(p['loadavg_before_after'])} (a shared machine). Command: `{p['command']}`"]
     return "\n".join(lines) + "\n"
 
@@ -289,7 +312,7 @@ def plot(p: dict, path: Path) -> None:
             vals = []
             for k in kinds:
                 r, e = p["results"][k].get(v, {}), p["results"][k].get("eager", {})
-                vals.append(e[key] / r[key] if key in r and key in e else 0.0)
+                vals.append(r.get("eager_over_" + key, 0.0))
             ax.bar([i + j * width for i in range(len(kinds))], vals, width, label=v)
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))], kinds)
@@ -321,6 +344,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--epochs", type=int, default=None, help="timed epochs after the first (default 3, quick 1)")
     ap.add_argument("--repeats", type=int, default=None, help="passes over the prebuilt batches (default 3, quick 1)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=None, help="processes per model x variant, in turn (default 3, quick 1)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per process")
@@ -332,6 +356,7 @@ def main(argv=None) -> dict:
     opts.graphs = opts.graphs or (512 if opts.quick else 4000)
     opts.epochs = opts.epochs or (1 if opts.quick else 3)
     opts.repeats = opts.repeats or (1 if opts.quick else 3)
+    opts.rounds = opts.rounds or (1 if opts.quick else 3)
     if opts.child:
         kind, variant = opts.child.split(":")
         out = measure(kind, variant, make_dataset(opts.graphs), opts)
@@ -343,15 +368,17 @@ def main(argv=None) -> dict:
     if bad:
         ap.error(f"unknown models / variants {bad}; known: {', '.join(MODELS)} / {', '.join(VARIANTS)}")
     load_before = _common.loadavg()
-    results = {}
-    for kind in models:
-        results[kind] = {}
-        for v in variants:
-            r = results[kind][v] = child(kind, v, opts)
-            print(f"{kind:<5} {v:<18} " + (
-                f"epoch {r['epoch_s']:.3f} s, step {r['step_s'] * 1e3:.2f} ms, first epoch {r['first_epoch_s']:.2f} s, "
-                f"breaks {r['graph_breaks']}, recompiles {r['recompiles_after_first_epoch']}"
-                if "epoch_s" in r else str(r)), flush=True)
+    runs = {kind: {v: [] for v in variants} for kind in models}
+    for rnd in range(opts.rounds):  # round-robin: a drift of the machine's speed hits every variant
+        for kind in models:
+            for v in variants:
+                r = child(kind, v, opts)
+                runs[kind][v].append(r)
+                print(f"round {rnd + 1} {kind:<5} {v:<18} " + (
+                    f"epoch {r['epoch_s']:.3f} s, step {r['step_s'] * 1e3:.2f} ms, first epoch "
+                    f"{r['first_epoch_s']:.2f} s, breaks {r['graph_breaks']}, recompiles "
+                    f"{r['recompiles_after_first_epoch']}" if "epoch_s" in r else str(r)), flush=True)
+    results = {kind: {v: combine(runs[kind][v], runs[kind].get("eager")) for v in variants} for kind in models}
     ds = make_dataset(opts.graphs)
     nodes = [d.num_nodes for d in ds]
     edges = sum(d.num_edges for d in ds)
@@ -360,7 +387,8 @@ def main(argv=None) -> dict:
                            "nodes_mean": sum(nodes) / len(nodes), "edges_mean": edges / len(ds),
                            "degree": edges / sum(nodes)},
                "batch_size": opts.batch_size, "batches_per_epoch": -(-opts.graphs // opts.batch_size),
-               "epochs": opts.epochs, "repeats": opts.repeats, "threads": opts.threads, "models": models,
+               "epochs": opts.epochs, "repeats": opts.repeats, "rounds": opts.rounds, "threads": opts.threads,
+               "models": models,
                "variants": variants, "results": results, "command": _common.command("molecules", argv)}
     name = opts.out or ("molecules_quick" if opts.quick else "molecules")
     _common.write_results(Path(opts.results_dir), name, payload, markdown, plot)

@@ -44,6 +44,7 @@ class Config:
     capture_dynamic: bool = True
     slot_order: bool = True
     structure_check: str = "cpu"
+    programs: str = "auto"
     disable_native: bool = False
     cache_dir: Optional[Path] = None  # None: $XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile
     xdg_cache_home: Optional[Path] = None
@@ -64,6 +65,16 @@ def _inner(name: str, raw: str) -> Optional[str]:
         return None
     if v not in INNERS:
         raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(INNERS)} (or unset / 'auto')")
+    return v
+
+
+PROGRAM_MODES = ("auto", "always", "never")
+
+
+def _programs(name: str, raw: str) -> str:
+    v = raw.strip().lower() or "auto"
+    if v not in PROGRAM_MODES:
+        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(PROGRAM_MODES)}")
     return v
 
 
@@ -106,6 +117,10 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable("GNNCOMPILE_SLOT_ORDER", "slot_order", _flag, "1 (default) / 0",
              "recompute per-edge inputs in CSR order (0: read them through the permutation; "
              "for A/B measurements)"),
+    Variable("GNNCOMPILE_PROGRAMS", "programs", _programs, "auto (default), always, never",
+             "message programs (any elementwise message, run by the CPU interpreter): auto fuses "
+             "them where a measured rule says they are faster (many edges, high degree), always / "
+             "never everywhere / nowhere"),
     Variable("GNNCOMPILE_STRUCTURE_CHECK", "structure_check", _check, "0/off, 1/cpu (default), 2/all",
              "when a structure found by the identity of its edge_index is confirmed by a "
              "content fingerprint"),

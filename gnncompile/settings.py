@@ -26,7 +26,9 @@ Fields:
 * ``threads``: torch's intra-op thread count the profile chose (gnncompile never changes a
   process-wide thread count on its own; the tuner applies it in its trials).
 * ``loader``: keyword arguments for :class:`gnncompile.data.PooledLoader` from the profile.
-* ``choices``: per-op implementation choices (room for what the kernels expose next; none yet).
+* ``choices``: implementation choices. ``programs``: message programs (any elementwise message,
+  run by the CPU interpreter) 'auto' (fused where :func:`gnncompile.passes.match.programs_pay`
+  says they are faster than the ops as written), 'always' or 'never' (``$GNNCOMPILE_PROGRAMS``).
 * ``profile``: where the profile's settings came from (a path, or "(defaults)").
 """
 from __future__ import annotations
@@ -105,6 +107,10 @@ class Settings:
             raise ValueError(f"gnncompile settings: loader keys must be among {_LOADER_KEYS}, got {sorted(bad)}")
         object.__setattr__(self, "loader", tuple(sorted(loader.items())))
         object.__setattr__(self, "choices", tuple(sorted(dict(self.choices).items())))
+        programs = dict(self.choices).get("programs", "auto")
+        if programs not in _config.PROGRAM_MODES:
+            raise ValueError(f"gnncompile settings: choices['programs'] must be one of {_config.PROGRAM_MODES}, "
+                             f"got {programs!r}")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -119,6 +125,11 @@ class Settings:
             if d == dtype:
                 return list(k)
         return []
+
+    @property
+    def programs(self) -> str:
+        """The message-program choice: 'auto' (default), 'always' or 'never'."""
+        return dict(self.choices).get("programs", "auto")
 
     def loader_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments for :class:`gnncompile.data.PooledLoader` (those that are set)."""
@@ -169,8 +180,9 @@ class Settings:
             cfg, check = _config.current(), structure_check()  # unless set_structure_check changed it)
         else:
             check = cfg.structure_check
+        choices = (("programs", cfg.programs),) if cfg.programs != "auto" else ()
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
-                   structure_check=check)
+                   structure_check=check, choices=choices)
 
     @classmethod
     def build(cls, profile: Any = None, cfg: Optional[_config.Config] = None, **explicit: Any) -> "Settings":

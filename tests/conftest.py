@@ -19,6 +19,9 @@ import os
 # time). tests/compiler/test_compile.py checks the inductor path and tests/passes/test_hoist.py
 # the 'auto' rule explicitly.
 os.environ.setdefault("GNNCOMPILE_INNER", "aot_eager")
+# Message programs everywhere: the suite's graphs are small, where the default ('auto') leaves
+# them as written (passes.match.programs_pay); tests/passes/test_program_rule.py tests 'auto'.
+os.environ.setdefault("GNNCOMPILE_PROGRAMS", "always")
 
 import shutil
 import subprocess

@@ -56,7 +56,8 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     notes: list = []
     moved = push_linear_to_nodes(graph, settings.reassociate, notes) if programs else 0
     order = node_order(graph)
-    report = rewrite(graph, plan(match(graph, order, programs), order), order, copy_structures, settings)
+    report = rewrite(graph, plan(match(graph, order, programs, settings.programs), order), order,
+                     copy_structures, settings)
     report.notes += list(dict.fromkeys(notes))
     report.linear_moved = moved
     report.dropouts = dropouts

@@ -406,9 +406,61 @@ def _softmax(d: Node, scatters: Dict[Node, Scatter]) -> Optional[Softmax]:
                    internals=(sc_sum.node, sc_max.node))
 
 
-def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
+# When message programs pay (Settings.choices['programs'] == 'auto'). The CPU interpreter
+# costs more per edge and feature than torch's gather / scatter ops, and wins by what it does not
+# store and by reading each source row once per destination: with many edges and a high
+# degree. Measured with a GINEConv layer (F = 64, edge features 8), forward + backward,
+# gnncompile with and without programs against eager, 2 threads, AMD EPYC (Zen 5):
+# degree 2 loses at every size up to 200k edges (6.6k: 5.4-6.7 vs 3.8 ms without programs;
+# 200k: 206-210 vs 169-186 ms); degree 4 loses at 6.6k and 60k edges (46 vs 33 ms) and wins at
+# 200k (176 vs 198 ms); degree 10 loses at 6.6k (3.1 vs 1.4 ms) and wins at 60k (23 vs 30 ms)
+# and 200k (140 vs 213 ms). (Reproduce: the closing note of issue 24; batches of small
+# graphs, benchmarks/molecules.py, are the case this rule is for.)
+PROGRAM_MIN_EDGES = ((150_000, 4.0), (30_000, 8.0))  # (edges at least, average degree at least)
+
+
+def _hint(n) -> Optional[int]:
+    if isinstance(n, int):
+        return n
+    return getattr(getattr(n, "node", None), "hint", None)
+
+
+def programs_pay(edges, rows) -> Tuple[bool, str]:
+    """Whether a message program over ``edges`` edges into ``rows`` destination rows (sizes, maybe
+    symbolic: their hints are read, nothing is specialised) is expected to be faster than the
+    ops as written (:data:`PROGRAM_MIN_EDGES`), and the reason when it is not. A size with no
+    hint (data-dependent: the number of graphs a pooling reads from ``batch``) leaves the rule to
+    the other size; with neither known, the program is used (the behaviour before the rule)."""
+    e, r = _hint(edges), _hint(rows)
+    few = min(min_e for min_e, _ in PROGRAM_MIN_EDGES)
+    if e is None or (r is None and e >= few):
+        return True, ""
+    if r is None:
+        return False, (f"message program not used: {e} edges (into a number of rows read from the data) is "
+                       f"below the measured rule where the interpreter beats the ops as written "
+                       f"(edges >= 150k at degree >= 4, or >= 30k at degree >= 8); "
+                       f"settings={{'choices': {{'programs': 'always'}}}} fuses it anyway")
+    degree = e / max(1, r)
+    if any(e >= min_e and degree >= min_d for min_e, min_d in PROGRAM_MIN_EDGES):
+        return True, ""
+    return False, (f"message program not used: {e} edges into {r} rows (average degree {degree:.1f}) is "
+                   f"below the measured rule where the interpreter beats the ops as written "
+                   f"(edges >= 150k at degree >= 4, or >= 30k at degree >= 8); "
+                   f"settings={{'choices': {{'programs': 'always'}}}} fuses it anyway")
+
+
+def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
+    index, buffer = fake_tensor(sc.index), fake_tensor(sc.buffer)
+    if index is None or buffer is None or index.dim() == 0 or buffer.dim() == 0:
+        return True, ""
+    return programs_pay(index.shape[0], buffer.shape[0])
+
+
+def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always") -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
-    read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs)."""
+    read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs, where
+    ``program_mode`` ('always', 'auto': where :func:`programs_pay`, 'never') says so)."""
+    programs = programs and program_mode != "never"
     m = Matches()
     writes = Writes(graph)
     scatters: Dict[Node, Scatter] = {}
@@ -444,9 +496,15 @@ def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
 
             try:
                 stops = {sm.anchor for sm in m.softmaxes}  # fused softmaxes are read, not re-derived
-                m.aggregates.append(match_program(sc, IndexRef.of(sc.index), writes, stops))
+                prog = match_program(sc, IndexRef.of(sc.index), writes, stops)
             except NoMatch as e:
                 m.unfused[n] = f"message program: {e}"
+                continue
+            pays, why = _program_pays(sc) if program_mode == "auto" else (True, "")
+            if pays:
+                m.aggregates.append(prog)
+            else:
+                m.unfused[n] = why
     if programs:
         from .messages import match_edge_programs
 
@@ -457,9 +515,16 @@ def match(graph, order: Dict[Node, int], programs: bool = True) -> Matches:
             if (s[0], s[1]) not in seen:
                 seen.add((s[0], s[1]))
                 structures.append(s)
-        m.aggregates += match_edge_programs(graph, structures, writes, {sm.anchor for sm in m.softmaxes})
+        for ep in match_edge_programs(graph, structures, writes, {sm.anchor for sm in m.softmaxes}):
+            edges, rows = fake_tensor(ep.anchor), fake_tensor(ep.buffer)
+            pays, why = (programs_pay(edges.shape[0], rows.shape[0])
+                         if program_mode == "auto" and edges is not None and rows is not None else (True, ""))
+            if pays:
+                m.aggregates.append(ep)
+            else:
+                m.unfused[ep.anchor] = why
     return m
 
 
-__all__ = ["NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
+__all__ = ["PROGRAM_MIN_EDGES", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
            "gather_of", "read_scatter", "match_aggregate", "match_degree", "match_softmax", "match"]

@@ -1,0 +1,82 @@
+"""When message programs are used (Settings.choices['programs'], $GNNCOMPILE_PROGRAMS): 'auto'
+(the default) fuses them only where the measured rule (passes.match.programs_pay) says the
+interpreter beats the ops as written, and explain names the reason where it does not;
+'always' / 'never' fuse them everywhere / nowhere. Outputs and gradients equal eager's in every
+mode."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import gnncompile
+from gnncompile import config
+from gnncompile.passes.match import programs_pay
+from gnncompile.settings import Settings
+from shared import _fresh_dynamo, check_same  # noqa: F401  (autouse fixture)
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from torch_geometric.nn import GINEConv
+
+
+class Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = GINEConv(torch.nn.Linear(16, 16), edge_dim=4)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv(x, edge_index, edge_attr)
+
+
+def _inputs(n=60, degree=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    e = n * degree
+    return (torch.randn(n, 16, generator=g, requires_grad=True), torch.randint(0, n, (2, e), generator=g),
+            torch.randn(e, 4, generator=g))
+
+
+def test_rule():
+    assert programs_pay(1_000_000, 100_000)[0]  # degree 10, many edges
+    assert programs_pay(200_000, 40_000)[0]  # degree 5
+    assert programs_pay(60_000, 6_000)[0]  # degree 10
+    assert not programs_pay(200_000, 100_000)[0]  # degree 2: loses at every measured size
+    assert not programs_pay(60_000, 12_000)[0]  # degree 5, too few edges
+    assert not programs_pay(3_000, None)[0]  # a pooling into a number of graphs read from the data
+    assert programs_pay(None, 100)[0] and programs_pay(1_000_000, None)[0]  # unknown: as before the rule
+    pays, why = programs_pay(6_600, 3_300)
+    assert not pays and "6600 edges" in why and "'programs': 'always'" in why
+
+
+def _program_fused(rep) -> bool:
+    return any(f.kind == "message" for f in rep.fused)
+
+
+@pytest.mark.parametrize("mode", ["auto", "always", "never"])
+def test_modes_on_a_small_low_degree_graph(mode):
+    model = Layer()
+    torch.manual_seed(0)
+    compiled = gnncompile.compile(model, settings={"choices": {"programs": mode}})
+    assert compiled.gnncompile_settings.programs == mode
+    inputs = _inputs()
+    check_same(model, compiled, inputs)
+    rep = gnncompile.explain(compiled, *inputs)
+    assert _program_fused(rep) == (mode == "always")
+    reasons = " ".join(u.reason for u in rep.unfused)
+    assert ("below the measured rule" in reasons) == (mode == "auto")
+
+
+def test_environment_sets_the_default(monkeypatch):
+    monkeypatch.setenv("GNNCOMPILE_PROGRAMS", "never")
+    assert Settings.from_config().programs == "never"
+    monkeypatch.setenv("GNNCOMPILE_PROGRAMS", "auto")
+    assert Settings.from_config().programs == "auto" and Settings.from_config().choices == ()
+    monkeypatch.setenv("GNNCOMPILE_PROGRAMS", "sometimes")
+    with pytest.raises(config.ConfigError, match="GNNCOMPILE_PROGRAMS"):
+        config.current()
+
+
+def test_bad_choice_is_a_clear_error():
+    with pytest.raises(ValueError, match="programs"):
+        Settings(choices=(("programs", "maybe"),))
