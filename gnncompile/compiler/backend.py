@@ -27,6 +27,7 @@ from torch.fx import GraphModule
 
 from .. import config as _config
 from .. import passes
+from ..passes.canonical import size_hint
 from ..settings import Settings
 from ..ops import hoisted, loops
 from .._log import get_logger, log_fusions
@@ -51,15 +52,6 @@ INNERS = _config.INNERS
 AUTO_INDUCTOR_MIN_SIZE = 600_000
 
 
-def _hint(n) -> Optional[int]:
-    """A size as a plain int without specialising it: a symbolic size's hint (its value in the
-    example Dynamo traced with), None for an unbacked one. ``int(s)`` on a SymInt would add a
-    guard ``s == value`` and recompile the graph for every other size."""
-    if isinstance(n, int):
-        return n
-    return getattr(getattr(n, "node", None), "hint", None)
-
-
 def graph_size(example_inputs) -> int:
     """Nodes + edges of a graph piece's inputs: the longest dim 0 of a float tensor that is not
     a parameter, plus the longest dim 1 of an integer ``[2, E]`` tensor. Sizes are read from
@@ -69,13 +61,13 @@ def graph_size(example_inputs) -> int:
     for t in example_inputs:
         if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter) or t.dim() == 0:
             continue
-        first = _hint(t.shape[0])
+        first = size_hint(t.shape[0])
         if t.is_floating_point():
             if first is None:
                 return AUTO_INDUCTOR_MIN_SIZE
             nodes = max(nodes, first)
         elif t.dim() == 2 and first == 2:
-            second = _hint(t.shape[1])
+            second = size_hint(t.shape[1])
             if second is None:
                 return AUTO_INDUCTOR_MIN_SIZE
             edges = max(edges, second)

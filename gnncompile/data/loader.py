@@ -96,12 +96,12 @@ def _used(buf: torch.Tensor, cat_dim: int, n: int) -> torch.Tensor:
     compile once for pooled batches and again for plain ones)."""
     shape = list(buf.shape)
     shape[cat_dim] = n
-    stride, step = [0] * len(shape), 1
-    for d in range(len(shape) - 1, -1, -1):
-        stride[d] = step
-        step *= max(1, shape[d])
-    if cat_dim == 0:
-        stride = list(buf.stride())
+    stride = list(buf.stride())  # a contiguous buffer's: right for a first-dim prefix
+    if cat_dim != 0:
+        step = 1
+        for d in range(len(shape) - 1, -1, -1):
+            stride[d] = step
+            step *= max(1, shape[d])
     out = torch.empty(0, dtype=buf.dtype, device=buf.device)
     return out.set_(buf.untyped_storage(), buf.storage_offset(), shape, stride)
 

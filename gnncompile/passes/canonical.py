@@ -103,6 +103,15 @@ def fake_tensor(n: Any) -> Optional[torch.Tensor]:
     return v if isinstance(v, torch.Tensor) else None
 
 
+def size_hint(n: Any) -> Optional[int]:
+    """A size as a plain int without specialising it: a symbolic size's hint (its value in the
+    example Dynamo traced with), None for an unbacked one. ``int(s)`` on a SymInt would add a
+    guard ``s == value`` and recompile the graph for every other size."""
+    if isinstance(n, int):
+        return n
+    return getattr(getattr(n, "node", None), "hint", None)
+
+
 def size_key(size: Any) -> str:
     """Printable identity of a (possibly symbolic) size."""
     return str(size)

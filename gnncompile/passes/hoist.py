@@ -170,7 +170,7 @@ def find_invariant(graph: Graph, exclude: Set[Node] = frozenset()) -> Optional[t
         if name in _RANDOM or any(t.requires_grad for t in _tensors_in(fake_value(n))):
             continue
         if _reads_scalar(n) or n in exclude:
-            continue  # a value read from a tensor's data (.item()): the graph keeps it
+            continue  # a value read from a tensor's data (.item()), or left out by hoist(): the graph keeps it
         if name in _VIEWS and ins and all(a in roots or a in root_views or a in free for a in ins) \
                 and any(a in roots or a in root_views for a in ins):
             root_views.add(n)
@@ -283,20 +283,20 @@ def _drop_with_dependents(n: Node, inv: Dict[Node, None]) -> None:
 def hoist(gm: GraphModule, copy: bool = False, check: str = "") -> HoistReport:
     """Moves the graph-invariant nodes of ``gm`` into one cached region (see the module
     docstring); ``copy``: the region's outputs are handed out as clones. Returns what moved."""
-    from ..ops import hoisted as _hoisted
-
     exclude: Set[Node] = set()
     while True:
-        late = _hoist_once(gm, copy, check, exclude, _hoisted)
+        late = _hoist_once(gm, copy, check, exclude)
         if not isinstance(late, set):
             return late
         exclude |= late  # region nodes that read a size the graph defines too late: leave them
 
 
-def _hoist_once(gm: GraphModule, copy: bool, check: str, exclude: Set[Node], _hoisted):
+def _hoist_once(gm: GraphModule, copy: bool, check: str, exclude: Set[Node]):
     """One try of :func:`hoist`: its report, or the invariant nodes to leave out when the region
     would read a size defined after the region's call (the number of graphs PyG's pooling reads
     from ``batch`` late in the graph, say)."""
+    from ..ops import hoisted as _hoisted
+
     report = HoistReport()
     graph = gm.graph
     found = find_invariant(graph, exclude)

@@ -29,7 +29,7 @@ from torch.fx import Node
 
 from ..ops.checks import FLOAT_DTYPES, INDEX_DTYPES
 from .canonical import (SCATTERS, argument, fake_tensor, index_dim, is_one, opname, same_size,
-                        shape_key, size_key)
+                        shape_key, size_hint, size_key)
 from .semantics import Writes, describe_write, unmodelled
 
 _REDUCE = {"sum": "sum", "add": "sum", "mean": "mean", "amax": "max", "amin": "min"}
@@ -414,15 +414,9 @@ def _softmax(d: Node, scatters: Dict[Node, Scatter]) -> Optional[Softmax]:
 # degree 2 loses at every size up to 200k edges (6.6k: 5.4-6.7 vs 3.8 ms without programs;
 # 200k: 206-210 vs 169-186 ms); degree 4 loses at 6.6k and 60k edges (46 vs 33 ms) and wins at
 # 200k (176 vs 198 ms); degree 10 loses at 6.6k (3.1 vs 1.4 ms) and wins at 60k (23 vs 30 ms)
-# and 200k (140 vs 213 ms). (Reproduce: the closing note of issue 24; batches of small
-# graphs, benchmarks/molecules.py, are the case this rule is for.)
+# and 200k (140 vs 213 ms). Reproduce: python -m benchmarks program_rule (batches of small
+# graphs, benchmarks/molecules.py, are the case this rule is for).
 PROGRAM_MIN_EDGES = ((150_000, 4.0), (30_000, 8.0))  # (edges at least, average degree at least)
-
-
-def _hint(n) -> Optional[int]:
-    if isinstance(n, int):
-        return n
-    return getattr(getattr(n, "node", None), "hint", None)
 
 
 def programs_pay(edges, rows) -> Tuple[bool, str]:
@@ -431,22 +425,19 @@ def programs_pay(edges, rows) -> Tuple[bool, str]:
     ops as written (:data:`PROGRAM_MIN_EDGES`), and the reason when it is not. A size with no
     hint (data-dependent: the number of graphs a pooling reads from ``batch``) leaves the rule to
     the other size; with neither known, the program is used (the behaviour before the rule)."""
-    e, r = _hint(edges), _hint(rows)
+    e, r = size_hint(edges), size_hint(rows)
     few = min(min_e for min_e, _ in PROGRAM_MIN_EDGES)
     if e is None or (r is None and e >= few):
         return True, ""
-    if r is None:
-        return False, (f"message program not used: {e} edges (into a number of rows read from the data) is "
-                       f"below the measured rule where the interpreter beats the ops as written "
-                       f"(edges >= 150k at degree >= 4, or >= 30k at degree >= 8); "
-                       f"settings={{'choices': {{'programs': 'always'}}}} fuses it anyway")
-    degree = e / max(1, r)
-    if any(e >= min_e and degree >= min_d for min_e, min_d in PROGRAM_MIN_EDGES):
-        return True, ""
-    return False, (f"message program not used: {e} edges into {r} rows (average degree {degree:.1f}) is "
-                   f"below the measured rule where the interpreter beats the ops as written "
-                   f"(edges >= 150k at degree >= 4, or >= 30k at degree >= 8); "
-                   f"settings={{'choices': {{'programs': 'always'}}}} fuses it anyway")
+    if r is not None:
+        degree = e / max(1, r)
+        if any(e >= min_e and degree >= min_d for min_e, min_d in PROGRAM_MIN_EDGES):
+            return True, ""
+    into = ("a number of rows read from the data" if r is None
+            else f"{r} rows (average degree {e / max(1, r):.1f})")
+    return False, (f"message program not used: {e} edges into {into} is below the measured rule where "
+                   f"the interpreter beats the ops as written (edges >= 150k at degree >= 4, or >= 30k "
+                   f"at degree >= 8); settings={{'choices': {{'programs': 'always'}}}} fuses it anyway")
 
 
 def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
