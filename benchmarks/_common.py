@@ -130,6 +130,19 @@ def machine() -> dict:
     }
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the tables: ratios hold per CPU model."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
+
+
 def loadavg() -> Tuple[float, float, float]:
     """The machine's load averages (1, 5, 15 min): benchmarks record them before and after a run
     (the machine is shared) as ``"loadavg_before_after": [before, after]``."""

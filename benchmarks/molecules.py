@@ -262,7 +262,6 @@ def markdown(p: dict) -> str:
             "first loss (eager)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for kind, runs in p["results"].items():
-        eager = runs.get("eager", {})
         for v, r in runs.items():
             if "epoch_s" not in r:
                 lines.append(f"| {kind} | {v} | error: {r.get('error', '')[:300]} |" + " |" * (len(head) - 3))
@@ -309,10 +308,7 @@ def plot(p: dict, path: Path) -> None:
                            (axes[1], "step_s", "model alone, eager / variant")):
         width = 0.8 / max(1, len(p["variants"]))
         for j, v in enumerate(p["variants"]):
-            vals = []
-            for k in kinds:
-                r, e = p["results"][k].get(v, {}), p["results"][k].get("eager", {})
-                vals.append(r.get("eager_over_" + key, 0.0))
+            vals = [p["results"][k].get(v, {}).get("eager_over_" + key, 0.0) for k in kinds]
             ax.bar([i + j * width for i in range(len(kinds))], vals, width, label=v)
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(kinds))], kinds)
@@ -322,18 +318,6 @@ def plot(p: dict, path: Path) -> None:
                  f"{p['threads']} threads): higher is faster", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
 
 
 def main(argv=None) -> dict:
@@ -382,7 +366,7 @@ def main(argv=None) -> dict:
     ds = make_dataset(opts.graphs)
     nodes = [d.num_nodes for d in ds]
     edges = sum(d.num_edges for d in ds)
-    payload = {"machine": _common.machine(), "cpu": _cpu(), "loadavg_before_after": [load_before, _common.loadavg()],
+    payload = {"machine": _common.machine(), "cpu": _common.cpu_model(), "loadavg_before_after": [load_before, _common.loadavg()],
                "dataset": {"graphs": opts.graphs, "nodes_min": min(nodes), "nodes_max": max(nodes),
                            "nodes_mean": sum(nodes) / len(nodes), "edges_mean": edges / len(ds),
                            "degree": edges / sum(nodes)},

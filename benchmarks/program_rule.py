@@ -100,9 +100,7 @@ def main(argv=None) -> dict:
             r = rows[-1]
             print(f"degree {d} edges {e}: eager {r['eager_ms']:.2f} ms, programs {r['always_ms']:.2f} ms, "
                   f"without {r['never_ms']:.2f} ms", flush=True)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               "unknown")
-    payload = {"machine": _common.machine(), "cpu": cpu, "threads": opts.threads, "rows": rows,
+    payload = {"machine": _common.machine(), "cpu": _common.cpu_model(), "threads": opts.threads, "rows": rows,
                "loadavg_before_after": [load_before, _common.loadavg()],
                "command": _common.command("program_rule", argv)}
     name = opts.out or ("program_rule_quick" if opts.quick else "program_rule")
