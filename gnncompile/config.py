@@ -45,6 +45,7 @@ class Config:
     slot_order: bool = True
     structure_check: str = "cpu"
     programs: str = "auto"
+    guard: str = "time"
     disable_native: bool = False
     cache_dir: Optional[Path] = None  # None: $XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile
     xdg_cache_home: Optional[Path] = None
@@ -75,6 +76,16 @@ def _programs(name: str, raw: str) -> str:
     v = raw.strip().lower() or "auto"
     if v not in PROGRAM_MODES:
         raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(PROGRAM_MODES)}")
+    return v
+
+
+GUARD_MODES = ("time", "off")
+
+
+def _guard(name: str, raw: str) -> str:
+    v = raw.strip().lower() or "time"
+    if v not in GUARD_MODES:
+        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(GUARD_MODES)}")
     return v
 
 
@@ -121,6 +132,10 @@ VARIABLES: Tuple[Variable, ...] = (
              "message programs (any elementwise message, run by the CPU interpreter): auto fuses "
              "them where a measured rule says they are faster (many edges, high degree), always / "
              "never everywhere / nowhere"),
+    Variable("GNNCOMPILE_GUARD", "guard", _guard, "time (default), off",
+             "the speed guard: each rewritten graph piece is timed against its unrewritten form "
+             "on its first calls (per size class) and the faster one is kept; off: always the "
+             "rewritten form"),
     Variable("GNNCOMPILE_STRUCTURE_CHECK", "structure_check", _check, "0/off, 1/cpu (default), 2/all",
              "when a structure found by the identity of its edge_index is confirmed by a "
              "content fingerprint"),
@@ -204,4 +219,4 @@ def table() -> str:
 
 
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
-           "INNERS", "CHECK_MODES"]
+           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES"]

@@ -29,6 +29,9 @@ Fields:
 * ``choices``: implementation choices. ``programs``: message programs (any elementwise message,
   run by the CPU interpreter) 'auto' (fused where :func:`gnncompile.passes.match.programs_pay`
   says they are faster than the ops as written), 'always' or 'never' (``$GNNCOMPILE_PROGRAMS``).
+  ``guard``: the speed guard (:mod:`gnncompile.compiler.guard`), 'time' (each rewritten graph
+  piece timed against its unrewritten form on its first calls, the faster kept) or 'off'
+  (``$GNNCOMPILE_GUARD``).
 * ``profile``: where the profile's settings came from (a path, or "(defaults)").
 """
 from __future__ import annotations
@@ -111,6 +114,14 @@ class Settings:
         if programs not in _config.PROGRAM_MODES:
             raise ValueError(f"gnncompile settings: choices['programs'] must be one of {_config.PROGRAM_MODES}, "
                              f"got {programs!r}")
+        guard = dict(self.choices).get("guard", "time")
+        if guard not in _config.GUARD_MODES:
+            raise ValueError(f"gnncompile settings: choices['guard'] must be one of {_config.GUARD_MODES}, "
+                             f"got {guard!r}")
+        unknown = set(dict(self.choices)) - {"programs", "guard"}
+        if unknown:
+            raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
+                             "'programs' and 'guard'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -130,6 +141,11 @@ class Settings:
     def programs(self) -> str:
         """The message-program choice: 'auto' (default), 'always' or 'never'."""
         return dict(self.choices).get("programs", "auto")
+
+    @property
+    def guard(self) -> str:
+        """The speed guard: 'time' (default) or 'off'."""
+        return dict(self.choices).get("guard", "time")
 
     def loader_kwargs(self) -> Dict[str, Any]:
         """Keyword arguments for :class:`gnncompile.data.PooledLoader` (those that are set)."""
@@ -180,7 +196,8 @@ class Settings:
             cfg, check = _config.current(), structure_check()  # unless set_structure_check changed it)
         else:
             check = cfg.structure_check
-        choices = (("programs", cfg.programs),) if cfg.programs != "auto" else ()
+        choices = ((("programs", cfg.programs),) if cfg.programs != "auto" else ()) + \
+                  ((("guard", cfg.guard),) if cfg.guard != "time" else ())
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
                    structure_check=check, choices=choices)
 

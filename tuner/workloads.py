@@ -389,13 +389,16 @@ def _odd_batch(ds, bs: int, dev):
 
 def _compile_with(model, settings, dev):
     """The model compiled with the knobs under test (carried by the compiled model, whatever
-    was compiled before in this process)."""
+    was compiled before in this process), the rewritten form always: a trial measures what the
+    knobs do, so the speed guard, which could keep the unrewritten form, is off."""
     import gnncompile
 
     torch._dynamo.reset()
     knobs = settings.get("knobs")
-    return gnncompile.compile(model, profile=None, inner=settings.get("inner") or "auto",
-                              settings={"knobs": {dev.type: list(knobs)}} if knobs is not None else None)
+    chosen = {"choices": {"guard": "off"}}
+    if knobs is not None:
+        chosen["knobs"] = {dev.type: list(knobs)}
+    return gnncompile.compile(model, profile=None, inner=settings.get("inner") or "auto", settings=chosen)
 
 
 def workload_from_dict(d: Dict[str, Any]) -> Workload:

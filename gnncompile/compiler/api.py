@@ -11,6 +11,7 @@ import torch
 from .._log import get_logger
 from ..settings import Settings
 from . import backend as _backend
+from . import guard as _guard
 
 _log = get_logger(__name__)
 
@@ -41,9 +42,17 @@ class CompiledModule(torch.nn.Module):
         # what the compiled graphs run with (their knobs are baked into them as op arguments)
         object.__setattr__(self, "gnncompile_settings", Settings() if settings is None else settings)
         object.__setattr__(self, "_capture", self.gnncompile_settings.capture_dynamic)
+        # the whole call timed against the model as written (set by compile() unless the guard
+        # is off; gnncompile.compiler.guard.ModelGuard)
+        object.__setattr__(self, "_guard", None)
         self.register_load_state_dict_post_hook(_restore_key_names)
 
     def forward(self, *args, **kwargs):
+        if self._guard is not None:
+            return self._guard(*args, **kwargs)
+        return self._run_compiled(*args, **kwargs)
+
+    def _run_compiled(self, *args, **kwargs):
         with _backend.dynamic_output_shapes(self._capture):
             return self._compiled(*args, **kwargs)
 
@@ -178,6 +187,13 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
             "eager"}``; see :class:`gnncompile.settings.Settings`), or a ``Settings`` used as
             it is (the profile is then only recorded).
 
+    Each rewritten graph piece is timed against its unrewritten form on its first calls and
+    the faster is kept (the speed guard, :mod:`gnncompile.compiler.guard`; ``settings={"choices":
+    {"guard": "off"}}`` turns it off); then the whole compiled call is timed against the model as
+    written the same way (Dynamo's own cost included), and where the model as written is faster
+    the returned module calls it from then on (per grad mode); ``.guard_decisions()`` on the returned module (or
+    function) lists what was kept and why, and :func:`gnncompile.explain` prints it.
+
     The settings the model runs with are ``.gnncompile_settings`` on the returned module (or
     function); :func:`gnncompile.explain` prints them and :func:`gnncompile.export` of the
     returned module uses them. The returned module pickles (``torch.save(m)``; ``torch.load(path, weights_only=False)``):
@@ -197,10 +213,17 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     options = dict(profile=_portable_profile(profile, prof), inner=inner, dynamic=dynamic,
                    fullgraph=fullgraph, workload=workload, reassociate=reassociate, settings=settings)
     _log.info("compile %s: profile %s; settings: %s", type(model).__name__, prof.summary(), s)
-    compiled = torch.compile(model, backend=_backend.Backend(s), dynamic=dynamic, fullgraph=fullgraph)
+    be = _backend.Backend(s)
+    compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
         out = CompiledModule(model, compiled, options, s)
         object.__setattr__(out, "gnncompile_profile", prof)
+        guard = None
+        if s.guard != "off":
+            guard = _guard.ModelGuard(out._run_compiled, model, be.verdict)
+            object.__setattr__(out, "_guard", guard)
+        object.__setattr__(out, "guard_decisions",
+                           lambda: be.guard_decisions() + (guard.decisions if guard is not None else []))
         return out
     compiled_fn, capture = compiled, s.capture_dynamic
 
@@ -211,6 +234,7 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
 
     compiled.gnncompile_profile = prof
     compiled.gnncompile_settings = s
+    compiled.guard_decisions = be.guard_decisions
     return compiled
 
 

@@ -4,13 +4,17 @@ Dynamo hands every captured graph piece (a torch-level FX graph; a model with gr
 gives several) to :func:`gnncompile_backend`, which
 
 1. runs the rewrite passes (:mod:`gnncompile.passes`) on it, replacing message-passing chains
-   with the fused custom ops (whose registered autograd formulas give the fused backward), and
+   with the fused custom ops (whose registered autograd formulas give the fused backward),
 2. hands the rewritten graph to an inner compiler: ``"eager"`` (run the FX graph as is; autograd
    at run time), ``"aot_eager"`` (AOTAutograd traces forward + backward, no code generation) or
    ``"inductor"``: the backend's ``settings.inner``, which is 'auto' unless compile(inner=...),
    the profile or ``$GNNCOMPILE_INNER`` name one; 'auto' is chosen per graph piece from its
    size by :func:`choose_inner` (a measured rule: inductor for large graphs, "eager" for small
-   ones, where compiling costs more than it saves).
+   ones, where compiling costs more than it saves), and
+3. returns the result wrapped in a speed guard (:mod:`.guard`, unless ``settings.guard`` is
+   'off'), which times it against the piece as captured on the first calls of each size class
+   and keeps the faster: the compiled model is never slower than eager by more than the noise
+   of that measurement.
 
 ``torch.compile(model, backend="gnncompile")`` uses the defaults and works without importing
 gnncompile first: the package declares the name in the ``torch_dynamo_backends`` entry-point group,
@@ -31,6 +35,7 @@ from ..passes.canonical import size_hint
 from ..settings import Settings
 from ..ops import hoisted, loops
 from .._log import get_logger, log_fusions
+from .guard import SpeedGuard, unrewritten_copy
 
 _log = get_logger(__name__)
 
@@ -173,6 +178,40 @@ def _inner(name: str) -> Callable:
     raise ValueError(f"gnncompile: unknown inner compiler {name!r}; expected 'auto' or one of {INNERS}")
 
 
+def break_reason(gm: GraphModule):
+    """(reason, 'file:line (function)') of the graph break that ended the piece ``gm``, or
+    ('', '') when it ended otherwise (the frame returned). The reason is Dynamo's, without its
+    hints and debug context."""
+    why = getattr(gm, "compile_subgraph_reason", None)
+    if why is None or not getattr(why, "graph_break", False):
+        return "", ""
+    stack = getattr(why, "user_stack", None) or []
+    at = f"{stack[-1].filename}:{stack[-1].lineno} ({stack[-1].name})" if stack else ""
+    return plain_reason(why.reason), at
+
+
+def plain_reason(reason) -> str:
+    """Dynamo's graph-break reason on one line, without its hints and debug context."""
+    return " ".join(ln.strip() for ln in str(reason).splitlines()
+                    if ln.strip() and not ln.strip().startswith(("Hint:", "Developer debug context",
+                                                                 "For more details")))
+
+
+def _changed(report) -> bool:
+    """Whether the passes changed anything a call runs (fused ops, hoisted regions, dropouts)."""
+    return bool(report.fused or report.hoisted or report.dropouts or report.gathers
+                or report.structures or report.linear_moved)
+
+
+def _summary(report) -> str:
+    fused = [f"{f.kind if f.kind != 'spmm' else 'spmm[' + f.reduce + ']'} in {f.layer}" for f in report.fused]
+    head = f"{report.num_fused} fused chain(s)"
+    if not fused:
+        return head
+    more = f", +{len(fused) - 3} more" if len(fused) > 3 else ""
+    return f"{head}: {', '.join(fused[:3])}{more}"
+
+
 class Backend:
     """A configured gnncompile backend: the rewrite passes with ``settings``
     (:class:`gnncompile.settings.Settings`: the knobs baked into the fused calls, reassociate,
@@ -186,6 +225,7 @@ class Backend:
             raise TypeError("gnncompile.Backend(settings): give a Settings (make_backend(inner) takes a name)")
         self.settings = Settings.from_config() if settings is None else settings
         self.rewrite = bool(rewrite)
+        self.guards: List = []  # weak references to the speed guards of the pieces compiled here
         inner = self.settings.inner
         self._inner_fn = None if inner == "auto" else _inner(inner)  # ValueError for an unknown name
 
@@ -199,11 +239,13 @@ class Backend:
 
     def __call__(self, gm: GraphModule, example_inputs):
         inner = choose_inner(example_inputs) if self.inner == "auto" else self.inner
+        plain = unrewritten_copy(gm) if self.rewrite and self.settings.guard != "off" else None
         report = (passes.run(gm, self.settings, copy_structures=(inner == "inductor"), hoist=True,
                              fast_dropout=(inner != "inductor")) if self.rewrite
                   else passes.PassReport())
         report.inner = inner
         report.settings = self.settings
+        report.graph_break, report.break_at = break_reason(gm)
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused
         log_fusions(_log, f"graph piece {STATS['graphs']} ({len(gm.graph.nodes)} nodes, "
@@ -215,9 +257,30 @@ class Backend:
         fn = self._inner_fn if self._inner_fn is not None else _inner(inner)
         # what the inner compiler returns holds the hoisted regions its graph calls (held weakly
         # by their registry): they go when Dynamo drops it
-        return hoisted.pass_on(gm, fn(gm, example_inputs))
+        compiled = hoisted.pass_on(gm, fn(gm, example_inputs))
+        if plain is None or (inner == "eager" and not _changed(report)):
+            return compiled  # nothing to race: the piece runs as captured either way
+        label = f"piece {STATS['graphs']} ({_summary(report)})"
+        return SpeedGuard(compiled, plain.forward, label, self.guards)
 
-    def __getstate__(self) -> dict:
+    def verdict(self, grad: bool) -> Optional[str]:
+        """What the speed guards of the pieces compiled here say for calls in grad mode
+        ``grad``: 'unrewritten' when every one has decided for the unrewritten form (the model
+        may as well run as written), 'rewritten' when one kept the rewritten form, None while
+        one is still measuring or none exists."""
+        says = [g.verdict(grad) for g in (ref() for ref in self.guards) if g is not None]
+        if "rewritten" in says:
+            return "rewritten"
+        if says and all(v == "unrewritten" for v in says):
+            return "unrewritten"
+        return None
+
+    def guard_decisions(self) -> list:
+        """What the speed guards of the pieces compiled here kept, per size class
+        (:class:`gnncompile.compiler.guard.Decision`), oldest first."""
+        return [d for ref in self.guards if ref() is not None for d in ref().decisions]
+
+    def __getstate__(self) -> dict:  # guards are not carried: a rebuilt model measures again
         return {"settings": self.settings, "rewrite": self.rewrite}
 
     def __setstate__(self, state: dict) -> None:

@@ -2,6 +2,7 @@
 why, and where Dynamo broke the graph."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
 
@@ -12,6 +13,7 @@ from ..passes.report import Fusions, one_line
 from .._log import get_logger
 from ..settings import Settings
 from . import backend as _backend
+from . import guard as _guard
 
 _log = get_logger(__name__)
 
@@ -19,10 +21,12 @@ _log = get_logger(__name__)
 @dataclass
 class GraphBreak:
     reason: str
-    count: int = 1
+    count: int = 1  # graph pieces that ended at this break (a break in a loop ends one per pass)
+    at: str = ""  # 'file.py:12 (forward)': the user's line Dynamo broke at, where it said
 
     def __str__(self) -> str:
-        return f"{self.reason}" + (f"  (x{self.count})" if self.count > 1 else "")
+        return (f"{self.reason}" + (f"  (x{self.count})" if self.count > 1 else "")
+                + (f"  at {self.at}" if self.at else ""))
 
 
 @dataclass
@@ -34,6 +38,10 @@ class ExplainReport(Fusions):
     hoisted: int = 0  # graph-only regions computed once per graph (gnncompile::hoisted)
     hoisted_nodes: int = 0
     settings: Optional[Settings] = None  # what the passes ran with (a compiled model's own)
+    # frames Dynamo gave up on and ran eagerly (nothing fused there): 'forward (file line 7): why'
+    skipped_frames: List[str] = field(default_factory=list)
+    # a compiled model's speed-guard decisions so far (None: explain of an uncompiled model)
+    guard: Optional[List[str]] = None
 
     @property
     def num_graph_breaks(self) -> int:
@@ -48,9 +56,17 @@ class ExplainReport(Fusions):
                              ("graph breaks:", self.graph_breaks)):
             lines.append(title)
             lines += [f"  {i}" for i in items] or ["  (none)"]
+        if self.skipped_frames:
+            lines.append("frames Dynamo skipped (they run eagerly; nothing in them is fused):")
+            lines += [f"  {f}" for f in self.skipped_frames]
         if self.notes:
             lines.append("notes:")
             lines += [f"  {n}" for n in self.notes]
+        if self.guard is not None:
+            lines.append("speed guard (rewritten vs unrewritten form, per size class):")
+            lines += [f"  {g}" for g in self.guard] or [
+                f"  (no decision yet: a rewritten piece is timed against its unrewritten form over its "
+                f"first {2 + 2 * _guard.SAMPLES} calls per size class)"]
         if self.settings is not None:
             lines.append("settings:")
             lines += [f"  {line}" for line in self.settings.lines()]
@@ -66,7 +82,9 @@ class ExplainReport(Fusions):
                 "hoisted_nodes": self.hoisted_nodes, "fused": [asdict(f) for f in self.fused],
                 "unfused": [asdict(u) for u in self.unfused], "notes": list(self.notes),
                 "graph_breaks": [asdict(b) for b in self.graph_breaks],
-                "settings": self.settings.as_dict() if self.settings is not None else None}
+                "skipped_frames": list(self.skipped_frames),
+                "settings": self.settings.as_dict() if self.settings is not None else None,
+                "guard": self.guard}
 
 
 def _frame_root(report, model) -> str:
@@ -74,10 +92,15 @@ def _frame_root(report, model) -> str:
     itself), found through a parameter of the piece."""
     if not isinstance(model, torch.nn.Module):
         return ""
+    modules = dict(model.named_modules())
     for name, p in model.named_parameters():
         rel = report.frame_params.get(id(p))
-        if rel is not None:
-            return name[: len(name) - len(rel)].rstrip(".") if name.endswith(rel) else ""
+        # a parameter the frame reached through a module path ('lin.weight'); one it got as a
+        # plain local (Dynamo's path is then empty or a variable's name) places nothing
+        if rel and (name == rel or name.endswith("." + rel)):
+            root = name[: len(name) - len(rel)].rstrip(".")
+            if root in modules:
+                return root
     return ""
 
 
@@ -96,6 +119,7 @@ def _place_in_model(report, model) -> None:
 
 def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     """Runs ``model`` once through Dynamo with the gnncompile passes and reports what fused.
+    For a model returned by :func:`gnncompile.compile`, also what its speed guard kept so far.
 
     The model runs for real (eager inner compiler; outputs discarded) so that every graph
     piece, including those after graph breaks, is captured. Does not reset Dynamo: other
@@ -108,17 +132,20 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     from .api import CompiledModule
 
     settings = getattr(model, "gnncompile_settings", None)
+    decisions = getattr(model, "guard_decisions", None)
+    guard = [str(d) for d in decisions()] if callable(decisions) else None
     if isinstance(model, CompiledModule):  # explain what its settings fuse
         model = model.model
     if not isinstance(settings, Settings):
         settings = Settings.from_config()
     before = dict(counters.get("graph_break", {}))
+    before_unimplemented = dict(counters.get("unimplemented", {}))
     # the model's own settings, run by the eager inner compiler (no code generation)
-    be = _backend.Backend(settings.replace(inner="eager"))
+    be = _backend.Backend(settings.replace(inner="eager", choices={**dict(settings.choices), "guard": "off"}))
     compiled = torch.compile(model, backend=be, dynamic=False)
     with _backend.collect() as reports, _backend.dynamic_output_shapes(settings.capture_dynamic):
         compiled(*example_inputs, **example_kwargs)
-    rep = ExplainReport(num_graphs=len(reports), settings=settings)
+    rep = ExplainReport(num_graphs=len(reports), settings=settings, guard=guard)
     for r in reports:
         _place_in_model(r, model)
         rep.fused += r.fused
@@ -128,13 +155,45 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         rep.transposed += r.transposed
         rep.hoisted += r.hoisted
         rep.hoisted_nodes += r.hoisted_nodes
-    after = counters.get("graph_break", {})
-    for reason, c in after.items():
-        d = c - before.get(reason, 0)
-        if d > 0:
-            rep.graph_breaks.append(GraphBreak(one_line(reason, 300), d))
-            _log.debug("explain %s: graph break (x%d): %s", type(model).__name__, d, one_line(reason, 300))
+    # each break once: where a piece ended at it (reason and line from Dynamo's record of the
+    # piece), then any break Dynamo counted that ended no piece (nothing traced before it)
+    seen = {}
+    for r in reports:
+        if r.graph_break:
+            key = (r.graph_break, r.break_at)
+            if key in seen:
+                seen[key].count += 1
+            else:
+                seen[key] = GraphBreak(one_line(r.graph_break, 400), 1, r.break_at)
+    rep.graph_breaks = list(seen.values())
+    known = {one_line(r.graph_break, 60) for r in reports if r.graph_break}
+    for reason, c in counters.get("graph_break", {}).items():
+        if c > before.get(reason, 0) and one_line(_backend.plain_reason(reason), 60) not in known:
+            rep.graph_breaks.append(GraphBreak(one_line(_backend.plain_reason(reason), 400)))
+    for msg, c in counters.get("unimplemented", {}).items():
+        if c > before_unimplemented.get(msg, 0):
+            frame = skipped_frame(msg)
+            if frame and frame not in rep.skipped_frames:
+                rep.skipped_frames.append(frame)
+    for b in rep.graph_breaks:
+        _log.debug("explain %s: graph break: %s", type(model).__name__, b)
     return rep
+
+
+def skipped_frame(msg: str) -> str:
+    """'forward (file line 7): graph break in loop: why' from a Dynamo message that skipped a
+    frame ('' for any other message): its last break's title and explanation."""
+    where = re.search(r"frame skipped: ([^\n]+)", str(msg))
+    if where is None:
+        return ""
+    lines = str(msg).splitlines()
+    why = ""
+    for i, ln in enumerate(lines[:-1]):
+        nxt = lines[i + 1].strip()
+        if ln.strip() and nxt.startswith("Explanation:"):
+            why = f"{ln.strip()}: {nxt[len('Explanation:'):].strip()}"
+    return f"{where.group(1).strip()}: {why}" if why else where.group(1).strip()
+
 
 
 __all__ = ["explain", "ExplainReport", "GraphBreak"]

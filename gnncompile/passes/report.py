@@ -63,6 +63,10 @@ class PassReport(Fusions):
     inner: str = ""  # the inner compiler the backend handed the piece to
     dropouts: int = 0  # F.dropout calls replaced by gnncompile::dropout
     linear_moved: int = 0  # linear maps of gathered rows moved to the nodes (passes.algebra)
+    # why Dynamo ended the piece where it did, when that was a graph break: its reason (without
+    # Dynamo's hints) and the user's line it broke at ('file.py:12 (forward)')
+    graph_break: str = ""
+    break_at: str = ""
     # id(parameter) -> its path below the root of the compiled frame ('lin_l.weight'); filled
     # only while explain() collects reports, to place a frame rooted at a submodule
     frame_params: Dict[int, str] = field(default_factory=dict)

@@ -171,3 +171,81 @@ def test_compile_and_export_log(caplog, tmp_path):
     assert any(m.startswith("export of GraphSAGE: 2 fused chain(s)") for m in info), info
     assert any(m.startswith(f"wrote {tmp_path / 'm.onnx'}: opset 18") for m in info), info
     assert not any(r.levelno == logging.DEBUG for r in caplog.records if r.name.startswith("gnncompile."))
+
+
+class _Breaks(torch.nn.Module):
+    """Graph breaks: one of a kind twice, one of another kind once."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.convs = torch.nn.ModuleList([SAGEConv(8, 8) for _ in range(3)])
+
+    def forward(self, x, edge_index):
+        x = self._step(0, x, edge_index)
+        x = self._step(1, x, edge_index)
+        x = self.convs[2](x, edge_index)
+        print("")  # BREAK-B
+        return x.relu()
+
+    def _step(self, i, x, edge_index):
+        x = self.convs[i](x, edge_index)
+        torch._dynamo.graph_break()  # BREAK-A
+        return x
+
+
+def test_explain_names_each_break_once_with_its_file_and_line(capsys):
+    import inspect
+
+    from torch._dynamo.utils import counters
+
+    def line_of(fn, mark):
+        lines = inspect.getsource(fn).splitlines()
+        return fn.__code__.co_firstlineno + next(i for i, ln in enumerate(lines) if mark in ln)
+    a, b = f"{__file__}:{line_of(_Breaks._step, 'BREAK-A')}", f"{__file__}:{line_of(_Breaks.forward, 'BREAK-B')}"
+    before = sum(counters.get("graph_break", {}).values())
+    rep = gnncompile.explain(_Breaks(), *_graph())
+    dynamo_count = sum(counters.get("graph_break", {}).values()) - before
+    by_line = {g.at.split(" ")[0]: g for g in rep.graph_breaks}
+    assert set(by_line) == {a, b}, str(rep)
+    assert by_line[a].count == 2 and by_line[b].count == 1
+    assert "print" in by_line[b].reason and "Hint:" not in str(rep)
+    assert rep.num_graph_breaks == 3 and dynamo_count >= 3, (rep.num_graph_breaks, dynamo_count)
+    assert a in str(rep) and "(x2)" in str(rep)
+
+
+class _LoopBreak(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.convs = torch.nn.ModuleList([SAGEConv(8, 8) for _ in range(2)])
+
+    def forward(self, x, edge_index):
+        for conv in self.convs:
+            x = conv(x, edge_index)
+            torch._dynamo.graph_break()  # in a loop: Dynamo skips this frame
+        return x
+
+
+def test_explain_lists_frames_dynamo_skipped():
+    rep = gnncompile.explain(_LoopBreak(), *_graph())
+    line = _LoopBreak.forward.__code__.co_firstlineno
+    assert len(rep.skipped_frames) == 1, str(rep)
+    assert rep.skipped_frames[0].startswith(f"forward ({__file__} line {line})")
+    assert "loop" in rep.skipped_frames[0]
+    assert "frames Dynamo skipped" in str(rep) and rep.as_dict()["skipped_frames"] == rep.skipped_frames
+    # the layers, compiled as frames of their own, still fuse
+    assert rep.num_fused >= 1
+
+
+def test_explain_rgcn_whose_weight_a_frame_gets_as_a_local():
+    # RGCNConv hands self.weight to a frame of its own as an argument: Dynamo's name for it
+    # there is no module path (explain raised "'weight' is not an nn.Module")
+    from torch_geometric.nn import RGCNConv
+
+    x, ei = _graph(n=20, e=60)
+    et = torch.randint(0, 3, (60,), generator=torch.Generator().manual_seed(1))
+    rep = gnncompile.explain(RGCNConv(8, 8, num_relations=3), x, ei, et)
+    assert rep.num_fused >= 3 and all(f.layer == "<model> (RGCNConv)" for f in rep.fused), str(rep)

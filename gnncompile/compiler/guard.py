@@ -1,0 +1,302 @@
+"""Never slower than eager: the speed guard of a rewritten graph piece.
+
+The backend returns each graph piece the passes changed wrapped in a :class:`SpeedGuard`,
+which holds two forms of it: the rewritten one (fused ops, hoisted regions, the inner
+compiler) and the piece as Dynamo captured it, run op by op (the operations eager PyTorch runs
+for it). For every size class of its inputs (grad mode; nodes and edges, each within a factor
+of 4) the guard runs the two forms alternately on the first calls, times each call (its
+forward, plus its backward: from the first gradient that reaches the piece's outputs to the
+last gradient of its inputs), and once each form has :data:`SAMPLES` timed calls it keeps the
+form with the lower median and calls only that one for the class from then on. The first call
+of each form in a class is not timed (first-use work).
+
+Pieces of :data:`MAX_SIZE` nodes + edges and more keep the rewritten form without measuring:
+there the fused kernels were measured to win by several times (benchmarks/results/), and the
+unrewritten form would hold per-edge ``E x F`` tensors that may not fit in memory.
+
+A model compiled with :func:`gnncompile.compile` has one more guard around the whole call
+(:class:`ModelGuard`): once its pieces have decided, the compiled model is timed against the
+model as written (eager), per grad mode, so that Dynamo's own per-call cost, graph breaks and
+recompiles count too; where eager wins, the compiled module calls the model itself from then on.
+
+``Settings.guard`` ('time', the default, or 'off'; ``$GNNCOMPILE_GUARD``) turns it on and off;
+:func:`gnncompile.explain` of a compiled model lists the decisions
+(``CompiledModule.guard_decisions()``).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from .._log import get_logger
+
+_log = get_logger(__name__)
+
+#: timed calls of each form per size class before the guard decides
+SAMPLES = 5
+#: pieces with at least this many nodes + edges keep the rewritten form unmeasured
+MAX_SIZE = 2_000_000
+
+#: compiled calls before the model-level race starts, at most (the pieces' races decide first)
+WARM = 2 + 2 * SAMPLES + 1
+
+REWRITTEN, UNREWRITTEN = "rewritten", "unrewritten"
+COMPILED, EAGER = "compiled", "eager"
+
+
+@dataclass
+class Decision:
+    """What the guard kept for one size class of one piece, and why."""
+
+    piece: str  # 'piece 2 (3 fused chain(s): spmm[sum] in conv1, ...)'
+    nodes: int  # the sizes of the call that opened the class
+    edges: int
+    grad: bool
+    kept: str  # REWRITTEN or UNREWRITTEN
+    rewritten_ms: Optional[float] = None  # median per call (forward + backward)
+    unrewritten_ms: Optional[float] = None
+    reason: str = ""
+
+    def __str__(self) -> str:
+        mode = "training" if self.grad else "no grad"
+        sizes = f", {self.nodes} nodes / {self.edges} edges" if self.nodes or self.edges else ""
+        return f"{self.piece}{sizes} ({mode}): kept {self.kept}: {self.reason}"
+
+
+def unrewritten_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule running ``gm``'s graph as it is now (the passes then change ``gm`` in place);
+    shares ``gm``'s attributes."""
+    graph = torch.fx.Graph()
+    graph._codegen = gm.graph._codegen
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _bucket(n: int) -> int:
+    return n.bit_length() // 2  # classes a factor of 4 wide
+
+
+class _Race:
+    __slots__ = ("calls", "samples", "pending", "winner", "nodes", "edges")
+
+    def __init__(self, nodes: int, edges: int) -> None:
+        self.calls = 0
+        self.samples: Tuple[List[float], List[float]] = ([], [])
+        self.pending = None  # the last timed call, until its backward has had its chance
+        self.winner: Optional[Callable] = None
+        self.nodes, self.edges = nodes, edges
+
+
+class _Timing:
+    """One timed call: its forward time, and the gradient hooks that time its backward (from
+    the first gradient reaching an output to the last gradient of an input; read when the
+    next call settles it, by which time the backward, if any, has run)."""
+
+    __slots__ = ("form", "seconds", "first", "last", "handles", "sync")
+
+    def __init__(self, form: int, seconds: float, sync: bool) -> None:
+        self.form, self.seconds, self.sync = form, seconds, sync
+        self.first: Optional[float] = None
+        self.last: Optional[float] = None
+        self.handles: list = []
+
+    def watch(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+        self.handles = [t.register_hook(self._output_grad) for t in outputs]
+        self.handles += [t.register_hook(self._input_grad) for t in inputs]
+
+    def _now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _output_grad(self, _grad) -> None:
+        if self.first is None:
+            self.first = self._now()
+
+    def _input_grad(self, _grad) -> None:
+        self.last = self._now()
+
+    def total(self) -> float:
+        """Forward plus backward seconds (forward alone when no backward ran); removes the hooks."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if self.first is not None and self.last is not None and self.last > self.first:
+            return self.seconds + (self.last - self.first)
+        return self.seconds
+
+
+class _Racer:
+    """Runs two forms of one computation alternately and keeps the faster (per race key)."""
+
+    _forms: Tuple[Callable, Callable]
+    _names = (REWRITTEN, UNREWRITTEN)
+    label = ""
+
+    def _run(self, race: _Race, grad: bool, warm: int, args, kwargs, inputs: Callable[[], list], sync: bool):
+        """One call of ``race``: ``warm`` untimed calls of form 0 and one of form 1 first, then
+        timed calls alternating in pairs (0 1, 1 0, ...) until each form has SAMPLES."""
+        self._settle(race)
+        if min(len(s) for s in race.samples) >= SAMPLES:
+            a, b = (statistics.median(s) for s in race.samples)
+            self._decide(race, grad, 0 if a <= b else 1,
+                         f"median {a * 1e3:.3f} ms {self._names[0]} vs {b * 1e3:.3f} ms {self._names[1]} over "
+                         f"{SAMPLES} calls each ({b / a if a > 0 else float('inf'):.2f}x)", a, b)
+            return race.winner(*args, **kwargs)
+        n = race.calls
+        race.calls += 1
+        if n <= warm:  # first uses: not timed
+            return self._forms[0 if n < warm else 1](*args, **kwargs)
+        k = n - warm - 1
+        form = (k // 2 + k) % 2
+        if sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = self._forms[form](*args, **kwargs)
+        if sync:
+            torch.cuda.synchronize()
+        timing = _Timing(form, time.perf_counter() - t0, sync)
+        if grad:
+            outs = [t for t in _tensors(out) if t.requires_grad]
+            ins = inputs()
+            if outs and ins:
+                timing.watch(outs, ins)
+        race.pending = timing
+        return out
+
+    def _settle(self, race: _Race) -> None:
+        """Counts the last timed call (forward, plus its backward if one ran since)."""
+        t = race.pending
+        if t is None:
+            return
+        race.samples[t.form].append(t.total())
+        race.pending = None
+
+    def _decide(self, race: _Race, grad: bool, keep: int, reason: str, a: Optional[float] = None,
+                b: Optional[float] = None) -> None:
+        race.winner = self._forms[keep]
+        race.samples = ([], [])
+        d = Decision(self.label, race.nodes, race.edges, grad, self._names[keep],
+                     None if a is None else a * 1e3, None if b is None else b * 1e3, reason)
+        self.decisions.append(d)
+        _log.info("gnncompile speed guard: %s", d)
+
+
+class SpeedGuard(_Racer):
+    """The callable the backend returns for a rewritten piece (see the module docstring):
+    ``rewritten`` is what the inner compiler returned, ``unrewritten`` a GraphModule's forward;
+    Dynamo calls both, and the guard, with the piece's inputs as positional arguments."""
+
+    def __init__(self, rewritten: Callable, unrewritten: Callable, label: str,
+                 log: Optional[list] = None) -> None:
+        self._forms = (rewritten, unrewritten)
+        self.label = label
+        self.decisions: List[Decision] = []
+        self._races: dict = {}
+        self._positions: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None
+        if log is not None:
+            log.append(weakref.ref(self))
+
+    def verdict(self, grad: bool) -> Optional[str]:
+        """For calls in grad mode ``grad``: REWRITTEN when some size class kept the rewritten
+        form, UNREWRITTEN when every class met so far has decided and kept the unrewritten one,
+        None while a class is still being measured (or none was met)."""
+        races = [r for k, r in self._races.items() if k[0] == grad]
+        if any(r.winner is self._forms[0] for r in races):
+            return REWRITTEN
+        if races and all(r.winner is not None for r in races):
+            return UNREWRITTEN
+        return None
+
+    def __call__(self, *args):
+        if self._positions is None:
+            self._positions = _size_positions(args)
+        nodes_at, edges_at = self._positions
+        nodes = max((args[i].shape[0] for i in nodes_at), default=0)
+        edges = max((args[i].shape[1] for i in edges_at), default=0)
+        grad = torch.is_grad_enabled()
+        key = (grad, _bucket(nodes), _bucket(edges))
+        race = self._races.get(key)
+        if race is None:
+            race = self._races[key] = _Race(nodes, edges)
+            if nodes + edges >= MAX_SIZE:
+                self._decide(race, grad, 0, f"{nodes + edges} nodes + edges >= {MAX_SIZE}: not measured "
+                                            "(the fused kernels win there; the unrewritten form would "
+                                            "hold E x F tensors)")
+        if race.winner is not None:
+            return race.winner(*args)
+        sync = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+        return self._run(race, grad, 1, args, {},
+                         lambda: [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad], sync)
+
+
+class ModelGuard(_Racer):
+    """The whole compiled model against the model as written, per grad mode: Dynamo's own
+    per-call cost, graph breaks and recompiles included. The compiled form runs first until the
+    pieces' guards have decided (``verdict(grad)`` is not None) or :data:`WARM` calls have
+    passed; then both run alternately, timed, and the faster is kept. Where the model as
+    written wins, it runs from then on without Dynamo."""
+
+    _names = (COMPILED, EAGER)
+
+    def __init__(self, compiled: Callable, model: torch.nn.Module, verdict: Callable[[bool], Optional[str]]) -> None:
+        self._forms = (compiled, model)
+        self._model = model
+        self._verdict = verdict
+        self.label = f"the whole model ({type(model).__name__}, Dynamo included)"
+        self.decisions: List[Decision] = []
+        self._races: dict = {}
+        self._warm: dict = {}  # grad mode -> compiled calls before its race
+
+    def __call__(self, *args, **kwargs):
+        grad = torch.is_grad_enabled()
+        race = self._races.get(grad)
+        if race is None:
+            race = self._races[grad] = _Race(0, 0)
+        if race.winner is not None:
+            return race.winner(*args, **kwargs)
+        warm = self._warm.get(grad)
+        if warm is None:  # still warming up the compiled form (its pieces decide meanwhile)
+            if race.calls >= 2 and (race.calls >= WARM or self._verdict(grad) is not None):
+                warm = self._warm[grad] = race.calls
+            else:
+                race.calls += 1
+                return self._forms[0](*args, **kwargs)
+        params = [p for p in self._model.parameters() if p.requires_grad]
+        sync = any(p.is_cuda for p in params[:1])
+
+        def inputs():
+            return params + [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        return self._run(race, grad, warm, args, kwargs, inputs, sync)
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            yield from _tensors(o)
+
+
+def _size_positions(args) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """Where a call's node and edge counts are: float tensors that are not parameters (dim 0),
+    integer ``[2, E]`` tensors (dim 1)."""
+    nodes, edges = [], []
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor) or isinstance(a, torch.nn.Parameter) or a.dim() == 0:
+            continue
+        if a.is_floating_point():
+            nodes.append(i)
+        elif a.dim() == 2 and a.shape[0] == 2 and not a.is_complex():
+            edges.append(i)
+    return tuple(nodes), tuple(edges)
+
+
+__all__ = ["SpeedGuard", "ModelGuard", "Decision", "SAMPLES", "MAX_SIZE", "WARM", "unrewritten_copy", "REWRITTEN",
+           "UNREWRITTEN", "COMPILED", "EAGER"]

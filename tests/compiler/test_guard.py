@@ -1,0 +1,246 @@
+"""The speed guard (gnncompile.compiler.guard): each rewritten graph piece is timed against its
+unrewritten form on its first calls, per size class, and the faster form is kept.
+
+The unit tests give the guard two forms whose costs differ by design (sleeps of tens of
+milliseconds, far above this machine's noise), so the choice it must make is known; the model
+tests check the wiring: a compiled model's pieces are guarded, outputs and gradients equal
+eager's during and after the race, decisions reach explain(), 'off' turns it off."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import gnncompile
+from gnncompile import config
+from gnncompile.compiler import guard as G
+from gnncompile.settings import Settings
+
+SLOW = 0.02  # seconds: the slower form's extra cost per call
+
+
+class _Slow(torch.autograd.Function):
+    """Identity whose forward and backward sleep for given times."""
+
+    @staticmethod
+    def forward(ctx, x, fwd, bwd):
+        ctx.bwd = bwd
+        time.sleep(fwd)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(ctx.bwd)
+        return g * 2, None, None
+
+
+def _form(fwd: float, bwd: float, calls: list, name: str):
+    def run(x, w, ei):
+        calls.append(name)
+        return (_Slow.apply(x * w, fwd, bwd),)
+    return run
+
+
+def _args(n=100, e=300, grad=True):
+    x = torch.randn(n, 4)
+    w = torch.nn.Parameter(torch.ones(4)) if grad else torch.ones(4)
+    return x, w, torch.randint(0, n, (2, e))
+
+
+def _drive(g, calls=2 + 2 * G.SAMPLES + 3, backward=True, **kw):
+    for _ in range(calls):
+        x, w, ei = _args(**kw)
+        out = g(x, w, ei)
+        if backward:
+            out[0].sum().backward()
+
+
+def test_keeps_the_form_with_the_faster_forward_without_grad():
+    calls = []
+    g = G.SpeedGuard(_form(SLOW, 0, calls, "rw"), _form(0, 0, calls, "plain"), "piece t")
+    with torch.no_grad():
+        _drive(g, backward=False, grad=False)
+    assert [d.kept for d in g.decisions] == [G.UNREWRITTEN]
+    race = 2 + 2 * G.SAMPLES
+    assert calls[:race].count("rw") == calls[:race].count("plain") == 1 + G.SAMPLES
+    assert calls[race:] == ["plain"] * 3  # only the kept form from then on
+    d = g.decisions[0]
+    assert not d.grad and d.rewritten_ms > d.unrewritten_ms + 10
+
+
+def test_backward_time_is_counted():
+    # forward alone favours 'rw' (plain sleeps 10 ms in forward), forward + backward favours
+    # 'plain' (rw sleeps 20 ms in backward)
+    calls = []
+    g = G.SpeedGuard(_form(0, SLOW, calls, "rw"), _form(SLOW / 2, 0, calls, "plain"), "piece t")
+    _drive(g)
+    assert [d.kept for d in g.decisions] == [G.UNREWRITTEN]
+    assert g.decisions[0].grad and g.decisions[0].rewritten_ms > g.decisions[0].unrewritten_ms
+    calls.clear()
+    g = G.SpeedGuard(_form(0, 0, calls, "rw"), _form(0, SLOW, calls, "plain"), "piece t")
+    _drive(g)
+    assert [d.kept for d in g.decisions] == [G.REWRITTEN]
+
+
+def test_hooks_are_removed_after_each_timed_call():
+    w = torch.nn.Parameter(torch.ones(4))
+    g = G.SpeedGuard(_form(0, 0, [], "rw"), _form(0, 0, [], "plain"), "piece t")
+    for _ in range(2 + 2 * G.SAMPLES + 2):
+        x, _, ei = _args()
+        g(x, w, ei)[0].sum().backward()
+    assert not w._backward_hooks  # none left on the parameter
+
+
+def test_size_classes_and_grad_mode_are_decided_apart():
+    calls = []
+    g = G.SpeedGuard(_form(SLOW, 0, calls, "rw"), _form(0, 0, calls, "plain"), "piece t")
+    _drive(g, n=100, e=300)
+    _drive(g, n=100, e=290)  # same class (within a factor of 4): already decided
+    assert len(g.decisions) == 1
+    _drive(g, n=5000, e=20000)
+    with torch.no_grad():
+        _drive(g, n=100, e=300, backward=False, grad=False)
+    assert [(d.nodes, d.edges, d.grad) for d in g.decisions] == [(100, 300, True), (5000, 20000, True),
+                                                                 (100, 300, False)]
+
+
+def test_large_pieces_keep_the_rewritten_form_unmeasured():
+    calls = []
+    g = G.SpeedGuard(_form(SLOW, 0, calls, "rw"), _form(0, 0, calls, "plain"), "piece t")
+    ei = torch.zeros(2, 1, dtype=torch.long).expand(2, G.MAX_SIZE)
+    with torch.no_grad():
+        g(torch.randn(10, 4), torch.ones(4), ei)
+    assert calls == ["rw"] and g.decisions[0].kept == G.REWRITTEN
+    assert "not measured" in g.decisions[0].reason
+
+
+def _gcn():
+    from torch_geometric.nn import GCNConv, global_add_pool
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = GCNConv(8, 16), GCNConv(16, 16)
+
+        def forward(self, x, ei, b):
+            return global_add_pool(self.c2(self.c1(x, ei).relu(), ei), b)
+    return M()
+
+
+def _batch(seed, n=300):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    ei = torch.randint(0, n, (2, 3 * n), generator=g)
+    b = torch.sort(torch.randint(0, 10, (n,), generator=g))[0]
+    return x, ei, b
+
+
+def test_compiled_model_is_guarded_and_equal_to_eager_throughout():
+    torch.manual_seed(0)
+    model = _gcn()
+    compiled = gnncompile.compile(model, settings={"choices": {"guard": "time"}}, dynamic=True)
+    for step in range(2 + 2 * G.SAMPLES + 2):
+        x, ei, b = _batch(step)
+        out = compiled(x, ei, b)
+        grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+        ref = model(x, ei, b)
+        ref_grads = torch.autograd.grad(ref.square().sum(), list(model.parameters()))
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for a, r in zip(grads, ref_grads):
+            torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
+    decisions = compiled.guard_decisions()
+    assert len(decisions) == 1 and decisions[0].kept in (G.REWRITTEN, G.UNREWRITTEN)
+    assert decisions[0].rewritten_ms > 0 and decisions[0].unrewritten_ms > 0
+    text = str(gnncompile.explain(compiled, x, ei, b))
+    assert "speed guard" in text and str(decisions[0]) in text
+
+
+def test_guard_off_returns_the_rewritten_form_unwrapped():
+    from gnncompile.compiler.backend import Backend
+
+    seen = {}
+    for mode in ("off", "time"):
+        be = Backend(Settings.from_config().replace(choices={"guard": mode}, inner="eager"))
+        got = seen[mode] = []
+        fn = torch.compile(_gcn(), backend=lambda gm, ex, be=be, got=got: got.append(be(gm, ex)) or got[-1])
+        fn(*_batch(0))
+    assert seen["off"] and not any(isinstance(f, G.SpeedGuard) for f in seen["off"])
+    assert any(isinstance(f, G.SpeedGuard) for f in seen["time"])
+
+
+def test_explain_of_an_uncompiled_model_has_no_guard_section():
+    rep = gnncompile.explain(_gcn(), *_batch(0))
+    assert rep.guard is None and "speed guard" not in str(rep)
+
+
+def test_guard_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("GNNCOMPILE_GUARD", "sometimes")
+    with pytest.raises(config.ConfigError, match="GNNCOMPILE_GUARD"):
+        config.current()
+    monkeypatch.setenv("GNNCOMPILE_GUARD", "off")
+    assert Settings.from_config().guard == "off"
+    monkeypatch.delenv("GNNCOMPILE_GUARD")
+    assert Settings.from_config().guard == "time"
+    with pytest.raises(ValueError, match="guard"):
+        Settings(choices=(("guard", "maybe"),))
+    with pytest.raises(ValueError, match="unknown choice"):
+        Settings(choices=(("gaurd", "off"),))
+
+
+def test_model_runs_as_written_once_the_whole_call_was_slower(monkeypatch):
+    # the rewritten form made 20 ms slower per call: the piece's guard keeps the unrewritten
+    # form, then the model guard times the whole compiled call (Dynamo included) against the
+    # model as written
+    made = G.SpeedGuard.__init__
+
+    def slowed(self, rewritten, unrewritten, label, log=None):
+        def slow(*args):
+            time.sleep(SLOW)
+            return rewritten(*args)
+        made(self, slow, unrewritten, label, log)
+    monkeypatch.setattr(G.SpeedGuard, "__init__", slowed)
+    torch.manual_seed(0)
+    model = _gcn()
+    compiled = gnncompile.compile(model, settings={"choices": {"guard": "time"}}, dynamic=True)
+    through = []
+    inner = compiled._compiled
+    object.__setattr__(compiled, "_compiled", lambda *a, **k: through.append(1) or inner(*a, **k))
+    steps = G.WARM + 2 + 2 * G.SAMPLES + 4
+    for step in range(steps):
+        x, ei, b = _batch(step)
+        out = compiled(x, ei, b)
+        torch.testing.assert_close(out, model(x, ei, b), rtol=1e-5, atol=1e-5)
+        out.sum().backward()
+    kept = [(d.piece.split(" ")[0], d.kept) for d in compiled.guard_decisions()]
+    assert ("piece", G.UNREWRITTEN) in kept and kept[-1] == ("the", G.EAGER), kept
+    n = len(through)
+    compiled(*_batch(0)).sum().backward()
+    assert len(through) == n  # the model itself, without Dynamo
+    with torch.no_grad():  # no-grad calls are measured apart: still compiled
+        compiled(*_batch(0))
+    assert len(through) == n + 1
+    assert "the whole model" in str(gnncompile.explain(compiled, *_batch(0)))
+
+
+def test_model_guard_keeps_the_compiled_model_when_it_is_faster():
+    calls = []
+    model = torch.nn.Linear(4, 4)
+
+    def eager(x):
+        calls.append("eager")
+        time.sleep(SLOW)
+        return model(x)
+
+    def compiled(x):
+        calls.append("compiled")
+        return model(x)
+    verdicts = []
+    g = G.ModelGuard(compiled, model, lambda grad: verdicts.append(grad) or None)
+    object.__setattr__(g, "_forms", (compiled, eager))
+    for _ in range(G.WARM + 2 + 2 * G.SAMPLES + 3):
+        g(torch.randn(3, 4)).sum().backward()
+    assert calls[:G.WARM] == ["compiled"] * G.WARM  # no verdict from the pieces: WARM calls first
+    assert [d.kept for d in g.decisions] == [G.COMPILED]
+    assert calls[-3:] == ["compiled"] * 3
+    assert g.decisions[0].unrewritten_ms > g.decisions[0].rewritten_ms + 10
