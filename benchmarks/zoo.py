@@ -13,7 +13,8 @@ entries: two node types, three edge types, the same sizes per type).
 
 Each entry runs in a process of its own: the model built from seed 0; eager and compiled
 outputs compared in eval mode (1e-4; a mismatch is reported and the entry gets no ratio); the
-compiled model warmed up until its speed guard has decided (2 + 2 x 5 calls); then
+compiled model warmed up until its speed guards have decided (the pieces', then the whole
+model's against eager: 25 calls); then
 ``--steps`` training steps of each, interleaved (eager, compiled, compiled, eager, ...), a step
 being forward, the mean square of every output, backward; medians. Also recorded: what the
 speed guard kept and why, and ``gnncompile.explain``'s counts (fused chains, graph pieces,
@@ -204,11 +205,11 @@ def _step(run, args, params):
 
 
 def _fused_op_calls(compiled, args) -> int:
-    """gnncompile ops a compiled forward runs (torch.profiler; the rewritten form's, so 0 where
-    the guard kept the unrewritten form)."""
+    """gnncompile ops a compiled training forward runs once the guards have decided
+    (torch.profiler): 0 where they kept the unrewritten form or the model as written."""
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         compiled(*args)
     return sum(e.count for e in prof.key_averages() if e.key.startswith("gnncompile::"))
 
@@ -239,14 +240,12 @@ def child(name: str, nodes: int, degree: int, steps: int) -> dict:
     out.update(fused=rep.num_fused, pieces=rep.num_graphs, breaks=rep.num_graph_breaks,
                unfused=[str(u) for u in rep.unfused][:6])
     t0 = time.perf_counter()
-    for _ in range(2 + 2 * guard.SAMPLES + 1):
+    for _ in range(guard.WARM + 2 + 2 * guard.SAMPLES + 1):  # pieces' races, then the model's
         _step(compiled, args, params)
     out["warmup_s"] = time.perf_counter() - t0
     out["guard"] = [{"kept": d.kept, "reason": d.reason, "piece": d.piece, "grad": d.grad}
                     for d in compiled.guard_decisions()]
-    model.eval()
     out["fused_op_calls"] = _fused_op_calls(compiled, args)
-    model.train()
     _step(model, args, params)
     times = {"eager": [], "gnncompile": []}
     for i in range(steps):
@@ -263,11 +262,12 @@ def child(name: str, nodes: int, degree: int, steps: int) -> dict:
 
 # ----------------------------------------------------------------------------- report
 def _kept(r: dict) -> str:
+    """'pieces: rewritten; model: compiled' from an entry's training-call decisions."""
     training = [d for d in r.get("guard", []) if d["grad"]]
-    if not training:
-        return "rewritten (nothing to race)" if r.get("fused") else "as captured (nothing rewritten)"
-    kinds = sorted({d["kept"] for d in training})
-    return " / ".join(kinds)
+    model = [d["kept"] for d in training if d["piece"].startswith("the whole model")]
+    pieces = sorted({d["kept"] for d in training if not d["piece"].startswith("the whole model")})
+    text = "pieces: " + (" / ".join(pieces) if pieces else "nothing rewritten")
+    return text + (f"; model: {model[-1]}" if model else "; model: undecided")
 
 
 def markdown(p: dict) -> str:
@@ -288,8 +288,10 @@ def markdown(p: dict) -> str:
             continue
         lines.append(f"| {r['name']} | {r['eager_ms']:.2f} | {r['gnncompile_ms']:.2f} | {r['speedup']:.2f}x | "
                      f"{_kept(r)} | {r['fused']} | {r['pieces']} | {r['breaks']} | {r['fused_op_calls']} |")
-    kept = [(r["name"], d) for r in rows for d in r.get("guard", []) if d["kept"] == "unrewritten" and d["grad"]]
-    lines += ["", "Where the speed guard kept the unrewritten form (training calls), and why:", ""]
+    kept = [(r["name"], d) for r in rows for d in r.get("guard", [])
+            if d["kept"] in ("unrewritten", "eager") and d["grad"]]
+    lines += ["", "Where the speed guard kept the unrewritten form of a piece, or the model as written "
+              "(training calls), and why:", ""]
     lines += [f"- {n}: {d['piece']}: {d['reason']}" for n, d in kept] or ["- (none)"]
     m = p["machine"]
     lines += ["", f"Graph: {p['nodes']} nodes, {p['nodes'] * p['degree']} edges (in-degree {p['degree']}), "
@@ -307,10 +309,10 @@ def plot(p: dict, path: Path) -> None:
 
     rows = sorted((r for r in p["rows"] if "speedup" in r and r.get("agree")), key=lambda r: r["speedup"])
     fig, ax = plt.subplots(figsize=(7, max(3, 0.22 * len(rows))))
-    colors = ["tab:orange" if _kept(r) == "unrewritten" else "tab:blue" for r in rows]
+    colors = ["tab:orange" if _kept(r).endswith("model: eager") else "tab:blue" for r in rows]
     ax.barh([r["name"] for r in rows], [r["speedup"] for r in rows], color=colors)
     ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_xlabel("training step, eager / gnncompile (> 1: faster); orange: guard kept the unrewritten form")
+    ax.set_xlabel("training step, eager / gnncompile (> 1: faster); orange: the guard kept eager")
     ax.tick_params(axis="y", labelsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -323,7 +325,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--only", default=None, help="comma list of entries")
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--degree", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=None, help="interleaved steps of each (default 20, quick 10)")
+    ap.add_argument("--steps", type=int, default=None, help="interleaved steps of each (default 60, quick 10)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=600, help="seconds per entry")
     ap.add_argument("--out", default=None)
@@ -332,7 +334,7 @@ def main(argv=None) -> dict:
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     torch.set_num_threads(opts.threads)
-    steps = opts.steps or (10 if opts.quick else 20)
+    steps = opts.steps or (10 if opts.quick else 60)
     if opts.child:
         print("RESULT " + json.dumps(child(opts.child, opts.nodes, opts.degree, steps)), flush=True)
         return {}

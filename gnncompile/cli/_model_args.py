@@ -67,6 +67,8 @@ def load_model(ref: str):
         raise ModelLoadError(f"{ref!r} is neither a file nor 'module:attr'")
     else:
         mod_name, attr = ref.split(":", 1)
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # a module in the current folder, as `python -m` finds it
         try:
             obj = importlib.import_module(mod_name)
         except Exception as e:  # ImportError, or whatever the module raises while it imports
@@ -104,4 +106,15 @@ def model_and_inputs(args, prog: str):
     except ModelLoadError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return None
-    return model, example_inputs(args.input, args.seed)
+    inputs = example_inputs(args.input, args.seed)
+    import torch
+
+    try:  # the model as written on these inputs first: a wrong shape is the user's to fix
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as e:
+        shapes = " ".join(f"-i {str(t.dtype).replace('torch.', '')}:{','.join(map(str, t.shape))}" for t in inputs)
+        print(f"{prog}: {args.model} fails on the example inputs ({shapes}), before any compiling: "
+              f"{_first_line(e)}", file=sys.stderr)
+        return None
+    return model, inputs

@@ -2,9 +2,9 @@
 :func:`compile` (:mod:`.api`) and :func:`explain` (:mod:`.explainer`)."""
 from __future__ import annotations
 
-from .api import CompiledModule, compile
+from .api import CompileFallbackWarning, CompiledModule, compile
 from .backend import INNERS, STATS, collect, gnncompile_backend, make_backend
 from .explainer import ExplainReport, GraphBreak, explain
 
-__all__ = ["compile", "explain", "CompiledModule", "ExplainReport", "GraphBreak", "make_backend",
+__all__ = ["compile", "explain", "CompiledModule", "CompileFallbackWarning", "ExplainReport", "GraphBreak", "make_backend",
            "gnncompile_backend", "collect", "STATS", "INNERS"]

@@ -4,6 +4,7 @@ profile <- the call's arguments), which the model carries."""
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Mapping, Optional
 
 import torch
@@ -45,6 +46,7 @@ class CompiledModule(torch.nn.Module):
         # the whole call timed against the model as written (set by compile() unless the guard
         # is off; gnncompile.compiler.guard.ModelGuard)
         object.__setattr__(self, "_guard", None)
+        object.__setattr__(self, "_failed", None)  # why compiling failed, once it did: runs eagerly
         self.register_load_state_dict_post_hook(_restore_key_names)
 
     def forward(self, *args, **kwargs):
@@ -53,8 +55,27 @@ class CompiledModule(torch.nn.Module):
         return self._run_compiled(*args, **kwargs)
 
     def _run_compiled(self, *args, **kwargs):
-        with _backend.dynamic_output_shapes(self._capture):
-            return self._compiled(*args, **kwargs)
+        if self._failed is not None:
+            return self._orig_mod(*args, **kwargs)
+        try:
+            with _backend.dynamic_output_shapes(self._capture):
+                return self._compiled(*args, **kwargs)
+        except Exception as compiled_error:
+            if self._options.get("fullgraph"):
+                raise  # compile(fullgraph=True): the user asked for the error
+            # the model itself on the same inputs: an error of its own (bad input) is raised as
+            # eager raises it; a model that runs eagerly had torch.compile fail on it
+            try:
+                out = self._orig_mod(*args, **kwargs)
+            except Exception as own:
+                raise own from None
+            why = _first_line(compiled_error)
+            object.__setattr__(self, "_failed", why)
+            warnings.warn(f"gnncompile: compiling {type(self._orig_mod).__name__} failed inside torch.compile "
+                          f"({why}); the model runs as written (eagerly) from now on",
+                          CompileFallbackWarning, stacklevel=3)
+            _log.warning("compile %s failed (%s): running eagerly", type(self._orig_mod).__name__, why)
+            return out
 
     @property
     def model(self) -> torch.nn.Module:
@@ -107,6 +128,15 @@ class CompiledModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"inner={self.gnncompile_settings.inner}"
+
+
+class CompileFallbackWarning(UserWarning):
+    """torch.compile failed on a model that runs eagerly: the compiled module runs it as written."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
 def _restore_key_names(module: CompiledModule, incompatible) -> None:
@@ -190,8 +220,8 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     Each rewritten graph piece is timed against its unrewritten form on its first calls and
     the faster is kept (the speed guard, :mod:`gnncompile.compiler.guard`; ``settings={"choices":
     {"guard": "off"}}`` turns it off); then the whole compiled call is timed against the model as
-    written the same way (Dynamo's own cost included), and where the model as written is faster
-    the returned module calls it from then on (per grad mode); ``.guard_decisions()`` on the returned module (or
+    written the same way (Dynamo's own cost included), and unless the compiled call is at least
+    3% faster the returned module calls the model as written from then on (per grad mode); ``.guard_decisions()`` on the returned module (or
     function) lists what was kept and why, and :func:`gnncompile.explain` prints it.
 
     The settings the model runs with are ``.gnncompile_settings`` on the returned module (or
@@ -238,4 +268,4 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     return compiled
 
 
-__all__ = ["compile", "CompiledModule"]
+__all__ = ["compile", "CompiledModule", "CompileFallbackWarning"]

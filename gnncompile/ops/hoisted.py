@@ -127,13 +127,15 @@ class HoistCache:
     def _drop_root(self, rid: int) -> None:
         with _lock:
             for k in [k for k in self._results if rid in k[1]]:
-                del self._results[k]
+                # pop with a default: a collector run inside this loop (the lock is re-entrant)
+                # may have dropped k already, and this runs as a weakref callback
+                self._results.pop(k, None)
 
     def drop_key(self, key: int) -> None:
         """Drops the results of region ``key`` (it was freed)."""
         with _lock:
             for k in [k for k in self._results if k[0] == key]:
-                del self._results[k]
+                self._results.pop(k, None)
 
     def get(self, key: int, roots: List[Tensor], sizes: List[int], check: str = "") -> Tuple[Tensor, ...]:
         # the compiled model's check mode ("": the structure cache's process-wide one)
@@ -145,7 +147,7 @@ class HoistCache:
             if res is not None:
                 for o, lk in zip(res.roots, looks):
                     if o.compare(lk) is not _identity.SAME:
-                        del self._results[ck]
+                        self._results.pop(ck, None)
                         self.stale += 1
                         break
                 else:

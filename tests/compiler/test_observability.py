@@ -93,6 +93,33 @@ def test_cli_explain(capsys, tmp_path):
     assert {f["reduce"] for f in rep["fused"] if f["kind"] == "spmm"} == {"max"}
 
 
+def test_cli_imports_a_module_from_the_current_folder(capsys, tmp_path, monkeypatch):
+    import sys
+
+    from gnncompile.cli import main
+
+    (tmp_path / "my_gnn_here.py").write_text(
+        "import torch\nfrom torch_geometric.nn import SAGEConv\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.conv = SAGEConv(8, 8)\n"
+        "    def forward(self, x, edge_index):\n        return self.conv(x, edge_index)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_gnn_here", raising=False)
+    assert main(["explain", "my_gnn_here:Net", "-i", "float32:20,8", "-i", "int64:2,60"]) == 0
+    assert capsys.readouterr().out.startswith("gnncompile.explain: 1 fused chain(s)")
+
+
+def test_cli_wrong_input_shape_is_one_line(capsys):
+    from gnncompile.cli import main
+
+    for cmd in (["explain"], ["export", "-o", "unused.onnx"]):
+        assert main(cmd[:1] + [f"{__name__}:ThisNet", "-i", "float32:20,5", "-i", "int64:2,60"] + cmd[1:]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "fails on the example inputs (-i float32:20,5 -i int64:2,60)" in err[0], err
+        assert "RuntimeError" in err[0] and "Traceback" not in err[0]
+
+
 # ----------------------------------------------------------------------------- ONNX names
 class _TwoOut(torch.nn.Module):
     """Parameters named otherwise than x / edge_index, two outputs, and an intermediate value
