@@ -224,6 +224,7 @@ def measure(kind: str, variant: str, dataset: list, opts) -> dict:
             "graph_breaks": breaks if compiled else 0,
             "graphs_compiled": counters["stats"]["unique_graphs"] if compiled else 0,
             "recompiles_after_first_epoch": recompiles if compiled else 0, "breakdown_ms": parts,
+            "guard": [str(d) for d in run.guard_decisions()] if hasattr(run, "guard_decisions") else [],
             "threads": torch.get_num_threads()}
 
 
@@ -244,7 +245,7 @@ def combine(rounds: list, eager: list) -> dict:
     for k in ("first_epoch_s", "epoch_s", "step_s"):
         if pairs:  # eager / variant, round by round (> 1: the variant is faster)
             out[f"eager_over_{k}"] = med(e[k] / r[k] for r, e in pairs)
-    out["rounds"] = rounds
+    out["rounds"] = rounds  # (out["guard"]: the first round's speed-guard decisions)
     return out
 
 
@@ -282,6 +283,11 @@ def markdown(p: dict) -> str:
         for v, r in runs.items():
             if "breakdown_ms" in r:
                 lines.append(f"| {kind} | {v} | " + " | ".join(f"{r['breakdown_ms'][g]:.2f}" for g in GROUPS) + " |")
+    guarded = [(kind, v, g) for kind, runs in p["results"].items() for v, r in runs.items()
+               for g in r.get("guard", []) if "(training)" in g]
+    if guarded:
+        lines += ["", "What the speed guard kept (first round, training calls):", ""]
+        lines += [f"- {kind} / {v}: {g}" for kind, v, g in guarded]
     d, m = p["dataset"], p["machine"]
     lines += ["", f"{d['graphs']} generated graphs ({d['nodes_min']}-{d['nodes_max']} nodes, mean {d['nodes_mean']:.1f} "
               f"nodes and {d['edges_mean']:.1f} directed edges, average degree {d['degree']:.2f}; F = {F}, edge features "

@@ -214,7 +214,7 @@ def _fused_op_calls(compiled, args) -> int:
     return sum(e.count for e in prof.key_averages() if e.key.startswith("gnncompile::"))
 
 
-def child(name: str, nodes: int, degree: int, steps: int) -> dict:
+def child(name: str, nodes: int, degree: int, steps: int, guard_mode: str = "time") -> dict:
     from gnncompile.compiler import guard
 
     build, inputs = _entries()[name]
@@ -228,7 +228,7 @@ def child(name: str, nodes: int, degree: int, steps: int) -> dict:
                      for a in args)
         params = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     out = {"name": name, "nodes": nodes, "edges": nodes * degree, "params": sum(p.numel() for p in params)}
-    compiled = gnncompile.compile(model)
+    compiled = gnncompile.compile(model, settings={"choices": {"guard": guard_mode}})
     model.eval()
     with torch.no_grad():
         expect, got = _floats(model(*args)), _floats(compiled(*args))
@@ -295,7 +295,8 @@ def markdown(p: dict) -> str:
     lines += [f"- {n}: {d['piece']}: {d['reason']}" for n, d in kept] or ["- (none)"]
     m = p["machine"]
     lines += ["", f"Graph: {p['nodes']} nodes, {p['nodes'] * p['degree']} edges (in-degree {p['degree']}), "
-              f"F = {F}, edge features {EDGE_DIM}; {p['steps']} steps of each after the guard's warm-up; "
+              f"F = {F}, edge features {EDGE_DIM}; {p['steps']} steps of each after the guard's warm-up "
+              f"(speed guard: {p.get('guard', 'time')}); "
               f"{p['threads']} threads, torch {m['torch']}, CPU {p['cpu']}. "
               f"{_common.load_text(p['loadavg_before_after'])} (a shared machine). Command: `{p['command']}`"]
     return "\n".join(lines) + "\n"
@@ -327,6 +328,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--degree", type=int, default=8)
     ap.add_argument("--steps", type=int, default=None, help="interleaved steps of each (default 60, quick 10)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--guard", choices=("time", "off"), default="time",
+                    help="the speed guard (off: the rewritten form always, the 'before' of the guard)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per entry")
     ap.add_argument("--out", default=None)
     ap.add_argument("--results-dir", default=str(_common.RESULTS))
@@ -336,7 +339,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(opts.threads)
     steps = opts.steps or (10 if opts.quick else 60)
     if opts.child:
-        print("RESULT " + json.dumps(child(opts.child, opts.nodes, opts.degree, steps)), flush=True)
+        print("RESULT " + json.dumps(child(opts.child, opts.nodes, opts.degree, steps, opts.guard)), flush=True)
         return {}
     names = list(_entries())
     if opts.only:
@@ -351,7 +354,8 @@ def main(argv=None) -> dict:
     rows = []
     for name in names:
         cmd = _common.module_command("zoo") + ["--child", name, "--nodes", str(opts.nodes), "--degree",
-                                               str(opts.degree), "--steps", str(steps), "--threads", str(opts.threads)]
+                                               str(opts.degree), "--steps", str(steps), "--threads", str(opts.threads),
+                                               "--guard", opts.guard]
         r = _common.run_child(cmd, _common.timing_env(opts.threads), opts.timeout, tail_chars=300)
         r.setdefault("name", name)
         rows.append(r)
@@ -359,7 +363,7 @@ def main(argv=None) -> dict:
                              f"eager {r['eager_ms']:.2f} ms, gnncompile {r['gnncompile_ms']:.2f} ms "
                              f"({r['speedup']:.2f}x), kept {_kept(r)}, agree {r['agree']}"), flush=True)
     payload = {"machine": _common.machine(), "cpu": _common.cpu_model(), "threads": opts.threads,
-               "nodes": opts.nodes, "degree": opts.degree, "steps": steps, "rows": rows,
+               "nodes": opts.nodes, "degree": opts.degree, "steps": steps, "guard": opts.guard, "rows": rows,
                "loadavg_before_after": [load_before, _common.loadavg()], "command": _common.command("zoo", argv)}
     name = opts.out or ("zoo_quick" if opts.quick else "zoo")
     _common.write_results(Path(opts.results_dir), name, payload, markdown, plot)

@@ -365,8 +365,17 @@ def _candidates(ranked: list, top: int) -> list:
     return cands
 
 
+def _notify(callbacks, event: str, *args) -> None:
+    """Calls ``cb.<event>(*args)`` on the callbacks that have it (the CLI's progress bar:
+    ``begin(finished_trials)`` once the study is open, ``phase(text)`` during re-measurement)."""
+    for cb in callbacks:
+        fn = getattr(cb, event, None)
+        if callable(fn):
+            fn(*args)
+
+
 def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, device, result: dict,
-             guard: Optional[_guard.RunGuard] = None, trial_s: Optional[float] = None):
+             guard: Optional[_guard.RunGuard] = None, trial_s: Optional[float] = None, callbacks=()):
     """Re-measures the defaults and the candidates in turn, the defaults first, ``rounds`` times;
     the candidate with the highest median becomes the result's best (returns its trial; None when
     no candidate was re-measured, or the re-measurement failed: the trials' values stand).
@@ -389,11 +398,14 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
         return statistics.median(others) if others else (trial_s or took[None])
 
     order = [(None, defaults)] + [(t.number, _settings_of(t)) for t in cands]
+    plan = [item for _ in range(max(1, rounds)) for item in order]
     try:
-        for key, settings in [item for _ in range(max(1, rounds)) for item in order]:
+        for i, (key, settings) in enumerate(plan):
             left = guard.remaining() if guard is not None else None
             if left is not None and took and expected(key) > left:
                 break
+            _notify(callbacks, "phase", f"re-measuring {'the defaults' if key is None else f'trial {key}'} "
+                                        f"({i + 1}/{len(plan)})")
             t0 = clock()
             value = measure(w, settings, device=device)[0]
             took[key] = clock() - t0
@@ -647,6 +659,8 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
     pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
     study = _open_study(optuna, name, storage, sampler, pruner)
     fail_orphans(study)
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    _notify(callbacks, "begin", len(study.get_trials(deepcopy=False, states=finished)))
     study.set_user_attr("workload", wl)
     study.set_user_attr("device_key", _device.device_key(props))
     study.set_user_attr("unit", w.unit)
@@ -672,7 +686,7 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
     if measure_defaults:
         defaults = default_settings(w, props, batch_size=int(batch_size or 128))
         best = _confirm(w, _candidates(ranked, confirm_top), defaults, confirm_rounds, device, result,
-                        guard, trial_s) or best
+                        guard, trial_s, callbacks) or best
         if result.get("no_profile"):
             warnings.warn(f"gnncompile tune: {result['no_profile']}", NoProfileWarning)
             return result

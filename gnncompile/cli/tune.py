@@ -117,6 +117,28 @@ def _progress(total: int, enabled: bool):
             print(f"trial {trial.number} {state}: best {best}, {time.monotonic() - start:.0f}s elapsed",
                   file=sys.stderr)
 
+    def begin(finished: int) -> None:
+        """The study is open and holds ``finished`` trials already (a resumed study)."""
+        if finished <= 0:
+            return
+        note = (f"{finished} trial(s) already in the study" if finished < total
+                else f"the study already holds {finished} trial(s): none to run")
+        if bar is not None:
+            bar.n = min(finished, total)
+            bar.set_postfix_str(note)
+            bar.refresh()
+        elif enabled:
+            print(note, file=sys.stderr)
+
+    def phase(text: str) -> None:
+        """Work after the trials (re-measuring the best trials and the defaults)."""
+        if bar is not None:
+            bar.set_postfix_str(text)
+            bar.refresh()
+        elif enabled:
+            print(f"{text}, {time.monotonic() - start:.0f}s elapsed", file=sys.stderr)
+
+    callback.begin, callback.phase = begin, phase
     callback.close = lambda: bar.close() if bar is not None else None
     return callback
 

@@ -50,6 +50,12 @@ class CompiledModule(torch.nn.Module):
         self.register_load_state_dict_post_hook(_restore_key_names)
 
     def forward(self, *args, **kwargs):
+        if torch.compiler.is_exporting():
+            raise RuntimeError(
+                "torch.export of a module returned by gnncompile.compile would export the model "
+                "without gnncompile's rewrite (torch.compile does not run under torch.export): use "
+                "gnncompile.export(model, example_inputs, path, format='pt2') for the rewritten "
+                "graph, or torch.export.export(model.model, ...) for the model as written")
         if self._guard is not None:
             return self._guard(*args, **kwargs)
         return self._run_compiled(*args, **kwargs)

@@ -23,7 +23,9 @@ one, a picklable :class:`Backend` (what :func:`gnncompile.compile` does).
 """
 from __future__ import annotations
 
+import logging
 import threading
+import warnings
 from typing import Callable, List, Optional
 
 import torch
@@ -32,6 +34,7 @@ from torch.fx import GraphModule
 from .. import config as _config
 from .. import passes
 from ..passes.canonical import size_hint
+from ..passes.report import one_line
 from ..settings import Settings
 from ..ops import hoisted, loops
 from .._log import get_logger, log_fusions
@@ -329,8 +332,40 @@ def _register() -> None:
     registry.register_backend(compiler_fn=gnncompile_backend, name="gnncompile")
 
 
+class RecompileLimitWarning(UserWarning):
+    """torch.compile stopped recompiling a function (its recompile limit): it runs eagerly,
+    without gnncompile's rewrite, from then on."""
+
+
+#: functions torch.compile stopped recompiling in this process: 'forward' (file:line), the
+#: limit and Dynamo's last reason (explain() reports them)
+RECOMPILE_LIMITS: List[str] = []
+
+
+class _RecompileLimitWatch(logging.Filter):
+    """Sees Dynamo's one log line when it hits its recompile limit (it then runs the function
+    eagerly, silently unless its logger shows warnings) and says it loudly: a warning, once per
+    function, when gnncompile has compiled something in this process."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(getattr(record, "msg", ""))
+        if msg.startswith("torch._dynamo hit config.") and STATS["graphs"] and isinstance(record.args, tuple) \
+                and len(record.args) >= 4:
+            limit, value, func, reason = (str(a) for a in record.args[:4])
+            text = f"{func}: {limit} = {value} reached; last reason: {one_line(reason, 200)}"
+            if text not in RECOMPILE_LIMITS:
+                RECOMPILE_LIMITS.append(text)
+                warnings.warn(f"gnncompile: torch.compile hit its recompile limit ({limit} = {value}) for {func} "
+                              f"and runs it eagerly from now on, without gnncompile's fused ops (last reason: "
+                              f"{one_line(reason, 200)}). Sizes that change every call: compile(dynamic=True)",
+                              RecompileLimitWarning, stacklevel=2)
+        return True
+
+
+logging.getLogger("torch._dynamo.convert_frame").addFilter(_RecompileLimitWatch())
 _register()
 loops.install()  # PyG's self-loop functions traced as gnncompile ops (see gnncompile.ops.loops)
 
 __all__ = ["gnncompile_backend", "make_backend", "Backend", "collect", "dynamic_output_shapes", "STATS",
+           "RecompileLimitWarning", "RECOMPILE_LIMITS",
            "INNERS", "AUTO_INDUCTOR_MIN_SIZE", "choose_inner", "graph_size"]

@@ -2,6 +2,7 @@
 why, and where Dynamo broke the graph."""
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import asdict, dataclass, field
 from typing import List, Optional
@@ -40,6 +41,8 @@ class ExplainReport(Fusions):
     settings: Optional[Settings] = None  # what the passes ran with (a compiled model's own)
     # frames Dynamo gave up on and ran eagerly (nothing fused there): 'forward (file line 7): why'
     skipped_frames: List[str] = field(default_factory=list)
+    # functions torch.compile stopped recompiling in this process (they run eagerly since)
+    recompile_limits: List[str] = field(default_factory=list)
     # a compiled model's speed-guard decisions so far (None: explain of an uncompiled model)
     guard: Optional[List[str]] = None
 
@@ -59,6 +62,10 @@ class ExplainReport(Fusions):
         if self.skipped_frames:
             lines.append("frames Dynamo skipped (they run eagerly; nothing in them is fused):")
             lines += [f"  {f}" for f in self.skipped_frames]
+        if self.recompile_limits:
+            lines.append("recompile limit hit in this process (those functions run eagerly in compiled "
+                         "models; the report above is of a fresh compile):")
+            lines += [f"  {f}" for f in self.recompile_limits]
         if self.notes:
             lines.append("notes:")
             lines += [f"  {n}" for n in self.notes]
@@ -83,6 +90,7 @@ class ExplainReport(Fusions):
                 "unfused": [asdict(u) for u in self.unfused], "notes": list(self.notes),
                 "graph_breaks": [asdict(b) for b in self.graph_breaks],
                 "skipped_frames": list(self.skipped_frames),
+                "recompile_limits": list(self.recompile_limits),
                 "settings": self.settings.as_dict() if self.settings is not None else None,
                 "guard": self.guard}
 
@@ -143,7 +151,13 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     # the model's own settings, run by the eager inner compiler (no code generation)
     be = _backend.Backend(settings.replace(inner="eager", choices={**dict(settings.choices), "guard": "off"}))
     compiled = torch.compile(model, backend=be, dynamic=False)
-    with _backend.collect() as reports, _backend.dynamic_output_shapes(settings.capture_dynamic):
+    cfg = torch._dynamo.config
+    # room for explain's own compile where a compiled model of the user's filled the function's
+    # cache (its recompile limit): explain would otherwise see no piece at all
+    room = {"recompile_limit": cfg.recompile_limit + 8,
+            "accumulated_recompile_limit": cfg.accumulated_recompile_limit + 8}
+    with _backend.collect() as reports, _backend.dynamic_output_shapes(settings.capture_dynamic), \
+            cfg.patch(**room), _fresh_code(model):
         compiled(*example_inputs, **example_kwargs)
     rep = ExplainReport(num_graphs=len(reports), settings=settings, guard=guard)
     for r in reports:
@@ -175,9 +189,29 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
             frame = skipped_frame(msg)
             if frame and frame not in rep.skipped_frames:
                 rep.skipped_frames.append(frame)
+    rep.recompile_limits = list(_backend.RECOMPILE_LIMITS)
     for b in rep.graph_breaks:
         _log.debug("explain %s: graph break: %s", type(model).__name__, b)
     return rep
+
+
+@contextlib.contextmanager
+def _fresh_code(model):
+    """While explain runs: where torch.compile hit its recompile limit for the model's
+    ``forward`` in this process (it runs that code eagerly from then on, and would give explain
+    no piece), the method runs a copy of its code object, which Dynamo has not seen. The user's
+    compiled model keeps its own state; the original code is restored afterwards."""
+    fn = getattr(type(model), "forward", None)
+    code = getattr(fn, "__code__", None)
+    key = f"'{code.co_name}' ({code.co_filename}:{code.co_firstlineno})" if code is not None else None
+    if key is None or not any(r.startswith(key) for r in _backend.RECOMPILE_LIMITS):
+        yield
+        return
+    fn.__code__ = code.replace()
+    try:
+        yield
+    finally:
+        fn.__code__ = code
 
 
 def skipped_frame(msg: str) -> str:

@@ -276,3 +276,29 @@ def test_explain_rgcn_whose_weight_a_frame_gets_as_a_local():
     et = torch.randint(0, 3, (60,), generator=torch.Generator().manual_seed(1))
     rep = gnncompile.explain(RGCNConv(8, 8, num_relations=3), x, ei, et)
     assert rep.num_fused >= 3 and all(f.layer == "<model> (RGCNConv)" for f in rep.fused), str(rep)
+
+
+def test_recompile_limit_is_reported_loudly_and_explain_still_sees_the_model():
+    import pytest
+    from torch_geometric.nn import SAGEConv
+
+    from gnncompile.compiler.backend import RECOMPILE_LIMITS, RecompileLimitWarning
+
+    class Scaled(torch.nn.Module):  # a class of its own: a code object no other test compiled
+        def __init__(self):
+            super().__init__()
+            self.conv = SAGEConv(8, 8)
+
+        def forward(self, x, edge_index, k: int):
+            return self.conv(x, edge_index) * k
+
+    x, ei = _graph()
+    compiled = gnncompile.compile(Scaled(), dynamic=False)  # an int argument: one compile per value
+    limit = torch._dynamo.config.recompile_limit
+    with pytest.warns(RecompileLimitWarning, match="recompile limit .* runs it eagerly"):
+        for k in range(limit + 3):
+            compiled(x, ei, k)
+    assert any("'forward'" in r and __file__ in r for r in RECOMPILE_LIMITS), RECOMPILE_LIMITS
+    rep = gnncompile.explain(compiled, x, ei, 3)
+    assert rep.num_graphs >= 1 and rep.num_fused == 1, str(rep)  # not "0 pieces"
+    assert rep.recompile_limits and "recompile limit hit" in str(rep)

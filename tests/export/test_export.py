@@ -134,6 +134,17 @@ def test_pt2_round_trip(name, tmp_path):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_torch_export_of_a_compiled_module_is_a_clear_error(tmp_path):
+    # torch.export does not run torch.compile: it would silently export the model without the
+    # rewrite; gnncompile.export of the same compiled module exports the rewritten graph
+    compiled = gnncompile.compile(_model("GraphSAGE-mean"))
+    with pytest.raises(RuntimeError, match="gnncompile.export"):
+        torch.export.export(compiled, EXAMPLE)
+    res = gnncompile.export(compiled, EXAMPLE, tmp_path / "c.pt2", format="pt2")
+    assert any(f.kind == "spmm" for f in res.fused)
+    torch.testing.assert_close(compiled(*EXAMPLE), _model("GraphSAGE-mean")(*EXAMPLE), rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- edge features
 # Layers whose messages are more than a gathered feature (edge attributes, edge weights, gates,
 # per-edge MLPs). gnncompile.compile fuses them as message programs; export runs the passes

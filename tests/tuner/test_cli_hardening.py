@@ -383,3 +383,42 @@ def test_compiled_tune_run_stderr_has_no_graph_break_warnings(tmp_path):
     stdout, stderr = p.communicate(timeout=600)
     assert p.returncode == 0, stderr
     assert "Graph break" not in stderr and "torch/_dynamo" not in stderr, stderr
+
+
+def test_progress_bar_starts_from_the_trials_a_resumed_study_holds(capsys):
+    from gnncompile.cli.tune import _progress
+
+    cb = _progress(4, True)
+    cb.begin(4)  # a finished study: the bar is full, and says why nothing runs
+    cb.phase("re-measuring the defaults (1/8)")
+    cb.close()
+    err = capsys.readouterr().err
+    assert "4/4" in err and "none to run" in err and "re-measuring the defaults (1/8)" in err
+    cb = _progress(4, True)
+    cb.begin(1)
+    cb.close()
+    err = capsys.readouterr().err
+    assert "1/4" in err and "1 trial(s) already in the study" in err
+
+
+def test_tune_reports_finished_trials_and_remeasurement_to_callbacks(tmp_path):
+    events = []
+
+    class Spy:
+        def __call__(self, study, trial):
+            events.append(("trial", trial.number))
+
+        def begin(self, finished):
+            events.append(("begin", finished))
+
+        def phase(self, text):
+            events.append(("phase", text))
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    for _ in range(2):  # the second run resumes a finished study
+        tune(_tiny(), trials=2, storage=storage, out=tmp_path, name="resume", callbacks=[Spy()],
+             confirm_rounds=1, confirm_top=1)
+    begins = [e[1] for e in events if e[0] == "begin"]
+    assert begins == [0, 2]  # the first run starts from 0 trials, the second from the first's 2
+    assert [e for e in events if e[0] == "trial"][:2] == [("trial", 0), ("trial", 1)]
+    phases = [e[1] for e in events if e[0] == "phase"]
+    assert phases and phases[0].startswith("re-measuring the defaults (1/")
