@@ -435,7 +435,8 @@ def programs_pay(edges, rows) -> Tuple[bool, str]:
             return True, ""
     into = ("a number of rows read from the data" if r is None
             else f"{r} rows (average degree {e / max(1, r):.1f})")
-    return False, (f"message program not used: {e} edges into {into} is below the measured rule where "
+    return False, (f"message program not used: {e} scattered rows (edges; nodes in a readout) into {into} "
+                   f"is below the measured rule where "
                    f"the interpreter beats the ops as written (edges >= 150k at degree >= 4, or >= 30k "
                    f"at degree >= 8); settings={{'choices': {{'programs': 'always'}}}} fuses it anyway")
 

@@ -20,13 +20,16 @@ class Fused:
     weighted: bool = False
     node: str = ""
     detail: str = ""  # message programs: the operations and the inputs they read
+    # what of the chain is not fused ('segment': the message computed beforehand, as written):
+    # said here, so that each chain is in one list of the report
+    note: str = ""
 
     def __str__(self) -> str:
         what = self.kind if self.kind != "spmm" else \
             f"spmm[{self.reduce}{', weighted' if self.weighted else ''}{', ' + self.detail if self.detail else ''}]"
         if self.kind in ("message", "segment", "edges"):
             what = f"{self.kind}[{self.reduce}: {self.detail}]"
-        return f"{what:<26} in {self.layer}  (at {self.node})"
+        return f"{what:<26} in {self.layer}  (at {self.node})" + (f"; {self.note}" if self.note else "")
 
 
 @dataclass

@@ -312,16 +312,13 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
     chains = sorted(((m, b) for b in built for m in b.shared.members), key=lambda mb: order[mb[0].anchor])
     outs = []
     for m, b in chains:
-        at = m.anchor.name
         out, line = _fused(graph, m, b, settings)
         report.fused.append(line)
         if line.kind == "segment":  # reduced in one pass, but the message itself is not fused
             built_by = opname(m.leaves[0].node) or m.leaves[0].node.op
             why = (f"message kept as written ({'; '.join(m.kept)})" if m.kept else
                    f"message built by '{built_by}' reads no gathered node features in an elementwise expression")
-            report.unfused.append(Unfused(
-                opname(m.anchor), line.layer, f"{why}: it is reduced over the CSR in one pass, but each edge's "
-                "message is computed beforehand, as written", at))
+            line.note = f"{why}: each row's message is computed beforehand, as written, then reduced here"
         outs.append((m, out))
     # replace only now: chains may read other chains' anchors (a hop's output feeds the next)
     new_order = node_order(graph)

@@ -113,7 +113,10 @@ def test_explain_report_contents():
     nn_conv = gnn.NNConv(F, 4, torch.nn.Linear(F, F * 4))
     rep2 = gnncompile.explain(nn_conv, X, EI, EA)
     assert rep2.num_fused == 0
-    assert any("message" in u.reason for u in rep2.unfused), str(rep2)
+    segments = [f for f in rep2.fused if f.kind == "segment"]
+    assert segments and all("message" in f.note for f in segments), str(rep2)
+    # each chain in one list: the segment reduction is not also listed as unfused
+    assert not any(u.node in {f.node for f in segments} for u in rep2.unfused), str(rep2)
 
 
 def test_layer_names_in_explain():
@@ -257,7 +260,10 @@ def test_user_message_passing_unfused_but_correct():
     m = CumsumMP()
     check_same(m, gnncompile.compile(m), [X.clone().requires_grad_(), EI])
     rep = gnncompile.explain(m, X, EI)
-    assert rep.num_fused == 0 and rep.unfused and "cumsum" in rep.unfused[0].reason, str(rep)
+    # not a fused chain: the cumsum message is kept as written (reduced as a segment, which
+    # says so), and nothing else is listed for it
+    notes = [f.note for f in rep.fused if f.kind == "segment"] + [u.reason for u in rep.unfused]
+    assert rep.num_fused == 0 and any("cumsum" in n for n in notes), str(rep)
 
 
 # ----------------------------------------------------------------------------- cases the pass must not rewrite

@@ -302,3 +302,27 @@ def test_recompile_limit_is_reported_loudly_and_explain_still_sees_the_model():
     rep = gnncompile.explain(compiled, x, ei, 3)
     assert rep.num_graphs >= 1 and rep.num_fused == 1, str(rep)  # not "0 pieces"
     assert rep.recompile_limits and "recompile limit hit" in str(rep)
+
+
+def test_each_chain_is_in_one_list_of_explain():
+    # pooling readouts reduced as segments were listed as fused (the reduction) and as unfused
+    # (the message computed beforehand) at once; now the segment line says both
+    from torch_geometric.nn import GINConv, global_add_pool, global_max_pool, global_mean_pool
+
+    class Pools(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GINConv(torch.nn.Linear(8, 8))
+
+        def forward(self, x, edge_index, batch):
+            h = self.conv(x, edge_index)
+            return global_add_pool(h, batch) + global_mean_pool(h, batch) + global_max_pool(h, batch)
+
+    x, ei = _graph(n=40, e=120)
+    batch = torch.arange(40) // 10
+    compiled = gnncompile.compile(Pools(), settings={"choices": {"programs": "always"}})
+    rep = gnncompile.explain(compiled, x, ei, batch)
+    segments = [f for f in rep.fused if f.kind == "segment"]
+    assert sorted(f.reduce for f in segments) == ["max", "sum", "sum"], str(rep)
+    assert all("computed beforehand" in f.note and f.note in str(f) for f in segments)
+    assert not {f.node for f in rep.fused} & {u.node for u in rep.unfused}, str(rep)

@@ -46,7 +46,7 @@ def test_rule():
     assert not programs_pay(3_000, None)[0]  # a pooling into a number of graphs read from the data
     assert programs_pay(None, 100)[0] and programs_pay(1_000_000, None)[0]  # unknown: as before the rule
     pays, why = programs_pay(6_600, 3_300)
-    assert not pays and "6600 edges" in why and "'programs': 'always'" in why
+    assert not pays and "6600 scattered rows" in why and "'programs': 'always'" in why
 
 
 def _program_fused(rep) -> bool:
