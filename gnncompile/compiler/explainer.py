@@ -41,7 +41,7 @@ class ExplainReport(Fusions):
     settings: Optional[Settings] = None  # what the passes ran with (a compiled model's own)
     # frames Dynamo gave up on and ran eagerly (nothing fused there): 'forward (file line 7): why'
     skipped_frames: List[str] = field(default_factory=list)
-    # functions torch.compile stopped recompiling in this process (they run eagerly since)
+    # the model's functions torch.compile stopped recompiling in this process (eager since)
     recompile_limits: List[str] = field(default_factory=list)
     # a compiled model's speed-guard decisions so far (None: explain of an uncompiled model)
     guard: Optional[List[str]] = None
@@ -189,10 +189,18 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
             frame = skipped_frame(msg)
             if frame and frame not in rep.skipped_frames:
                 rep.skipped_frames.append(frame)
-    rep.recompile_limits = list(_backend.RECOMPILE_LIMITS)
+    mine = {_code_key(getattr(type(m), "forward", None)) for m in
+            (model.modules() if isinstance(model, torch.nn.Module) else ())} - {None}
+    rep.recompile_limits = [r for r in _backend.RECOMPILE_LIMITS if any(r.startswith(k) for k in mine)]
     for b in rep.graph_breaks:
         _log.debug("explain %s: graph break: %s", type(model).__name__, b)
     return rep
+
+
+def _code_key(fn):
+    """How Dynamo names a function in its recompile-limit message: "'forward' (file:line)"."""
+    code = getattr(fn, "__code__", None)
+    return f"'{code.co_name}' ({code.co_filename}:{code.co_firstlineno})" if code is not None else None
 
 
 @contextlib.contextmanager
@@ -203,7 +211,7 @@ def _fresh_code(model):
     compiled model keeps its own state; the original code is restored afterwards."""
     fn = getattr(type(model), "forward", None)
     code = getattr(fn, "__code__", None)
-    key = f"'{code.co_name}' ({code.co_filename}:{code.co_firstlineno})" if code is not None else None
+    key = _code_key(fn)
     if key is None or not any(r.startswith(key) for r in _backend.RECOMPILE_LIMITS):
         yield
         return

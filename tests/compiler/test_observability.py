@@ -302,6 +302,7 @@ def test_recompile_limit_is_reported_loudly_and_explain_still_sees_the_model():
     rep = gnncompile.explain(compiled, x, ei, 3)
     assert rep.num_graphs >= 1 and rep.num_fused == 1, str(rep)  # not "0 pieces"
     assert rep.recompile_limits and "recompile limit hit" in str(rep)
+    assert not gnncompile.explain(_sage(), x, ei).recompile_limits  # another model's are not listed
 
 
 def test_each_chain_is_in_one_list_of_explain():
