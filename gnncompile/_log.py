@@ -7,10 +7,18 @@ user must act on stays a ``warnings.warn``."""
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 logger = logging.getLogger("gnncompile")
 if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
     logger.addHandler(logging.NullHandler())
+
+
+def error_line(e: BaseException, limit: Optional[int] = None) -> str:
+    """'TypeName: first line of the message' (cut to ``limit`` characters when given), for
+    one-line reports."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:limit]}" if text else type(e).__name__
 
 
 def get_logger(name: str) -> logging.Logger:

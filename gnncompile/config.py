@@ -70,23 +70,17 @@ def _inner(name: str, raw: str) -> Optional[str]:
 
 
 PROGRAM_MODES = ("auto", "always", "never")
-
-
-def _programs(name: str, raw: str) -> str:
-    v = raw.strip().lower() or "auto"
-    if v not in PROGRAM_MODES:
-        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(PROGRAM_MODES)}")
-    return v
-
-
 GUARD_MODES = ("time", "off")
 
 
-def _guard(name: str, raw: str) -> str:
-    v = raw.strip().lower() or "time"
-    if v not in GUARD_MODES:
-        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(GUARD_MODES)}")
-    return v
+def _one_of(modes: Tuple[str, ...]) -> Callable[[str, str], str]:
+    """A parser taking one of ``modes`` (any case; empty: the first, the default)."""
+    def parse(name: str, raw: str) -> str:
+        v = raw.strip().lower() or modes[0]
+        if v not in modes:
+            raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(modes)}")
+        return v
+    return parse
 
 
 def _check(name: str, raw: str) -> str:
@@ -128,11 +122,11 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable("GNNCOMPILE_SLOT_ORDER", "slot_order", _flag, "1 (default) / 0",
              "recompute per-edge inputs in CSR order (0: read them through the permutation; "
              "for A/B measurements)"),
-    Variable("GNNCOMPILE_PROGRAMS", "programs", _programs, "auto (default), always, never",
+    Variable("GNNCOMPILE_PROGRAMS", "programs", _one_of(PROGRAM_MODES), "auto (default), always, never",
              "message programs (any elementwise message, run by the CPU interpreter): auto fuses "
              "them where a measured rule says they are faster (many edges, high degree), always / "
              "never everywhere / nowhere"),
-    Variable("GNNCOMPILE_GUARD", "guard", _guard, "time (default), off",
+    Variable("GNNCOMPILE_GUARD", "guard", _one_of(GUARD_MODES), "time (default), off",
              "the speed guard: each rewritten graph piece is timed against its unrewritten form "
              "on its first calls (per size class) and the faster one is kept; off: always the "
              "rewritten form"),

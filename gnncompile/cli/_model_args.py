@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .._log import error_line
+
 _DTYPES = {"float32": "float32", "float": "float32", "float64": "float64", "double": "float64",
            "int64": "int64", "long": "int64", "int32": "int32", "int": "int32"}
 
@@ -45,11 +47,6 @@ class ModelLoadError(Exception):
     """MODEL cannot be loaded: the subcommand reports it in one line and exits with status 2."""
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
 def load_model(ref: str):
     """'package.module:attr' (an nn.Module, or a callable returning one) or a file saved with
     torch.save(model). Raises ModelLoadError saying which step failed."""
@@ -62,7 +59,7 @@ def load_model(ref: str):
         try:
             obj = torch.load(ref, weights_only=False)
         except Exception as e:
-            raise ModelLoadError(f"cannot load {ref}: {_first_line(e)}") from None
+            raise ModelLoadError(f"cannot load {ref}: {error_line(e)}") from None
     elif ":" not in ref:
         raise ModelLoadError(f"{ref!r} is neither a file nor 'module:attr'")
     else:
@@ -72,7 +69,7 @@ def load_model(ref: str):
         try:
             obj = importlib.import_module(mod_name)
         except Exception as e:  # ImportError, or whatever the module raises while it imports
-            raise ModelLoadError(f"cannot import {mod_name!r}: {_first_line(e)}") from None
+            raise ModelLoadError(f"cannot import {mod_name!r}: {error_line(e)}") from None
         for part in attr.split("."):
             if not hasattr(obj, part):
                 raise ModelLoadError(f"{mod_name!r} has no attribute {attr!r}")
@@ -81,7 +78,7 @@ def load_model(ref: str):
             try:
                 obj = obj()
             except Exception as e:
-                raise ModelLoadError(f"{ref}() raised {_first_line(e)}") from None
+                raise ModelLoadError(f"{ref}() raised {error_line(e)}") from None
     if not isinstance(obj, torch.nn.Module):
         raise ModelLoadError(f"{ref} is not an nn.Module (nor returns one): got {type(obj).__name__}")
     return obj
@@ -115,6 +112,6 @@ def model_and_inputs(args, prog: str):
     except Exception as e:
         shapes = " ".join(f"-i {str(t.dtype).replace('torch.', '')}:{','.join(map(str, t.shape))}" for t in inputs)
         print(f"{prog}: {args.model} fails on the example inputs ({shapes}), before any compiling: "
-              f"{_first_line(e)}", file=sys.stderr)
+              f"{error_line(e)}", file=sys.stderr)
         return None
     return model, inputs

@@ -6,5 +6,5 @@ from .api import CompileFallbackWarning, CompiledModule, compile
 from .backend import INNERS, STATS, collect, gnncompile_backend, make_backend
 from .explainer import ExplainReport, GraphBreak, explain
 
-__all__ = ["compile", "explain", "CompiledModule", "CompileFallbackWarning", "ExplainReport", "GraphBreak", "make_backend",
-           "gnncompile_backend", "collect", "STATS", "INNERS"]
+__all__ = ["compile", "explain", "CompiledModule", "CompileFallbackWarning", "ExplainReport", "GraphBreak",
+           "make_backend", "gnncompile_backend", "collect", "STATS", "INNERS"]

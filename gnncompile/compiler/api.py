@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from .._log import get_logger
+from .._log import error_line, get_logger
 from ..settings import Settings
 from . import backend as _backend
 from . import guard as _guard
@@ -75,7 +75,7 @@ class CompiledModule(torch.nn.Module):
                 out = self._orig_mod(*args, **kwargs)
             except Exception as own:
                 raise own from None
-            why = _first_line(compiled_error)
+            why = error_line(compiled_error, 300)
             object.__setattr__(self, "_failed", why)
             warnings.warn(f"gnncompile: compiling {type(self._orig_mod).__name__} failed inside torch.compile "
                           f"({why}); the model runs as written (eagerly) from now on",
@@ -138,11 +138,6 @@ class CompiledModule(torch.nn.Module):
 
 class CompileFallbackWarning(UserWarning):
     """torch.compile failed on a model that runs eagerly: the compiled module runs it as written."""
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
 def _restore_key_names(module: CompiledModule, incompatible) -> None:
@@ -227,8 +222,9 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     the faster is kept (the speed guard, :mod:`gnncompile.compiler.guard`; ``settings={"choices":
     {"guard": "off"}}`` turns it off); then the whole compiled call is timed against the model as
     written the same way (Dynamo's own cost included), and unless the compiled call is at least
-    3% faster the returned module calls the model as written from then on (per grad mode); ``.guard_decisions()`` on the returned module (or
-    function) lists what was kept and why, and :func:`gnncompile.explain` prints it.
+    3% faster the returned module calls the model as written from then on (per grad mode);
+    ``.guard_decisions()`` on the returned module (or function) lists what was kept and why, and
+    :func:`gnncompile.explain` prints it.
 
     The settings the model runs with are ``.gnncompile_settings`` on the returned module (or
     function); :func:`gnncompile.explain` prints them and :func:`gnncompile.export` of the

@@ -237,5 +237,4 @@ def skipped_frame(msg: str) -> str:
     return f"{where.group(1).strip()}: {why}" if why else where.group(1).strip()
 
 
-
 __all__ = ["explain", "ExplainReport", "GraphBreak"]
