@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import operator
 import warnings
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -34,9 +34,10 @@ from ..ops import targets as _targets
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from torch_geometric.data import Data
+    from torch_geometric.data import Data, HeteroData
     from torch_geometric.loader import NodeLoader
-    from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
+    from torch_geometric.sampler import (BaseSampler, HeteroSamplerOutput, NodeSamplerInput, NumNeighbors,
+                                         SamplerOutput)
 
 _M64 = (1 << 64) - 1
 
@@ -54,9 +55,9 @@ def _mix(*parts: int) -> int:
 
 def _check_fanout(num_neighbors: Any) -> List[int]:
     """The fanouts as ints: each an integer (not a float, string or bool) in [-1, 2^63 - 1]."""
-    if isinstance(num_neighbors, dict):
-        raise TypeError("gnncompile NeighborSampler: heterogeneous graphs (a dict of num_neighbors) "
-                        "are not supported; give a list of ints, one per hop")
+    if isinstance(num_neighbors, (dict, NumNeighbors)):
+        raise TypeError("gnncompile NeighborSampler: a dict of num_neighbors (one list per edge type) is for "
+                        "heterogeneous graphs (HeteroData); on a Data graph give a list of ints, one per hop")
     try:
         if isinstance(num_neighbors, (str, bytes)):
             raise TypeError
@@ -73,16 +74,108 @@ def _check_fanout(num_neighbors: Any) -> List[int]:
     return fan
 
 
-def _graph_of(data: Any):
-    if not isinstance(data, Data):
-        raise TypeError(f"gnncompile NeighborSampler samples a torch_geometric.data.Data (homogeneous) "
-                        f"graph; got {type(data).__name__}")
-    ei = data.edge_index
+def _check_edge_index(ei: Any, where: str = "the graph") -> Tensor:
     if not isinstance(ei, Tensor) or ei.dim() != 2 or ei.size(0) != 2:
-        raise ValueError("the graph needs an edge_index of shape [2, num_edges]")
+        raise ValueError(f"{where} needs an edge_index of shape [2, num_edges]")
     if ei.is_floating_point() or ei.dtype == torch.bool:
         raise TypeError(f"edge_index must hold integers, got {ei.dtype}")
-    return ei, int(data.num_nodes)
+    if ei.device.type != "cpu":
+        raise ValueError("NeighborSampler samples on the CPU: keep the graph's edge_index on the CPU "
+                         "and move each batch to the device")
+    return ei.long()
+
+
+def _graph_of(data: Any):
+    if not isinstance(data, Data):
+        raise TypeError(f"gnncompile NeighborSampler samples a torch_geometric.data.Data or HeteroData "
+                        f"graph; got {type(data).__name__}")
+    return _check_edge_index(data.edge_index), int(data.num_nodes)
+
+
+def _edge_type_name(et) -> str:
+    return "__".join(et)
+
+
+def _hetero_fanouts(num_neighbors: Any, edge_types: Sequence[tuple]) -> Dict[tuple, List[int]]:
+    """Fanouts per edge type, as PyG takes them: one list for every edge type, or a dict keyed by
+    edge type (a tuple or ``"src__rel__dst"``), every edge type present (or a
+    ``NumNeighbors(values, default=...)`` for the missing ones), all with the same number of hops."""
+    default = None
+    if isinstance(num_neighbors, NumNeighbors):
+        num_neighbors, default = num_neighbors.values, num_neighbors.default
+    if not isinstance(num_neighbors, dict):
+        fan = _check_fanout(num_neighbors)
+        return {et: fan for et in edge_types}
+    known = {et: et for et in edge_types}
+    known.update({_edge_type_name(et): et for et in edge_types})
+    out: Dict[tuple, List[int]] = {}
+    for key, value in num_neighbors.items():
+        et = known.get(tuple(key) if isinstance(key, list) else key)
+        if et is None:
+            raise ValueError(f"num_neighbors names the edge type {key!r}, which the graph does not have "
+                             f"(its edge types: {list(edge_types)})")
+        out[et] = _check_fanout(value)
+    missing = [et for et in edge_types if et not in out]
+    if missing and default is None:
+        raise ValueError(f"num_neighbors gives no fanout for the edge types {missing}: give one list per edge "
+                         f"type, or NumNeighbors(values, default=[...])")
+    for et in missing:
+        out[et] = _check_fanout(default)
+    hops = {len(v) for v in out.values()}
+    if len(hops) > 1:
+        raise ValueError(f"num_neighbors must give the same number of hops for every edge type; got {sorted(hops)}")
+    return {et: out[et] for et in edge_types}
+
+
+class _HeteroGraph:
+    """A HeteroData's sampling view: node types and counts, and per edge type its CSC (built once
+    by the structure cache, shared with the compiled model's structures of the same edge_index)."""
+
+    def __init__(self, data: HeteroData) -> None:
+        self.node_types = list(data.node_types)
+        self.edge_types = [tuple(et) for et in data.edge_types]
+        if not self.edge_types:
+            raise ValueError("the heterogeneous graph has no edge types to sample")
+        self.index = {t: i for i, t in enumerate(self.node_types)}
+        self.num_nodes = []
+        for t in self.node_types:
+            n = data[t].num_nodes
+            if n is None:
+                raise ValueError(f"node type {t!r} has no node count: set data[{t!r}].num_nodes or its x")
+            self.num_nodes.append(int(n))
+        self.colptrs, self.rows, self.perms = [], [], []
+        for et in self.edge_types:
+            src, _, dst = et
+            ei = _check_edge_index(data[et].get("edge_index"), f"edge type {et}")
+            n_src, n_dst = self.num_nodes[self.index[src]], self.num_nodes[self.index[dst]]
+            if ei.numel() and (int(ei[1].min()) < 0 or int(ei[1].max()) >= n_dst):
+                raise IndexError(f"edge type {et}: edge_index[1] holds a node outside [0, {n_dst}) of type {dst!r}")
+            st = _structure.structure(ei, n_dst)
+            st.check_sources(n_src)
+            pairs = _slot_pairs(st, max(n_src, n_dst))
+            if pairs is not None:
+                self.colptrs.append(st.extras["sampler_colptr"])
+                self.rows.append(pairs)
+                self.perms.append(None)
+            else:
+                self.colptrs.append(st.rowptr)
+                self.rows.append(st.col)
+                self.perms.append(st.perm)
+        self.edge_src = [self.index[et[0]] for et in self.edge_types]
+        self.edge_dst = [self.index[et[2]] for et in self.edge_types]
+
+    def sample(self, seeds: Tensor, input_type: str, fanouts: Dict[tuple, List[int]], replace: bool, seed: int):
+        if input_type not in self.index:
+            raise ValueError(f"input node type {input_type!r} is not a node type of the graph "
+                             f"({self.node_types})")
+        hops = len(next(iter(fanouts.values())))
+        flat = [k for et in self.edge_types for k in fanouts[et]]
+        node, row, col, edge, n_nodes, n_edges = _targets.HETERO_NEIGHBOR_SAMPLE(
+            self.colptrs, self.rows, self.perms, self.edge_src, self.edge_dst, self.num_nodes, seeds,
+            self.index[input_type], flat, hops, replace, seed)
+        return (dict(zip(self.node_types, node)), dict(zip(self.edge_types, row)),
+                dict(zip(self.edge_types, col)), dict(zip(self.edge_types, edge)),
+                dict(zip(self.node_types, n_nodes.tolist())), dict(zip(self.edge_types, n_edges.tolist())))
 
 
 def _advise_huge_pages(t: Tensor) -> None:
@@ -127,54 +220,86 @@ class NeighborSampler(BaseSampler):
     """Samples ``num_neighbors[h]`` in-neighbors per node and hop with the native kernel.
 
     Args:
-        data: a homogeneous :class:`~torch_geometric.data.Data` graph.
-        num_neighbors: fanout per hop (-1: all neighbors).
+        data: a :class:`~torch_geometric.data.Data` graph, or a
+            :class:`~torch_geometric.data.HeteroData` graph (see below).
+        num_neighbors: fanout per hop (-1: all neighbors); on a heterogeneous graph one list for
+            every edge type, or a dict of lists keyed by edge type (all edge types, the same
+            number of hops; PyG's ``NumNeighbors(values, default=...)`` also).
         replace: sample with replacement.
         directed: ``False`` returns every edge between the sampled nodes (the induced subgraph;
             not with ``disjoint``).
         disjoint: every seed gets a tree of its own (``batch`` tells which).
         seed: the base seed; drawn from torch's generator when ``None``.
+
+    On a heterogeneous graph, hop ``h`` visits the edge types in ``data.edge_types`` order: the
+    nodes of an edge type's destination type added by hop ``h - 1`` (hop 0: the seeds, of the
+    input node type) draw ``num_neighbors[edge_type][h]`` of their in-edges of that type, and new
+    source nodes join their type's list in order of first appearance. Batches have PyG's layout:
+    per node type ``n_id`` and ``num_sampled_nodes`` (hops + 1 entries), per edge type ``e_id``
+    and ``num_sampled_edges``, ``input_id`` and ``batch_size`` on the input type, so
+    ``trim_to_layer`` and ``to_hetero`` models run on them. Directed and not disjoint only.
     """
 
-    def __init__(self, data: Data, num_neighbors: Sequence[int], replace: bool = False,
+    def __init__(self, data: Any, num_neighbors: Any, replace: bool = False,
                  directed: bool = True, disjoint: bool = False, seed: Optional[int] = None) -> None:
+        self.replace, self.directed, self.disjoint = bool(replace), bool(directed), bool(disjoint)
+        self.seed = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed)
+        self._calls = 0
+        self.hetero: Optional[_HeteroGraph] = None
+        if isinstance(data, HeteroData):
+            if disjoint or not directed:
+                raise ValueError("gnncompile NeighborSampler on a heterogeneous graph samples directed, not "
+                                 "disjoint (directed=True, disjoint=False)")
+            self.hetero = _HeteroGraph(data)
+            self.num_neighbors = _hetero_fanouts(num_neighbors, self.hetero.edge_types)
+            return
         self.num_neighbors = _check_fanout(num_neighbors)
         if disjoint and not directed:
             raise ValueError("directed=False (the induced subgraph) is not supported with disjoint=True")
-        self.replace, self.directed, self.disjoint = bool(replace), bool(directed), bool(disjoint)
         edge_index, self.num_nodes = _graph_of(data)
-        if edge_index.device.type != "cpu":
-            raise ValueError("NeighborSampler samples on the CPU: keep the graph's edge_index on the CPU "
-                             "and move each batch to the device")
-        edge_index = edge_index.long()
         st = _structure.structure(edge_index, self.num_nodes)
         st.check_sources(self.num_nodes)
         self.colptr, self.row, self.perm = st.rowptr, st.col, st.perm
         self._pairs = _slot_pairs(st, self.num_nodes)
         if self._pairs is not None:
             self.colptr = st.extras["sampler_colptr"]
-        self.seed = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed)
-        self._calls = 0
 
     @property
     def edge_permutation(self) -> Optional[Tensor]:
         return None  # sample() returns original edge ids already
 
-    def sample(self, seeds: Tensor, seed: Optional[int] = None):
+    def sample(self, seeds: Tensor, seed: Optional[int] = None, input_type: Optional[str] = None):
         """The raw sample of ``seeds`` (global node ids): (node, row, col, edge, batch,
-        num_sampled_nodes, num_sampled_edges) with ``edge`` the original edge ids."""
+        num_sampled_nodes, num_sampled_edges) with ``edge`` the original edge ids. On a
+        heterogeneous graph (``input_type``: the seeds' node type): (node, row, col, edge,
+        num_sampled_nodes, num_sampled_edges), dicts by node or edge type."""
         if seed is None:
             seed, self._calls = _mix(self.seed, self._calls), self._calls + 1
         if seeds.is_floating_point() or seeds.dtype == torch.bool:
             raise TypeError(f"seed nodes must be integers, got {seeds.dtype}")
+        if self.hetero is not None:
+            if input_type is None:
+                raise ValueError("a heterogeneous graph's seeds need their node type (input_type)")
+            return self.hetero.sample(seeds.reshape(-1).long().cpu(), input_type, self.num_neighbors,
+                                      self.replace, int(seed) & (2**63 - 1))
         row, perm = (self._pairs, None) if self._pairs is not None else (self.row, self.perm)
         return _targets.NEIGHBOR_SAMPLE(
             self.colptr, row, seeds.reshape(-1).long().cpu(), self.num_neighbors, self.replace,
             self.directed, self.disjoint, int(seed) & (2**63 - 1), perm)
 
-    def sample_from_nodes(self, index: NodeSamplerInput, seed: Optional[int] = None, **kwargs) -> SamplerOutput:
+    def sample_from_nodes(self, index: NodeSamplerInput, seed: Optional[int] = None, **kwargs):
+        if index.time is not None:
+            raise ValueError("gnncompile NeighborSampler does not sample by time (seed_time)")
+        if self.hetero is not None:
+            if index.input_type is None:
+                raise ValueError("a heterogeneous graph's seeds need their node type: input_nodes=(type, ids)")
+            node, row, col, edge, n_nodes, n_edges = self.sample(index.node, seed, index.input_type)
+            return HeteroSamplerOutput(node=node, row=row, col=col, edge=edge, batch=None,
+                                       num_sampled_nodes=n_nodes, num_sampled_edges=n_edges,
+                                       metadata=(index.input_id, index.time))
         if index.input_type is not None:
-            raise TypeError("gnncompile NeighborSampler: heterogeneous input nodes are not supported")
+            raise TypeError("gnncompile NeighborSampler: the graph is homogeneous (Data), but the input nodes "
+                            f"have a node type ({index.input_type!r})")
         node, row, col, edge, batch, n_nodes, n_edges = self.sample(index.node, seed)
         return SamplerOutput(node=node, row=row, col=col, edge=edge,
                              batch=batch if self.disjoint else None,
@@ -228,10 +353,11 @@ def _profile_loader_settings(profile: Any) -> dict:
 
 
 class NeighborLoader(NodeLoader):
-    """PyG's ``NeighborLoader`` over :class:`NeighborSampler` (homogeneous graphs).
+    """PyG's ``NeighborLoader`` over :class:`NeighborSampler` (``Data`` or ``HeteroData``).
 
-    Arguments as PyG's: ``num_neighbors``, ``input_nodes`` (ids or a boolean mask; default all
-    nodes), ``batch_size``, ``shuffle``, ``replace``, ``directed``, ``disjoint``,
+    Arguments as PyG's: ``num_neighbors`` (on a ``HeteroData``: one list for all edge types or a
+    dict by edge type), ``input_nodes`` (ids or a boolean mask, default all nodes; on a
+    ``HeteroData`` a node type or ``(node type, ids or mask)``), ``batch_size``, ``shuffle``, ``replace``, ``directed``, ``disjoint``,
     ``num_workers``, ``persistent_workers``, ``pin_memory`` and the other DataLoader/NodeLoader
     keywords. Also ``seed`` (batches are a function of it) and ``profile``: a tuned profile
     (path, :class:`~gnncompile.profiles.Profile` or 'auto') whose ``batch_size``,
@@ -239,7 +365,7 @@ class NeighborLoader(NodeLoader):
     ``pin_memory`` and ``persistent_workers`` apply where they are not given here.
     """
 
-    def __init__(self, data: Data, num_neighbors: Sequence[int], input_nodes: Any = None,
+    def __init__(self, data: Any, num_neighbors: Any, input_nodes: Any = None,
                  batch_size: Optional[int] = None, shuffle: bool = False, replace: bool = False,
                  directed: bool = True, disjoint: bool = False, num_workers: Optional[int] = None,
                  persistent_workers: Optional[bool] = None, pin_memory: Optional[bool] = None,
@@ -258,10 +384,10 @@ class NeighborLoader(NodeLoader):
         opts["pin_memory"] = bool(opts["pin_memory"])
         if pool and opts["num_workers"] > 0 and "prefetch_factor" not in kwargs:
             kwargs["prefetch_factor"] = max(1, math.ceil(pool / opts["num_workers"]))
+        n = self._num_inputs(data, input_nodes)
         sampler = NeighborSampler(data, num_neighbors, replace=replace, directed=directed,
                                   disjoint=disjoint, seed=seed)
         self.seed = sampler.seed
-        n = self._num_inputs(data, input_nodes)
         self._epochs = _EpochSampler(n, bool(shuffle), sampler.seed)
         super().__init__(data, node_sampler=sampler, input_nodes=input_nodes,
                          sampler=self._epochs, **opts, **kwargs)
@@ -270,8 +396,21 @@ class NeighborLoader(NodeLoader):
         self.settings = dict(opts, prefetch_factor=kwargs.get("prefetch_factor"))
 
     @staticmethod
-    def _num_inputs(data: Data, input_nodes: Any) -> int:
-        if input_nodes is None:
+    def _num_inputs(data: Any, input_nodes: Any) -> int:
+        if isinstance(data, HeteroData):
+            if isinstance(input_nodes, str):
+                input_nodes = (input_nodes, None)
+            if (not isinstance(input_nodes, (tuple, list)) or len(input_nodes) != 2
+                    or not isinstance(input_nodes[0], str)):
+                raise ValueError("on a heterogeneous graph input_nodes is a node type, or (node type, ids or "
+                                 f"mask); got {input_nodes!r}")
+            node_type, input_nodes = input_nodes
+            if node_type not in data.node_types:
+                raise ValueError(f"input node type {node_type!r} is not a node type of the graph "
+                                 f"({data.node_types})")
+            if input_nodes is None:
+                return int(data[node_type].num_nodes)
+        elif input_nodes is None:
             return int(data.num_nodes)
         t = torch.as_tensor(input_nodes)
         return int(t.sum()) if t.dtype == torch.bool else int(t.numel())

@@ -479,3 +479,82 @@ def neighbor_sample(colptr, row, seeds, num_neighbors: Sequence[int], replace: b
         out_edge = perm[torch.tensor(out_edge, dtype=torch.long)].tolist()
     return tuple(torch.tensor(x, dtype=torch.long) for x in
                  (node, out_row, out_col, out_edge, batch, n_nodes, n_edges))
+
+
+def edge_type_seed(seed: int, t: int) -> int:
+    """The seed of edge type ``t``'s streams in :func:`hetero_neighbor_sample`."""
+    return _mix64((seed & _M64) ^ (((t + 1) * 0xD6E8FEB86659FD93) & _M64)) >> 1
+
+
+def hetero_neighbor_sample(colptrs, rows, perms, edge_src: Sequence[int], edge_dst: Sequence[int],
+                           num_nodes: Sequence[int], seeds, input_type: int, num_neighbors: Sequence[int],
+                           num_hops: int, replace: bool, seed: int):
+    """Heterogeneous sampling, as native/cpu/neighbor_sample.cpp (hetero_neighbor_sample_cpu)
+    bit for bit: hop ``h`` takes the edge types in order; the nodes of an edge type's destination
+    type added by hop ``h - 1`` (hop 0: the seeds, of ``input_type``) draw
+    ``num_neighbors[t * num_hops + h]`` of their in-edges of type ``t`` with the streams of
+    ``edge_type_seed(seed, t)``; new sources join their type's list in order of first appearance."""
+    op = "gnncompile.hetero_neighbor_sample"
+    T, NT = len(colptrs), len(num_nodes)
+    if not (len(rows) == len(perms) == len(edge_src) == len(edge_dst) == T):
+        raise ValueError(f"{op}: colptrs, rows, perms, edge_src and edge_dst need one entry per edge type")
+    if num_hops < 0 or len(num_neighbors) != T * num_hops:
+        raise ValueError(f"{op}: num_neighbors must hold num_hops entries per edge type")
+    if not 0 <= input_type < NT:
+        raise ValueError(f"{op}: input_type {input_type} is not a node type")
+    graphs = []
+    for t in range(T):
+        row, perm = rows[t], perms[t]
+        if row.dim() == 2:
+            if perm is not None or row.dtype != torch.int32 or row.size(1) != 2:
+                raise ValueError(f"{op}: pairs must be int32 [E, 2], without perm")
+            row, perm = row[:, 0].long(), row[:, 1].long()
+        _check_sample_inputs(colptrs[t], row, torch.empty(0, dtype=torch.long),
+                             num_neighbors[t * num_hops:(t + 1) * num_hops], True, False, 0)
+        if colptrs[t].numel() != num_nodes[edge_dst[t]] + 1:
+            raise ValueError(f"{op}: the colptr of edge type {t} has {colptrs[t].numel()} entries for "
+                             f"{num_nodes[edge_dst[t]]} destination nodes")
+        graphs.append((colptrs[t].tolist(), row.tolist(), None if perm is None else perm.tolist()))
+    node = [[] for _ in range(NT)]
+    node[input_type] = seeds.tolist()
+    for i, v in enumerate(node[input_type]):
+        if not 0 <= v < num_nodes[input_type]:
+            raise IndexError(f"{op}: seed node {v} (position {i}) is out of range for "
+                             f"{num_nodes[input_type]} nodes of the input type")
+    mapping = [dict() for _ in range(NT)]
+    for i, v in enumerate(node[input_type]):
+        mapping[input_type].setdefault(v, i)
+    out = [([], [], []) for _ in range(T)]
+    n_nodes = [[0] * (num_hops + 1) for _ in range(NT)]
+    n_nodes[input_type][0] = len(node[input_type])
+    n_edges = [[0] * num_hops for _ in range(T)]
+    begin = [0] * NT
+    for hop in range(num_hops):
+        end = [len(v) for v in node]
+        for t in range(T):
+            cp, rw, pm = graphs[t]
+            src, dst, k = edge_src[t], edge_dst[t], num_neighbors[t * num_hops + hop]
+            total = sum(_draw_count(cp[node[dst][d] + 1] - cp[node[dst][d]], k, replace) for d in range(begin[dst], end[dst]))
+            _check_hop_fits(hop, k, replace, end[dst] - begin[dst], total, 8 * (5 + (pm is not None)))
+            stream_seed = edge_type_seed(seed, t)
+            o_row, o_col, o_edge = out[t]
+            for d in range(begin[dst], end[dst]):
+                b = cp[node[dst][d]]
+                for off in _draw_offsets(_NodeStream(stream_seed, hop, d), cp[node[dst][d] + 1] - b, k, replace):
+                    u = rw[b + off]
+                    if not 0 <= u < num_nodes[src]:
+                        raise IndexError(f"{op}: row of edge type {t} holds node {u} at slot {b + off}, out of "
+                                         f"range for {num_nodes[src]} nodes")
+                    if u not in mapping[src]:
+                        mapping[src][u] = len(node[src])
+                        node[src].append(u)
+                    o_row.append(mapping[src][u])
+                    o_col.append(d)
+                    o_edge.append(b + off if pm is None else pm[b + off])
+            n_edges[t][hop] = len(o_edge) - sum(n_edges[t][:hop])
+        for n in range(NT):
+            n_nodes[n][hop + 1] = len(node[n]) - end[n]
+            begin[n] = end[n]
+    long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return ([long(v) for v in node], [long(o[0]) for o in out], [long(o[1]) for o in out],
+            [long(o[2]) for o in out], long(n_nodes).reshape(NT, num_hops + 1), long(n_edges).reshape(T, num_hops))

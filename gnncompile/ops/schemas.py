@@ -86,13 +86,22 @@ _lib.define("segment_ids(Tensor sizes, Tensor idx, Tensor(a!) out, Tensor(b!) pt
 _lib.define("neighbor_sample(Tensor colptr, Tensor row, Tensor seeds, int[] num_neighbors, bool replace, "
             "bool directed, bool disjoint, int seed, Tensor? perm=None) -> (Tensor node, Tensor row, Tensor col, Tensor edge, "
             "Tensor batch, Tensor num_sampled_nodes, Tensor num_sampled_edges)")
+# The same on a heterogeneous graph: one CSC per edge type (its destination type's nodes ->
+# sources of its source type), num_neighbors[t * num_hops + h] per edge type t and hop h; node
+# per node type, row/col/edge per edge type, num_sampled_nodes [node types, num_hops + 1] and
+# num_sampled_edges [edge types, num_hops]. Directed, not disjoint.
+_lib.define("hetero_neighbor_sample(Tensor[] colptrs, Tensor[] rows, Tensor?[] perms, int[] edge_src, "
+            "int[] edge_dst, int[] num_nodes, Tensor seeds, int input_type, int[] num_neighbors, int num_hops, "
+            "bool replace, int seed) -> (Tensor[] node, Tensor[] row, Tensor[] col, Tensor[] edge, "
+            "Tensor num_sampled_nodes, Tensor num_sampled_edges)")
 
 # Kernels: the native module registers CPU (and CUDA) implementations when it loads; the
 # references fill every other backend, and all of them when the native module is missing.
 from . import _native  # noqa: E402,F401  (must come after the schemas are defined)
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
-              "segment_ids", "clone_structure", "fingerprint", "neighbor_sample", "dropout"):
+              "segment_ids", "clone_structure", "fingerprint", "neighbor_sample", "hetero_neighbor_sample",
+              "dropout"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile

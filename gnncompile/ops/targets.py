@@ -24,7 +24,8 @@ DROPOUT = ops.dropout.default
 MESSAGE_REDUCE = ops.message_reduce.default
 MESSAGE_EDGES = ops.message_edges.default
 NEIGHBOR_SAMPLE = ops.neighbor_sample.default  # called by gnncompile.data.neighbor
+HETERO_NEIGHBOR_SAMPLE = ops.hetero_neighbor_sample.default
 
 __all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
            "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES",
-           "NEIGHBOR_SAMPLE"]
+           "NEIGHBOR_SAMPLE", "HETERO_NEIGHBOR_SAMPLE"]

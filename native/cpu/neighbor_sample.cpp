@@ -202,13 +202,13 @@ int64_t first_bad(int64_t n, const Bad& bad) {
 
 // Pass 1 of a hop (parallel): each frontier node's slot span and draw count, then their prefix
 // sum in off; returns the hop's draws, or -1 when their sum overflows int64.
-int64_t hop_spans(const Csc& g, const Sample& s, int64_t begin, int64_t F, int64_t k, bool replace,
+int64_t hop_spans(const Csc& g, const Index& nodes, int64_t begin, int64_t F, int64_t k, bool replace,
                   std::vector<std::pair<int64_t, int64_t>>& span, std::vector<int64_t>& off) {
   std::atomic<bool> bad{false};
   at::parallel_for(0, F, 2048, [&](int64_t f0, int64_t f1) {
     for (int64_t f = f0; f < f1; ++f) {
-      if (f + kAhead < f1) __builtin_prefetch(g.colptr + s.node[begin + f + kAhead]);
-      const int64_t v = s.node[begin + f], b = g.colptr[v], e = g.colptr[v + 1];
+      if (f + kAhead < f1) __builtin_prefetch(g.colptr + nodes[begin + f + kAhead]);
+      const int64_t v = nodes[begin + f], b = g.colptr[v], e = g.colptr[v + 1];
       if (!g.span_ok(b, e)) { bad = true; continue; }
       span[f] = {b, e};
       off[f + 1] = draw_count(e - b, k, replace);
@@ -216,23 +216,37 @@ int64_t hop_spans(const Csc& g, const Sample& s, int64_t begin, int64_t F, int64
   });
   if (bad) {
     const int64_t f = first_bad(F, [&](int64_t i) {
-      const int64_t v = s.node[begin + i];
+      const int64_t v = nodes[begin + i];
       return !g.span_ok(g.colptr[v], g.colptr[v + 1]);
     });
-    g.bad_span(s.node[begin + f]);
+    g.bad_span(nodes[begin + f]);
   }
   for (int64_t f = 0; f < F; ++f)
     if (__builtin_add_overflow(off[f + 1], off[f], &off[f + 1])) return -1;
   return off[F];
 }
 
-// One hop from the frontier [begin, end) of s.node: returns the number of sampled edges.
-int64_t sample_hop(const Csc& g, Sample& s, NodeMap& map, int64_t begin, int64_t end, int64_t hop,
+// Where one hop reads its frontier and writes its draws. The frontier is dst[begin, end); new
+// sources are appended to src (the same list as dst on a homogeneous graph), their local index
+// kept in the node map under map_base + node id (one map holds every node type, each at its own
+// base); batch (disjoint only) is the tree of each node of src.
+struct Hop {
+  const Index& dst;
+  Index& src;
+  Index& row;
+  Index& col;
+  Index& edge;
+  Index* batch;
+  int64_t map_base;
+};
+
+// One hop from the frontier: returns the number of sampled edges.
+int64_t sample_hop(const Csc& g, Hop s, NodeMap& map, int64_t begin, int64_t end, int64_t hop,
                    int64_t k, bool replace, bool disjoint, int64_t seed) {
   const int64_t F = end - begin;
   std::vector<int64_t> off(F + 1, 0);
   std::vector<std::pair<int64_t, int64_t>> span(F);
-  const int64_t total = hop_spans(g, s, begin, F, k, replace, span, off);
+  const int64_t total = hop_spans(g, s.dst, begin, F, k, replace, span, off);
   check_hop_fits(hop, k, replace, F, total, bytes_per_edge(g, disjoint));
   const int64_t base = static_cast<int64_t>(s.edge.size());
   s.row.resize(base + total);
@@ -271,18 +285,19 @@ int64_t sample_hop(const Csc& g, Sample& s, NodeMap& map, int64_t begin, int64_t
     return u < 0 || u >= g.num_nodes;
   })]);
   if (g.has_ids()) std::copy(eid.begin(), eid.end(), s.edge.begin() + base);
-  // Pass 3 (sequential): local indices in order of first appearance.
-  s.node.reserve(s.node.size() + total);
+  // Pass 3 (sequential): local indices in order of first appearance. (s.dst may be s.src: it
+  // is not read from here on, when push_back may move it.)
+  s.src.reserve(s.src.size() + total);
   for (int64_t t = 0; t < total; ++t) {
-    if (t + kAhead < total) map.prefetch(src[t + kAhead]);
+    if (t + kAhead < total) map.prefetch(s.map_base + src[t + kAhead]);
     const int64_t dst = s.col[base + t];
-    const int64_t tree = disjoint ? s.batch[dst] : 0;
-    int64_t local = map.find(tree, src[t]);
+    const int64_t tree = disjoint ? (*s.batch)[dst] : 0;
+    int64_t local = map.find(tree, s.map_base + src[t]);
     if (local < 0) {
-      local = static_cast<int64_t>(s.node.size());
-      map.insert(tree, src[t], local);
-      s.node.push_back(src[t]);
-      if (disjoint) s.batch.push_back(tree);
+      local = static_cast<int64_t>(s.src.size());
+      map.insert(tree, s.map_base + src[t], local);
+      s.src.push_back(src[t]);
+      if (disjoint) s.batch->push_back(tree);
     }
     s.row[base + t] = local;
   }
@@ -372,7 +387,8 @@ neighbor_sample_cpu(const at::Tensor& colptr_in, const at::Tensor& row_in, const
   int64_t begin = 0;
   for (int64_t h = 0; h < static_cast<int64_t>(num_neighbors.size()); ++h) {
     const int64_t end = static_cast<int64_t>(s.node.size());
-    s.num_edges.push_back(sample_hop(g, s, map, begin, end, h, num_neighbors[h], replace, disjoint, seed));
+    s.num_edges.push_back(sample_hop(g, Hop{s.node, s.node, s.row, s.col, s.edge, &s.batch, 0}, map, begin, end,
+                                     h, num_neighbors[h], replace, disjoint, seed));
     s.num_nodes.push_back(static_cast<int64_t>(s.node.size()) - end);
     TORCH_CHECK_VALUE(s.node.size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()), kOp,
                       ": the sample exceeds 2^31 nodes");
@@ -387,9 +403,111 @@ neighbor_sample_cpu(const at::Tensor& colptr_in, const at::Tensor& row_in, const
           to_tensor(std::move(s.num_edges))};
 }
 
+// The per-edge-type seed of hetero_neighbor_sample: the streams of edge type t are those of a
+// homogeneous sample with this seed (gnncompile/ops/reference.py: edge_type_seed).
+int64_t edge_type_seed(int64_t seed, int64_t t) {
+  return static_cast<int64_t>(mix64(static_cast<uint64_t>(seed) ^ (static_cast<uint64_t>(t + 1) * 0xD6E8FEB86659FD93ull)) >> 1);
+}
+
+// Heterogeneous multi-hop sampling. Edge type t has its own CSC (colptr over its destination
+// type's nodes, row/pairs = sources of its source type). Hop h: for each edge type in order, the
+// nodes of its destination type added by hop h - 1 (hop 0: the seeds, of input_type) draw
+// num_neighbors[t * num_hops + h] of their in-edges of that type; new sources join their type's
+// list in order of first appearance (across edge types, in edge-type order). Directed, not disjoint.
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+           at::Tensor, at::Tensor>
+hetero_neighbor_sample_cpu(at::TensorList colptrs, at::TensorList rows, const c10::List<std::optional<at::Tensor>>& perms,
+                           c10::IntArrayRef edge_src, c10::IntArrayRef edge_dst, c10::IntArrayRef num_nodes,
+                           const at::Tensor& seeds_in, int64_t input_type, c10::IntArrayRef num_neighbors,
+                           int64_t num_hops, bool replace, int64_t seed) {
+  constexpr const char* op = "gnncompile.hetero_neighbor_sample";
+  const int64_t T = static_cast<int64_t>(colptrs.size()), NT = static_cast<int64_t>(num_nodes.size());
+  TORCH_CHECK_VALUE(static_cast<int64_t>(rows.size()) == T && static_cast<int64_t>(perms.size()) == T &&
+                        static_cast<int64_t>(edge_src.size()) == T && static_cast<int64_t>(edge_dst.size()) == T,
+                    op, ": colptrs, rows, perms, edge_src and edge_dst need one entry per edge type");
+  TORCH_CHECK_VALUE(num_hops >= 0 && static_cast<int64_t>(num_neighbors.size()) == T * num_hops, op,
+                    ": num_neighbors must hold num_hops entries per edge type");
+  TORCH_CHECK_VALUE(0 <= input_type && input_type < NT, op, ": input_type ", input_type, " is not a node type");
+  std::vector<int64_t> base(NT + 1, 0);
+  for (int64_t n = 0; n < NT; ++n) {
+    TORCH_CHECK_VALUE(num_nodes[n] >= 0, op, ": node type ", n, " has a negative node count");
+    base[n + 1] = base[n] + num_nodes[n];
+  }
+  std::vector<at::Tensor> keep;  // contiguous copies, alive while the Csc views point into them
+  std::vector<Csc> g;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = edge_src[t], d = edge_dst[t];
+    TORCH_CHECK_VALUE(0 <= s && s < NT && 0 <= d && d < NT, op, ": edge type ", t, " joins unknown node types");
+    const at::Tensor seeds_dummy = at::empty({0}, at::kLong);
+    check_inputs(colptrs[t], rows[t], seeds_dummy, num_neighbors.slice(t * num_hops, num_hops), true, false);
+    TORCH_CHECK_VALUE(colptrs[t].numel() == num_nodes[d] + 1, op, ": the colptr of edge type ", t, " has ",
+                      colptrs[t].numel(), " entries for ", num_nodes[d], " destination nodes");
+    const at::Tensor colptr = colptrs[t].contiguous(), row = rows[t].contiguous();
+    const bool pairs = row.dim() == 2;
+    at::Tensor perm;
+    const std::optional<at::Tensor> p = perms.get(t);
+    if (p.has_value() && p->defined()) {
+      check_cpu(*p, op, "perm");
+      TORCH_CHECK_VALUE(!pairs && p->scalar_type() == at::kLong && p->dim() == 1 && p->numel() == row.size(0), op,
+                        ": perm of edge type ", t, " must be int64 with one entry per slot of row (and no pairs)");
+      perm = p->contiguous();
+    }
+    keep.insert(keep.end(), {colptr, row, perm});
+    g.push_back(Csc{colptr.const_data_ptr<int64_t>(), pairs ? nullptr : row.const_data_ptr<int64_t>(),
+                    perm.defined() ? perm.const_data_ptr<int64_t>() : nullptr,
+                    pairs ? row.const_data_ptr<int32_t>() : nullptr, num_nodes[s], row.size(0)});
+  }
+  check_cpu(seeds_in, op, "seeds");
+  TORCH_CHECK_TYPE(seeds_in.scalar_type() == at::kLong && seeds_in.dim() == 1, op, ": seeds must be 1-D int64");
+  const at::Tensor seeds = seeds_in.contiguous();
+  const int64_t S = seeds.numel();
+  std::vector<Index> node(NT), row(T), col(T), edge(T);
+  std::vector<int64_t> n_nodes(NT * (num_hops + 1), 0), n_edges(T * num_hops, 0);
+  NodeMap map(base[NT], false);
+  node[input_type].assign(seeds.const_data_ptr<int64_t>(), seeds.const_data_ptr<int64_t>() + S);
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t v = node[input_type][i];
+    TORCH_CHECK_INDEX(0 <= v && v < num_nodes[input_type], op, ": seed node ", v, " (position ", i,
+                      ") is out of range for ", num_nodes[input_type], " nodes of the input type");
+    map.insert(0, base[input_type] + v, i);
+  }
+  n_nodes[input_type * (num_hops + 1)] = static_cast<int64_t>(node[input_type].size());
+  std::vector<int64_t> begin(NT, 0), end(NT);
+  for (int64_t h = 0; h < num_hops; ++h) {
+    for (int64_t n = 0; n < NT; ++n) end[n] = static_cast<int64_t>(node[n].size());
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t s = edge_src[t], d = edge_dst[t];
+      // on a type's own edges (s == d) dst and src are one list: Hop reads the frontier first
+      n_edges[t * num_hops + h] =
+          sample_hop(g[t], Hop{node[d], node[s], row[t], col[t], edge[t], nullptr, base[s]}, map, begin[d], end[d], h,
+                     num_neighbors[t * num_hops + h], replace, false, edge_type_seed(seed, t));
+    }
+    for (int64_t n = 0; n < NT; ++n) {
+      n_nodes[n * (num_hops + 1) + h + 1] = static_cast<int64_t>(node[n].size()) - end[n];
+      TORCH_CHECK_VALUE(node[n].size() < static_cast<size_t>(std::numeric_limits<int32_t>::max()), op,
+                        ": the sample exceeds 2^31 nodes of one type");
+      begin[n] = end[n];
+    }
+  }
+  std::vector<at::Tensor> node_out, row_out, col_out, edge_out;
+  for (int64_t n = 0; n < NT; ++n) node_out.push_back(to_tensor(std::move(node[n])));
+  for (int64_t t = 0; t < T; ++t) {
+    row_out.push_back(to_tensor(std::move(row[t])));
+    col_out.push_back(to_tensor(std::move(col[t])));
+    edge_out.push_back(to_tensor(std::move(edge[t])));
+  }
+  auto counts = [](std::vector<int64_t>& v, int64_t r, int64_t c) {
+    return at::tensor(v, at::kLong).reshape({r, c});
+  };
+  return {node_out, row_out, col_out, edge_out, counts(n_nodes, NT, num_hops + 1), counts(n_edges, T, num_hops)};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gnncompile, CPU, m) { m.impl("neighbor_sample", &neighbor_sample_cpu); }
+TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
+  m.impl("neighbor_sample", &neighbor_sample_cpu);
+  m.impl("hetero_neighbor_sample", &hetero_neighbor_sample_cpu);
+}
 
 }  // namespace cpu
 }  // namespace gnncompile
