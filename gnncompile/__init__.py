@@ -24,6 +24,7 @@ from . import ops  # noqa: E402  (defines the op schemas and loads the native ke
 from . import hardware, profiles, settings  # noqa: E402
 from .settings import Settings  # noqa: E402
 from .compiler import compile, explain  # noqa: E402  (also registers the "gnncompile" backend)
+from .compiler import load_state_dict, state_dict, unwrap  # noqa: E402
 from .export import export  # noqa: E402
 
 
@@ -45,4 +46,4 @@ def info() -> dict:
 
 
 __all__ = ["info", "ops", "hardware", "profiles", "config", "settings", "Settings", "compile", "explain",
-           "export", "__version__"]
+           "export", "state_dict", "load_state_dict", "unwrap", "__version__"]

@@ -101,8 +101,10 @@ class CompiledModule(torch.nn.Module):
     def state_dict(self, *args, **kwargs):
         return self._orig_mod.state_dict(*args, **kwargs)
 
-    def load_state_dict(self, *args, **kwargs):
-        return self._orig_mod.load_state_dict(*args, **kwargs)
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        """The model's ``load_state_dict``; a checkpoint saved from ``torch.compile(model, ...)``
+        (every key under torch's ``_orig_mod.`` wrapper) loads too."""
+        return self._orig_mod.load_state_dict(_model_keys(state_dict), *args, **kwargs)
 
     def named_parameters(self, *args, **kwargs):
         return self._orig_mod.named_parameters(*args, **kwargs)
@@ -138,6 +140,45 @@ class CompiledModule(torch.nn.Module):
 
 class CompileFallbackWarning(UserWarning):
     """torch.compile failed on a model that runs eagerly: the compiled module runs it as written."""
+
+
+def _model_keys(state_dict: Mapping) -> Mapping:
+    """``state_dict`` with torch.compile's ``_orig_mod.`` prefix taken off when every key has it
+    (a checkpoint of ``torch.compile(model).state_dict()``); otherwise as it is."""
+    keys = [k for k in state_dict if not k.startswith("_metadata")]
+    if not keys or not all(k.startswith(_INNER) for k in keys):
+        return state_dict
+    out = type(state_dict)() if isinstance(state_dict, dict) else {}
+    for k, v in state_dict.items():
+        out[k[len(_INNER):]] = v
+    meta = getattr(state_dict, "_metadata", None)
+    if meta is not None:
+        out._metadata = type(meta)((k[len(_INNER):] if k.startswith(_INNER) else ("" if k == _INNER[:-1] else k), v)
+                                   for k, v in meta.items())
+    return out
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The model as written inside ``gnncompile.compile(model)`` or ``torch.compile(model, ...)``
+    (both, nested); any other module as it is."""
+    while isinstance(module, (CompiledModule, torch._dynamo.eval_frame.OptimizedModule)):
+        module = module._orig_mod
+    return module
+
+
+def state_dict(module: torch.nn.Module, *args, **kwargs) -> dict:
+    """The model's ``state_dict`` with the model's own key names, whichever way it was compiled
+    (``torch.compile`` adds ``_orig_mod.`` to every key of its wrapper's ``state_dict``;
+    ``gnncompile.compile`` adds nothing): a checkpoint that loads into the model as written,
+    ``gnncompile.compile(model)`` and (with :func:`load_state_dict`) ``torch.compile(model)``."""
+    return unwrap(module).state_dict(*args, **kwargs)
+
+
+def load_state_dict(module: torch.nn.Module, state_dict: Mapping, strict: bool = True, assign: bool = False):
+    """Loads a checkpoint of the model saved in any of its forms (as written,
+    ``gnncompile.compile``, ``torch.compile``: with or without ``_orig_mod.`` keys) into
+    ``module`` in any of those forms; returns what ``load_state_dict`` returns."""
+    return unwrap(module).load_state_dict(_model_keys(state_dict), strict=strict, assign=assign)
 
 
 def _restore_key_names(module: CompiledModule, incompatible) -> None:
@@ -270,4 +311,4 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     return compiled
 
 
-__all__ = ["compile", "CompiledModule", "CompileFallbackWarning"]
+__all__ = ["compile", "CompiledModule", "CompileFallbackWarning", "unwrap", "state_dict", "load_state_dict"]

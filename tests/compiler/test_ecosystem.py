@@ -373,3 +373,31 @@ def test_lightning_train_checkpoint_restore_resume(tmp_path):
         assert resumed.start_steps == [3] and t2.global_step == 5
         adam = t2.optimizers[0].state_dict()["state"]
         assert all(int(s["step"]) == 5 for s in adam.values()), adam
+
+
+# ------------------------------------------------ issue 32, point 6: torch.compile's checkpoints
+def test_checkpoints_move_between_eager_gnncompile_and_torch_compile_forms():
+    torch.manual_seed(0)
+    forms = {"eager": lambda m: m, "gnncompile": gnncompile.compile,
+             "torch.compile": lambda m: torch.compile(m, backend="gnncompile")}
+    saved = {}
+    for name, wrap in forms.items():
+        model = _gcn(norm="batch_norm")
+        with torch.no_grad():
+            for p in model.parameters():
+                p.uniform_()  # every form's checkpoint differs from a fresh model's
+        saved[name] = (wrap(model).state_dict(), gnncompile.state_dict(wrap(model)), model.state_dict())
+    assert all(k.startswith("_orig_mod.") for k in saved["torch.compile"][0])  # torch's own key names
+    for src, (raw, own, want) in saved.items():
+        assert list(own) == list(want)  # gnncompile.state_dict: the model's own names in every form
+        for dst, wrap in forms.items():
+            target = wrap(_gcn(norm="batch_norm"))
+            gnncompile.load_state_dict(target, raw)  # any checkpoint into any form
+            got = gnncompile.unwrap(target).state_dict()
+            for k in want:
+                torch.testing.assert_close(got[k], want[k], rtol=0, atol=0, msg=f"{src} -> {dst}: {k}")
+    # gnncompile.compile's own load_state_dict takes a torch.compile checkpoint as it is
+    target = gnncompile.compile(_gcn(norm="batch_norm"))
+    assert not target.load_state_dict(saved["torch.compile"][0]).missing_keys
+    with pytest.raises(RuntimeError, match="Missing key"):  # a wrong checkpoint still fails loudly
+        gnncompile.load_state_dict(_gcn(norm="batch_norm"), {"_orig_mod.nope": torch.zeros(1)})
