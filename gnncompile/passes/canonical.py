@@ -154,12 +154,19 @@ def layer_of(n: Node) -> str:
 # the root of a Dynamo module path: the compiled function's local that holds the model, named
 # after ``forward``'s first parameter (``self`` by convention, but ``this`` etc. are legal)
 _ROOT = re.compile(r"""^(?:L\[(['"])\w+\1\]|self)(?:\.|$)""")
+_GETATTR = re.compile(r"""getattr\(([^()]*), (?:'([^']*)'|"([^"]*)")\)""")
 
 
 def module_path(source: Any) -> str:
     """'convs.0' from a Dynamo source path such as "L['self'].convs._modules['0']" (whatever
     ``forward``'s first parameter is called); parameters and buffers likewise ('lin.weight')."""
-    path = _ROOT.sub("", str(source), count=1)
+    path = str(source)
+    while True:  # getattr(L['self'].convs, '0').x (a name that is not an identifier) -> ...convs.0.x
+        inner = _GETATTR.sub(lambda m: f"{m[1]}.{m[2] if m[2] is not None else m[3]}", path)
+        if inner == path:
+            break
+        path = inner
+    path = _ROOT.sub("", path, count=1)
     for part in ("_modules['", "_parameters['", "_buffers['", "']"):
         path = path.replace(part, "")
     return path

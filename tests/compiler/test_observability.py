@@ -65,6 +65,25 @@ def test_explain_labels_layers_compiled_as_frames_of_their_own():
         ["convs.0 (SAGEConv)", "convs.1 (SAGEConv)"], str(rep)
 
 
+def test_explain_labels_to_hetero_layers_by_their_paths():
+    """to_hetero's GraphModule holds one layer per edge type under a name that is not an
+    identifier ('0'); Dynamo's source for it is a getattr(...) expression."""
+    from torch_geometric.data import HeteroData
+    from torch_geometric.nn import to_hetero
+
+    x, ei = _graph(20, 60)
+    d = HeteroData()
+    d["a"].x, d["b"].x = x, x[:10]
+    d["a", "to", "a"].edge_index = ei
+    d["a", "in", "b"].edge_index = ei[:, ei[1] < 10]
+    torch.manual_seed(0)
+    model = to_hetero(_sage(), d.metadata(), aggr="sum")
+    rep = gnncompile.explain(model, d.x_dict, d.edge_index_dict)
+    layers = sorted({f.layer for f in rep.fused})
+    assert layers == [f"convs.{i}.{et} (SAGEConv)" for i in (0, 1) for et in ("a__in__b", "a__to__a")], str(rep)
+    assert "getattr" not in str(rep) and "L['" not in str(rep)
+
+
 # ----------------------------------------------------------------------------- gnncompile explain
 def _sage():
     from torch_geometric.nn import models
