@@ -80,10 +80,29 @@ def _pna_deg(g: Graph) -> torch.Tensor:
     return torch.bincount(d)
 
 
+class RadiusGraph(torch.nn.Module):
+    """Every pair of nodes of one graph closer than ``cutoff`` (both directions), with their
+    distance: SchNet's interaction graph in plain torch, since PyG's ``radius_graph`` needs
+    pyg-lib or torch-cluster, which have no build for this torch (unlike ``radius_graph``, no
+    cap on the neighbors per node)."""
+
+    def __init__(self, cutoff: float) -> None:
+        super().__init__()
+        self.cutoff = cutoff
+
+    def forward(self, pos: torch.Tensor, batch: torch.Tensor):
+        d = torch.cdist(pos, pos)
+        near = (d < self.cutoff) & (batch[:, None] == batch[None, :])
+        near &= ~torch.eye(pos.size(0), dtype=torch.bool, device=pos.device)
+        dst, src = near.nonzero().t()
+        return torch.stack([src, dst]), d[dst, src]
+
+
 def _schnet(g: Graph):
     from torch_geometric.nn.models import SchNet
 
-    return SchNet(hidden_channels=H, num_filters=H, num_interactions=2, num_gaussians=16, cutoff=1.5)
+    return SchNet(hidden_channels=H, num_filters=H, num_interactions=2, num_gaussians=16, cutoff=1.5,
+                  interaction_graph=RadiusGraph(1.5))
 
 
 def _to_hetero(g: Graph):

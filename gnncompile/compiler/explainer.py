@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -45,6 +45,9 @@ class ExplainReport(Fusions):
     recompile_limits: List[str] = field(default_factory=list)
     # a compiled model's speed-guard decisions so far (None: explain of an uncompiled model)
     guard: Optional[List[str]] = None
+    # the fused compute ops one call runs, per op (gnncompile.passes.fused_op_calls): what a
+    # profiler sees of the fused chains above
+    op_calls: Dict[str, int] = field(default_factory=dict)
 
     @property
     def num_graph_breaks(self) -> int:
@@ -59,6 +62,9 @@ class ExplainReport(Fusions):
                              ("graph breaks:", self.graph_breaks)):
             lines.append(title)
             lines += [f"  {i}" for i in items] or ["  (none)"]
+            if title == "fused:" and self.op_calls:
+                lines.append("  fused op calls per forward: "
+                             + ", ".join(f"{k} x{v}" for k, v in sorted(self.op_calls.items())))
         if self.skipped_frames:
             lines.append("frames Dynamo skipped (they run eagerly; nothing in them is fused):")
             lines += [f"  {f}" for f in self.skipped_frames]
@@ -92,7 +98,7 @@ class ExplainReport(Fusions):
                 "skipped_frames": list(self.skipped_frames),
                 "recompile_limits": list(self.recompile_limits),
                 "settings": self.settings.as_dict() if self.settings is not None else None,
-                "guard": self.guard}
+                "guard": self.guard, "op_calls": dict(self.op_calls)}
 
 
 def _frame_root(report, model) -> str:
@@ -169,6 +175,8 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         rep.transposed += r.transposed
         rep.hoisted += r.hoisted
         rep.hoisted_nodes += r.hoisted_nodes
+        for k, v in r.op_calls.items():
+            rep.op_calls[k] = rep.op_calls.get(k, 0) + v
     # each break once: where a piece ended at it (reason and line from Dynamo's record of the
     # piece), then any break Dynamo counted that ended no piece (nothing traced before it)
     seen = {}

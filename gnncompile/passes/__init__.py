@@ -66,7 +66,33 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
         report.hoisted, report.hoisted_nodes = h.regions, h.nodes
     graph.lint()
     gm.recompile()
+    report.op_calls = fused_op_calls(gm)
     return report
 
 
-__all__ = ["run", "PassReport", "Fused", "Unfused", "Fusions"]
+FUSED_OPS = ("spmm", "csr_degree", "edge_softmax", "message_reduce", "message_edges")
+
+
+def fused_op_calls(gm: GraphModule) -> dict:
+    """How many calls of each fused compute op (:data:`FUSED_OPS`) ``gm`` holds, inside its
+    hoisted regions too."""
+    from ..ops import hoisted as _hoisted
+    from ..ops import targets
+
+    by_target = {getattr(targets, name.upper()): name for name in FUSED_OPS}
+    counts: dict = {}
+
+    def walk(graph) -> None:
+        for n in graph.nodes:
+            if n.op != "call_function":
+                continue
+            if n.target in by_target:
+                counts[by_target[n.target]] = counts.get(by_target[n.target], 0) + 1
+            elif n.target is targets.HOISTED:
+                walk(_hoisted.region(n.args[0]).graph)
+
+    walk(gm.graph)
+    return counts
+
+
+__all__ = ["run", "PassReport", "Fused", "Unfused", "Fusions", "FUSED_OPS", "fused_op_calls"]

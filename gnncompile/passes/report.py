@@ -70,6 +70,11 @@ class PassReport(Fusions):
     # Dynamo's hints) and the user's line it broke at ('file.py:12 (forward)')
     graph_break: str = ""
     break_at: str = ""
+    # the fused compute ops the rewritten graph calls ('spmm', 'csr_degree', 'edge_softmax',
+    # 'message_reduce', 'message_edges'; hoisted regions included), per op: what one forward
+    # runs (a chain can call more than one, e.g. an edge program recomputed in CSR order, and
+    # equal calls of several chains are computed once)
+    op_calls: Dict[str, int] = field(default_factory=dict)
     # id(parameter) -> its path below the root of the compiled frame ('lin_l.weight'); filled
     # only while explain() collects reports, to place a frame rooted at a submodule
     frame_params: Dict[int, str] = field(default_factory=dict)
