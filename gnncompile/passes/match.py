@@ -102,6 +102,9 @@ class Aggregate(Match):
     weight_kind: str = "none"  # 'none' | 'edge' ([E, 1..]) | 'head' ([E, H, 1])
     needs_csc: bool = False  # a sum/mean gradient of x flows back: the CSC is needed
     relu_input: bool = False  # max / min of x = relu(h) without weight: gradients at 0 are dropped anyway
+    # the message [E, H, C] was flattened to [E, H * C] before the scatter (HANConv's
+    # ``(x_j * alpha.view(-1, H, 1)).view(-1, H * C)``): the fused result is flattened likewise
+    flat: bool = False
 
 
 @dataclass
@@ -311,16 +314,35 @@ def _weighted_gather(src: Node) -> Tuple[Tuple[Node, Node], Node, str]:
     raise NoMatch(per_edge)
 
 
+def _flattened_heads(msg: Node) -> Optional[Node]:
+    """``m`` when ``msg`` is ``m.view(-1, H * C)`` (or reshape / flatten(1)) of a per-edge
+    ``m`` of shape [E, H, C]: the message, per head, before its heads were put side by side."""
+    if opname(msg) not in ("view", "reshape", "flatten") or unmodelled(msg) is not None or not msg.args:
+        return None
+    inner = msg.args[0]
+    iv, mv = fake_tensor(inner), fake_tensor(msg)
+    if not isinstance(inner, Node) or iv is None or mv is None or iv.dim() != 3 or mv.dim() != 2:
+        return None
+    if not same_size(iv.shape[0], mv.shape[0]) or size_key(mv.shape[1]) != size_key(iv.shape[1] * iv.shape[2]):
+        return None
+    return inner
+
+
 def match_aggregate(sc: Scatter, writes: Writes) -> Aggregate:
-    g = gather_of(sc.message)
+    message, flat = sc.message, False
+    inner = _flattened_heads(message) if isinstance(message, Node) else None
+    if inner is not None and (gather_of(inner) is not None or opname(inner) == "mul"):
+        message, flat = inner, True
+    g = gather_of(message)
     weight, kind = None, "none"
     if g is None:
-        g, weight, kind = _weighted_gather(sc.message)
-        gathered = next(a for a in sc.message.args if gather_of(a) == g)
-        check_moves(writes, sc.node, values=(gathered, sc.message), leaves=((g[0], gathered), (weight, sc.message)),
-                    indices=(sc.index, g[1]))
+        g, weight, kind = _weighted_gather(message)
+        gathered = next(a for a in message.args if gather_of(a) == g)
+        check_moves(writes, sc.node, values=(gathered, message, sc.message),
+                    leaves=((g[0], gathered), (weight, message)), indices=(sc.index, g[1]))
     else:
-        check_moves(writes, sc.node, values=(sc.message,), leaves=((g[0], sc.message),), indices=(sc.index, g[1]))
+        check_moves(writes, sc.node, values=(message, sc.message), leaves=((g[0], message),),
+                    indices=(sc.index, g[1]))
     x, j = g
     xv = fake_tensor(x)
     if xv.dtype not in FLOAT_DTYPES:
@@ -333,7 +355,7 @@ def match_aggregate(sc: Scatter, writes: Writes) -> Aggregate:
                      weight=weight, weight_kind=kind,
                      needs_csc=sc.reduce in ("sum", "mean") and bool(xv.requires_grad),
                      relu_input=sc.reduce in ("max", "min") and weight is None and opname(x) == "relu"
-                     and unmodelled(x) is None)
+                     and unmodelled(x) is None, flat=flat)
 
 
 def match_degree(sc: Scatter) -> Optional[Degree]:

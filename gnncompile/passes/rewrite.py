@@ -116,7 +116,8 @@ def _fused_spmm(graph, m: Aggregate, b: Built, knobs: List[int]) -> Node:
     t = b.csc.get(size_key(xv.shape[0]), (None, None, None)) if m.needs_csc else (None, None, None)
     extra = (True,) if m.relu_input else ()  # (the max / min backward: gradients at x's zeros are dropped)
     call = graph.call_function(targets.SPMM, (*b.csr, w, x, m.reduce, knobs, *t, *extra))
-    return graph.call_function(operator.getitem, (call, 0))
+    out = graph.call_function(operator.getitem, (call, 0))
+    return graph.call_method("flatten", (out, 1)) if m.flat else out
 
 
 _ROWWISE = ("linear", "view", "reshape", "repeat", "getitem", "unsqueeze", "squeeze", "contiguous", "flatten",

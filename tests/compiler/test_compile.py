@@ -20,6 +20,7 @@ from gnncompile.ops import hoisted, structure
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    import torch_geometric
     import torch_geometric.nn as gnn
     from torch_geometric.nn import MessagePassing, models
 
@@ -254,6 +255,35 @@ def test_user_message_passing_program_fuses():
     rep = gnncompile.explain(m, X, EI)
     assert rep.num_fused == 1 and not rep.unfused, str(rep)
     assert [f.kind for f in rep.fused if f.kind != "degree"] == ["message"]
+
+
+class FlatHeadsMP(MessagePassing):
+    """HANConv's message: per-head weights, heads flattened side by side before the sum."""
+
+    def __init__(self, aggr, weighted):
+        super().__init__(aggr=aggr, node_dim=0)
+        self.weighted = weighted
+        self.att = torch.nn.Parameter(torch.randn(1, 2, 4))
+
+    def forward(self, x, edge_index):
+        h = x.view(-1, 2, 4)
+        a = (h * self.att).sum(-1)
+        return self.propagate(edge_index, x=h, a=a)
+
+    def message(self, x_j, a_j, a_i, index):
+        if not self.weighted:
+            return x_j.view(-1, 8)
+        alpha = torch_geometric.utils.softmax(torch.nn.functional.leaky_relu(a_j + a_i, 0.2), index)
+        return (x_j * alpha.view(-1, 2, 1)).view(-1, 8)
+
+
+@pytest.mark.parametrize("aggr,weighted", [("add", True), ("add", False), ("max", False), ("mean", True)])
+def test_flattened_heads_message_fuses(aggr, weighted):
+    torch.manual_seed(0)
+    m = FlatHeadsMP(aggr, weighted)
+    check_same(m, gnncompile.compile(m), [X.clone().requires_grad_(), EI])
+    rep = gnncompile.explain(m, X, EI)
+    assert [f.kind for f in rep.fused if f.kind == "spmm"] == ["spmm"] and not rep.unfused, str(rep)
 
 
 def test_user_message_passing_unfused_but_correct():
