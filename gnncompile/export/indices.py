@@ -14,7 +14,10 @@ Not guarded, because ONNX already matches eager there:
 * advanced indexing ``x[idx]`` / ``x[idx] = v`` (``index_put``) and ``index_fill``: torch wraps
   ``-size <= i < 0`` too and raises outside ``[-size, size)``; their translations (GatherND,
   ScatterND) wrap and reject the same;
-* the fused ops (:mod:`.onnx_functions`): their bodies map their own indices (``in_range``).
+* the fused ops (:mod:`.onnx_functions`): their bodies map their own indices (``in_range``);
+* an index that is the ``perm`` of a structure op (``pair_csr`` & co.: a permutation of the
+  edges, in range by construction): message programs read a per-edge tensor in CSR order
+  through it.
 
 An index that reaches its op through value-preserving reshapes used by that op only (PyG's
 ``broadcast``: ``index.view(-1, 1).expand_as(src)``) is guarded before them, once per edge
@@ -30,6 +33,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from .._log import get_logger
+from ..ops import targets
 from ..passes.canonical import argument, fake_tensor, index_dim, opname, size_key
 
 _log = get_logger(__name__)
@@ -68,6 +72,16 @@ def _chain(index: Node, op: Node):
     return index, reshapes
 
 
+_STRUCTURES = (targets.PAIR_CSR, targets.BUILD_CSR, targets.CACHED_CSR)
+
+
+def _is_perm(index: Node) -> bool:
+    """Is ``index`` the ``perm`` output (item 2) of a structure op?"""
+    return (index.op == "call_function" and index.target is operator.getitem and len(index.args) == 2
+            and index.args[1] == 2 and isinstance(index.args[0], Node)
+            and index.args[0].op == "call_function" and index.args[0].target in _STRUCTURES)
+
+
 def _size(data: Node, dim: Any) -> Tuple[Any, Any]:
     """``(size, key)``: ``data.size(dim)`` as a literal when Dynamo recorded it static (else
     None: read it in the graph), and what identifies it for sharing guards (its printed
@@ -103,6 +117,8 @@ def guard_indices(gm: GraphModule) -> int:
         if not isinstance(data, Node) or not isinstance(index, Node):
             continue
         root, reshapes = _chain(index, n)
+        if _is_perm(root):
+            continue
         size, key = _size(data, dim)
         guarded = guards.get((root, key))
         if guarded is None:

@@ -5,7 +5,7 @@ are inlined into them before the file is written."""
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch.fx import Node
@@ -25,6 +25,7 @@ def _translations():
     from onnxscript import opset18 as op
 
     from . import onnx_functions as F
+    from . import onnx_programs as P
 
     import onnx
 
@@ -60,8 +61,53 @@ def _translations():
     def edge_softmax(rowptr, perm, scores, knobs: Sequence[int]):
         return F.edge_softmax(rowptr, perm, scores)
 
+    def message_reduce(rowptr, col, perm, inputs, sides, code, consts, width: int, reduce: str,
+                       knobs: Sequence[int] = (), csc=(), slot=None):
+        if slot is not None:
+            raise P.ProgramNotExpressible("a program over a transposed structure (slot order given)")
+        spec = P.spec_of("reduce", inputs, sides, code, consts, width, reduce=reduce)
+        out = _call_program(spec, [rowptr, col, perm, *inputs])
+        # `arg` (the chosen edge of max / min) only serves the backward pass
+        return out, op.Constant(value=_EMPTY_I64)
+
+    def message_edges(rowptr, col, perm, inputs, sides, code, consts, width: int, out_width: int,
+                      by_slot: bool = False, knobs: Sequence[int] = (), csc=(), slot=None):
+        if slot is not None:
+            raise P.ProgramNotExpressible("a program over a transposed structure (slot order given)")
+        spec = P.spec_of("edges", inputs, sides, code, consts, width, out_width=out_width, by_slot=by_slot)
+        return _call_program(spec, [rowptr, col, perm, *inputs])
+
     return {targets.BUILD_CSR: build_csr, targets.PAIR_CSR: pair_csr, targets.SPMM: spmm,
-            targets.EDGE_SOFTMAX: edge_softmax}
+            targets.EDGE_SOFTMAX: edge_softmax, targets.MESSAGE_REDUCE: message_reduce,
+            targets.MESSAGE_EDGES: message_edges}
+
+
+def _call_program(spec, inputs):
+    """Records, in the graph being converted, a call of the message function of ``spec``
+    (:mod:`.onnx_programs`), and hands the exporter the function to define in the model. The
+    exporter's recorder (an onnxscript evaluator) takes ONNX functions in the form of
+    onnxscript functions or ONNX IR ones; a program's body is written node by node, so the
+    call is recorded directly."""
+    import onnx_ir as ir
+    import onnxscript.evaluator
+
+    from . import onnx_functions as F
+    from . import onnx_programs as P
+
+    tracer = onnxscript.evaluator.default()
+    if not hasattr(tracer, "nodes") or not hasattr(tracer, "functions"):  # pragma: no cover - private API
+        raise P.ProgramNotExpressible(f"torch.onnx's recorder changed ({type(tracer).__name__})")
+    fn = ir.serde.deserialize_function(P.function_proto(spec))
+    tracer.functions.setdefault(fn.identifier(), fn)
+    try:  # the recorder's own value type (Python operators on the result)
+        from torch.onnx._internal.exporter._tensors import SymbolicTensor
+
+        outputs = [SymbolicTensor(tracer.opset)]
+    except ImportError:  # pragma: no cover - private layout changed
+        outputs = [ir.Value()]
+    node = ir.Node(F.DOMAIN, spec.name, inputs=list(inputs), outputs=outputs, version=1)
+    tracer.nodes.append(node)
+    return node.outputs[0]
 
 
 def _unsupported_onnx(ep, exc: BaseException) -> Optional[Node]:
@@ -136,7 +182,33 @@ def _inline_helpers(model) -> None:
             fn.opset_imports.pop(F.DOMAIN, None)
 
 
-def to_onnx(ep, path: str, model) -> List[str]:
+class ProgramNotConverted(ExportError):
+    """A message program whose ONNX function could not be written (:mod:`.onnx_programs`):
+    :func:`gnncompile.export.export` then exports the messages as standard ops."""
+
+
+def _calls(ir_model) -> List[Tuple[str, str]]:
+    """``(layer, 'gnncompile::<function>')`` of every call of a fused op in the main graph, the
+    layer read from the node of the exported program that the exporter converted."""
+    from . import onnx_functions as F
+
+    def layer(fx) -> str:
+        if not isinstance(fx, Node):
+            return "?"
+        # a node in no layer of the model: torch.export puts it in its own wrapper module
+        stack = fx.meta.get("nn_module_stack") or {}
+        if stack and all("torch.export" in str(v[-1]) for v in stack.values()):
+            return "<model>"
+        return layer_of(fx)
+
+    return [(layer(node.meta.get("node")), f"{F.DOMAIN}::{node.op_type}")
+            for node in ir_model.graph if node.domain == F.DOMAIN]
+
+
+def to_onnx(ep, path: str, model, args: Optional[Sequence] = None) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """Writes ``ep`` to ``path`` as ONNX; returns the file's functions (``'gnncompile::name'``)
+    and the calls of the fused ops with their layers (:func:`_calls`). ``args``: the example
+    inputs (their dicts name the flattened inputs, :mod:`.onnx_names`)."""
     import onnx
 
     table = _translations()
@@ -146,12 +218,17 @@ def to_onnx(ep, path: str, model) -> List[str]:
         node = _unsupported_onnx(ep, e)
         if node is not None:
             cause = [c for c in chain(e)][-1]
+            if node.target in (targets.MESSAGE_REDUCE, targets.MESSAGE_EDGES):
+                raise ProgramNotConverted(
+                    f"gnncompile.export: cannot export layer {layer_of(node)} to ONNX: its message program "
+                    f"({node.target}) has no ONNX form ({type(cause).__name__}: {one_line(cause, 300)})") from e
             raise ExportError(
                 f"gnncompile.export: cannot export layer {layer_of(node)} to ONNX: operator "
                 f"{node.target} does not convert ({type(cause).__name__}: {one_line(cause, 300)})") from e
         raise fail(model, "ONNX conversion (torch.onnx.export)", e) from e
+    calls = _calls(prog.model)
     _inline_helpers(prog.model)
-    readable_names(prog.model, ep, model)
+    readable_names(prog.model, ep, model, args)
     try:  # drop the constants the exporter left unused (the `arg` output of spmm, ...)
         from onnx_ir.passes import common as ir_common
 
@@ -166,7 +243,7 @@ def to_onnx(ep, path: str, model) -> List[str]:
     functions = [f"{f.domain}::{f.name}" for f in m.functions]
     _log.info("wrote %s: opset %d, inputs %s, outputs %s, functions %s", path, OPSET,
               [i.name for i in m.graph.input], [o.name for o in m.graph.output], functions)
-    return functions
+    return functions, calls
 
 
-__all__ = ["to_onnx", "OPSET"]
+__all__ = ["to_onnx", "OPSET", "ProgramNotConverted"]

@@ -19,6 +19,10 @@ The fused ops (:data:`OPS`, the functions the exporter calls):
   (segment max by ``scatter_rows(max)``, Exp, segment sum by ``scatter_rows(add)``,
   ``+ 1e-16``, division), in the original edge order.
 
+Message programs (``gnncompile::message_reduce`` / ``message_edges``) get one function per
+distinct program, written instruction by instruction by :mod:`.onnx_programs`, which reduces
+with the ``segment_<reduce>`` helpers below.
+
 The helpers they call (:data:`HELPERS`, functions of the same domain; a file written by
 :func:`gnncompile.export.onnx_export.to_onnx` has them inlined into the fused ops):
 

@@ -50,11 +50,12 @@ MODELS = {
     "TransformerConv": lambda: gnn.TransformerConv(F_IN, 4, heads=2),
     "GraphConv": lambda: gnn.GraphConv(F_IN, 4),
     "ChebConv": lambda: gnn.ChebConv(F_IN, 4, K=2),
-    # not fused (message is not a gathered feature): exported as plain ONNX, same numbers
+    # messages that are not a gathered feature: fused as message programs; with
+    # programs=False, exported as plain ONNX (test_onnx_without_programs_is_plain)
     "EdgeConv": lambda: gnn.EdgeConv(torch.nn.Linear(2 * F_IN, 4)),
     "FeaStConv": lambda: gnn.FeaStConv(F_IN, 4),  # an in-place degree count whose result is unused
 }
-UNFUSED = {"EdgeConv", "FeaStConv"}
+PROGRAMS_ONLY = {"EdgeConv", "FeaStConv"}
 
 
 def _model(name):
@@ -81,16 +82,12 @@ def test_onnx_matches_eager(name, tmp_path):
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto, full_check=True)
     assert any(o.domain == "" and o.version >= 18 for o in proto.opset_import)
-    if name in UNFUSED:
-        assert res.num_fused == 0 and not proto.functions
-        sess = _ort(path)
-        torch.testing.assert_close(_run_ort(sess, *OTHER), model(*OTHER), rtol=1e-4, atol=1e-4)
-        return
-    assert res.num_fused >= 1, res.unfused
+    assert res.num_fused >= (0 if name == "EdgeConv" else 1), res.unfused  # EdgeConv: a segment reduction
     # the fused ops are ONNX functions of the gnncompile domain, called from the main graph
     funcs = {(f.domain, f.name) for f in proto.functions}
     assert ("gnncompile", "build_csr") in funcs
-    assert any(n.startswith("spmm_") for d, n in funcs if d == "gnncompile")
+    prefix = "message_" if name in PROGRAMS_ONLY else "spmm_"
+    assert any(n.startswith(prefix) for d, n in funcs if d == "gnncompile")
     called = {(n.domain, n.op_type) for n in proto.graph.node if n.domain == "gnncompile"}
     assert called == funcs
     if name.startswith("GAT") or name == "TransformerConv":
@@ -102,6 +99,18 @@ def test_onnx_matches_eager(name, tmp_path):
         out = _run_ort(sess, x, ei)
         assert out.shape == ref.shape
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS_ONLY))
+def test_onnx_without_programs_is_plain(name, tmp_path):
+    """programs=False: the messages stay the standard ops they are written with (nothing fused
+    in these layers), same numbers."""
+    model = _model(name)
+    path = tmp_path / f"{name}.onnx"
+    res = gnncompile.export(model, EXAMPLE, path, programs=False)
+    assert not res.programs and res.num_fused == 0 and not [f for f in res.fused if f.kind != "degree"]
+    assert not onnx.load(str(path)).functions
+    torch.testing.assert_close(_run_ort(_ort(path), *OTHER), model(*OTHER), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min"])
@@ -147,9 +156,10 @@ def test_torch_export_of_a_compiled_module_is_a_clear_error(tmp_path):
 
 # ----------------------------------------------------------------------------- edge features
 # Layers whose messages are more than a gathered feature (edge attributes, edge weights, gates,
-# per-edge MLPs). gnncompile.compile fuses them as message programs; export runs the passes
-# with programs=False, so these messages stay standard ops in the file. Whatever export does
-# fuse must still be one of the plain fused ops (build_csr, spmm_*, edge_softmax).
+# per-edge MLPs). Export fuses them as message programs, as gnncompile.compile does: in ONNX
+# one function of the gnncompile domain per distinct program (message_<reduce>_<hash>), in pt2
+# the gnncompile::message_reduce / message_edges ops. GINEConv, PNA and EdgeCNN are tested in
+# detail in test_export_programs.py.
 D = 3  # edge feature width
 
 
@@ -165,42 +175,20 @@ def _edge_inputs(graph, kind, seed):
     return x, ei
 
 
-class _EdgeAttrKw(torch.nn.Module):
-    """model(x, edge_index, edge_attr=...): export passes inputs by position, and PyG's PNA /
-    EdgeCNN take edge_weight as their third positional argument."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x, edge_index, edge_attr):
-        return self.model(x, edge_index, edge_attr=edge_attr)
-
-
-def _deg_histogram():
-    x, ei = EXAMPLE
-    return torch.bincount(torch.bincount(ei[1], minlength=x.size(0)))
-
-
-# name -> (factory, extra input, fused chains the export has at least: those that need no
-# message program; the comment is the count observed)
+# name -> (factory, extra input, fused chains the export has at least (num_fused; segment
+# reductions of a message computed outside are not counted); the comment is the count observed)
 EDGE_MODELS = {
-    "GINEConv": (lambda: gnn.GINEConv(torch.nn.Linear(F_IN, 4), edge_dim=D), "attr", 0),  # 0
-    "models.PNA": (lambda: _EdgeAttrKw(models.PNA(
-        F_IN, 16, 2, 4, aggregators=["mean", "min", "max", "std"], scalers=["identity", "amplification"],
-        deg=_deg_histogram(), edge_dim=D)), "attr", 0),  # 0
-    "models.EdgeCNN": (lambda: models.EdgeCNN(F_IN, 16, 2, 4), "", 0),  # 0
-    "ResGatedGraphConv-edge_dim": (lambda: gnn.ResGatedGraphConv(F_IN, 4, edge_dim=D), "attr", 0),  # 0
-    "CGConv": (lambda: gnn.CGConv(F_IN, dim=D), "attr", 0),  # 0
-    "GENConv-softmax": (lambda: gnn.GENConv(F_IN, 4, aggr="softmax", edge_dim=D), "attr", 1),  # 1
-    "LEConv-edge_weight": (lambda: gnn.LEConv(F_IN, 4), "weight", 0),  # 0
-    "FiLMConv": (lambda: gnn.FiLMConv(F_IN, 4), "", 0),  # 0
-    "TransformerConv-edge_dim": (lambda: gnn.TransformerConv(F_IN, 4, heads=2, edge_dim=D), "attr", 1),  # 1
+    "ResGatedGraphConv-edge_dim": (lambda: gnn.ResGatedGraphConv(F_IN, 4, edge_dim=D), "attr", 0),  # 0 (segment)
+    "CGConv": (lambda: gnn.CGConv(F_IN, dim=D), "attr", 0),  # 0 (segment: sigmoid * softplus)
+    "GENConv-softmax": (lambda: gnn.GENConv(F_IN, 4, aggr="softmax", edge_dim=D), "attr", 2),  # 2
+    "LEConv-edge_weight": (lambda: gnn.LEConv(F_IN, 4), "weight", 1),  # 1
+    "FiLMConv": (lambda: gnn.FiLMConv(F_IN, 4), "", 1),  # 1
+    "TransformerConv-edge_dim": (lambda: gnn.TransformerConv(F_IN, 4, heads=2, edge_dim=D), "attr", 2),  # 2
     "GATConv-edge_dim": (lambda: gnn.GATConv(F_IN, 4, heads=2, edge_dim=D), "attr", 2),  # 2
 }
-EXPORT_FUNCTIONS = {"build_csr", "edge_softmax"}  # and spmm_*
-MESSAGE_OPS = {"gnncompile.message_reduce.default", "gnncompile.message_edges.default",
-               "gnncompile.hoisted.default"}
+EXPORT_FUNCTIONS = {"build_csr", "edge_softmax"}  # and spmm_*, message_*
+MESSAGE_OPS = {"gnncompile.message_reduce.default", "gnncompile.message_edges.default"}
+PROGRAM_KINDS = ("message", "segment", "edges")  # report lines of message programs
 
 
 def _edge_case(name):
@@ -220,8 +208,10 @@ def test_onnx_edge_features_match_eager(name, tmp_path):
     onnx.checker.check_model(proto, full_check=True)
     assert len(proto.graph.input) == len(example)
     funcs = {f.name for f in proto.functions if f.domain == "gnncompile"}
-    assert all(f in EXPORT_FUNCTIONS or f.startswith("spmm_") for f in funcs), funcs  # no programs
-    assert bool(funcs) == (res.num_fused > 0)
+    assert all(f in EXPORT_FUNCTIONS or f.startswith(("spmm_", "message_")) for f in funcs), funcs
+    programs = [f for f in res.fused if f.kind in PROGRAM_KINDS]
+    assert programs, res.fused  # every layer here has a message program
+    assert any(f.startswith("message_") for f in funcs), funcs
     sess = _ort(path)
     for inputs in (other, example):  # another size (and isolated nodes), then the example
         with torch.no_grad():
@@ -239,9 +229,10 @@ def test_pt2_edge_features_round_trip(name, tmp_path):
     assert res.num_fused >= fused, res.unfused
     ep = torch.export.load(str(path))
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    assert not targets & MESSAGE_OPS
-    assert "gnncompile.cached_csr.default" not in targets
-    assert ("gnncompile.pair_csr.default" in targets) == (res.num_fused > 0)
+    assert targets & MESSAGE_OPS  # the message programs stay gnncompile ops
+    assert not targets & {"gnncompile.cached_csr.default", "gnncompile.cached_csc.default",
+                          "gnncompile.hoisted.default", "gnncompile.gather.default"}
+    assert "gnncompile.pair_csr.default" in targets
     for inputs in (other, example):
         with torch.no_grad():
             ref = model(*inputs)
