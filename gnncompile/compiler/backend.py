@@ -193,6 +193,19 @@ def break_reason(gm: GraphModule):
     return plain_reason(why.reason), at
 
 
+DDP_SPLIT = "DDPOptimizer intentional graph-break"  # the reason torch gives every piece of a DDP split
+
+
+def _compile_id() -> str:
+    """Dynamo's id of the frame compile under way ('' outside one): the pieces a DDP split
+    hands over one by one share it."""
+    try:
+        cid = torch._guards.CompileContext.current_compile_id()
+    except Exception:  # pragma: no cover - torch internals moved
+        return ""
+    return "" if cid is None else str(cid)
+
+
 def plain_reason(reason) -> str:
     """Dynamo's graph-break reason on one line, without its hints and debug context."""
     return " ".join(ln.strip() for ln in str(reason).splitlines()
@@ -249,6 +262,7 @@ class Backend:
         report.inner = inner
         report.settings = self.settings
         report.graph_break, report.break_at = break_reason(gm)
+        report.compile_id = _compile_id()
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused
         log_fusions(_log, f"graph piece {STATS['graphs']} ({len(gm.graph.nodes)} nodes, "

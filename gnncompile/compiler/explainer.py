@@ -180,6 +180,10 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     # each break once: where a piece ended at it (reason and line from Dynamo's record of the
     # piece), then any break Dynamo counted that ended no piece (nothing traced before it)
     seen = {}
+    ddp_frames: dict = {}  # a DDP split labels each of its k pieces, the last too: k - 1 breaks
+    for r in reports:
+        if r.graph_break.startswith(_backend.DDP_SPLIT):
+            ddp_frames[r.compile_id] = ddp_frames.get(r.compile_id, 0) + 1
     for r in reports:
         if r.graph_break:
             key = (r.graph_break, r.break_at)
@@ -187,6 +191,14 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
                 seen[key].count += 1
             else:
                 seen[key] = GraphBreak(one_line(r.graph_break, 400), 1, r.break_at)
+    splits = sum(k - 1 for k in ddp_frames.values())
+    for key in [k for k in seen if k[0].startswith(_backend.DDP_SPLIT)]:
+        if splits:
+            seen[key].count = splits
+            seen[key].reason = (f"DDP's optimizer split the graph at gradient-bucket boundaries "
+                                f"({sum(ddp_frames.values())} pieces; torch: {seen[key].reason})")
+        else:
+            del seen[key]
     rep.graph_breaks = list(seen.values())
     known = {one_line(r.graph_break, 60) for r in reports if r.graph_break}
     for reason, c in counters.get("graph_break", {}).items():

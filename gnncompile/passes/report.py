@@ -70,6 +70,7 @@ class PassReport(Fusions):
     # Dynamo's hints) and the user's line it broke at ('file.py:12 (forward)')
     graph_break: str = ""
     break_at: str = ""
+    compile_id: str = ""  # Dynamo's frame compile the piece came from (pieces of one DDP split share it)
     # the fused compute ops the rewritten graph calls ('spmm', 'csr_degree', 'edge_softmax',
     # 'message_reduce', 'message_edges'; hoisted regions included), per op: what one forward
     # runs (a chain can call more than one, e.g. an edge program recomputed in CSR order, and

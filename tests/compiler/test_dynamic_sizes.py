@@ -149,5 +149,11 @@ def test_ddp_split_pieces_compile_once_for_all_sizes(tmp_path, monkeypatch):
             torch.testing.assert_close(out, eager(x, ei), rtol=1e-4, atol=1e-5)
             out.sum().backward()
         assert counters["stats"]["unique_graphs"] == 1, "recompiled for a new size"
+        # explain counts the split's boundaries (k pieces: k - 1 breaks), though torch labels
+        # every piece, the last too, with its DDP reason
+        rep = gnncompile.explain(compiled, x, ei)
+        assert rep.num_graphs >= 2, str(rep)
+        split = [b for b in rep.graph_breaks if "gradient-bucket boundaries" in b.reason]
+        assert [b.count for b in split] == [rep.num_graphs - 1], str(rep)
     finally:
         dist.destroy_process_group()
