@@ -18,10 +18,15 @@ COMMANDS = {"info": info, "demo": demo, "export": export, "tune": tune, "profile
 COMMANDS["explain"] = explain
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser (every subcommand)."""
     p = argparse.ArgumentParser(prog="gnncompile", description="Fused PyG message passing.")
     sub = p.add_subparsers(dest="cmd", required=True)
     for module in COMMANDS.values():
         module.add_parser(sub)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     return COMMANDS[args.cmd].run(args)

@@ -10,7 +10,7 @@ variable (the suite's conftest sets some), a cache folder of their own.
 
 The fast tests check the markdown alone (every marked file runs something, every Python block
 parses, relative links resolve); running the snippets takes seconds to a minute per file, so
-those tests are marked slow.
+that test is marked slow, and runs two files at a time.
 """
 from __future__ import annotations
 
@@ -88,29 +88,75 @@ def _user_env(tmp_path: Path) -> dict:
     return env
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("doc", DOCS, ids=_rel)
-def test_marked_snippets_run(doc, tmp_path):
+def _run_doc(doc: Path, folder: Path) -> str:
+    """Runs ``doc``'s marked blocks in order in ``folder``: '' when all exit 0, else what failed."""
+    folder.mkdir(parents=True)
     blocks = marked_blocks(doc)
-    assert blocks, f"{_rel(doc)} has no <!-- test --> block"
-    env = _user_env(tmp_path)
+    if not blocks:
+        return f"{_rel(doc)} has no <!-- test --> block"
+    env = _user_env(folder)
     for i, (lang, code, save_as) in enumerate(blocks):
         if save_as is not None:
-            (tmp_path / save_as).write_text(code)
+            (folder / save_as).write_text(code)
             continue
         if lang == "python":
-            script = tmp_path / f"snippet_{i}.py"
+            script = folder / f"snippet_{i}.py"
             cmd = [sys.executable, str(script)]
         elif lang in ("sh", "bash"):
-            script = tmp_path / f"snippet_{i}.sh"
+            script = folder / f"snippet_{i}.sh"
             cmd = ["bash", "-e", str(script)]
         else:
-            pytest.fail(f"{_rel(doc)}: a marked block in {lang!r}; only python and sh run")
+            return f"{_rel(doc)}: a marked block in {lang!r}; only python and sh run"
         script.write_text(code)
         try:
-            r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+            r = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=TIMEOUT)
         except subprocess.TimeoutExpired as e:  # its partial output is bytes, even with text=True
             out = [(s or b"").decode(errors="replace")[-2000:] for s in (e.stdout, e.stderr)]
-            pytest.fail(f"{_rel(doc)}: marked block {i} ({lang}) ran over {TIMEOUT} s\n{out[0]}\n{out[1]}")
-        assert r.returncode == 0, (f"{_rel(doc)}: marked block {i} ({lang}) exited with {r.returncode}\n"
-                                   f"--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}")
+            return f"{_rel(doc)}: marked block {i} ({lang}) ran over {TIMEOUT} s\n{out[0]}\n{out[1]}"
+        if r.returncode != 0:
+            return (f"{_rel(doc)}: marked block {i} ({lang}) exited with {r.returncode}\n"
+                    f"--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}")
+    return ""
+
+
+#: documents whose snippets the suite does not run, and the tests that run the same paths: their
+#: ``gnncompile`` command lines are parsed instead (test_command_lines_parse)
+NOT_RUN = {"tuning.md": "tests/tuner/test_tuner.py::test_cli_tune_writes_profile_that_compile_uses "
+                        "(a tuning run, then compile with its profile)"}
+
+
+def _command_lines(doc: Path):
+    """The ``gnncompile ...`` command lines of ``doc``'s marked sh blocks (continuations joined)."""
+    for lang, code, save_as in marked_blocks(doc):
+        if lang in ("sh", "bash") and save_as is None:
+            for line in code.replace("\\\n", " ").splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line.startswith("gnncompile "):
+                    yield line
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_command_lines_parse(doc, capsys):
+    """Every documented ``gnncompile`` command line is one the command line accepts."""
+    import shlex
+
+    from gnncompile import cli
+
+    for line in _command_lines(doc):
+        try:
+            cli.parser().parse_args(shlex.split(line)[1:])
+        except SystemExit:
+            pytest.fail(f"{_rel(doc)}: `{line}` is refused: {capsys.readouterr().err.strip()}")
+
+
+@pytest.mark.slow
+def test_marked_snippets_run(tmp_path):
+    """Every document's marked blocks (but NOT_RUN's), two documents at a time (a snippet is
+    mostly one busy thread: importing, tracing, compiling), the longest first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    docs = [d for d in DOCS if d.name not in NOT_RUN]
+    order = sorted(docs, key=lambda d: -sum(len(code) for _, code, _ in marked_blocks(d)))
+    with ThreadPoolExecutor(2) as pool:
+        failed = [f for f in pool.map(lambda d: _run_doc(d, tmp_path / d.stem), order) if f]
+    assert not failed, "\n\n".join(failed)

@@ -210,10 +210,10 @@ def _live_regions() -> int:
 @pytest.mark.parametrize("inner", ["eager", "aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_regions_live_only_as_long_as_a_compiled_graph_that_calls_them(inner):
     """Every fresh compile whose region code differs (static sizes here) registered one more
-    region and none was ever freed: 1, 2, 3, 4 regions over GCNs run on 50, 51, 52, 53 nodes."""
+    region and none was ever freed: 1, 2 regions over GCNs run on 50, 51 nodes."""
     _fresh()
     before = _live_regions()
-    for n in (50, 51, 52, 53):
+    for n in (50, 51):
         torch.manual_seed(0)
         model = models.GCN(F, 16, 2, 4)
         c = gnncompile.compile(model, inner=inner)
