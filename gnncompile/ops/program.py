@@ -174,7 +174,8 @@ def encode_many(roots: Sequence[Expr]) -> Tuple[List[int], List[float], List[int
     for i, x in enumerate(order):
         op, children, params = x
         operands = [slot[c] for c in children]
-        for c in set(children):  # operands whose last reader this is free their slot
+        for c in dict.fromkeys(children):  # operands whose last reader this is free their slot (in
+            # operand order: a set's order follows string hashes, which differ between processes)
             if last_use[c] == i:
                 free.append(slot[c])
         if free:

@@ -318,3 +318,24 @@ def test_a_graph_without_edges():
         assert got.shape == (N, F) and (got == 0).all()
     got = _run_function(_spec("edges", "", code, consts, ins, out_width=2), [rowptr, col, perm, *ins])
     assert got.shape == (0, 2)
+
+
+@pytest.mark.slow  # three fresh interpreters
+def test_encoding_does_not_depend_on_the_process_hash_seed():
+    """A program's code (so its function name) is the same in every process: the slot allocation
+    once iterated a set of sub-expressions, whose order follows string hashes (PYTHONHASHSEED)."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("from gnncompile.ops import program as P\n"
+              "x = [P.inp(k) for k in range(5)]\n"
+              "e = P.node('mul', P.node('add', x[0], x[1]), P.node('sub', x[2], P.node('relu', x[0])))\n"
+              "print(P.encode(e)[0])\n")
+    outs = set()
+    for seed in ("0", "1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs.add(r.stdout)
+    assert len(outs) == 1, outs
