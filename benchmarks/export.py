@@ -201,7 +201,7 @@ def markdown(p: dict) -> str:
         f"alternating; torch threads = onnxruntime "
         f"intra-op threads = {p['machine']['threads']}; onnxruntime {p['onnxruntime']}, CPU provider.",
         "Outputs agree within 1e-4 before timing. Measured on a shared machine "
-        f"({p['machine']['device']}; other jobs running, so the times are noisy)"
+        f"({p['machine']['device']}; the load average below says how busy it was)"
         + (f"; {_common.load_text(p['loadavg_before_after'])}." if "loadavg_before_after" in p else "."),
         "",
         "GINE, PNA and EdgeCNN fuse only as message programs: their ONNX files hold one function of the "
