@@ -148,10 +148,11 @@ class _HeteroGraph:
             src, _, dst = et
             ei = _check_edge_index(data[et].get("edge_index"), f"edge type {et}")
             n_src, n_dst = self.num_nodes[self.index[src]], self.num_nodes[self.index[dst]]
-            if ei.numel() and (int(ei[1].min()) < 0 or int(ei[1].max()) >= n_dst):
-                raise IndexError(f"edge type {et}: edge_index[1] holds a node outside [0, {n_dst}) of type {dst!r}")
-            st = _structure.structure(ei, n_dst)
-            st.check_sources(n_src)
+            try:  # (the structure checks both index rows; the message names the edge type)
+                st = _structure.structure(ei, n_dst)
+                st.check_sources(n_src)
+            except IndexError as e:
+                raise IndexError(f"edge type {et}: {e}") from None
             pairs = _slot_pairs(st, max(n_src, n_dst))
             if pairs is not None:
                 self.colptrs.append(st.extras["sampler_colptr"])
