@@ -205,6 +205,64 @@ def cache_dir() -> Path:
     return base / "gnncompile"
 
 
+#: the variables a launcher (torchrun, torch.distributed.run) sets for each rank process, read by
+#: :func:`launcher` (gnncompile does not set them; the README's table does not list them)
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process stands in a ``torchrun`` job (one process: world_size 1, rank 0).
+
+    ``group_rank`` is the node's rank (torchrun's ``--node-rank``); ``run_id`` names the job
+    (torchrun's run id, the rendezvous address and port and the restart count; '' for one
+    process), so that two jobs, or two simulated nodes on one host, never mistake each other's
+    files (torchrun without ``--standalone`` sets the run id 'none': the address tells them apart)."""
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    local_world_size: int = 1
+    group_rank: int = 0
+    run_id: str = ""
+
+
+def launcher() -> Launch:
+    """The launcher's variables of this process (:data:`LAUNCHER_VARIABLES`), checked: a value
+    that is not a non-negative integer, or a rank outside its world, is a :class:`ConfigError`."""
+    raw = {k: os.environ.get(k) for k in LAUNCHER_VARIABLES}
+
+    def count(name: str, default: int) -> int:
+        v = (raw[name] or "").strip()
+        if not v:
+            return default
+        try:
+            n = int(v)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ConfigError(f"{name}={v!r}: the launcher's {name} must be an integer >= 0")
+        return n
+
+    L = Launch(world_size=max(count("WORLD_SIZE", 1), 1), rank=count("RANK", 0),
+               local_rank=count("LOCAL_RANK", 0), local_world_size=max(count("LOCAL_WORLD_SIZE", 1), 1),
+               group_rank=count("GROUP_RANK", 0),
+               run_id="|".join(raw[k] or "" for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
+                                                       "TORCHELASTIC_RESTART_COUNT")).strip("|"))
+    if L.rank >= L.world_size or L.local_rank >= L.local_world_size:
+        raise ConfigError(f"RANK={L.rank} / WORLD_SIZE={L.world_size}, LOCAL_RANK={L.local_rank} / "
+                          f"LOCAL_WORLD_SIZE={L.local_world_size}: a rank must be below its world size")
+    return L
+
+
+def child_environment(**overrides: str) -> Dict[str, str]:
+    """This process's environment with ``overrides``: what a child process gnncompile starts
+    (a rank of a data-parallel tuning trial) is given."""
+    env = dict(os.environ)
+    env.update(overrides)
+    return env
+
+
 def table() -> str:
     """The markdown table of :data:`VARIABLES` (the README holds it)."""
     lines = ["| variable | values | what it sets |", "|---|---|---|"]
@@ -213,4 +271,5 @@ def table() -> str:
 
 
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
+           "Launch", "LAUNCHER_VARIABLES", "launcher", "child_environment",
            "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES"]

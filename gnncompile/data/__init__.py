@@ -3,12 +3,17 @@
 * :class:`PooledLoader` (:mod:`.loader`): PyG ``DataLoader`` batches collated natively into
   reused buffers, optionally filled by worker processes.
 * :class:`NeighborLoader` / :class:`NeighborSampler` (:mod:`.neighbor`): PyG-compatible
-  neighbor sampling for mini-batch training on large graphs, with a native kernel.
+  neighbor sampling for mini-batch training on large graphs, with a native kernel; sharded over
+  the ranks of data-parallel training with ``distributed=True``.
+* :func:`shared_graph` (:mod:`.shared`): one copy of the graph, and of the sampler's CSC, per
+  host in shared memory, for the ranks of data-parallel training.
 * :mod:`.synthetic`: :func:`power_law_graph` and :func:`graph_dataset`, for the demo, the
   benchmarks and the tuner's default workloads.
 """
 from .loader import PooledLoader
 from .neighbor import NeighborLoader, NeighborSampler
+from .shared import SharedInfo, shared_graph
 from .synthetic import GraphList, graph_dataset, power_law_graph
 
-__all__ = ["PooledLoader", "NeighborLoader", "NeighborSampler", "power_law_graph", "graph_dataset", "GraphList"]
+__all__ = ["PooledLoader", "NeighborLoader", "NeighborSampler", "shared_graph", "SharedInfo", "power_law_graph",
+           "graph_dataset", "GraphList"]

@@ -12,7 +12,8 @@ What is sampled: for each hop ``h``, every node added in the previous hop (hop 0
 draws ``num_neighbors[h]`` of its in-edges (-1: all of them; without replacement, all of them
 when it has no more); the new source nodes follow in order of first appearance. The graph's
 CSC (in-edges grouped by destination) is built once, by the structure cache, and shared by every
-sampler and loader over the same ``edge_index``.
+sampler and loader over the same ``edge_index``; on a graph from
+:func:`gnncompile.data.shared_graph` it is the host's one copy, mapped from shared memory.
 
 Randomness: a batch's sample depends only on a 64-bit batch seed, never on threads or worker
 processes. The loader derives it from its ``seed`` (drawn from torch's generator when not
@@ -144,10 +145,19 @@ class _HeteroGraph:
                 raise ValueError(f"node type {t!r} has no node count: set data[{t!r}].num_nodes or its x")
             self.num_nodes.append(int(n))
         self.colptrs, self.rows, self.perms = [], [], []
+        self.shared = 0  # edge types whose CSC is shared_graph's
         for et in self.edge_types:
             src, _, dst = et
-            ei = _check_edge_index(data[et].get("edge_index"), f"edge type {et}")
+            raw = data[et].get("edge_index")
+            ei = _check_edge_index(raw, f"edge type {et}")
             n_src, n_dst = self.num_nodes[self.index[src]], self.num_nodes[self.index[dst]]
+            shared = _shared_csc(data, et, raw, n_dst, n_src)
+            if shared is not None:  # the host's one copy, from shared_graph (validated there)
+                self.shared += 1
+                self.colptrs.append(shared.colptr)
+                self.rows.append(shared.row)
+                self.perms.append(shared.perm)
+                continue
             try:  # (the structure checks both index rows; the message names the edge type)
                 st = _structure.structure(ei, n_dst)
                 st.check_sources(n_src)
@@ -202,7 +212,7 @@ def _slot_pairs(st, num_nodes: int) -> Optional[Tensor]:
     (kept with it, with a huge-page copy of colptr): one cache line per sampled edge instead of
     two. None beyond int32."""
     E = st.col.numel()
-    if num_nodes >= 2**31 or E >= 2**31:
+    if not _fits_pairs(num_nodes, E):
         return None
     pairs = st.extras.get("sampler_pairs")
     if pairs is None:
@@ -215,6 +225,48 @@ def _slot_pairs(st, num_nodes: int) -> Optional[Tensor]:
         colptr.copy_(st.rowptr)
         st.extras["sampler_pairs"], st.extras["sampler_colptr"] = pairs, colptr
     return pairs
+
+
+# A Data from gnncompile.data.shared_graph carries the sampler's CSC, mapped from the host's one
+# shared copy, under this attribute (in the Data's __dict__, not its store: never a data key).
+_SHARED_CSC_ATTR = "_gnncompile_shared_csc"
+
+
+class _SharedCsc:
+    """The sampler's CSC of one ``edge_index`` tensor (built and validated once per host by
+    :func:`gnncompile.data.shared_graph`, mapped by the others): valid for that very tensor
+    object, at the version counter it had, and those numbers of destination and source nodes.
+    ``row``: the int32 (source, edge id) slot pairs [E, 2] (``perm`` None), or the sources
+    [E] with ``perm`` the edge ids (beyond int32)."""
+
+    __slots__ = ("edge_index", "version", "num_dst", "num_src", "colptr", "row", "perm")
+
+    def __init__(self, edge_index: Tensor, num_dst: int, num_src: int, colptr: Tensor, row: Tensor,
+                 perm: Optional[Tensor]) -> None:
+        self.edge_index, self.version = edge_index, edge_index._version
+        self.num_dst, self.num_src = int(num_dst), int(num_src)
+        self.colptr, self.row, self.perm = colptr, row, perm
+
+    def describes(self, edge_index: Any, num_dst: int, num_src: int) -> bool:
+        return (edge_index is self.edge_index and edge_index._version == self.version
+                and int(num_dst) == self.num_dst and int(num_src) == self.num_src)
+
+
+def _shared_csc(data: Any, edge_type: Optional[tuple], edge_index: Any, num_dst: int,
+                num_src: int) -> Optional[_SharedCsc]:
+    """The shared CSC that ``data`` carries for this edge_index (of ``edge_type`` on a
+    HeteroData, None on a Data), if it still describes it."""
+    shared = getattr(data, _SHARED_CSC_ATTR, None)
+    if isinstance(shared, dict):
+        shared = shared.get(edge_type)
+    if shared is not None and shared.describes(edge_index, num_dst, num_src):
+        return shared
+    return None
+
+
+def _fits_pairs(num_nodes: int, num_edges: int) -> bool:
+    """Whether the sampler keeps its slots as int32 (source, edge id) pairs."""
+    return num_nodes < 2**31 and num_edges < 2**31
 
 
 class NeighborSampler(BaseSampler):
@@ -239,6 +291,10 @@ class NeighborSampler(BaseSampler):
     per node type ``n_id`` and ``num_sampled_nodes`` (hops + 1 entries), per edge type ``e_id``
     and ``num_sampled_edges``, ``input_id`` and ``batch_size`` on the input type, so
     ``trim_to_layer`` and ``to_hetero`` models run on them. Directed and not disjoint only.
+
+    On a graph from :func:`gnncompile.data.shared_graph` the sampler reads the CSC that the
+    host's local rank 0 built (``shared_csc`` is True), as long as the graph's ``edge_index``
+    is the tensor it came with, unchanged; otherwise it builds its own.
     """
 
     def __init__(self, data: Any, num_neighbors: Any, replace: bool = False,
@@ -247,17 +303,25 @@ class NeighborSampler(BaseSampler):
         self.seed = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed)
         self._calls = 0
         self.hetero: Optional[_HeteroGraph] = None
+        self.shared_csc = False
         if isinstance(data, HeteroData):
             if disjoint or not directed:
                 raise ValueError("gnncompile NeighborSampler on a heterogeneous graph samples directed, not "
                                  "disjoint (directed=True, disjoint=False)")
             self.hetero = _HeteroGraph(data)
+            self.shared_csc = self.hetero.shared == len(self.hetero.edge_types)
             self.num_neighbors = _hetero_fanouts(num_neighbors, self.hetero.edge_types)
             return
         self.num_neighbors = _check_fanout(num_neighbors)
         if disjoint and not directed:
             raise ValueError("directed=False (the induced subgraph) is not supported with disjoint=True")
         edge_index, self.num_nodes = _graph_of(data)
+        shared = _shared_csc(data, None, data.edge_index, self.num_nodes, self.num_nodes)
+        self.shared_csc = shared is not None  # the host's one copy, from shared_graph (validated there)
+        if shared is not None:
+            self.colptr, self.row, self.perm = shared.colptr, shared.row, shared.perm
+            self._pairs = shared.row if shared.row.dim() == 2 else None
+            return
         st = _structure.structure(edge_index, self.num_nodes)
         st.check_sources(self.num_nodes)
         self.colptr, self.row, self.perm = st.rowptr, st.col, st.perm
@@ -313,22 +377,53 @@ class NeighborSampler(BaseSampler):
 
 class _EpochSampler(torch.utils.data.Sampler):
     """Positions 0..n-1 (shuffled or not), each shifted by ``epoch * n`` so that the loader's
-    collate function knows the epoch in whichever process it runs."""
+    collate function knows the epoch in whichever process it runs.
 
-    def __init__(self, n: int, shuffle: bool, seed: int) -> None:
-        self.n, self.shuffle, self.seed, self.epoch = n, shuffle, seed, -1
+    Sharded (``num_replicas`` > 1, or a rank given): every rank draws the same order of all n
+    positions (from the seed and the epoch), pads it by wrapping around to a multiple of
+    ``num_replicas`` (or, with ``drop_last``, cuts it to one) and takes every
+    ``num_replicas``-th position from its ``rank`` on: ``DistributedSampler``'s split.
+
+    Epochs: each iteration runs the epoch after the previous one (the first: 0), unless
+    :meth:`set_epoch` named the next one."""
+
+    def __init__(self, n: int, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0,
+                 drop_last: bool = False) -> None:
+        self.n, self.shuffle, self.seed = n, shuffle, seed
+        self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
+        self.epoch, self._pending = 0, True  # `epoch` is the next iteration's while pending
+
+    def set_epoch(self, epoch: int) -> None:
+        epoch = operator.index(epoch)
+        if epoch < 0:
+            raise ValueError(f"the epoch must be >= 0, got {epoch}")
+        self.epoch, self._pending = epoch, True
 
     def __len__(self) -> int:
-        return self.n
+        R = self.num_replicas
+        return self.n // R if self.drop_last else -(-self.n // R)
 
-    def __iter__(self):
-        self.epoch += 1
+    def order(self, epoch: int) -> Tensor:
+        """This rank's positions of ``epoch``, in order (not yet shifted by the epoch)."""
         if self.shuffle:
-            g = torch.Generator().manual_seed(_mix(self.seed, self.epoch, 1))
+            g = torch.Generator().manual_seed(_mix(self.seed, epoch, 1))
             order = torch.randperm(self.n, generator=g)
         else:
             order = torch.arange(self.n)
-        return iter((order + self.epoch * self.n).tolist())
+        R = self.num_replicas
+        if R == 1:
+            return order
+        total = len(self) * R
+        if total > self.n:  # pad by wrapping around (as often as it takes when n < R)
+            order = order.repeat(-(-total // self.n))
+        return order[self.rank:total:R]
+
+    def __iter__(self):
+        if self._pending:
+            self._pending = False
+        else:
+            self.epoch += 1
+        return iter((self.order(self.epoch) + self.epoch * self.n).tolist())
 
 
 class _Positions:
@@ -353,6 +448,56 @@ def _profile_loader_settings(profile: Any) -> dict:
     return {} if p.is_default else p.loader_kwargs()
 
 
+def _as_int(name: str, v: Any) -> int:
+    if isinstance(v, bool):
+        raise TypeError(f"NeighborLoader: {name} must be an int, got {v!r}")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"NeighborLoader: {name} must be an int, got {v!r}") from None
+
+
+def _shard_settings(distributed: bool, num_replicas: Optional[int], rank: Optional[int]):
+    """(sharded, num_replicas, rank, group): the explicit values, the missing ones from the
+    default process group (``group``: whether one is initialized); (False, 1, 0, ...) when
+    neither ``distributed`` nor a value is given."""
+    import torch.distributed as dist
+
+    group = dist.is_available() and dist.is_initialized()
+    if not distributed and num_replicas is None and rank is None:
+        return False, 1, 0, group
+    if num_replicas is None or rank is None:
+        if not group:
+            missing = " and ".join(k for k, v in (("num_replicas", num_replicas), ("rank", rank)) if v is None)
+            raise RuntimeError(
+                f"NeighborLoader(distributed=True) takes {missing} from torch.distributed, but no process group "
+                "is initialized: call torch.distributed.init_process_group() first, or give num_replicas= and "
+                "rank= (and seed=) explicitly")
+        num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+        rank = dist.get_rank() if rank is None else rank
+    num_replicas, rank = _as_int("num_replicas", num_replicas), _as_int("rank", rank)
+    if num_replicas < 1:
+        raise ValueError(f"NeighborLoader: num_replicas must be >= 1, got {num_replicas}")
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"NeighborLoader: rank must be in [0, {num_replicas - 1}] (num_replicas={num_replicas}), "
+                         f"got {rank}")
+    return True, num_replicas, rank, group
+
+
+def _shared_seed(seed: Optional[int], sharded: bool, group: bool) -> Optional[int]:
+    """The loader seed every rank agrees on: the given one, else rank 0's, broadcast."""
+    if seed is not None or not sharded:
+        return seed
+    if not group:
+        raise ValueError("NeighborLoader: sharded without a process group (num_replicas= and rank= given), so "
+                         "the ranks cannot agree on a drawn seed: give the same seed= on every rank")
+    import torch.distributed as dist
+
+    box = [int(torch.randint(0, 2**62, (1,)).item())]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
 class NeighborLoader(NodeLoader):
     """PyG's ``NeighborLoader`` over :class:`NeighborSampler` (``Data`` or ``HeteroData``).
 
@@ -364,16 +509,42 @@ class NeighborLoader(NodeLoader):
     (path, :class:`~gnncompile.profiles.Profile` or 'auto') whose ``batch_size``,
     ``num_workers``, ``pool_size`` (batches in flight: the DataLoader's prefetch depth),
     ``pin_memory`` and ``persistent_workers`` apply where they are not given here.
+
+    Data-parallel training (one loader per rank, as with ``DistributedSampler``):
+
+    * ``distributed=True``: shard the input nodes over the ranks of the default
+      ``torch.distributed`` process group (it must be initialized); ``num_replicas`` and
+      ``rank`` give the split explicitly instead (they win over the process group's, and need
+      none: one process can rebuild any rank's batches; then ``seed`` is required).
+    * Each epoch, every rank takes the same order of all input nodes (shuffled by ``seed`` and
+      the epoch, or in order), padded by wrapping around to a multiple of ``num_replicas``, and
+      uses every ``num_replicas``-th from ``rank`` on. So every rank gets ``ceil(n /
+      num_replicas)`` seeds and the same number of batches, and the ranks together cover every
+      input node (the padding repeats a few). ``shard_drop_last=True`` cuts the order to a
+      multiple of ``num_replicas`` instead (``n // num_replicas`` seeds a rank; the tail of
+      the order, a different one each shuffled epoch, is left out).
+    * The seed must be the same on every rank: with ``seed=None`` and a process group, rank 0's
+      is broadcast (a collective: construct the loader on every rank).
+    * A rank's batches are a function of (``seed``, epoch, ``num_replicas``, ``rank``), with any
+      ``num_workers``; with one replica they are the unsharded loader's.
+
+    Epochs: each iteration is the next epoch (the first is 0). ``set_epoch(k)``, as
+    ``DistributedSampler.set_epoch``, makes the next iteration epoch ``k`` (resuming a run);
+    ``loader.epoch`` is the epoch of the iteration under way (before the first, or after
+    ``set_epoch``, the next one's).
     """
 
     def __init__(self, data: Any, num_neighbors: Any, input_nodes: Any = None,
                  batch_size: Optional[int] = None, shuffle: bool = False, replace: bool = False,
                  directed: bool = True, disjoint: bool = False, num_workers: Optional[int] = None,
                  persistent_workers: Optional[bool] = None, pin_memory: Optional[bool] = None,
-                 seed: Optional[int] = None, profile: Any = None, **kwargs) -> None:
+                 seed: Optional[int] = None, profile: Any = None, distributed: bool = False,
+                 num_replicas: Optional[int] = None, rank: Optional[int] = None,
+                 shard_drop_last: bool = False, **kwargs) -> None:
         for key in ("sampler", "batch_sampler"):
             if key in kwargs:
                 raise TypeError(f"NeighborLoader chooses the {key} itself; use shuffle/seed")
+        sharded, num_replicas, rank, group = _shard_settings(bool(distributed), num_replicas, rank)
         given = {"batch_size": batch_size, "num_workers": num_workers,
                  "persistent_workers": persistent_workers, "pin_memory": pin_memory}
         settings = _profile_loader_settings(profile)
@@ -386,15 +557,28 @@ class NeighborLoader(NodeLoader):
         if pool and opts["num_workers"] > 0 and "prefetch_factor" not in kwargs:
             kwargs["prefetch_factor"] = max(1, math.ceil(pool / opts["num_workers"]))
         n = self._num_inputs(data, input_nodes)
+        seed = _shared_seed(seed, sharded, group)
         sampler = NeighborSampler(data, num_neighbors, replace=replace, directed=directed,
                                   disjoint=disjoint, seed=seed)
         self.seed = sampler.seed
-        self._epochs = _EpochSampler(n, bool(shuffle), sampler.seed)
+        self.num_replicas, self.rank = num_replicas, rank
+        self._epochs = _EpochSampler(n, bool(shuffle), sampler.seed, num_replicas, rank, bool(shard_drop_last))
         super().__init__(data, node_sampler=sampler, input_nodes=input_nodes,
                          sampler=self._epochs, **opts, **kwargs)
         # DataLoader freezes `dataset` after __init__; the positions it yields carry the epoch.
         object.__setattr__(self, "dataset", _Positions(n))
         self.settings = dict(opts, prefetch_factor=kwargs.get("prefetch_factor"))
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the iteration under way (before the first, or after :meth:`set_epoch`:
+        the next iteration's)."""
+        return self._epochs.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next iteration epoch ``epoch`` (its shuffle and batch seeds), as
+        ``DistributedSampler.set_epoch``; later iterations count on from it."""
+        self._epochs.set_epoch(epoch)
 
     @staticmethod
     def _num_inputs(data: Any, input_nodes: Any) -> int:
@@ -422,6 +606,8 @@ class NeighborLoader(NodeLoader):
         epoch, pos = idx // n, idx % n
         input_data: NodeSamplerInput = self.input_data[pos]
         batch_seed = _mix(self.seed, int(epoch[0]) if idx.numel() else 0, int(pos[0]) if idx.numel() else 0)
+        if self._epochs.num_replicas > 1:  # ranks whose batches start at the same (padded) position differ
+            batch_seed = _mix(batch_seed, self._epochs.num_replicas, self._epochs.rank)
         out = self.node_sampler.sample_from_nodes(input_data, seed=batch_seed)
         if self.filter_per_worker:
             out = self.filter_fn(out)
