@@ -75,7 +75,7 @@ class CompiledModule(torch.nn.Module):
                 out = self._orig_mod(*args, **kwargs)
             except Exception as own:
                 raise own from None
-            why = error_line(compiled_error, 300)
+            why = error_line(compiled_error, 300) + known_cause(compiled_error)
             object.__setattr__(self, "_failed", why)
             warnings.warn(f"gnncompile: compiling {type(self._orig_mod).__name__} failed inside torch.compile "
                           f"({why}); the model runs as written (eagerly) from now on",
@@ -136,6 +136,23 @@ class CompiledModule(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"inner={self.gnncompile_settings.inner}"
+
+
+# torch.compile failures whose cause torch's message does not name: a part of the message -> the cause
+_KNOWN_CAUSES = {
+    # torch's DDPOptimizer (Dynamo splitting the graph of a model run by DDP at its gradient
+    # buckets) asserts that DDP's first bucket (1 MiB) is no larger than bucket_cap_mb
+    "First bucket should be smaller/equal to other buckets": (
+        "DistributedDataParallel(bucket_cap_mb=...) is below 1: torch.compile's DDP optimizer, which splits "
+        "the compiled graph at DDP's gradient buckets, needs bucket_cap_mb >= 1 (MiB), the size of DDP's first "
+        "bucket"),
+}
+
+
+def known_cause(error: BaseException) -> str:
+    """' (cause: ...)' for a torch.compile failure listed in _KNOWN_CAUSES, else ''."""
+    text = str(error)
+    return next((f" (cause: {c})" for k, c in _KNOWN_CAUSES.items() if k in text), "")
 
 
 class CompileFallbackWarning(UserWarning):

@@ -31,6 +31,18 @@ class GraphBreak:
 
 
 @dataclass
+class GraphPiece(Fusions):
+    """One graph piece compiled while explain ran (in the order Dynamo handed them over): what
+    fused in it and what it left, and the graph break that ended it ('' where its frame
+    returned; every piece of a DDP split names DDP's split)."""
+    graph_break: str = ""
+
+    def as_dict(self) -> dict:
+        return {"num_fused": self.num_fused, "fused": [asdict(f) for f in self.fused],
+                "unfused": [asdict(u) for u in self.unfused], "graph_break": self.graph_break}
+
+
+@dataclass
 class ExplainReport(Fusions):
     num_graphs: int = 0
     graph_breaks: List[GraphBreak] = field(default_factory=list)
@@ -48,6 +60,8 @@ class ExplainReport(Fusions):
     # the fused compute ops one call runs, per op (gnncompile.passes.fused_op_calls): what a
     # profiler sees of the fused chains above
     op_calls: Dict[str, int] = field(default_factory=dict)
+    # each graph piece's own fused chains (the lists above are all pieces' together)
+    pieces: List[GraphPiece] = field(default_factory=list)
 
     @property
     def num_graph_breaks(self) -> int:
@@ -65,6 +79,8 @@ class ExplainReport(Fusions):
             if title == "fused:" and self.op_calls:
                 lines.append("  fused op calls per forward: "
                              + ", ".join(f"{k} x{v}" for k, v in sorted(self.op_calls.items())))
+            if title == "fused:" and len(self.pieces) > 1:
+                lines.append("  fused chains per graph piece: " + ", ".join(str(p.num_fused) for p in self.pieces))
         if self.skipped_frames:
             lines.append("frames Dynamo skipped (they run eagerly; nothing in them is fused):")
             lines += [f"  {f}" for f in self.skipped_frames]
@@ -98,7 +114,8 @@ class ExplainReport(Fusions):
                 "skipped_frames": list(self.skipped_frames),
                 "recompile_limits": list(self.recompile_limits),
                 "settings": self.settings.as_dict() if self.settings is not None else None,
-                "guard": self.guard, "op_calls": dict(self.op_calls)}
+                "guard": self.guard, "op_calls": dict(self.op_calls),
+                "pieces": [p.as_dict() for p in self.pieces]}
 
 
 def _frame_root(report, model) -> str:
@@ -168,6 +185,8 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     rep = ExplainReport(num_graphs=len(reports), settings=settings, guard=guard)
     for r in reports:
         _place_in_model(r, model)
+        rep.pieces.append(GraphPiece(fused=list(r.fused), unfused=list(r.unfused),
+                                     graph_break=one_line(r.graph_break, 400)))
         rep.fused += r.fused
         rep.unfused += r.unfused
         rep.notes += [n for n in r.notes if n not in rep.notes]
@@ -257,4 +276,4 @@ def skipped_frame(msg: str) -> str:
     return f"{where.group(1).strip()}: {why}" if why else where.group(1).strip()
 
 
-__all__ = ["explain", "ExplainReport", "GraphBreak"]
+__all__ = ["explain", "ExplainReport", "GraphBreak", "GraphPiece"]
