@@ -15,6 +15,9 @@
   (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
   kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
+  A data-parallel neighbor workload (``Workload(ranks=N)``, N > 1: each trial is N gloo rank
+  processes, :func:`tuner.workloads.measure`) searches threads per rank, up to CPUs / N, and
+  records ``ranks`` in the workload (so in the study's name and the profile).
 * objective: training throughput after warm-up (:func:`tuner.workloads.measure`), reported
   per chunk so that the median pruner stops hopeless trials. Peak memory above
   ``memory_budget`` makes a trial infeasible (Optuna constraint, and the trial fails). A trial
@@ -122,7 +125,8 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
     else:
         s.update(batch_size=None, pool_size=None, num_workers=0, persistent_workers=False,
                  pin_memory=False)
-    s["threads"] = None if cuda else trial.suggest_int("threads", 1, cpus)
+    # threads per process: a data-parallel trial's ranks share the CPUs
+    s["threads"] = None if cuda else trial.suggest_int("threads", 1, max(1, cpus // w.ranks))
     default_knobs = _device.default_settings(props)["knobs"]
     if w.compiled:
         if cuda:

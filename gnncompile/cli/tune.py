@@ -77,6 +77,10 @@ def add_parser(sub) -> None:
                    help="neighbor: neighbors sampled per hop (-1: all)")
     t.add_argument("--train-fraction", type=_fraction, default=0.1,
                    help="neighbor: share of the nodes used as training seeds")
+    t.add_argument("--ranks", type=_positive_int, default=1,
+                   help="neighbor: run each trial as N data-parallel gloo rank processes on this host "
+                        "(DDP around the compiled model, each rank its own shard of the seeds, threads "
+                        "per rank); the profile records ranks")
     t.add_argument("--num-graphs", type=int, default=20000, help="graphs")
     t.add_argument("--min-nodes", type=int, default=10, help="graphs")
     t.add_argument("--max-nodes", type=int, default=40, help="graphs")
@@ -152,7 +156,7 @@ def _workload(Workload, args):
                     num_features=args.num_features, compiled=not args.no_compile, num_nodes=args.num_nodes,
                     num_edges=args.num_edges, num_graphs=args.num_graphs, min_nodes=args.min_nodes,
                     max_nodes=args.max_nodes, warmup=args.warmup, steps=args.steps,
-                    fanout=list(args.fanout), train_fraction=args.train_fraction)
+                    fanout=list(args.fanout), train_fraction=args.train_fraction, ranks=args.ranks)
 
 
 def run(args) -> int:
