@@ -7,15 +7,17 @@ and ``run(args) -> exit status``.
     gnncompile explain MODEL -i ...      what fuses, what does not and why, graph breaks
     gnncompile tune ...                  an Optuna study, written as a device profile
     gnncompile profile list|show         the device profiles
+    gnncompile train ...                 a compiled GraphSAGE on sampled batches (one process or torchrun)
 """
 from __future__ import annotations
 
 import argparse
 
-from . import demo, explain, export, info, profile, tune
+from . import demo, explain, export, info, profile, train, tune
 
 COMMANDS = {"info": info, "demo": demo, "export": export, "tune": tune, "profile": profile}
 COMMANDS["explain"] = explain
+COMMANDS["train"] = train
 
 
 def parser() -> argparse.ArgumentParser:
