@@ -23,13 +23,15 @@ demo: $(STAMP)
 	$(VENV)/bin/gnncompile demo
 	$(PY) -m benchmarks ops --quick
 
-# Every test (what CI runs). test-fast leaves out the tests marked slow (each over about 5 s,
-# none the only cover for its behaviour): a few minutes, for the edit-test loop.
+# Every test (what CI runs), on every core: pytest-xdist workers, each taking whole files (a
+# file's tests run in order in one process, sharing its fixtures). test-fast leaves out the tests
+# marked slow (each over about 5 s, none the only cover for its behaviour): a few minutes, for
+# the edit-test loop.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 test-all: test
 

@@ -106,6 +106,34 @@ def run_child(cmd: list, env: dict, timeout: float, tail_chars: int = 500) -> di
     return {"error": f"rc {p.returncode}: {tail[0][:tail_chars]}", "command": " ".join(cmd)}
 
 
+def process_tree(pid: int) -> List[int]:
+    """``pid`` and its descendants (Linux /proc; children before they are lost to a parent's
+    exit): torchrun starts each rank in a session of its own, so killing the launcher's process
+    group leaves the ranks running."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL to ``pid`` and every descendant (see :func:`process_tree`)."""
+    import signal
+
+    for p in process_tree(pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def write_json(path: Path, payload: dict, default: Optional[Callable] = None) -> None:
     """Writes ``payload`` to ``path`` (through a temporary file, so a reader never sees half of
     it); ``default`` as json.dumps takes it (``str`` for payloads holding other objects)."""

@@ -41,10 +41,14 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+#: a distributed run's DDP module and the tensors it all-reduced itself, kept to the end of the
+#: process (see _leave)
+_ALIVE: list = []
 #: the arguments that define the model and the data: a checkpoint must match them to resume
 MODEL_ARGS = ("data", "nodes", "degree", "features", "classes", "hidden", "layers", "seed")
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid"
@@ -184,6 +188,7 @@ class _Dist:
         t = torch.tensor([float(v) for v in values], dtype=torch.float64)
         if self.active:
             dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+            _ALIVE.append(t)  # gloo's worker thread may release it after this returns
         return t.tolist()
 
     def barrier(self) -> None:
@@ -196,7 +201,8 @@ class _Dist:
         import torch.distributed as dist
 
         if self.active and dist.is_initialized():
-            dist.destroy_process_group()
+            dist.barrier()  # every rank done with its collectives
+            dist.destroy_process_group()  # (DDP's reducer, kept in _ALIVE, still holds the group)
 
 
 def _model(args, in_channels: int, out_channels: int):
@@ -331,6 +337,8 @@ def run(args) -> Dict[str, Any]:
             optimizer.load_state_dict(ckpt["optimizer"])
             start_epoch, steps = ckpt["epoch"] + 1, ckpt["steps"]
         net = _wrap(args, model, dist_)
+        if dist_.active:
+            _ALIVE.append(net)
         loader = NeighborLoader(data, fanout, input_nodes=data.train_idx, batch_size=args.batch_size,
                                 shuffle=True, seed=args.seed, distributed=dist_.active)
         lead = dist_.rank == 0
@@ -414,15 +422,40 @@ def _bar(total: int, desc: str, disable: bool):
     return tqdm(total=total, desc=desc, leave=False)
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+def _leave(code: int) -> None:
+    """Ends a distributed run's process now, files written and output flushed, without the
+    interpreter's teardown: freeing DDP's reducer frees the gloo process group, whose destructor
+    joins its worker threads while holding the GIL, and a worker that is still releasing a
+    finished all-reduce needs the GIL: both wait for ever (seen in about one 2-rank job of three
+    on a loaded machine). The shared graph's files are removed first."""
+    from .data import shared
+
+    shared.release_files()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main(argv=None, args: Optional[argparse.Namespace] = None, prog: str = "gnncompile.train") -> int:
+    """The command line: runs :func:`run`; 2 for a :class:`TrainError` (printed in one line). A
+    distributed run's process ends here (:func:`_leave`), with the status as its exit code."""
+    if args is None:
+        args = parser().parse_args(argv)
     warnings.filterwarnings("ignore", module="torch_geometric")
+    code = 0
     try:
         run(args)
     except TrainError as e:
-        print(f"gnncompile.train: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        code = 2
+    except BaseException:
+        if not _ALIVE:
+            raise
+        traceback.print_exc()
+        code = 1
+    if _ALIVE:
+        _leave(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ TORCH_PIN="$(mktemp)"
 trap 'rm -f "$TORCH_PIN"' EXIT
 "$PY" -c 'import torch; print("torch==" + torch.__version__)' > "$TORCH_PIN"
 "$PY" -m pip install -q -c "$TORCH_PIN" "scikit-build-core>=1.0" "pybind11>=2.12" cmake ninja numpy \
-  "torch_geometric>=2.5" scipy "pytest>=7" "hypothesis>=6" matplotlib "optuna>=3.5" tqdm onnx onnxruntime onnxscript \
+  "torch_geometric>=2.5" scipy "pytest>=7" "pytest-xdist>=3.5" "hypothesis>=6" matplotlib "optuna>=3.5" tqdm onnx onnxruntime onnxscript \
   optuna-dashboard psycopg2-binary pgserver lightning
 
 "$PY" -m pip install -q --no-build-isolation --no-deps -e .

@@ -12,13 +12,6 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    import sys
-
     from .. import train
 
-    try:
-        train.run(args)
-    except train.TrainError as e:
-        print(f"gnncompile train: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return train.main(args=args, prog="gnncompile train")

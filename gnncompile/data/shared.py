@@ -173,6 +173,12 @@ def _remove_owned(pid: int) -> None:
 atexit.register(_remove_owned, os.getpid())
 
 
+def release_files() -> None:
+    """Removes the shared-memory files this process wrote now (mappings stay valid), as its exit
+    would: for a process that ends with ``os._exit``, which runs no exit handler."""
+    _remove_owned(os.getpid())
+
+
 # ----------------------------------------------------------------------------- tensors <-> files
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
