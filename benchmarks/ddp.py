@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -96,16 +97,25 @@ def make_data(nodes: int, seeds: int):
     return Data(x=x, y=y, edge_index=ei, num_nodes=nodes), train
 
 
+# every DDP module a rank made, kept to the end of its process, which ends with os._exit: freed
+# after destroy_process_group, DDP's reducer frees the gloo group, whose destructor can deadlock
+# with a worker thread releasing a finished collective (gnncompile/train.py's _leave)
+_KEEP: list = []
+
+
 def wrap(model, variant: str, dynamic: Optional[bool]):
     """The variant's training module around ``model`` (its parameters are the model's)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if variant == "eager":
-        return DDP(model, bucket_cap_mb=1)
-    if variant == "ddp-compile":
-        return DDP(gnncompile.compile(model, dynamic=dynamic), bucket_cap_mb=1)
-    settings = {"choices": {"guard": "off"}} if variant == "compile-ddp-noguard" else None
-    return gnncompile.compile(DDP(model, bucket_cap_mb=1), dynamic=dynamic, settings=settings)
+        run = DDP(model, bucket_cap_mb=1)
+    elif variant == "ddp-compile":
+        run = DDP(gnncompile.compile(model, dynamic=dynamic), bucket_cap_mb=1)
+    else:
+        settings = {"choices": {"guard": "off"}} if variant == "compile-ddp-noguard" else None
+        run = gnncompile.compile(DDP(model, bucket_cap_mb=1), dynamic=dynamic, settings=settings)
+    _KEEP.append(run)
+    return run
 
 
 def _compiled_of(run):
@@ -501,7 +511,8 @@ def main(argv=None) -> dict:
     opts.rounds = opts.rounds or (1 if q else 3)
     if opts.child:
         print("RESULT " + json.dumps(rank_main(opts)), flush=True)
-        return {}
+        sys.stderr.flush()
+        os._exit(0)  # without the interpreter's teardown (see _KEEP)
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
