@@ -1,8 +1,9 @@
 """Autograd formulas of the kernel ops (registered with ``torch.library.register_autograd``).
 
 * ``spmm``: sum / mean backward is the CSC spmm of the output gradient (for x) and ``edge_dot``
-  (for the weight); max / min route each output gradient to the edge chosen in the forward pass,
-  or follow torch's formula where that differs (ties, NaN: :mod:`.extremes`).
+  (for the weight); max / min route each output gradient to the edge chosen in the forward pass
+  (``arg_route`` for x, ``arg_edge_dot`` for the weight: no sort, no atomics), or follow torch's
+  formula where that differs (ties, NaN: :mod:`.extremes`).
 * ``edge_softmax``: ``edge_softmax_backward``; a second derivative is refused with a clear error.
 * ``edge_dot``: two spmm calls, so that a double backward through spmm is exact.
 * ``gather``: a segment sum over the structure that groups the edges by the gathered index.
@@ -60,10 +61,56 @@ def accumulate_rows(out: torch.Tensor, index: torch.Tensor, values: torch.Tensor
     out.view(-1).index_put_((flat.reshape(-1),), values.reshape(-1), accumulate=True)
 
 
-def _arg_backward(x_shape, col, perm, weight, x, arg, g, need_x, need_w):
+# How the max / min backward's fast form routes each gradient to its recorded winner:
+# "native": gnncompile::arg_route (and arg_edge_dot for an edge weight): one pass over the CSC, or
+# on the CPU over the records, with no sort and no atomics (native/cpu/arg_route_core.h); "scatter":
+# the tensor operations it replaced (accumulate_rows: scatter_add_ on the CPU, on CUDA an
+# index_put_ that sorts the M x F indices). Read where the backward is traced (compiled graphs)
+# or run (eager): a switch for tests and benchmarks/arg_backward.py. Both give the same bits on the
+# CPU in float32 / float64 (the same terms, added in the same order).
+ARG_ROUTE = "native"
+ROUTES = ("native", "scatter")
+
+
+def _arg_route() -> str:
+    if ARG_ROUTE not in ROUTES:
+        raise ValueError(f"gnncompile.ops.autograd.ARG_ROUTE must be one of {ROUTES}, got {ARG_ROUTE!r}")
+    return ARG_ROUTE
+
+
+def arg_route_csc(rowptr, col, perm, csc, num_src: int, device):
+    """The CSC that ``gnncompile::arg_route`` walks: ``csc`` when given, else built on a device
+    where the op needs one (CUDA); on the CPU none (the op then walks the records, which reads
+    the CSR alone: cheaper than building the transpose)."""
+    if csc is not None and len(csc) == 3 and csc[0] is not None:
+        return tuple(csc)
+    if device.type == "cpu":
+        return (None, None, None)
+    return transpose_structure(rowptr, col, perm, num_src)
+
+
+def _arg_backward(x_shape, rowptr, col, perm, csc, weight, x, arg, g, need_x, need_w, knobs):
     """max / min, the fast form: each gradient ``g`` (0 where nothing is routed) goes to the
-    winner recorded in ``arg`` ([M, F] tensors, not [E, F]; tensor operations only: traced into
-    the backward graph, where its compiler fuses them)."""
+    winner recorded in ``arg`` ([M, F] tensors, not [E, F]): gnncompile::arg_route and
+    arg_edge_dot, or with ARG_ROUTE == "scatter" tensor operations (traced into the backward
+    graph, where its compiler fuses them)."""
+    if _arg_route() == "scatter":
+        return _arg_backward_scatter(x_shape, col, perm, weight, x, arg, g, need_x, need_w)
+    if col.numel() == 0:  # no edge: every output is the constant 0
+        gx = torch.zeros(x_shape, dtype=g.dtype, device=g.device) if need_x else None
+        return gx, (torch.zeros_like(weight) if need_w else None)
+    gx = gw = None
+    if need_x:
+        t = arg_route_csc(rowptr, col, perm, csc, x_shape[0], g.device)
+        gx = ops.arg_route(rowptr, col, perm, weight, arg, g, x_shape[0], knobs, *t).reshape(x_shape)
+    if need_w:
+        heads = weight.shape[1] if weight.dim() == 2 else 1
+        gw = ops.arg_edge_dot(rowptr, col, perm, x, arg, g, heads, knobs).reshape(weight.shape)
+    return gx, gw
+
+
+def _arg_backward_scatter(x_shape, col, perm, weight, x, arg, g, need_x, need_w):
+    """The fast form as tensor operations (ARG_ROUTE == "scatter")."""
     M = g.shape[0]
     if col.numel() == 0:  # no edge: every output is the constant 0
         gx = torch.zeros(x_shape, dtype=g.dtype, device=g.device) if need_x else None
@@ -89,6 +136,81 @@ def _arg_backward(x_shape, col, perm, weight, x, arg, g, need_x, need_w):
         accumulate_rows(gw, flat.reshape(-1), torch.where(valid, xs * g, torch.zeros_like(g)).reshape(-1))
         gw = gw.reshape(weight.shape)
     return gx, gw
+
+
+# arg_route and arg_edge_dot are differentiable too, so that a double backward through max / min
+# is exact (each is linear in each of its float inputs). With j the record of (r, f) when it is a
+# slot of row r (s = col[j], e = perm[j], h the head of f), and G the upstream gradient:
+#   arg_route     out[s, f] += grad[r, f] w[e, h]:  d grad[r, f] = G[s, f] w[e, h]   (a gather)
+#                                                   d w[e, h]    = arg_edge_dot(G, grad)
+#   arg_edge_dot  out[e, h] += grad[r, f] x[s, f]:  d x          = arg_route(weight G, grad)
+#                                                   d grad[r, f] = x[s, f] G[e, h]   (a gather)
+def _winner_values(rowptr, col, perm, arg, src, weight):
+    """``[M, *F]``: at every record that is a slot ``j`` of its row, ``src[col[j]]`` (times
+    ``weight[perm[j]]``, per head for an ``[E, H]`` weight); 0 elsewhere."""
+    M = arg.shape[0]
+    Fw = math.prod(arg.shape[1:])
+    a = arg.reshape(M, Fw)
+    if col.numel() == 0:
+        return torch.zeros(arg.shape, dtype=src.dtype, device=src.device)
+    valid = (a >= rowptr[:-1].view(-1, 1)) & (a < rowptr[1:].view(-1, 1))
+    j = torch.where(valid, a, torch.zeros_like(a))
+    v = src.reshape(src.shape[0], Fw).gather(0, col.long()[j])
+    if weight is not None:
+        e = perm.long()[j]
+        if weight.dim() == 2 and weight.shape[1] > 1:
+            head = torch.div(torch.arange(Fw, device=a.device), Fw // weight.shape[1], rounding_mode="floor")
+            v = v * weight[e, head.view(1, Fw).expand(M, Fw)]
+        else:
+            v = v * weight.reshape(-1)[e]
+    return torch.where(valid, v, torch.zeros_like(v)).reshape(arg.shape)
+
+
+def _arg_route_setup(ctx, inputs, output):
+    rowptr, col, perm, weight, arg, grad, num_src, knobs, rowptr_t, col_t, perm_t = inputs
+    ctx.knobs = knobs
+    ctx.save_for_backward(rowptr, col, perm, weight, arg, grad if ctx.needs_input_grad[3] else None)
+
+
+def _arg_route_backward(ctx, g):
+    rowptr, col, perm, weight, arg, grad = ctx.saved_tensors
+    g = g.contiguous()
+    gw = gg = None
+    if ctx.needs_input_grad[3]:
+        heads = weight.shape[1] if weight.dim() == 2 else 1
+        gw = ops.arg_edge_dot(rowptr, col, perm, g, arg, grad, heads, ctx.knobs).reshape(weight.shape)
+    if ctx.needs_input_grad[5]:
+        gg = _winner_values(rowptr, col, perm, arg, g, weight)
+    return None, None, None, gw, None, gg, None, None, None, None, None
+
+
+torch.library.register_autograd("gnncompile::arg_route", _arg_route_backward, setup_context=_arg_route_setup)
+
+
+def _arg_edge_dot_setup(ctx, inputs, output):
+    rowptr, col, perm, x, arg, grad, heads, knobs = inputs
+    ctx.heads, ctx.knobs, ctx.x_shape = heads, knobs, x.shape
+    ctx.save_for_backward(rowptr, col, perm, x if ctx.needs_input_grad[5] else None, arg,
+                          grad if ctx.needs_input_grad[3] else None)
+
+
+def _arg_edge_dot_backward(ctx, g):
+    rowptr, col, perm, x, arg, grad = ctx.saved_tensors
+    H = ctx.heads
+    g = g.contiguous()
+    gx = gg = None
+    if ctx.needs_input_grad[3]:
+        M = grad.shape[0]
+        per_head = (M, H, math.prod(grad.shape[1:]) // H) if H > 1 else grad.shape  # arg_route's [E, H] weight form
+        t = arg_route_csc(rowptr, col, perm, None, ctx.x_shape[0], g.device)
+        gx = ops.arg_route(rowptr, col, perm, g if H > 1 else g.reshape(-1), arg.reshape(per_head),
+                           grad.reshape(per_head), ctx.x_shape[0], ctx.knobs, *t).reshape(ctx.x_shape)
+    if ctx.needs_input_grad[5]:
+        gg = _winner_values(rowptr, col, perm, arg, x, g)
+    return None, None, None, gx, None, gg, None, None
+
+
+torch.library.register_autograd("gnncompile::arg_edge_dot", _arg_edge_dot_backward, setup_context=_arg_edge_dot_setup)
 
 
 @torch.library.custom_op("gnncompile::spmm_arg_formula", mutates_args=("gx", "gw"))
@@ -170,8 +292,8 @@ def _spmm_backward(ctx, grad_out, grad_arg):
         rows = extremes.formula_rows(a.reshape(M, Fw), g.reshape(M, Fw),
                                      extremes.non_finite(weight if need_x else None, x if need_w else None))
         relu = ctx.relu_input and weight is None  # (an extreme of 0 routes nothing: no scaling for it)
-        gx, gw = _arg_backward(ctx.x_shape, col, perm, weight, x, a, extremes.fast_grad(a, out, g, rows, not relu),
-                               need_x, need_w)
+        gx, gw = _arg_backward(ctx.x_shape, rowptr, col, perm, (rowptr_t, col_t, perm_t), weight, x, a,
+                               extremes.fast_grad(a, out, g, rows, not relu), need_x, need_w, ctx.knobs)
         ops.spmm_arg_formula(rowptr, col, perm, weight, x, a, out, g, rows, reduce, gx, gw)
     return None, None, None, gw, gx, None, None, None, None, None, None
 

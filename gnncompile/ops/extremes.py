@@ -20,7 +20,9 @@ the winner when one message reached the extreme, ``-N`` for a tie of ``N``, or
 * the fast one, where it gives torch's numbers: no tie and no NaN extreme anywhere, finite
   gradients, finite inputs, and derivatives that cannot be infinite at finite inputs: each
   gradient goes to its winner alone (``[M, F]`` tensors; ``g / 2`` for a winner at exactly 0
-  where torch counts the buffer);
+  where torch counts the buffer), added to the winner's source row by ``gnncompile::arg_route``
+  (and to its edge weight by ``arg_edge_dot``) with no sort and no atomics, in the order of
+  torch's ``scatter_add_`` over the winners (ops/autograd.py, ``ARG_ROUTE``);
 * in the rows where it does not, the formula itself, as a sum reduction's backward over the
   edges of those rows (the kernels' CSR and CSC passes over a structure of those rows): the
   message program's derivatives with the upstream gradient ``eq(m, y) * (g / N)`` per edge

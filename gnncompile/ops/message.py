@@ -24,6 +24,7 @@ import torch
 
 from . import extremes
 from . import program as P
+from . import autograd as _autograd
 from .autograd import accumulate_rows
 from .reference import _rows, arg_record
 from .schemas import _lib, ops
@@ -401,7 +402,8 @@ def formula_grads(csr, inputs, sides, code, consts, F, need, arg, out, grad, kno
             grads[k].add_(g)
 
 
-def _extreme_grads(csr, ins, sides, code, consts, F, need, arg, out, g, knobs) -> List[Optional[torch.Tensor]]:
+def _extreme_grads(csr, ins, sides, code, consts, F, need, arg, out, g, knobs,
+                   csc: Sequence[torch.Tensor] = ()) -> List[Optional[torch.Tensor]]:
     """max / min: the fast form (traced: tensor operations only) and torch's formula in the rows
     where that differs (ops/extremes.py), through message_arg_formula."""
     everywhere = True if _unbounded(code, consts) else extremes.non_finite(*ins)
@@ -414,15 +416,18 @@ def _extreme_grads(csr, ins, sides, code, consts, F, need, arg, out, g, knobs) -
         arg = torch.where(zero, torch.full_like(arg, -1), arg)
     rows = extremes.formula_rows(arg, g, everywhere)
     grads = _arg_grads(csr, ins, sides, code, consts, F, need, arg, extremes.fast_grad(arg, out, g, rows, not relu),
-                       rows)
+                       rows, knobs, csc)
     filled = [gk if gk is not None else g.new_empty(0) for gk in grads]
     ops.message_arg_formula(*csr, ins, sides, code, consts, F, arg, out, g, rows, list(need), knobs, filled)
     return grads
 
 
-def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad, rows=None) -> List[Optional[torch.Tensor]]:
+def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad, rows=None, knobs: Sequence[int] = (),
+               csc: Sequence[torch.Tensor] = ()) -> List[Optional[torch.Tensor]]:
     """max / min, the fast form: d_k at the winner of every (row, feature), added where input k
-    was read ([M, F] tensors); rows in ``rows`` (bool [M]) are left to :func:`formula_grads`."""
+    was read ([M, F] tensors); rows in ``rows`` (bool [M]) are left to :func:`formula_grads`.
+    An input read per neighbour at every feature gets its sums from gnncompile::arg_route (no
+    sort: ops/autograd.py, ARG_ROUTE), the others from accumulate_rows."""
     rowptr, col, perm = csr
     M = arg.shape[0]
     valid = arg >= 0
@@ -461,6 +466,10 @@ def _arg_grads(csr, inputs, sides, code, consts, F, need, arg, grad, rows=None) 
             continue
         dk = P.evaluate(d[0], d[1], vals + [g], F).expand(M, F)
         dk = torch.where(valid, dk, torch.zeros_like(dk))
+        if sides[k] == P.COL and t.shape[1] == F and _autograd._arg_route() == "native":
+            c = _autograd.arg_route_csc(rowptr, col, perm, csc, t.shape[0], t.device)
+            out.append(ops.arg_route(rowptr, col, perm, None, arg, dk.contiguous(), t.shape[0], list(knobs), *c))
+            continue
         gk = torch.zeros(t.numel() + t.shape[1], dtype=t.dtype, device=t.device)
         accumulate_rows(gk, flat[k].reshape(-1), dk.reshape(-1))
         out.append(gk[:t.numel()].reshape(t.shape))
@@ -507,7 +516,7 @@ def _reduce_backward(ctx, grad_out, grad_arg):
             g = g / (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(g.dtype).view(-1, 1)
         grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, g, P.ROW, knobs)
     else:
-        grads = _extreme_grads(csr, ins, sides, code, consts, F, ctx.need, arg, out, g, knobs)
+        grads = _extreme_grads(csr, ins, sides, code, consts, F, ctx.need, arg, out, g, knobs, csc)
     return _fix_empty(_backward_return(n_csc, grads), ctx)
 
 

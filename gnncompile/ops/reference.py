@@ -157,6 +157,65 @@ def edge_dot(rowptr, col, perm, x, g, heads: int, knobs: Sequence[int] = ()):
     return out
 
 
+def _check_records(arg: torch.Tensor, grad: torch.Tensor, op: str) -> None:
+    if arg.shape != grad.shape or arg.dtype != torch.long:
+        raise ValueError(f"{op}: arg must be int64 of grad's shape {list(grad.shape)}, got {arg.dtype} "
+                         f"{list(arg.shape)}")
+
+
+def arg_route(rowptr, col, perm, weight: Optional[torch.Tensor], arg, grad, num_src: int,
+              knobs: Sequence[int] = (), rowptr_t=None, col_t=None, perm_t=None):
+    """out[s] = the sum over the edges e = (s -> r) of source s, in CSR slot order, of grad[r] (times
+    the weight of e) where arg[r] records e's CSR slot; 0 elsewhere. (The CSC is the native
+    kernels' way there: the reference reads the CSR, and only checks the CSC.)"""
+    op = "gnncompile.arg_route"
+    _check_records(arg, grad, op)
+    N, M, E = int(num_src), rowptr.numel() - 1, col.numel()
+    check_structure(rowptr, col, perm, N, op)
+    if (rowptr_t is None) != (col_t is None) or (col_t is None) != (perm_t is None):
+        raise ValueError(f"{op}: rowptr_t, col_t and perm_t come together (the CSC) or not at all")
+    if rowptr_t is not None:
+        check_structure(rowptr_t, col_t, perm_t, M, op)
+        if col_t.numel() != E or rowptr_t.numel() != N + 1:
+            raise ValueError(f"{op}: the CSC is not the transpose of a CSR of {E} edges from {N} sources")
+    if grad.shape[0] != M:
+        raise ValueError(f"{op}: grad has {grad.shape[0]} rows for {M} destination rows")
+    rows = _rows(rowptr)
+    g = _acc(grad).index_select(0, rows)  # [E, *F]: the gradient of every slot's row
+    if weight is not None:
+        g = g * _weight_view(weight, grad, perm)
+    slots = torch.arange(E, device=grad.device).view(-1, *([1] * (grad.dim() - 1)))
+    hit = arg.index_select(0, rows) == slots
+    out = torch.zeros((N,) + tuple(grad.shape[1:]), dtype=g.dtype, device=grad.device)
+    # index_add_ adds the slots in order, sources apart: per source, its edges in CSR slot order
+    out.index_add_(0, col.long(), torch.where(hit, g, torch.zeros_like(g)))
+    return out.to(grad.dtype)
+
+
+def arg_edge_dot(rowptr, col, perm, x, arg, grad, heads: int, knobs: Sequence[int] = ()):
+    """out[perm[j], h] = the sum, over the features f of head h in order, of grad[r, f] *
+    x[col[j], f] where arg[r, f] == j (j a slot of row r)."""
+    op = "gnncompile.arg_edge_dot"
+    _check_records(arg, grad, op)
+    E, M = col.numel(), rowptr.numel() - 1
+    check_structure(rowptr, col, perm, x.size(0), op)
+    check_perm_unique(perm, op)
+    F = _features(x)
+    if heads < 1 or F % heads or grad.shape[0] != M or _features(grad) != F:
+        raise ValueError(f"{op}: grad must be [{M}, ...] with x's {F} features, heads ({heads}) dividing them")
+    acc = _acc(x).dtype
+    out = torch.zeros(E * heads + 1, dtype=acc, device=x.device)  # + 1: where nothing is routed
+    if E and M and F:
+        a = arg.reshape(M, F)
+        valid = (a >= rowptr[:-1].long().view(-1, 1)) & (a < rowptr[1:].long().view(-1, 1))
+        j = torch.where(valid, a, torch.zeros_like(a))
+        xs = _acc(x).reshape(-1, F).gather(0, col.long()[j])
+        h = torch.div(torch.arange(F, device=x.device), F // heads, rounding_mode="floor").view(1, F)
+        flat = torch.where(valid, perm.long()[j] * heads + h, torch.full_like(j, E * heads))
+        out.scatter_add_(0, flat.reshape(-1), (xs * _acc(grad).reshape(M, F)).reshape(-1))
+    return out[:E * heads].reshape(E, heads).to(x.dtype)
+
+
 def _edge_rows(rowptr, perm, op: str):
     """(E, M, perm as int64, CSR row of every slot) of a structure an edge op writes through."""
     E = perm.numel()

@@ -37,6 +37,20 @@ _lib.define("gather(Tensor x, Tensor index, Tensor rowptr, Tensor perm, int[] kn
 _lib.define(
     "edge_softmax_backward(Tensor rowptr, Tensor perm, Tensor out, Tensor grad, int[] knobs) -> Tensor"
 )
+# The max / min backward's fast form (ops/autograd.py): each gradient goes to the winner the
+# forward recorded in `arg` (a CSR slot; the other records, -1, ties and NaN, route nothing), with
+# no sort and no atomics. arg_route: the gradient of the gathered rows, [num_src, *F], by one pass
+# over the CSC (rowptr_t, col_t, perm_t: the CSR's transpose; CUDA needs it) or, on the CPU, over
+# the records where that costs less or no CSC is given (native/cpu/arg_route_core.h), weight as
+# spmm's; arg_edge_dot: the gradient of spmm's edge weight, [E, heads], by one pass over the CSR.
+_lib.define(
+    "arg_route(Tensor rowptr, Tensor col, Tensor perm, Tensor? weight, Tensor arg, Tensor grad, int num_src, "
+    "int[] knobs, Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None) -> Tensor"
+)
+_lib.define(
+    "arg_edge_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor arg, Tensor grad, int heads, "
+    "int[] knobs) -> Tensor"
+)
 # A copy of a structure that keeps what the native code knows of the original (built by
 # build_csr, or validated once: native/common/trust.h), so that ops need not validate it again.
 _lib.define("clone_structure(Tensor rowptr, Tensor col, Tensor perm) -> (Tensor, Tensor, Tensor)")
@@ -101,7 +115,7 @@ from . import _native  # noqa: E402,F401  (must come after the schemas are defin
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
               "segment_ids", "clone_structure", "fingerprint", "neighbor_sample", "hetero_neighbor_sample",
-              "dropout"):
+              "dropout", "arg_route", "arg_edge_dot"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
@@ -169,3 +183,13 @@ def _edge_softmax_fake(rowptr, perm, scores, knobs):
 @torch.library.register_fake("gnncompile::edge_softmax_backward")
 def _edge_softmax_backward_fake(rowptr, perm, out, grad, knobs):
     return torch.empty_like(out, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("gnncompile::arg_route")
+def _arg_route_fake(rowptr, col, perm, weight, arg, grad, num_src, knobs, rowptr_t=None, col_t=None, perm_t=None):
+    return grad.new_empty((num_src,) + tuple(grad.shape[1:]))
+
+
+@torch.library.register_fake("gnncompile::arg_edge_dot")
+def _arg_edge_dot_fake(rowptr, col, perm, x, arg, grad, heads, knobs):
+    return x.new_empty((col.shape[0], heads))

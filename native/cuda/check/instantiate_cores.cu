@@ -3,6 +3,7 @@
 // kind x weight x vector width) for every target architecture without any torch header, so a
 // machine with nvcc but no CUDA build of torch still proves the cores build. Not part of the
 // extension (CMake globs native/cuda/*.cu, not this folder).
+#include "../arg_route_core.cuh"
 #include "../build_csr_core.cuh"
 #include "../edge_dot_core.cuh"
 #include "../edge_softmax_core.cuh"
@@ -18,7 +19,9 @@ namespace gpu {
   template cudaError_t spmm_launch<T, I>(const SpmmParams<T, I>&, const GroupConfig&, cudaStream_t);         \
   template cudaError_t edge_dot_launch<T, I>(const EdgeDotParams<T, I>&, const GroupConfig&, cudaStream_t);  \
   template cudaError_t edge_seg_launch<false, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);               \
-  template cudaError_t edge_seg_launch<true, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);
+  template cudaError_t edge_seg_launch<true, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);                \
+  template cudaError_t arg_route_launch<T, I>(const ArgRouteParams<T, I>&, const GroupConfig&, cudaStream_t); \
+  template cudaError_t arg_edge_dot_launch<T, I>(const ArgEdgeDotParams<T, I>&, cudaStream_t);
 
 #define GNN_INSTANTIATE_INDEX(I)                                                                             \
   GNN_INSTANTIATE_FLOAT_INDEX(float, I)                                                                      \
@@ -35,7 +38,8 @@ namespace gpu {
                                                const int64_t*, const int*, cudaStream_t);                    \
   template cudaError_t rowptr_from_sorted_launch<I>(const I*, int64_t, int64_t, I*, int, cudaStream_t);      \
   template cudaError_t identity_perm_launch<I>(const I*, int64_t, I*, I*, int, cudaStream_t);                \
-  template cudaError_t fingerprint_launch<I>(const I*, int64_t, unsigned long long*, int, cudaStream_t);
+  template cudaError_t fingerprint_launch<I>(const I*, int64_t, unsigned long long*, int, cudaStream_t);      \
+  template cudaError_t invert_perm_launch<I>(const I*, int64_t, I*, int, cudaStream_t);
 
 GNN_INSTANTIATE_INDEX(int32_t)
 GNN_INSTANTIATE_INDEX(int64_t)
