@@ -20,8 +20,8 @@ A data-parallel trial (``Workload(kind="neighbor", ranks=N)``, N > 1): :func:`me
 trial as N gloo rank processes on this host (``MASTER_ADDR=127.0.0.1``, a free port per trial),
 each with 1 torch thread unless the settings' ``threads`` says otherwise (``threads`` is per
 rank), its own equal share of the training seeds (:class:`gnncompile.data.NeighborLoader`'s
-``num_replicas`` / ``rank`` split with the remainder left out where the loader has it, else
-:func:`rank_shard`: N equal blocks of the seed ids, the remainder dropped), and the model as ``DistributedDataParallel(gnncompile.compile(model, ...))``
+``num_replicas`` / ``rank`` split with the remainder left out), and the model as
+``DistributedDataParallel(gnncompile.compile(model, ...))``
 with the trial's compile settings (``DDP(model)`` uncompiled). The throughput is the ranks'
 combined one: the seeds of every rank over the slowest rank's wall time; the peak memory is the
 largest rank's; progress is reported per chunk as for one process. A rank that fails, or ranks
@@ -287,41 +287,23 @@ def prepare(w: Workload) -> None:
         _graph(w.num_nodes, w.num_edges, w.num_features, w.num_classes, w.seed)
 
 
-def rank_shard(train: torch.Tensor, rank: int, ranks: int) -> torch.Tensor:
-    """Rank ``rank``'s training seeds: the ``rank``-th of ``ranks`` equal blocks of ``train``
-    (the remainder, fewer than ``ranks`` seeds, is left out: every rank has as many seeds, so as
-    many batches of the same sizes, and no rank waits in an all-reduce the others never reach)."""
-    per = train.numel() // ranks
-    return train[rank * per:(rank + 1) * per]
-
-
 def _neighbor_loader(w: Workload, settings: Dict[str, Any], dev: torch.device, rank: Optional[int] = None):
     """:class:`gnncompile.data.NeighborLoader` with the settings under test; ``pool_size`` is
     the batches in flight, the DataLoader's prefetch depth (``prefetch_factor`` per worker), as
     ``NeighborLoader(profile=...)`` applies it. ``rank``: this rank's shard of the seeds (a
     data-parallel trial), as many seeds on every rank: the loader's own split
-    (``num_replicas=``, ``rank=``, ``shard_drop_last=True``) where it has one, else
-    :func:`rank_shard`."""
-    import inspect
-
+    (``num_replicas=``, ``rank=``, ``shard_drop_last=True``, the same seed on every rank)."""
     from gnncompile.data import NeighborLoader
 
     data, train = neighbor_data(w)
-    seed = w.seed
     kw: Dict[str, Any] = {}
     if rank is not None:
-        params = inspect.signature(NeighborLoader).parameters
-        if "num_replicas" in params and "rank" in params:
-            kw.update(num_replicas=w.ranks, rank=rank)  # the same seed on every rank: its split
-            if "shard_drop_last" in params:
-                kw["shard_drop_last"] = True
-        else:
-            train, seed = rank_shard(train, rank, w.ranks), w.seed + rank
+        kw.update(num_replicas=w.ranks, rank=rank, shard_drop_last=True)
     workers = int(settings.get("num_workers") or 0)
     if workers > 0 and settings.get("pool_size"):
         kw["prefetch_factor"] = max(1, math.ceil(int(settings["pool_size"]) / workers))
     return NeighborLoader(data, list(w.fanout), input_nodes=train, batch_size=int(settings["batch_size"]),
-                          shuffle=True, seed=seed, num_workers=workers,
+                          shuffle=True, seed=w.seed, num_workers=workers,
                           persistent_workers=bool(settings.get("persistent_workers")) and workers > 0,
                           pin_memory=bool(settings.get("pin_memory")) and dev.type == "cuda", **kw)
 
@@ -743,5 +725,5 @@ def workload_from_dict(d: Dict[str, Any]) -> Workload:
 
 
 __all__ = ["Workload", "measure", "prepare", "build_model", "default_settings", "dataset_for",
-           "neighbor_data", "rank_shard", "MODELS", "KINDS", "NEIGHBOR_BATCH_RANGE", "DDP_TIMEOUT_S",
+           "neighbor_data", "MODELS", "KINDS", "NEIGHBOR_BATCH_RANGE", "DDP_TIMEOUT_S",
            "MemoryBudgetExceeded", "RankFailed", "workload_from_dict"]

@@ -25,7 +25,7 @@ optuna = pytest.importorskip("optuna")
 
 from gnncompile.tuner import Workload, measure  # noqa: E402
 from gnncompile.tuner import workloads as wl_mod  # noqa: E402
-from gnncompile.tuner.workloads import RankFailed, rank_shard  # noqa: E402
+from gnncompile.tuner.workloads import RankFailed  # noqa: E402
 
 # process-level tests (subprocesses, servers, whole runs): `make test` runs them, `make test-fast`
 # does not (tests/slow_list.py)
@@ -172,30 +172,15 @@ def test_ranks_field_signature_and_shards(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="per rank"):
         _tiny(num_nodes=3, train_fraction=0.5, ranks=3)
     assert wl_mod.default_settings(_tiny(), {"type": "cpu"})["threads"] == 1  # as torchrun starts ranks
-    # equal blocks, the remainder dropped
-    ids = torch.arange(11)
-    assert [rank_shard(ids, r, 3).tolist() for r in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
-    # each rank's loader: as many seeds on every rank, none on two ranks; with the loader's own
-    # split (num_replicas=, rank=) and, for a loader without one, with rank_shard
-    import gnncompile.data
-
-    class Unsharded(gnncompile.data.NeighborLoader):
-        def __init__(self, data, num_neighbors, input_nodes=None, batch_size=None, shuffle=False, seed=None,
-                     num_workers=None, persistent_workers=None, pin_memory=None, **kwargs):
-            assert "num_replicas" not in kwargs
-            super().__init__(data, num_neighbors, input_nodes=input_nodes, batch_size=batch_size, shuffle=shuffle,
-                             seed=seed, num_workers=num_workers, persistent_workers=persistent_workers,
-                             pin_memory=pin_memory, **kwargs)
-
+    # each rank's loader (its own split: num_replicas=, rank=): as many seeds on every rank,
+    # none on two ranks, the remainder dropped
     w = _tiny(num_nodes=2002)  # 1001 training nodes
-    for cls in (gnncompile.data.NeighborLoader, Unsharded):
-        monkeypatch.setattr(gnncompile.data, "NeighborLoader", cls)
-        seeds = []
-        for r in range(2):
-            loader = wl_mod._neighbor_loader(w, {"batch_size": 64}, torch.device("cpu"), r)
-            seeds.append(torch.cat([b.n_id[:b.batch_size] for b in loader]))
-        assert seeds[0].numel() == seeds[1].numel() == 500, cls
-        assert not set(seeds[0].tolist()) & set(seeds[1].tolist())
+    seeds = []
+    for r in range(2):
+        loader = wl_mod._neighbor_loader(w, {"batch_size": 64}, torch.device("cpu"), r)
+        seeds.append(torch.cat([b.n_id[:b.batch_size] for b in loader]))
+    assert seeds[0].numel() == seeds[1].numel() == 500
+    assert not set(seeds[0].tolist()) & set(seeds[1].tolist())
     monkeypatch.undo()
     # the command line: --ranks, refused where it cannot work
     from gnncompile.cli import main
