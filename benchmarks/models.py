@@ -5,7 +5,9 @@
     python -m benchmarks models --inners        # also gnncompile with each inner compiler
 
 One step = forward, cross-entropy loss, backward, Adam step. Models: GCN, GraphSAGE, GIN, GAT
-from torch_geometric.nn.models, hidden 128, 2 layers (GAT: 4 heads of 32). Graphs: generated
+from torch_geometric.nn.models, hidden 128, 2 layers (GAT: 4 heads of 32); on request (--models)
+also GATv2 (models.GAT(v2=True)) and TransformerE (two TransformerConv layers, 4 heads of 32, with
+16 edge features per edge, generated). Graphs: generated
 power-law graphs (gnncompile.data.synthetic.power_law_graph) and, when present, Cora from
 ../shared/data (copied into a temporary root first).
 
@@ -19,6 +21,8 @@ Variants:
                has no fused sparse path: not run.
   inductor     torch.compile(model) (inductor, default settings)
   gnncompile   gnncompile.compile(model) (default inner compiler)
+  gnncompile-chain  the same with settings={'choices': {'attention': 'chain'}}: the attention as
+               separate fused ops (edge_softmax, spmm) instead of one gnncompile::attention
 Every variant runs in its own subprocess (fresh allocator, peak memory measured with
 _common.read_peak_rss_delta over one step after warm-up) and its first-step loss and output
 are checked against eager in that process before timing. Reports the median step time over
@@ -41,6 +45,8 @@ import gnncompile  # noqa: F401  (the installed package; imported before anythin
 from . import _common
 
 MODELS = ("GCN", "GraphSAGE", "GIN", "GAT")
+EXTRA_MODELS = ("GATv2", "TransformerE")  # run when named in --models
+EDGE_DIM = 16  # TransformerE's edge features
 CORA_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "Cora" / "raw"
 
 
@@ -66,11 +72,36 @@ def _load_graph(spec: str, F: int):
     return x, ei, y, 16
 
 
-def _model(name: str, F: int, C: int):
+def _transformer(F: int, C: int, num_edges: int):
+    """Two TransformerConv layers (4 heads of 32, then 1 head) reading generated edge features,
+    held by the model so that it is called as model(x, edge_index) like the others."""
+    import torch
+    from torch_geometric.nn import TransformerConv
+
+    class TransformerE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(2)
+            self.register_buffer("edge_attr", torch.randn(num_edges, EDGE_DIM, generator=g))
+            self.conv1 = TransformerConv(F, 32, heads=4, edge_dim=EDGE_DIM)
+            self.conv2 = TransformerConv(128, C, heads=1, edge_dim=EDGE_DIM)
+
+        def forward(self, x, edge_index):
+            x = torch.relu(self.conv1(x, edge_index, self.edge_attr))
+            return self.conv2(x, edge_index, self.edge_attr)
+
+    return TransformerE()
+
+
+def _model(name: str, F: int, C: int, num_edges: int = 0):
     from torch_geometric.nn import models
 
     if name == "GAT":
         return models.GAT(F, 128, 2, C, heads=4)
+    if name == "GATv2":
+        return models.GAT(F, 128, 2, C, heads=4, v2=True)
+    if name == "TransformerE":
+        return _transformer(F, C, num_edges)
     return getattr(models, name)(F, 128, 2, C)
 
 
@@ -78,7 +109,7 @@ def _csr_adj(name: str, ei, N: int):
     """The sparse adjacency PyG's message_and_aggregate consumes (transposed: row = target)."""
     import torch
 
-    if name == "GAT":
+    if name in ("GAT",) + EXTRA_MODELS:
         return None
     if name == "GCN":
         from torch_geometric.nn.conv.gcn_conv import gcn_norm
@@ -121,14 +152,14 @@ def child(args) -> dict:
     x, ei, y, C = _load_graph(args.graph, args.features)
     N = x.size(0)
     torch.manual_seed(0)
-    model = _model(args.model, x.size(1), C)
+    model = _model(args.model, x.size(1), C, ei.size(1))
     if args.variant == "csr" and args.model in ("GCN", "GraphSAGE"):
         for conv in model.convs:  # normalisation / the mean is folded into the adjacency
             if args.model == "GCN":
                 conv.normalize = False
             else:
                 conv.aggr = "sum"  # read by SAGEConv.message_and_aggregate only
-    ref_model = _model(args.model, x.size(1), C)
+    ref_model = _model(args.model, x.size(1), C, ei.size(1))
     ref_model.load_state_dict(model.state_dict())
     if args.variant == "csr":
         adj = _csr_adj(args.model, ei, N)
@@ -142,7 +173,9 @@ def child(args) -> dict:
         graph_arg, run = ei, torch.compile(model)
     elif args.variant.startswith("gnncompile"):
         inner = args.variant.split(":", 1)[1] if ":" in args.variant else "auto"
-        graph_arg, run = ei, gnncompile.compile(model, inner=inner)
+        chain = args.variant.split(":", 1)[0] == "gnncompile-chain"
+        graph_arg, run = ei, gnncompile.compile(model, inner=inner,
+                                                settings={"choices": {"attention": "chain"}} if chain else None)
     else:
         raise ValueError(args.variant)
     step = train_step(run, model, x, graph_arg, y)

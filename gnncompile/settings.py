@@ -31,7 +31,10 @@ Fields:
   says they are faster than the ops as written), 'always' or 'never' (``$GNNCOMPILE_PROGRAMS``).
   ``guard``: the speed guard (:mod:`gnncompile.compiler.guard`), 'time' (each rewritten graph
   piece timed against its unrewritten form on its first calls, the faster kept) or 'off'
-  (``$GNNCOMPILE_GUARD``).
+  (``$GNNCOMPILE_GUARD``). ``attention``: GATConv's attention (logits, softmax, dropout,
+  aggregation) as one op, 'fused' (default, :mod:`gnncompile.passes.attention`), or 'chain'
+  (edge_softmax and spmm as separate fused ops: A/B measurements, and models that take a second
+  derivative through the attention).
 * ``profile``: where the profile's settings came from (a path, or "(defaults)").
 """
 from __future__ import annotations
@@ -43,7 +46,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from . import config as _config
 
 #: the ops a knob list may be given for in ``op_knobs``
-OPS = ("spmm", "edge_softmax", "message", "gather")
+OPS = ("spmm", "edge_softmax", "message", "gather", "attention")
+ATTENTION_MODES = ("fused", "chain")
 DEVICE_TYPES = ("cpu", "cuda")
 _LOADER_KEYS = ("batch_size", "pool_size", "num_workers", "pin_memory", "persistent_workers")
 
@@ -118,10 +122,14 @@ class Settings:
         if guard not in _config.GUARD_MODES:
             raise ValueError(f"gnncompile settings: choices['guard'] must be one of {_config.GUARD_MODES}, "
                              f"got {guard!r}")
-        unknown = set(dict(self.choices)) - {"programs", "guard"}
+        attention = dict(self.choices).get("attention", "fused")
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"gnncompile settings: choices['attention'] must be one of {ATTENTION_MODES}, "
+                             f"got {attention!r}")
+        unknown = set(dict(self.choices)) - {"programs", "guard", "attention"}
         if unknown:
             raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
-                             "'programs' and 'guard'")
+                             "'programs', 'guard' and 'attention'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -141,6 +149,11 @@ class Settings:
     def programs(self) -> str:
         """The message-program choice: 'auto' (default), 'always' or 'never'."""
         return dict(self.choices).get("programs", "auto")
+
+    @property
+    def attention(self) -> str:
+        """The attention choice: 'fused' (default) or 'chain'."""
+        return dict(self.choices).get("attention", "fused")
 
     @property
     def guard(self) -> str:

@@ -7,6 +7,8 @@
 * ``edge_softmax``: ``edge_softmax_backward``; a second derivative is refused with a clear error.
 * ``edge_dot``: two spmm calls, so that a double backward through spmm is exact.
 * ``gather``: a segment sum over the structure that groups the edges by the gathered index.
+* ``attention``: ``attention_backward`` (one pass over the CSC, the coefficients recomputed from
+  the forward's per-row statistics, the dropout mask regenerated); a second derivative is refused.
 """
 from __future__ import annotations
 
@@ -392,3 +394,43 @@ def _dropout_backward(ctx, grad):
 
 
 torch.library.register_autograd("gnncompile::dropout", _dropout_backward, setup_context=_dropout_setup)
+
+
+# attention: the backward reads the forward's inputs, its output and its statistics (no [E, H]
+# tensor is kept); the CSC is the one the rewrite passed, else built here.
+def _attention_setup(ctx, inputs, output):
+    (rowptr, col, perm, x, a_src, a_dst, a_edge, slope, p, seed, knobs, rowptr_t, col_t, perm_t) = inputs
+    ctx.slope, ctx.p, ctx.knobs = slope, p, knobs
+    ctx.has_edge = a_edge is not None
+    ctx.save_for_backward(rowptr, col, perm, x, a_src, a_dst, a_edge, seed, rowptr_t, col_t, perm_t,
+                          output[0], output[1])
+
+
+def _attention_backward(ctx, grad_out, grad_stats):
+    (rowptr, col, perm, x, a_src, a_dst, a_edge, seed, rowptr_t, col_t, perm_t, out, stats) = ctx.saved_tensors
+    if rowptr_t is None:
+        rowptr_t, col_t, perm_t = transpose_structure(rowptr, col, perm, x.shape[0])
+    gx, gs, gd, ge = ops.attention_backward(rowptr, col, perm, x, a_src, a_dst, a_edge, ctx.slope, ctx.p, seed,
+                                            out, stats, grad_out.contiguous(), ctx.knobs, rowptr_t, col_t, perm_t)
+    need = ctx.needs_input_grad
+    return (None, None, None, gx if need[3] else None, gs if need[4] else None, gd if need[5] else None,
+            ge if ctx.has_edge and need[6] else None, None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("gnncompile::attention", _attention_backward, setup_context=_attention_setup)
+
+
+def _attention_double_backward(ctx, *grads):
+    raise RuntimeError(
+        "gnncompile: double backward through the fused attention is not supported "
+        "(differentiate the layer once, or compile with settings={'choices': {'attention': 'chain'}})"
+    )
+
+
+def _attention_bwd_setup(ctx, inputs, output):
+    pass
+
+
+torch.library.register_autograd(
+    "gnncompile::attention_backward", _attention_double_backward, setup_context=_attention_bwd_setup
+)

@@ -334,6 +334,105 @@ def dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
     return (x.to(acc) * scale).to(x.dtype).contiguous()  # a dropped NaN / inf gives NaN, as x * mask
 
 
+# ----------------------------------------------------------------------------- attention
+def _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, op: str):
+    """The checks of native/common/attention_glue.h, with its messages."""
+    if x.dim() != 3:
+        raise ValueError(f"{op}: x must be [num_src, heads, channels], got {list(x.shape)}")
+    N, H, _ = x.shape
+    M, E = rowptr.numel() - 1, col.numel()
+    if a_src.dim() != 2 or tuple(a_src.shape) != (N, H):
+        raise ValueError(f"{op}: a_src must be [{N}, {H}] (a score per source node and head), got {list(a_src.shape)}")
+    if a_dst.dim() != 2 or tuple(a_dst.shape) != (M, H):
+        raise ValueError(f"{op}: a_dst must be [{M}, {H}] (a score per destination row and head), "
+                         f"got {list(a_dst.shape)}")
+    if a_edge is not None and (a_edge.dim() != 2 or tuple(a_edge.shape) != (E, H)):
+        raise ValueError(f"{op}: a_edge must be [{E}, {H}] (a score per edge and head), got {list(a_edge.shape)}")
+    for t in (a_src, a_dst) + ((a_edge,) if a_edge is not None else ()):
+        if t.dtype != x.dtype:
+            raise TypeError(f"{op}: a_src, a_dst and a_edge must have x's dtype {x.dtype}")
+    if not math.isfinite(negative_slope):
+        raise ValueError(f"{op}: negative_slope must be finite, got {negative_slope}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{op}: dropout p must be in [0, 1), got {p}")
+    if p > 0 and (seed is None or seed.numel() != 1 or seed.dtype != torch.long or seed.device.type != "cpu"):
+        raise ValueError(f"{op}: dropout p > 0 needs a seed, one int64 on the CPU")
+    check_structure(rowptr, col, perm, N, op)
+    check_perm_unique(perm, op)
+
+
+def _attention_terms(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed):
+    """In CSR slot order: (rows, src, edge ids, raw logits, keep factors) of an attention call."""
+    rows, src, e = _rows(rowptr), col.long(), perm.long()
+    raw = a_src[src] + a_dst[rows]  # added in x's dtype, as the layer does
+    if a_edge is not None:
+        raw = raw + a_edge[e]
+    ks = None
+    if p > 0:  # the dropout op's mask of the [E, H] coefficients, read in slot order
+        ones = torch.ones(col.numel(), x.shape[1], dtype=torch.float64, device=x.device)
+        ks = dropout(ones, p, seed)[e].to(_acc(x).dtype)
+    return rows, src, e, _acc(raw), ks
+
+
+def attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope: float, p: float, seed,
+              knobs: Sequence[int] = (), rowptr_t=None, col_t=None, perm_t=None):
+    """Graph attention as the chain it fuses (native/cpu/attention_core.h): leaky_relu of
+    a_src[src] + a_dst[dst] (+ a_edge), edge_softmax, dropout, the weighted spmm; also the
+    softmax's statistics per row and head ([M, 2, H]: max, 1 / (sum + 1e-16))."""
+    op = "gnncompile.attention"
+    _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, op)
+    M, (N, H, C) = rowptr.numel() - 1, x.shape
+    rows, src, e, raw, ks = _attention_terms(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed)
+    s = torch.nn.functional.leaky_relu(raw, negative_slope)
+    smax = torch.full((M, H), float("-inf"), dtype=s.dtype, device=s.device)
+    smax = smax.scatter_reduce(0, rows.view(-1, 1).expand_as(s), s, "amax", include_self=True)
+    smax = torch.where(torch.isinf(smax) & (smax < 0), torch.zeros_like(smax), smax)
+    ex = (s - smax.index_select(0, rows)).exp()
+    inv = 1.0 / (torch.zeros_like(smax).index_add_(0, rows, ex) + 1e-16)
+    w = (ex * inv.index_select(0, rows)).to(x.dtype)
+    if ks is not None:
+        w = (_acc(w) * ks).to(x.dtype)  # (a float product, as the kernel's)
+    out = torch.zeros(M, H, C, dtype=_acc(x).dtype, device=x.device)
+    out.index_add_(0, rows, _acc(x)[src] * _acc(w).unsqueeze(-1))
+    stats = torch.stack([smax, inv], 1)
+    return out.to(x.dtype), stats.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+
+
+def attention_backward(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope: float, p: float, seed,
+                       out, stats, grad, knobs: Sequence[int], rowptr_t, col_t, perm_t):
+    """The gradients of :func:`attention` for x, a_src, a_dst and a_edge ([0, H] without one),
+    from the forward's output and statistics: D = <out, grad> per row and head, then per edge
+    ds = alpha (keep <x[src], grad[dst]> - D[dst]) through leaky_relu's derivative."""
+    op = "gnncompile.attention_backward"
+    _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, op)
+    M, (N, H, C) = rowptr.numel() - 1, x.shape
+    if tuple(out.shape) != (M, H, C) or tuple(grad.shape) != (M, H, C):
+        raise ValueError(f"{op}: out and grad must be [{M}, {H}, {C}], got {list(out.shape)} and {list(grad.shape)}")
+    if tuple(stats.shape) != (M, 2, H):
+        raise ValueError(f"{op}: stats must be [{M}, 2, {H}] (the forward's), got {list(stats.shape)}")
+    check_structure(rowptr_t, col_t, perm_t, M, op)
+    rows, src, e, raw, ks = _attention_terms(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed)
+    st = stats.to(raw.dtype)
+    s = torch.nn.functional.leaky_relu(raw, negative_slope)
+    alpha = _acc(((s - st[:, 0].index_select(0, rows)).exp() * st[:, 1].index_select(0, rows)).to(x.dtype))
+    ks = torch.ones_like(alpha) if ks is None else ks.to(alpha.dtype)
+    w = _acc((alpha * ks).to(x.dtype))
+    g, xa = _acc(grad), _acc(x)
+    D = (_acc(out) * g).sum(-1)
+    gr = g.index_select(0, rows)
+    gx = torch.zeros(N, H, C, dtype=g.dtype, device=g.device).index_add_(0, src, w.unsqueeze(-1) * gr)
+    ds = alpha * ((xa.index_select(0, src) * gr).sum(-1) * ks - D.index_select(0, rows))
+    dr = torch.where(raw > 0, ds, ds * negative_slope)
+    g_src = torch.zeros(N, H, dtype=dr.dtype, device=dr.device).index_add_(0, src, dr)
+    g_dst = torch.zeros(M, H, dtype=dr.dtype, device=dr.device).index_add_(0, rows, dr)
+    g_edge = torch.zeros(0, H, dtype=x.dtype, device=x.device)
+    if a_edge is not None:
+        g_edge = torch.empty(col.numel(), H, dtype=dr.dtype, device=dr.device)
+        g_edge[e] = dr
+        g_edge = g_edge.to(x.dtype)
+    return gx.to(x.dtype), g_src.to(x.dtype), g_dst.to(x.dtype), g_edge
+
+
 # ----------------------------------------------------------------------------- collation
 def _segment_offsets(sizes: torch.Tensor, idx: torch.Tensor):
     sel = sizes[idx]

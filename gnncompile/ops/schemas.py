@@ -63,6 +63,26 @@ _lib.define("fingerprint(Tensor index) -> Tensor")
 # it from torch's generator each call).
 _lib.define("dropout(Tensor x, float p, Tensor seed) -> Tensor")
 
+# Graph attention in one pass (native/cpu/attention_core.h; passes/attention.py fuses GATConv's
+# chain into it): per CSR slot j (source col[j], edge perm[j], destination row i) the logit
+# leaky_relu(a_src[col[j]] + a_dst[i] (+ a_edge[perm[j]]), negative_slope), PyG's softmax over the
+# row, dropout p with the dropout op's mask of the [E, H] coefficients (seed as dropout's; None when
+# p == 0), and out[i] = sum of the coefficients times x[col[j]]. x: [N, H, C]; a_src [N, H]; a_dst
+# [M, H]; a_edge [E, H] in edge order. Also stats [M, 2, H] (float32, float64 for float64 x): the
+# softmax's max and 1 / (sum + 1e-16) per row and head, from which the backward recomputes every
+# coefficient. The CSC (rowptr_t, col_t, perm_t) is for the backward.
+_lib.define(
+    "attention(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor a_src, Tensor a_dst, Tensor? a_edge, "
+    "float negative_slope, float p, Tensor? seed, int[] knobs, Tensor? rowptr_t=None, Tensor? col_t=None, "
+    "Tensor? perm_t=None) -> (Tensor out, Tensor stats)"
+)
+_lib.define(
+    "attention_backward(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor a_src, Tensor a_dst, "
+    "Tensor? a_edge, float negative_slope, float p, Tensor? seed, Tensor out, Tensor stats, Tensor grad, "
+    "int[] knobs, Tensor rowptr_t, Tensor col_t, Tensor perm_t) -> (Tensor grad_x, Tensor grad_src, "
+    "Tensor grad_dst, Tensor grad_edge)"
+)
+
 # Message programs (gnncompile/ops/program.py; the ops in gnncompile/ops/message.py): a per-edge
 # elementwise expression over inputs read per neighbour / destination / edge / not at all
 # (`sides`), reduced over each CSR row in one pass (message_reduce: sum, mean, max, min; `arg`
@@ -115,7 +135,7 @@ from . import _native  # noqa: E402,F401  (must come after the schemas are defin
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
               "segment_ids", "clone_structure", "fingerprint", "neighbor_sample", "hetero_neighbor_sample",
-              "dropout", "arg_route", "arg_edge_dot"):
+              "dropout", "arg_route", "arg_edge_dot", "attention", "attention_backward"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
@@ -193,3 +213,23 @@ def _arg_route_fake(rowptr, col, perm, weight, arg, grad, num_src, knobs, rowptr
 @torch.library.register_fake("gnncompile::arg_edge_dot")
 def _arg_edge_dot_fake(rowptr, col, perm, x, arg, grad, heads, knobs):
     return x.new_empty((col.shape[0], heads))
+
+
+def _stats_dtype(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("gnncompile::attention")
+def _attention_fake(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, knobs, rowptr_t=None,
+                    col_t=None, perm_t=None):
+    M, H = rowptr.shape[0] - 1, x.shape[1]
+    return x.new_empty((M, H, x.shape[2])), x.new_empty((M, 2, H), dtype=_stats_dtype(x))
+
+
+@torch.library.register_fake("gnncompile::attention_backward")
+def _attention_backward_fake(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, out, stats, grad,
+                             knobs, rowptr_t, col_t, perm_t):
+    g_edge = x.new_empty((col.shape[0] if a_edge is not None else 0, x.shape[1]))
+    c = torch.contiguous_format
+    return (torch.empty_like(x, memory_format=c), torch.empty_like(a_src, memory_format=c),
+            torch.empty_like(a_dst, memory_format=c), g_edge)

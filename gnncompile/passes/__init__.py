@@ -47,8 +47,9 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     compilers that recycle buffers). ``hoist``: run :func:`.hoist.hoist`
     (compiled graphs do; export does not, its graphs must hold standard ops). ``fast_dropout``:
     :func:`.canonical.fast_dropout` (compiled graphs whose inner compiler is not inductor).
-    ``programs``: :func:`.algebra.push_linear_to_nodes` and message programs
-    (:mod:`.messages`); export turns them off (its graphs keep the messages as standard ops)."""
+    ``programs``: :func:`.algebra.push_linear_to_nodes`, message programs (:mod:`.messages`) and
+    the fused attention (:mod:`.attention`); export turns them off (its graphs keep the messages
+    as standard ops)."""
     settings = DEFAULT if settings is None else settings
     graph = gm.graph
     drop_identity_dropout(graph)
@@ -57,7 +58,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     moved = push_linear_to_nodes(graph, settings.reassociate, notes) if programs else 0
     order = node_order(graph)
     report = rewrite(graph, plan(match(graph, order, programs, settings.programs), order), order,
-                     copy_structures, settings)
+                     copy_structures, settings, attention=programs)
     report.notes += list(dict.fromkeys(notes))
     report.linear_moved = moved
     report.dropouts = dropouts
@@ -70,7 +71,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "csr_degree", "edge_softmax", "message_reduce", "message_edges")
+FUSED_OPS = ("spmm", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention")
 
 
 def fused_op_calls(gm: GraphModule) -> dict:

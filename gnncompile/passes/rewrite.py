@@ -299,10 +299,11 @@ def drop_dead(graph, claimed=()) -> None:
 
 
 def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = False,
-            settings: Optional[Settings] = None) -> PassReport:
+            settings: Optional[Settings] = None, attention: bool = False) -> PassReport:
     """Applies plan ``p`` to ``graph``; returns what was fused and what was left, with reasons.
     The kernel knobs of ``settings`` (default: none, the kernels' defaults) go into the fused
-    calls as arguments."""
+    calls as arguments. ``attention``: attention chains become one ``gnncompile::attention``
+    (:mod:`.attention`) where ``settings.attention`` is 'fused'."""
     settings = DEFAULT if settings is None else settings
     report = PassReport()
     writes = Writes(graph)
@@ -329,6 +330,12 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
         report.unfused.append(Unfused(opname(n), layer_of(n), why, n.name))
     drop_dead(graph, p.claimed)
     report.gathers = rewrite_edge_gathers(graph, built, settings)
+    if attention and settings.attention == "fused":
+        from .attention import _call_of, fuse_attention
+
+        lines = {_call_of(out): line for (_, out), line in zip(outs, report.fused)}
+        if fuse_attention(graph, built, settings, lines, report.fused):
+            drop_dead(graph)
     return report
 
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../common/counter_rng.h"
 #include "glue.h"
 
 namespace gnncompile {
@@ -20,33 +21,15 @@ namespace {
 
 constexpr int64_t kDropoutGrain = 1 << 15;
 
-inline uint64_t splitmix64(uint64_t z) {  // z + golden ratio, then the splitmix64 finaliser
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-inline uint32_t fmix32(uint32_t h) {  // murmur3's finaliser: 32-bit lanes, so the loop vectorises
-  h ^= h >> 16;
-  h *= 0x85ebca6bU;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35U;
-  return h ^ (h >> 16);
-}
-
-// 32 random bits of element i: two finaliser rounds keyed by the 64-bit mixed seed; the high
-// half of i joins the first key, so tensors of more than 2^32 elements do not repeat. Drawn a
-// block at a time (blocks never cross a multiple of 2^32, so k1 is fixed per block), in a loop
-// of plain uint32 arithmetic that the compiler vectorises.
+// 32 random bits per element (../common/counter_rng.h), drawn a block at a time: blocks never
+// cross a multiple of 2^32, so the first key word is fixed per block, and the loop of plain uint32
+// arithmetic vectorises.
 constexpr int64_t kBlock = 1024;
 
 inline void draw_block(uint64_t key, int64_t b0, int64_t len, uint32_t* r) {
-  const uint32_t k1 = static_cast<uint32_t>(key) ^ (static_cast<uint32_t>(static_cast<uint64_t>(b0) >> 32) * 0x9e3779b1U);
-  const uint32_t k2 = static_cast<uint32_t>(key >> 32);
+  const uint32_t k1 = draw_key1(key, b0), k2 = static_cast<uint32_t>(key >> 32);
   const uint32_t lo0 = static_cast<uint32_t>(b0);
-  for (int64_t k = 0; k < len; ++k)
-    r[k] = fmix32(fmix32((lo0 + static_cast<uint32_t>(k)) * 0x9e3779b1U ^ k1) ^ k2);
+  for (int64_t k = 0; k < len; ++k) r[k] = draw_bits(k1, k2, lo0 + static_cast<uint32_t>(k));
 }
 
 at::Tensor dropout_cpu(const at::Tensor& x_in, double p, const at::Tensor& seed) {
@@ -58,7 +41,7 @@ at::Tensor dropout_cpu(const at::Tensor& x_in, double p, const at::Tensor& seed)
   const at::Tensor x = x_in.contiguous();
   at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
   const uint64_t base = splitmix64(static_cast<uint64_t>(seed.item<int64_t>()));
-  const uint32_t threshold = static_cast<uint32_t>(p * 4294967296.0);  // keep iff the draw >= it (p < 1)
+  const uint32_t threshold = keep_threshold(p);  // keep iff the draw >= it (p < 1)
   const int64_t n = x.numel();
   GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
     using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
