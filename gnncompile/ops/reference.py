@@ -335,8 +335,10 @@ def dropout(x: torch.Tensor, p: float, seed: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- attention
-def _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, op: str):
-    """The checks of native/common/attention_glue.h, with its messages."""
+def _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, op: str,
+                     read_col: bool = True):
+    """The checks of native/common/attention_glue.h, with its messages, and of the structure as
+    the kernels read it (the backward reads the CSR's rowptr and perm, not its col)."""
     if x.dim() != 3:
         raise ValueError(f"{op}: x must be [num_src, heads, channels], got {list(x.shape)}")
     N, H, _ = x.shape
@@ -357,21 +359,23 @@ def _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope,
         raise ValueError(f"{op}: dropout p must be in [0, 1), got {p}")
     if p > 0 and (seed is None or seed.numel() != 1 or seed.dtype != torch.long or seed.device.type != "cpu"):
         raise ValueError(f"{op}: dropout p > 0 needs a seed, one int64 on the CPU")
-    check_structure(rowptr, col, perm, N, op)
-    check_perm_unique(perm, op)
+    if not read_col and (col.dim() != 1 or col.numel() != perm.numel()):
+        raise ValueError(f"{op}: rowptr, col and perm must be 1-D, col and perm of one length")
+    check_structure(rowptr, col if read_col else perm, perm, N if read_col else col.numel(), op)
 
 
-def _attention_terms(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed):
-    """In CSR slot order: (rows, src, edge ids, raw logits, keep factors) of an attention call."""
-    rows, src, e = _rows(rowptr), col.long(), perm.long()
-    raw = a_src[src] + a_dst[rows]  # added in x's dtype, as the layer does
+def _keep_factors(E: int, H: int, p: float, seed, device, dtype) -> Optional[torch.Tensor]:
+    """The dropout op's factors (1 / (1 - p) or 0) of the [E, H] coefficients, in edge order."""
+    if p == 0:
+        return None
+    return dropout(torch.ones(E, H, dtype=torch.float64, device=device), p, seed).to(dtype)
+
+
+def _raw_logits(a_src, a_dst, a_edge, src, dst, e):
+    raw = a_src[src] + a_dst[dst]  # added in x's dtype, as the layer does
     if a_edge is not None:
         raw = raw + a_edge[e]
-    ks = None
-    if p > 0:  # the dropout op's mask of the [E, H] coefficients, read in slot order
-        ones = torch.ones(col.numel(), x.shape[1], dtype=torch.float64, device=x.device)
-        ks = dropout(ones, p, seed)[e].to(_acc(x).dtype)
-    return rows, src, e, _acc(raw), ks
+    return _acc(raw)
 
 
 def attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope: float, p: float, seed,
@@ -381,8 +385,11 @@ def attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope: float,
     softmax's statistics per row and head ([M, 2, H]: max, 1 / (sum + 1e-16))."""
     op = "gnncompile.attention"
     _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, op)
-    M, (N, H, C) = rowptr.numel() - 1, x.shape
-    rows, src, e, raw, ks = _attention_terms(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed)
+    M, (_, H, C) = rowptr.numel() - 1, x.shape
+    rows, src, e = _rows(rowptr), col.long(), perm.long()
+    raw = _raw_logits(a_src, a_dst, a_edge, src, rows, e)
+    ks = _keep_factors(col.numel(), H, p, seed, x.device, raw.dtype)
+    ks = ks[e] if ks is not None else None
     s = torch.nn.functional.leaky_relu(raw, negative_slope)
     smax = torch.full((M, H), float("-inf"), dtype=s.dtype, device=s.device)
     smax = smax.scatter_reduce(0, rows.view(-1, 1).expand_as(s), s, "amax", include_self=True)
@@ -394,42 +401,50 @@ def attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope: float,
         w = (_acc(w) * ks).to(x.dtype)  # (a float product, as the kernel's)
     out = torch.zeros(M, H, C, dtype=_acc(x).dtype, device=x.device)
     out.index_add_(0, rows, _acc(x)[src] * _acc(w).unsqueeze(-1))
-    stats = torch.stack([smax, inv], 1)
+    empty = (rowptr[1:] == rowptr[:-1]).view(-1, 1)
+    stats = torch.stack([smax, torch.where(empty, torch.zeros_like(inv), inv)], 1)  # (0 for an empty row)
     return out.to(x.dtype), stats.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
 
 
 def attention_backward(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope: float, p: float, seed,
                        out, stats, grad, knobs: Sequence[int], rowptr_t, col_t, perm_t):
     """The gradients of :func:`attention` for x, a_src, a_dst and a_edge ([0, H] without one),
-    from the forward's output and statistics: D = <out, grad> per row and head, then per edge
-    ds = alpha (keep <x[src], grad[dst]> - D[dst]) through leaky_relu's derivative."""
+    from the forward's output and statistics, as the kernels compute them: over the CSC (its slot
+    k: source j, destination col_t[k], edge perm_t[k]) D = <out, grad> per row and head, the
+    coefficient alpha recomputed, ds = alpha (keep <x[j], grad[dst]> - D[dst]) through
+    leaky_relu's derivative, summed per source (g_src) and written per edge (d_edge, g_edge);
+    g_dst sums d_edge over each CSR row."""
     op = "gnncompile.attention_backward"
-    _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, op)
+    _check_attention(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed, op, read_col=False)
     M, (N, H, C) = rowptr.numel() - 1, x.shape
     if tuple(out.shape) != (M, H, C) or tuple(grad.shape) != (M, H, C):
         raise ValueError(f"{op}: out and grad must be [{M}, {H}, {C}], got {list(out.shape)} and {list(grad.shape)}")
     if tuple(stats.shape) != (M, 2, H):
         raise ValueError(f"{op}: stats must be [{M}, 2, {H}] (the forward's), got {list(stats.shape)}")
+    if rowptr_t.numel() != N + 1 or col_t.numel() != col.numel():
+        raise ValueError(f"{op}: the CSC ({rowptr_t.numel() - 1} sources, {col_t.numel()} edges) is not the "
+                         f"transpose of a CSR of {col.numel()} edges from {N} sources")
     check_structure(rowptr_t, col_t, perm_t, M, op)
-    rows, src, e, raw, ks = _attention_terms(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slope, p, seed)
+    check_perm_unique(perm_t, op)
+    srcs, dsts, e = _rows(rowptr_t), col_t.long(), perm_t.long()  # per CSC slot
+    raw = _raw_logits(a_src, a_dst, a_edge, srcs, dsts, e)
     st = stats.to(raw.dtype)
     s = torch.nn.functional.leaky_relu(raw, negative_slope)
-    alpha = _acc(((s - st[:, 0].index_select(0, rows)).exp() * st[:, 1].index_select(0, rows)).to(x.dtype))
-    ks = torch.ones_like(alpha) if ks is None else ks.to(alpha.dtype)
+    alpha = _acc(((s - st[:, 0].index_select(0, dsts)).exp() * st[:, 1].index_select(0, dsts)).to(x.dtype))
+    ks = _keep_factors(col.numel(), H, p, seed, x.device, alpha.dtype)
+    ks = torch.ones_like(alpha) if ks is None else ks[e]
     w = _acc((alpha * ks).to(x.dtype))
     g, xa = _acc(grad), _acc(x)
     D = (_acc(out) * g).sum(-1)
-    gr = g.index_select(0, rows)
-    gx = torch.zeros(N, H, C, dtype=g.dtype, device=g.device).index_add_(0, src, w.unsqueeze(-1) * gr)
-    ds = alpha * ((xa.index_select(0, src) * gr).sum(-1) * ks - D.index_select(0, rows))
+    gr = g.index_select(0, dsts)
+    gx = torch.zeros(N, H, C, dtype=g.dtype, device=g.device).index_add_(0, srcs, w.unsqueeze(-1) * gr)
+    ds = alpha * ((xa.index_select(0, srcs) * gr).sum(-1) * ks - D.index_select(0, dsts))
     dr = torch.where(raw > 0, ds, ds * negative_slope)
-    g_src = torch.zeros(N, H, dtype=dr.dtype, device=dr.device).index_add_(0, src, dr)
-    g_dst = torch.zeros(M, H, dtype=dr.dtype, device=dr.device).index_add_(0, rows, dr)
-    g_edge = torch.zeros(0, H, dtype=x.dtype, device=x.device)
-    if a_edge is not None:
-        g_edge = torch.empty(col.numel(), H, dtype=dr.dtype, device=dr.device)
-        g_edge[e] = dr
-        g_edge = g_edge.to(x.dtype)
+    g_src = torch.zeros(N, H, dtype=dr.dtype, device=dr.device).index_add_(0, srcs, dr)
+    d_edge = torch.zeros(col.numel(), H, dtype=dr.dtype, device=dr.device)
+    d_edge[e] = dr
+    g_dst = torch.zeros(M, H, dtype=dr.dtype, device=dr.device).index_add_(0, _rows(rowptr), d_edge[perm.long()])
+    g_edge = d_edge.to(x.dtype) if a_edge is not None else torch.zeros(0, H, dtype=x.dtype, device=x.device)
     return gx.to(x.dtype), g_src.to(x.dtype), g_dst.to(x.dtype), g_edge
 
 

@@ -160,6 +160,39 @@ def edge_softmax_case(rng, g):
                                      grad), (rng.choice(KNOBS),)
 
 
+def attention_case(rng, g):
+    """gnncompile::attention or its backward on a corrupted CSR (and, for the backward, a CSC that
+    is the transpose of the graph before the corruption, corrupted itself now and then), with
+    score tensors of the right or a wrong shape or dtype, dropout on or off, p and seed valid or not."""
+    s, N, E = corrupted_structure(rng, g)
+    M = max(s[0].numel() - 1, 0) if s[0].dim() == 1 else 1
+    H, C = rng.randint(1, 3), rng.randint(1, 4)
+    dtype = torch.int64 if rng.random() < 0.03 else rng.choice([torch.float32, torch.float64])
+    x = torch.randn(N + (rng.random() < 0.03), H, C, generator=g)
+    if rng.random() < 0.03:
+        x = x.reshape(x.size(0), H * C)
+    x = x.to(dtype)
+    a_src = torch.randn(N + (rng.random() < 0.03), H, generator=g).to(dtype)
+    a_dst = torch.randn(M + (rng.random() < 0.03), H, generator=g).to(dtype)
+    a_edge = None if rng.random() < 0.5 else torch.randn(E + (rng.random() < 0.03), H, generator=g).to(dtype)
+    p = rng.choice([0.0, 0.0, 0.3, 0.5]) if rng.random() < 0.95 else rng.choice([1.0, -0.1])
+    seed = torch.tensor(7) if rng.random() < 0.95 else rng.choice([None, torch.tensor([1, 2]), torch.tensor(1.0)])
+    slope = rng.choice([0.2, 0.2, 0.0]) if rng.random() < 0.97 else float("nan")
+    fwd = (*s, x, a_src, a_dst, a_edge, slope, p, seed)
+    if rng.random() < 0.5:
+        return "attention", fwd, (rng.choice(KNOBS),)
+    # the CSC: the transpose of a valid graph of the same sizes (so that it is valid as a structure)
+    src = torch.randint(0, N, (E,), generator=g)
+    dst = torch.randint(0, max(M, 1), (E,), generator=g)
+    t = list(reference.build_csr(src, dst, N, max(M, 1)))
+    if rng.random() < 0.3:
+        _corrupt_values(rng, t, max(M, 1), E)
+    out = torch.randn(M, H, C, generator=g).to(dtype)
+    stats = torch.rand(M, 2, H, generator=g).to(torch.float64 if dtype == torch.float64 else torch.float32)
+    grad = torch.randn(M + (rng.random() < 0.03), H, C, generator=g).to(dtype)
+    return "attention_backward", (*fwd, out, stats, grad, rng.choice(KNOBS), *t), ()
+
+
 def build_csr_case(rng, g):
     E = rng.randint(0, 20)
     dtype = rng.choice([torch.int64, torch.int32])
@@ -203,7 +236,7 @@ def collate_case(rng, g):
 
 
 CASES = {"spmm": spmm_case, "edge_dot": edge_dot_case, "edge_softmax": edge_softmax_case,
-         "build_csr": build_csr_case, "collate": collate_case}
+         "build_csr": build_csr_case, "collate": collate_case, "attention": attention_case}
 
 
 # ----------------------------------------------------------------------------- the check
@@ -261,7 +294,7 @@ def check_call(name, args, extra, what):
 
 
 @pytest.mark.parametrize("kind,count", [("spmm", 1200), ("edge_dot", 500), ("edge_softmax", 600),
-                                        ("build_csr", 300), ("collate", 800)])
+                                        ("build_csr", 300), ("collate", 800), ("attention", 800)])
 def test_fuzz_direct_op_calls(kind, count):
     rng = random.Random(f"{SEED}-{kind}")
     g = torch.Generator().manual_seed(SEED)
