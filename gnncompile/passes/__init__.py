@@ -10,7 +10,8 @@ module per phase, typed records between them. :func:`run` runs six phases, in th
    or as unfused with a reason.
 4. :mod:`.plan`: the graph structures the chains share (:class:`~.plan.SharedStructure`).
 5. :mod:`.rewrite`: structure ops and fused ops inserted, replaced nodes removed, then the
-   per-edge gathers left in the graph turned into ``gnncompile::gather``.
+   per-edge gathers left in the graph turned into ``gnncompile::gather``, and each attention
+   chain turned into one ``gnncompile::attention`` (:mod:`.attention`).
 6. :mod:`.hoist` (``hoist=True``): the work that depends only on the graph moved into one
    cached region (``gnncompile::hoisted``), computed once per graph instead of once per call.
 

@@ -210,7 +210,7 @@ def fuse_attention(graph, built, settings, lines: Dict[Node, Fused], fused: List
         line = lines.pop(spmm, None)
         if line is not None:
             line.kind, line.reduce = "attention", "sum"
-            line.detail = "scores, softmax" + (", dropout" if m["p"] > 0 else "") + ", aggregation in one pass"
+            line.detail = "logits, softmax, " + ("dropout, " if m["p"] > 0 else "") + "sum"
             lines[call] = line
         soft = lines.pop(es, None)
         if soft is not None and soft in fused:

@@ -11,7 +11,8 @@ from typing import Dict, List
 
 @dataclass
 class Fused:
-    # 'spmm' | 'edge_softmax' | 'degree' | 'message' (a message program over gathered inputs,
+    # 'spmm' | 'edge_softmax' | 'attention' (logits, softmax, dropout and aggregation in one op) |
+    # 'degree' | 'message' (a message program over gathered inputs,
     # reduced in one pass) | 'segment' (a message computed outside, reduced over the CSR instead of
     # scattered; not counted as a fused chain) | 'edges' (a per-edge program, message_edges)
     kind: str
@@ -27,6 +28,8 @@ class Fused:
     def __str__(self) -> str:
         what = self.kind if self.kind != "spmm" else \
             f"spmm[{self.reduce}{', weighted' if self.weighted else ''}{', ' + self.detail if self.detail else ''}]"
+        if self.kind == "attention":
+            what = f"attention[{self.detail}]" if self.detail else "attention"
         if self.kind in ("message", "segment", "edges"):
             what = f"{self.kind}[{self.reduce}: {self.detail}]"
         return f"{what:<26} in {self.layer}  (at {self.node})" + (f"; {self.note}" if self.note else "")
@@ -72,7 +75,7 @@ class PassReport(Fusions):
     break_at: str = ""
     compile_id: str = ""  # Dynamo's frame compile the piece came from (pieces of one DDP split share it)
     # the fused compute ops the rewritten graph calls ('spmm', 'csr_degree', 'edge_softmax',
-    # 'message_reduce', 'message_edges'; hoisted regions included), per op: what one forward
+    # 'message_reduce', 'message_edges', 'attention'; hoisted regions included), per op: what one forward
     # runs (a chain can call more than one, e.g. an edge program recomputed in CSR order, and
     # equal calls of several chains are computed once)
     op_calls: Dict[str, int] = field(default_factory=dict)
