@@ -13,6 +13,7 @@ import torch
 import gnncompile
 from gnncompile.ops import reference
 from gnncompile.ops.schemas import ops
+from gnncompile.ops.structure import transpose_structure
 
 HAS_CUDA_KERNELS = torch.cuda.is_available() and bool(gnncompile.info()["cuda_kernels"])
 pytestmark = [
@@ -329,6 +330,194 @@ def test_edge_softmax_power_law_hub():
     g = torch.randn(E, 4, device=DEV)
     torch.testing.assert_close(ops.edge_softmax_backward(s[0], s[2], y, g, []),
                                reference.edge_softmax_backward(s[0], s[2], y, g), rtol=1e-4, atol=1e-6)
+
+
+# =============================================================================== attention
+def attention_case(dtype, index, *, H=4, C=8, N=40, M=50, E=400, edge=True, seed=0):
+    """GAT-style attention inputs on CUDA: a graph with a hub, self loops and duplicates whose
+    destination rows 45..49 receive nothing (M > N: the self loops stop at N), its CSR and CSC,
+    and x [N, H, C], a_src [N, H], a_dst [M, H], a_edge [E, H] (or None)."""
+    ei = graph(N, M, E, seed=seed, hub=True, self_loops=True, dup=True, isolated=5, index=index)
+    csr = structure(ei, M)
+    csc = transpose_structure(*csr, N)
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype).to(DEV)
+
+    x = rnd(N, H, C)
+    a_s, a_d = rnd(N, H, scale=1.5), rnd(M, H, scale=1.5)
+    a_e = rnd(csr[1].numel(), H) if edge else None
+    return csr, csc, (x, a_s, a_d, a_e)
+
+
+def attention_close(a, b, dtype):
+    """Gradients: sums over many edges (a hub), compared at a tolerance scaled by the tensor."""
+    close(a, b, dtype, scale=4.0 * max(1.0, b.double().abs().max().item() if b.numel() else 1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index", INDEX)
+@pytest.mark.parametrize("edge", [False, True])
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("H,C", [(4, 8), (3, 5), (1, 300), (40, 2)])
+def test_attention_matches_cpu_and_reference(dtype, index, edge, p, H, C):
+    """Forward and backward against the CPU kernel (same inputs, .cpu()) and the pure-torch
+    reference, with and without a_edge and dropout (one seed: the counter hash gives CUDA the
+    CPU's mask), for head shapes that take each lane layout: C below, above and far above a warp
+    (C = 300: a head's features in several passes), and more heads than lanes (H = 40)."""
+    csr, csc, (x, a_s, a_d, a_e) = attention_case(dtype, index, H=H, C=C, edge=edge)
+    M, E = csr[0].numel() - 1, csr[1].numel()
+    args = (x, a_s, a_d, a_e, 0.2, p, torch.tensor(1234) if p else None)
+    out, st = ops.attention(*csr, *args, [], *csc)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    assert out.device.type == "cuda" and out.shape == (M, H, C) and out.dtype == dtype
+    assert st.device.type == "cuda" and st.shape == (M, 2, H) and st.dtype == acc
+    c_out, c_st = ops.attention(*cpu(*csr), *cpu(*args), [], *cpu(*csc))
+    r_out, r_st = reference.attention(*csr, *args, [])
+    close(out.cpu(), c_out, dtype)
+    close(st.cpu(), c_st, dtype)
+    close(out, r_out, dtype)
+    close(st, r_st, dtype)
+    empty = (csr[0][1:] == csr[0][:-1]).cpu()
+    assert empty.any()
+    assert torch.equal(out.cpu()[empty], torch.zeros_like(c_out[empty]))
+    assert torch.equal(st.cpu()[empty], torch.zeros_like(c_st[empty]))
+
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64).to(dtype).to(DEV)
+    got = ops.attention_backward(*csr, *args, out, st, g, [], *csc)
+    want = ops.attention_backward(*cpu(*csr), *cpu(*args), out.cpu(), st.cpu(), g.cpu(), [], *cpu(*csc))
+    ref = reference.attention_backward(*csr, *args, out, st, g, [], *csc)
+    for a, b, r in zip(got, want, ref):
+        assert a.device.type == "cuda" and a.dtype == b.dtype == dtype and a.shape == b.shape == r.shape
+        attention_close(a.cpu(), b, dtype)
+        attention_close(a, r, dtype)
+    assert got[3].shape == ((E, H) if edge else (0, H))
+    assert torch.equal(got[2].cpu()[empty], torch.zeros_like(want[2][empty]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_attention_16bit_matches_cpu(dtype):
+    """16-bit features: the coefficients are rounded to the features' dtype as on the CPU."""
+    csr, csc, (x, a_s, a_d, a_e) = attention_case(dtype, torch.int64, seed=3)
+    args = (x, a_s, a_d, a_e, 0.2, 0.3, torch.tensor(7))
+    out, st = ops.attention(*csr, *args, [], *csc)
+    c_out, c_st = ops.attention(*cpu(*csr), *cpu(*args), [], *cpu(*csc))
+    close(out.cpu(), c_out, dtype, scale=2.0)
+    close(st.cpu(), c_st, torch.float32, scale=10.0)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(4)).to(dtype).to(DEV)
+    got = ops.attention_backward(*csr, *args, out, st, g, [], *csc)
+    want = ops.attention_backward(*cpu(*csr), *cpu(*args), out.cpu(), st.cpu(), g.cpu(), [], *cpu(*csc))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape
+        attention_close(a.cpu(), b, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_attention_dropout_mask_is_the_cpus(dtype):
+    """One edge per destination row: every coefficient is exp(0) / (1 + 1e-16) = 1 before
+    dropout, so out shows the mask itself (1 / (1 - p) kept, 0 dropped): CUDA's, the CPU's and
+    the dropout op's masks of the [E, H] coefficients agree exactly."""
+    N, E, H, C, p = 50, 3000, 4, 2, 0.3
+    gen = torch.Generator().manual_seed(3)
+    src = torch.randint(0, N, (E,), generator=gen)
+    dst = torch.randperm(E, generator=gen)  # row i's edge id is not i
+    x = torch.ones(N, H, C, dtype=dtype)
+    a_s, a_d = torch.randn(N, H, generator=gen).to(dtype), torch.randn(E, H, generator=gen).to(dtype)
+    seed = torch.tensor(77)
+    csr_c = ops.build_csr(dst, src, E, N)
+    csr_g = ops.build_csr(dst.to(DEV), src.to(DEV), E, N)
+    out_c, _ = ops.attention(*csr_c, x, a_s, a_d, None, 0.2, p, seed, [])
+    out_g, _ = ops.attention(*csr_g, x.to(DEV), a_s.to(DEV), a_d.to(DEV), None, 0.2, p, seed, [])
+    assert torch.equal(out_g.cpu(), out_c)
+    kept = ops.dropout(torch.ones(E, H, dtype=torch.float64), p, seed) != 0  # edge order
+    assert torch.equal(out_c[:, :, 0] != 0, kept[csr_c[2].long()])
+    assert 0.25 < 1 - kept.double().mean().item() < 0.35
+
+
+def test_attention_no_edges_and_rows_without_edges():
+    for edge in (False, True):
+        s = structure(torch.empty(2, 0, dtype=torch.long), 4)
+        csc = transpose_structure(*s, 3)
+        x = torch.randn(3, 2, 5, device=DEV)
+        a_s, a_d = torch.randn(3, 2, device=DEV), torch.randn(4, 2, device=DEV)
+        a_e = torch.randn(0, 2, device=DEV) if edge else None
+        args = (x, a_s, a_d, a_e, 0.2, 0.3, torch.tensor(1))
+        out, st = ops.attention(*s, *args, [], *csc)
+        assert torch.equal(out.cpu(), torch.zeros(4, 2, 5)) and torch.equal(st.cpu(), torch.zeros(4, 2, 2))
+        gx, gs, gd, ge = ops.attention_backward(*s, *args, out, st, torch.randn(4, 2, 5, device=DEV), [], *csc)
+        assert torch.equal(gx.cpu(), torch.zeros(3, 2, 5)) and torch.equal(gs.cpu(), torch.zeros(3, 2))
+        assert torch.equal(gd.cpu(), torch.zeros(4, 2)) and ge.shape == (0, 2) and ge.device.type == "cuda"
+    # rows 0 and 3 receive nothing, row 2 only a -inf logit (coefficient 0, as the CPU's)
+    src, dst = torch.tensor([0, 1, 2, 0, 1]), torch.tensor([1, 1, 2, 4, 4])
+    rowptr, col, perm = ops.build_csr(dst.to(DEV), src.to(DEV), 5, 3)
+    csc = transpose_structure(rowptr, col, perm, 3)
+    x = torch.randn(3, 1, 4, device=DEV)
+    a_s = torch.tensor([[3.0], [-2.0], [float("-inf")]], device=DEV)
+    args = (x, a_s, torch.zeros(5, 1, device=DEV), None, 0.2, 0.0, None)
+    out, st = ops.attention(rowptr, col, perm, *args, [], *csc)
+    c_out, c_st = ops.attention(*cpu(rowptr, col, perm), *cpu(*args), [], *cpu(*csc))
+    torch.testing.assert_close(out.cpu(), c_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(st.cpu(), c_st, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out.cpu()[[0, 2, 3]], torch.zeros(3, 1, 4))
+
+
+def test_attention_is_deterministic_and_gradchecks():
+    from gnncompile.data.synthetic import power_law_graph
+
+    ei = power_law_graph(2000, 60_000, seed=2)
+    s = structure(ei, 2000)
+    csc = transpose_structure(*s, 2000)
+    gen = torch.Generator().manual_seed(0)
+    x, a_s, a_d = (torch.randn(*shape, generator=gen).to(DEV) for shape in ((2000, 4, 16), (2000, 4), (2000, 4)))
+    g = torch.randn(2000, 4, 16, generator=gen).to(DEV)
+    runs = []
+    for _ in range(2):
+        out, st = ops.attention(*s, x, a_s, a_d, None, 0.2, 0.1, torch.tensor(3), [], *csc)
+        runs.append((out, *ops.attention_backward(*s, x, a_s, a_d, None, 0.2, 0.1, torch.tensor(3), out, st, g, [],
+                                                  *csc)))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    # float64 gradcheck through the autograd registration (the CUDA backward), dropout on: the
+    # mask is a function of the seed, so the op is a deterministic function of its inputs
+    csr, csc, (x, a_s, a_d, a_e) = attention_case(torch.float64, torch.int64, H=2, C=3, N=9, M=12, E=40, seed=5)
+    ins = tuple(t.requires_grad_() for t in (x, a_s, a_d, a_e))
+    for p in (0.0, 0.3):
+        def f(*t):
+            return ops.attention(*csr, *t, 0.2, p, torch.tensor(11) if p else None, [], *csc)[0]
+
+        assert torch.autograd.gradcheck(f, ins)
+
+
+def test_attention_device_mismatch_raises():
+    csr, csc, (x, a_s, a_d, a_e) = attention_case(torch.float32, torch.int64)
+    with pytest.raises(ValueError, match="a_src is on cpu"):
+        ops.attention(*csr, x, a_s.cpu(), a_d, a_e, 0.2, 0.0, None, [], *csc)
+    with pytest.raises(ValueError, match="needs a seed, one int64 on the CPU"):
+        ops.attention(*csr, x, a_s, a_d, a_e, 0.2, 0.3, torch.tensor(1, device=DEV), [], *csc)
+
+
+def test_compiled_gatconv_on_cuda_equals_eager():
+    """GATConv(16, 8, heads=4) compiled (its attention fused into gnncompile::attention, run by
+    the CUDA kernels forward and backward) against the eager layer on CUDA."""
+    from torch_geometric.nn import GATConv
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    conv = GATConv(16, 8, heads=4).to(DEV)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 16, generator=gen).to(DEV).requires_grad_()
+    ei = torch.randint(0, 300, (2, 3000), generator=gen).to(DEV)
+    compiled = gnncompile.compile(conv, inner="eager", settings={"choices": {"guard": "off", "attention": "fused"}})
+    with gnncompile.compiler.collect() as reports:
+        out_c = compiled(x, ei)
+    assert sum(r.op_calls.get("attention", 0) for r in reports) == 1, [r.op_calls for r in reports]
+    out_e = conv(x, ei)
+    torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-4 * out_e.abs().max().item())
+    g = torch.randn_like(out_e)
+    params = list(conv.parameters()) + [x]
+    for a, b in zip(torch.autograd.grad(out_c, params, g), torch.autograd.grad(out_e, params, g)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * max(b.abs().max().item(), 1e-3))
 
 
 # =============================================================================== issue-15 checks

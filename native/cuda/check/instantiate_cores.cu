@@ -4,6 +4,7 @@
 // machine with nvcc but no CUDA build of torch still proves the cores build. Not part of the
 // extension (CMake globs native/cuda/*.cu, not this folder).
 #include "../arg_route_core.cuh"
+#include "../attention_core.cuh"
 #include "../build_csr_core.cuh"
 #include "../edge_dot_core.cuh"
 #include "../edge_softmax_core.cuh"
@@ -21,7 +22,12 @@ namespace gpu {
   template cudaError_t edge_seg_launch<false, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);               \
   template cudaError_t edge_seg_launch<true, T, I>(const EdgeSegParams<T, I>&, cudaStream_t);                \
   template cudaError_t arg_route_launch<T, I>(const ArgRouteParams<T, I>&, const GroupConfig&, cudaStream_t); \
-  template cudaError_t arg_edge_dot_launch<T, I>(const ArgEdgeDotParams<T, I>&, cudaStream_t);
+  template cudaError_t arg_edge_dot_launch<T, I>(const ArgEdgeDotParams<T, I>&, cudaStream_t);               \
+  template cudaError_t attention_forward_launch<T, I>(const AttentionParams<T, I>&, T*, acc_t<T>*,           \
+                                                      cudaStream_t);                                         \
+  template cudaError_t attention_backward_launch<T, I>(const AttentionParams<T, I>&, const T*, const T*,     \
+                                                       const acc_t<T>*, acc_t<T>*, T*, T*, T*, acc_t<T>*,    \
+                                                       cudaStream_t);
 
 #define GNN_INSTANTIATE_INDEX(I)                                                                             \
   GNN_INSTANTIATE_FLOAT_INDEX(float, I)                                                                      \
