@@ -3,8 +3,11 @@
 // submodule launch_rule, the CUDA kernels' launch rule (common/launch_rule.cpp).
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+
 namespace gnncompile {
 void bind_launch_rule(pybind11::module_& m);
+int64_t structure_validations();  // common/trust.h
 }
 
 #ifndef GNNCOMPILE_WITH_CUDA
@@ -29,5 +32,7 @@ PYBIND11_MODULE(_C, m) {
     d["compiler"] = __VERSION__;
     return d;
   });
+  m.def("structure_validations", &gnncompile::structure_validations,
+        "Structure validations run by the native code in this process (common/trust.h)");
   gnncompile::bind_launch_rule(m);
 }

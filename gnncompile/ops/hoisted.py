@@ -17,7 +17,8 @@ graph (integer index tensors such as ``edge_index``, and sizes) into a region: a
   trainable and nothing computed from features can reach a region (the pass checks; see
   :mod:`gnncompile.passes.hoist`).
 * ``copy=True`` hands out clones, for inner compilers that may reuse an op's output buffers
-  (inductor), as the structure ops do.
+  (inductor), as the structure ops do: ``gnncompile::clone_structure`` copies, which keep what
+  the native record knows of each output (a structure among them is not validated again).
 * Outputs whose size depends on the data (``add_remaining_self_loops``: the number of edges
   kept) get one fresh unbacked size per distinct size expression in the fake implementation,
   so that a backward graph can bind them from the tensors it receives.
@@ -44,6 +45,7 @@ from torch import Tensor
 
 from . import identity as _identity
 from . import structure as _structure
+from .schemas import ops
 
 MAX_RESULTS = 16  # cached results kept (least recently used goes first)
 
@@ -209,7 +211,8 @@ def hoisted(key: int, roots: List[Tensor], sizes: List[int], copy: bool, check: 
         if r.requires_grad or r.is_floating_point() or r.is_complex():
             raise TypeError("gnncompile::hoisted: roots must be integer tensors that need no gradient")
     outs = CACHE.get(int(key), list(roots), list(sizes), check)
-    return [o.clone() for o in outs] if copy else list(outs)
+    # copies that keep what the native code knows of the structures among the outputs
+    return list(ops.clone_structure(list(outs))) if copy else list(outs)
 
 
 @hoisted.register_fake

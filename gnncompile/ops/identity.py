@@ -38,8 +38,9 @@ had), so the cache drops what it computed from it; dropping an identity first ne
 
 The native record of trusted structures (native/common/trust.h)
 ---------------------------------------------------------------
-The native code keeps a third record, of structures (``rowptr``, ``col``, ``perm``) known to be
-valid, and applies the same components to each tensor: the same object (a weak reference to
+The native code keeps a third record, of the tensors of structures (``rowptr``, ``col``,
+``perm``), each with what is known of its values (a valid rowptr over E edges, a bound on its
+entries, a permutation), and applies the same components to each tensor: the same object (a weak reference to
 its ``TensorImpl``, the object a Python tensor wraps; ``.data =`` keeps it and swaps what it
 points to), the same version counter, data pointer, sizes, strides, dtype and device; and, as
 here, an inference tensor (no version counter) is not trusted by its state alone: the native
@@ -47,9 +48,9 @@ record never holds one. It checks them itself, in C++, rather than receiving a l
 because
 
 * it guards raw pointers at the kernel, for every caller of the kernel ops: the structure
-  cache's outputs and their ``clone_structure`` copies, but also a user's own ``build_csr``
-  output passed to ``torch.ops.gnncompile.spmm`` / ``edge_softmax`` / ``edge_dot``, an
-  exported program, a C++ caller; none of these passes through a Python cache, so there is no
+  cache's outputs, their CSC (``transpose_structure``) and their ``clone_structure`` copies, but
+  also a user's own ``build_csr`` output passed to ``torch.ops.gnncompile.spmm`` /
+  ``edge_softmax`` / ``edge_dot``, an exported program, a C++ caller; none of these passes through a Python cache, so there is no
   look to hand down (and handing one down would put it in every op's schema);
 * it is about other tensors: the structure tensors an op reads, not the ``edge_index`` or the
   roots these caches are keyed by;

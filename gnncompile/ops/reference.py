@@ -251,10 +251,21 @@ def edge_softmax_backward(rowptr, perm, out, grad, knobs: Sequence[int] = ()):
     return res.reshape(out.shape).to(out.dtype)
 
 
-def clone_structure(rowptr, col, perm):
-    """Copies of the three structure tensors (the native kernel also carries over what is known
-    of them, so that the copies are not validated again)."""
-    return rowptr.clone(), col.clone(), perm.clone()
+def clone_structure(tensors):
+    """Copies of the tensors (the native kernel also carries over what is known of each, so that
+    the copies are not validated again)."""
+    return [t.clone() for t in tensors]
+
+
+def transpose_structure(rowptr, col, perm, num_src: int):
+    """CSC (by source) from CSR (by destination), with perm_t in original edge ids: build_csr of
+    the (col, row) pairs in CSR slot order, perm_t = perm[slot]."""
+    deg = rowptr[1:] - rowptr[:-1]
+    rows = torch.repeat_interleave(
+        torch.arange(deg.shape[0], device=rowptr.device, dtype=rowptr.dtype), deg.long()
+    )
+    rowptr_t, col_t, slot = torch.ops.gnncompile.build_csr(col, rows, num_src, deg.shape[0])
+    return rowptr_t, col_t, perm[slot.long()]
 
 
 # ----------------------------------------------------------------------------- fingerprint

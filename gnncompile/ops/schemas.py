@@ -51,9 +51,14 @@ _lib.define(
     "arg_edge_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor arg, Tensor grad, int heads, "
     "int[] knobs) -> Tensor"
 )
-# A copy of a structure that keeps what the native code knows of the original (built by
-# build_csr, or validated once: native/common/trust.h), so that ops need not validate it again.
-_lib.define("clone_structure(Tensor rowptr, Tensor col, Tensor perm) -> (Tensor, Tensor, Tensor)")
+# Copies of a structure's tensors (any tensors: Tensor.clone each) that keep what the native code
+# knows of each original (built by build_csr, or validated once: native/common/trust.h), so that
+# ops need not validate the copies again: the copies the compiled path hands out (ops/structure.py,
+# ops/hoisted.py).
+_lib.define("clone_structure(Tensor[] tensors) -> Tensor[]")
+# The CSC (by source, num_src rows) of a CSR (by destination), perm_t in original edge ids; the
+# native kernel records it as valid where the CSR's perm is known (no validation at first use).
+_lib.define("transpose_structure(Tensor rowptr, Tensor col, Tensor perm, int num_src) -> (Tensor, Tensor, Tensor)")
 # A 64-bit content fingerprint of an index tensor (0-d int64 on its device; native/common/
 # fingerprint.h): the structure cache compares it to notice edits that bypass the version counter.
 _lib.define("fingerprint(Tensor index) -> Tensor")
@@ -134,8 +139,8 @@ _lib.define("hetero_neighbor_sample(Tensor[] colptrs, Tensor[] rows, Tensor?[] p
 from . import _native  # noqa: E402,F401  (must come after the schemas are defined)
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
-              "segment_ids", "clone_structure", "fingerprint", "neighbor_sample", "hetero_neighbor_sample",
-              "dropout", "arg_route", "arg_edge_dot", "attention", "attention_backward"):
+              "segment_ids", "clone_structure", "transpose_structure", "fingerprint", "neighbor_sample",
+              "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "attention", "attention_backward"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
@@ -171,8 +176,14 @@ def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t
 
 
 @torch.library.register_fake("gnncompile::clone_structure")
-def _clone_structure_fake(rowptr, col, perm):
-    return torch.empty_like(rowptr), torch.empty_like(col), torch.empty_like(perm)
+def _clone_structure_fake(tensors):
+    return [torch.empty_like(t) for t in tensors]
+
+
+@torch.library.register_fake("gnncompile::transpose_structure")
+def _transpose_structure_fake(rowptr, col, perm, num_src):
+    E = col.shape[0]
+    return rowptr.new_empty(num_src + 1), col.new_empty(E), perm.new_empty(E)
 
 
 @torch.library.register_fake("gnncompile::dropout")

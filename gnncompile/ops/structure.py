@@ -50,6 +50,11 @@ The structure ops (``torch.ops.gnncompile.*``, Python custom ops, opaque to the 
 * ``pair_csr(dst, src, num_dst)`` / ``pair_csc(rowptr, col, perm, num_src)``: the structure of
   two 1-D index tensors that are not the rows of one edge_index (no caching).
 * ``csr_degree(rowptr, dtype)``: in-degrees as rowptr differences.
+
+What the cache hands out is known valid to the native kernels (``build_csr``'s outputs, the CSC
+made by ``gnncompile::transpose_structure``, the ``clone_structure`` copies of ``copy=True``:
+native/common/trust.h), so the ops never validate them; :func:`validation_count` counts the
+validations the native code does run.
 """
 from __future__ import annotations
 
@@ -68,6 +73,7 @@ from . import identity as _identity
 from .checks import check_edge_index
 from .identity import fingerprint
 from .schemas import ops
+from . import _native  # after the schemas (schemas.py loads it)
 
 MAX_SHARED = 4
 
@@ -82,13 +88,10 @@ def outside_inference_mode():
 
 
 def transpose_structure(rowptr, col, perm, num_src: int):
-    """CSC (by source) from CSR (by destination), with perm_t in original edge ids."""
-    deg = rowptr[1:] - rowptr[:-1]
-    rows = torch.repeat_interleave(
-        torch.arange(deg.shape[0], device=rowptr.device, dtype=rowptr.dtype), deg.long()
-    )
-    rowptr_t, col_t, slot = ops.build_csr(col, rows, num_src, deg.shape[0])
-    return rowptr_t, col_t, perm[slot.long()]
+    """CSC (by source) from CSR (by destination), with perm_t in original edge ids
+    (``gnncompile::transpose_structure``: the CSC of a CSR the native code knows to be valid is
+    known to be valid too, and is not validated at its first use)."""
+    return tuple(ops.transpose_structure(rowptr, col, perm, int(num_src)))
 
 
 @dataclass
@@ -320,6 +323,23 @@ def structure_check() -> str:
     return CACHE.check
 
 
+def validation_count() -> int:
+    """How many times the native code has validated a structure's contents in this process
+    (native/common/trust.h: rowptr's ends and order, the range of col or perm, perm's
+    uniqueness, the CUDA check that waits for the device), whatever the outcome; 0 without the
+    native module. A structure built by ``build_csr``, derived from one (its CSC, its copies) or
+    validated once is recorded and not validated again until it changes, so in a training loop
+    this stops moving after the first step. The per-index checks the CPU kernels make as they
+    read are not counted. See :func:`validations_since`."""
+    return int(_native._C.structure_validations()) if _native._C is not None else 0
+
+
+def validations_since(mark: int) -> int:
+    """The validations since ``mark``, an earlier :func:`validation_count`:
+    ``mark = validation_count(); step(); assert validations_since(mark) == 0``."""
+    return validation_count() - mark
+
+
 def clear_cache() -> None:
     """Drops every cached structure, and the graph-only results computed from them
     (:mod:`gnncompile.ops.hoisted`)."""
@@ -334,7 +354,7 @@ def _maybe_copy(ts, copy: bool):
     # copy=True for code-generating inner compilers (inductor), which may recycle the storage of
     # an op's output once the graph no longer reads it: the cache's tensors must not be handed out.
     # clone_structure keeps what the native code knows of them (no validation of the copies).
-    return tuple(ops.clone_structure(*ts)) if copy else tuple(ts)
+    return tuple(ops.clone_structure(list(ts))) if copy else tuple(ts)
 
 
 @torch.library.custom_op("gnncompile::cached_csr", mutates_args=())
@@ -408,5 +428,6 @@ def _(rowptr, dtype):
 
 __all__ = ["Structure", "StructureCache", "CACHE", "MAX_SHARED", "CHECK_MODES", "build", "structure",
            "cache_info", "clear_cache", "set_structure_check", "structure_check", "fingerprint",
+           "validation_count", "validations_since",
            "outside_inference_mode", "transpose_structure", "cached_csr", "cached_csc", "pair_csr",
            "pair_csc", "csr_degree"]

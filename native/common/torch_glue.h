@@ -99,7 +99,8 @@ inline void check_feature_dtype(const at::Tensor& t, const char* op) {
 }
 
 // A structure handed to spmm or edge_dot: shapes and one index dtype. Its values are checked
-// by each backend (CPU: the kernels as they walk it; CUDA: validate_structure before launch).
+// by each backend (CPU: check_rowptr, and the kernels as they walk it; CUDA: validate_once
+// before launch), once per tensor where the record (trust.h) can keep what was found.
 inline void check_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
                             const char* op) {
   TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1, op,
@@ -222,7 +223,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> built_structure(const at::
                                                                      const at::Tensor& col,
                                                                      const at::Tensor& perm,
                                                                      int64_t num_src) {
-  record_structure_facts(rowptr, col, perm, StructureFacts{true, num_src, true});
+  record_built_structure(rowptr, col, perm, num_src);
   return {rowptr, col, perm};
 }
 
@@ -234,17 +235,30 @@ inline bool ids_within(const at::Tensor& ids, int64_t bound) {
   return std::get<0>(mm).item<int64_t>() >= 0 && std::get<1>(mm).item<int64_t>() < bound;
 }
 
+// Every entry of `ids` (a structure's col or perm) in [0, bound): from the record (trust.h),
+// else checked once (a validation) and recorded; raises an IndexError with `message` otherwise.
+// Device-agnostic (on CUDA one small device-to-host copy, the first time).
+template <typename... Message>
+inline void ensure_ids_within(const at::Tensor& ids, int64_t bound, const Message&... message) {
+  if (trusted_ids(ids, bound)) return;
+  count_validation();
+  TORCH_CHECK_INDEX(ids_within(ids, bound), message...);
+  record_index_facts(ids, IndexFacts{bound, false, -1});
+}
+
 // edge_dot and edge_softmax write out[perm[j]] for every CSR slot j: a perm that repeats an
-// edge id would leave other outputs unwritten. Checked once per structure (build_csr's output is
-// known to be a permutation); an id out of range raises first. Device-agnostic (ATen ops).
-inline void ensure_perm_unique(const at::Tensor& rowptr, const at::Tensor& perm, const char* op) {
+// edge id would leave other outputs unwritten. Checked once per perm tensor (build_csr's,
+// transpose_structure's and clone_structure's outputs are known permutations); an id out of
+// range raises first. Device-agnostic (ATen ops; on CUDA two host waits, the first time).
+inline void ensure_perm_unique(const at::Tensor& perm, const char* op) {
   const int64_t E = perm.numel();
-  if (E == 0 || structure_facts(rowptr, at::Tensor(), perm).perm_unique) return;
+  if (E == 0 || trusted_permutation(perm)) return;
+  count_validation();
   TORCH_CHECK_INDEX(ids_within(perm, E), op, ": perm holds an edge id outside [0, ", E, ")");
   const at::Tensor counts = at::bincount(perm.to(at::kLong), {}, E);
   TORCH_CHECK_INDEX(counts.eq(1).all().item<bool>(), op, ": perm must hold every edge id in [0, ", E,
                     ") exactly once (a permutation); it repeats some");
-  record_structure_facts(rowptr, at::Tensor(), perm, StructureFacts{false, -1, true});
+  record_index_facts(perm, IndexFacts{E, true, -1});
 }
 
 // edge_dot's g: one row per destination with as many features F as x, and `heads` dividing F.

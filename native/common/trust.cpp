@@ -1,14 +1,18 @@
-// The registry behind trust.h, and gnncompile::clone_structure (a copy that keeps its source's
-// facts), registered for the CPU and CUDA keys: it only calls ATen.
+// The registry behind trust.h, and the two ops whose outputs inherit facts instead of being
+// validated: gnncompile::clone_structure (copies that keep their sources' facts) and
+// gnncompile::transpose_structure (the CSC of a CSR). Both are registered for the CPU and CUDA
+// keys: they only call ATen and the dispatcher.
 #include "trust.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <list>
 #include <mutex>
-#include <optional>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace gnncompile {
@@ -43,73 +47,150 @@ struct Ref {
 };
 
 struct Entry {
-  Ref rowptr, perm;
-  std::optional<Ref> col;  // the col its col_bound is about
-  StructureFacts facts;
+  Ref ref;
+  IndexFacts facts;
 };
 
-constexpr size_t kMaxEntries = 256;  // least recently used go first
+// Tensors recorded, least recently used go first. A structure is three tensors, its CSC three
+// more, and each copy the compiled path makes of them (inductor) three or six more per step
+// until the copies are freed.
+constexpr size_t kMaxEntries = 1024;
 
+// Keyed by TensorImpl address: an entry's weak reference keeps that TensorImpl's memory
+// allocated (c10 frees it only when no weak reference is left), so no other tensor can have
+// the address while the entry exists.
 std::mutex mu;
 std::list<Entry> entries;
+std::unordered_map<const c10::TensorImpl*, std::list<Entry>::iterator> by_impl;
+std::atomic<int64_t> validations{0};
 
-std::list<Entry>::iterator find(const at::Tensor& rowptr, const at::Tensor& perm) {
-  for (auto it = entries.begin(); it != entries.end(); ++it)
-    if (it->rowptr.is(rowptr) && it->perm.is(perm)) return it;
-  return entries.end();
+void erase(std::list<Entry>::iterator it) {
+  by_impl.erase(it->ref.impl._unsafe_get_target());
+  entries.erase(it);
 }
+
+// The entry of exactly this tensor (moved to the front), or end(); a stale entry of its
+// TensorImpl (its version, storage or layout moved) is dropped.
+std::list<Entry>::iterator find(const at::Tensor& t) {
+  if (!t.defined()) return entries.end();
+  auto m = by_impl.find(t.unsafeGetTensorImpl());
+  if (m == by_impl.end()) return entries.end();
+  auto it = m->second;
+  if (!it->ref.is(t)) {
+    erase(it);
+    return entries.end();
+  }
+  entries.splice(entries.begin(), entries, it);
+  return it;
+}
+
+bool known(const IndexFacts& f) { return f.bound >= 0 || f.distinct || f.offsets_end >= 0; }
 
 }  // namespace
 
-StructureFacts structure_facts(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm) {
+IndexFacts index_facts(const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(mu);
-  auto it = find(rowptr, perm);
-  if (it == entries.end()) return {};
-  entries.splice(entries.begin(), entries, it);
-  StructureFacts f = it->facts;
-  if (!col.defined() || !it->col || !it->col->is(col)) f.col_bound = -1;
-  return f;
+  auto it = find(t);
+  return it == entries.end() ? IndexFacts{} : it->facts;
 }
 
-void record_structure_facts(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
-                            const StructureFacts& facts) {
-  if (!Ref::recordable(rowptr) || !Ref::recordable(perm)) return;
-  const bool with_col = Ref::recordable(col) && facts.col_bound >= 0;
+void record_index_facts(const at::Tensor& t, const IndexFacts& facts) {
+  if (!Ref::recordable(t) || !known(facts)) return;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = find(rowptr, perm);
+  auto it = find(t);
   if (it == entries.end()) {
-    entries.push_front(Entry{Ref::of(rowptr), Ref::of(perm), std::nullopt, StructureFacts{}});
+    entries.push_front(Entry{Ref::of(t), IndexFacts{}});
     it = entries.begin();
-    if (entries.size() > kMaxEntries) entries.pop_back();
-  } else {
-    entries.splice(entries.begin(), entries, it);
+    by_impl[t.unsafeGetTensorImpl()] = it;
+    if (entries.size() > kMaxEntries) erase(std::prev(entries.end()));
   }
-  StructureFacts& f = it->facts;
-  f.ranges_ok = f.ranges_ok || facts.ranges_ok;
-  f.perm_unique = f.perm_unique || facts.perm_unique;
-  if (with_col) {
-    const bool same_col = it->col && it->col->is(col);
-    f.col_bound = same_col && f.col_bound >= 0 ? std::min(f.col_bound, facts.col_bound) : facts.col_bound;
-    it->col = Ref::of(col);
-  }
+  IndexFacts& f = it->facts;
+  // every recorded fact is true of the same values: keep the strongest of each
+  if (facts.bound >= 0) f.bound = f.bound >= 0 ? std::min(f.bound, facts.bound) : facts.bound;
+  f.distinct = f.distinct || facts.distinct;
+  if (facts.offsets_end >= 0) f.offsets_end = facts.offsets_end;
 }
+
+bool trusted_rowptr(const at::Tensor& rowptr, int64_t num_edges) {
+  return index_facts(rowptr).offsets_end == num_edges;
+}
+
+bool trusted_ids(const at::Tensor& ids, int64_t bound) {
+  const IndexFacts f = index_facts(ids);
+  return f.bound >= 0 && f.bound <= bound;
+}
+
+bool trusted_permutation(const at::Tensor& perm) {
+  const IndexFacts f = index_facts(perm);
+  return f.distinct && f.bound >= 0 && f.bound <= perm.numel();
+}
+
+void record_built_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
+                            int64_t num_src) {
+  const int64_t E = perm.numel();
+  record_index_facts(rowptr, IndexFacts{-1, false, E});
+  record_index_facts(col, IndexFacts{num_src, false, -1});
+  record_index_facts(perm, IndexFacts{E, true, -1});
+}
+
+void count_validation() { validations.fetch_add(1, std::memory_order_relaxed); }
+int64_t structure_validations() { return validations.load(std::memory_order_relaxed); }
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> clone_structure(const at::Tensor& rowptr, const at::Tensor& col,
-                                                              const at::Tensor& perm) {
-  const StructureFacts f = structure_facts(rowptr, col, perm);
-  at::Tensor r = rowptr.clone(), c = col.clone(), p = perm.clone();
-  if (f.ranges_ok || f.perm_unique) record_structure_facts(r, c, p, f);
-  return {r, c, p};
+// Copies of `tensors` (any dtype, strides kept, as Tensor.clone), each recorded with the facts
+// known of its source: what the compiled path hands out where an inner compiler may reuse an
+// op's output buffers (ops/structure.py, ops/hoisted.py).
+std::vector<at::Tensor> clone_structure(at::TensorList tensors) {
+  std::vector<at::Tensor> out;
+  out.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) {
+    const IndexFacts f = index_facts(t);
+    out.push_back(t.clone());
+    record_index_facts(out.back(), f);
+  }
+  return out;
+}
+
+// The CSC (by source, num_src rows) of a CSR (by destination), perm_t in original edge ids:
+// build_csr of the CSR's (col, row) pairs in slot order, so that within a source the edges keep
+// their CSR order, and perm_t = perm[slot]. rowptr_t and col_t are build_csr's (recorded by it);
+// perm_t holds values of perm, so it keeps perm's bound, and, picked once each by a permutation
+// (slot), is a permutation where perm is one.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> transpose_structure(const at::Tensor& rowptr, const at::Tensor& col,
+                                                                  const at::Tensor& perm, int64_t num_src) {
+  using BuildCsr = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, int64_t,
+                                                                  int64_t);
+  static const auto build_csr =
+      c10::Dispatcher::singleton().findSchemaOrThrow("gnncompile::build_csr", "").typed<BuildCsr>();
+  TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1 && col.dim() == 1 && perm.dim() == 1 &&
+                        col.numel() == perm.numel(),
+                    "gnncompile.transpose_structure: rowptr must be 1-D with num_rows + 1 entries, col and perm "
+                    "1-D of one length");
+  const int64_t M = rowptr.numel() - 1;
+  const at::Tensor deg = rowptr.slice(0, 1) - rowptr.slice(0, 0, M);
+  const at::Tensor rows = at::repeat_interleave(at::arange(M, rowptr.options()), deg.to(at::kLong));
+  auto [rowptr_t, col_t, slot] = build_csr.call(col, rows, num_src, M);
+  at::Tensor perm_t = perm.index_select(0, slot);
+  IndexFacts pf = index_facts(perm);
+  pf.offsets_end = -1;
+  pf.distinct = pf.distinct && trusted_permutation(slot);  // picked once each: no value repeats
+  record_index_facts(perm_t, pf);                          // values of perm: below its bound
+  return {rowptr_t, col_t, perm_t};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gnncompile, CPU, m) { m.impl("clone_structure", &clone_structure); }
+TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
+  m.impl("clone_structure", &clone_structure);
+  m.impl("transpose_structure", &transpose_structure);
+}
 #ifdef GNNCOMPILE_WITH_CUDA
 #if GNNCOMPILE_WITH_CUDA
-TORCH_LIBRARY_IMPL(gnncompile, CUDA, m) { m.impl("clone_structure", &clone_structure); }
+TORCH_LIBRARY_IMPL(gnncompile, CUDA, m) {
+  m.impl("clone_structure", &clone_structure);
+  m.impl("transpose_structure", &transpose_structure);
+}
 #endif
 #endif
 

@@ -78,16 +78,16 @@ at::Tensor arg_route_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in, 
   const at::Tensor &rowptr = c.rowptr, &col = c.col, &perm = c.perm;
   const at::Tensor &rowptr_t = c.rowptr_t, &col_t = c.col_t, &perm_t = c.perm_t;
   const at::Tensor &weight = c.w.weight, &arg = c.arg, &grad = c.grad;
-  check_rowptr_ends(rowptr, c.E, op);
-  if (c.has_csc) check_rowptr_ends(rowptr_t, c.E, op);
+  check_rowptr(rowptr, c.E, op);
+  if (c.has_csc) check_rowptr(rowptr_t, c.E, op);
   at::Tensor out = c.out;
   if (c.done) {
-    check_unwalked_structure(rowptr, col, perm, c.N, op);
-    if (c.has_csc) check_unwalked_structure(rowptr_t, col_t, perm_t, c.M, op);
+    check_unwalked_structure(col, perm, c.N, op);
+    if (c.has_csc) check_unwalked_structure(col_t, perm_t, c.M, op);
     return out;
   }
   const RoutePass pass = c.has_csc ? route_pass(knobs, c.M, c.E, c.F, c.w.heads) : RoutePass::Winners;
-  if (pass == RoutePass::Csc) ensure_perm_unique(rowptr, perm, op);  // its inverse maps edges to slots
+  if (pass == RoutePass::Csc) ensure_perm_unique(perm, op);  // its inverse maps edges to slots
   const at::Tensor slot_of = pass == RoutePass::Csc ? at::empty({c.E}, perm.options()) : at::Tensor();
   const bool low_precision = grad.scalar_type() == at::kHalf || grad.scalar_type() == at::kBFloat16;
   at::Tensor sums;  // the winner pass's accumulators, zeroed below (in parallel: they are as large as out)
@@ -154,10 +154,10 @@ at::Tensor arg_edge_dot_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_i
   const ArgEdgeDotCall c = arg_edge_dot_call(rowptr_in, col_in, perm_in, x_in, arg_in, grad_in, heads, op,
                                              [&](const at::Tensor& t, const char* name) { check_cpu(t, op, name); });
   const at::Tensor &rowptr = c.rowptr, &col = c.col, &perm = c.perm, &x = c.x, &arg = c.arg, &grad = c.grad;
-  check_rowptr_ends(rowptr, c.E, op);
-  ensure_perm_unique(rowptr, perm, op);  // out[perm[j]] belongs to the row of slot j alone
+  check_rowptr(rowptr, c.E, op);
+  ensure_perm_unique(perm, op);  // out[perm[j]] belongs to the row of slot j alone
   if (c.done) {
-    check_unwalked_structure(rowptr, col, perm, x.size(0), op);
+    check_unwalked_structure(col, perm, x.size(0), op);
     return c.finish();
   }
   Status st = Status::Ok;

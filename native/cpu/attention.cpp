@@ -52,12 +52,12 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
     const std::optional<at::Tensor>& /*perm_t*/) {
   const char* op = "gnncompile.attention";
   const AttentionCall c = attention_call(rowptr, col, perm, x, a_src, a_dst, a_edge, slope, p, seed, op, kOnCpu(op));
-  check_rowptr_ends(c.rowptr, c.E, op);
+  check_rowptr(c.rowptr, c.E, op);
   const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::empty({c.M, c.H, c.C}, c.x.options());
   at::Tensor stats = at::empty({c.M, 2, c.H}, c.x.options().dtype(acc));
   if (c.E == 0 || c.H == 0 || c.M == 0) {
-    check_unwalked_structure(c.rowptr, c.col, c.perm, c.N, op);
+    check_unwalked_structure(c.col, c.perm, c.N, op);
     out.zero_();
     stats.zero_();
     return {out, stats};
@@ -89,24 +89,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
   const char* op = "gnncompile.attention_backward";
   const AttentionCall c = attention_call(rowptr, col, perm, x, a_src, a_dst, a_edge, slope, p, seed, op, kOnCpu(op));
   check_attention_backward(c, rowptr_t_in, col_t_in, perm_t_in, out_in, stats_in, grad_in, op, kOnCpu(op));
-  check_rowptr_ends(c.rowptr, c.E, op);
+  check_rowptr(c.rowptr, c.E, op);
   const at::Tensor rowptr_t = rowptr_t_in.contiguous(), col_t = col_t_in.contiguous(),
                    perm_t = perm_t_in.contiguous();
-  check_rowptr_ends(rowptr_t, c.E, op);
+  check_rowptr(rowptr_t, c.E, op);
   const at::Tensor out = out_in.contiguous(), stats = stats_in.contiguous(), grad = grad_in.contiguous();
   const at::ScalarType acc = stats.scalar_type();
   at::Tensor gx = at::empty_like(c.x);
   at::Tensor g_src = at::empty_like(c.a_src);
   at::Tensor g_dst = at::empty_like(c.a_dst);
   if (c.E == 0 || c.H == 0 || c.M == 0) {
-    check_unwalked_structure(c.rowptr, c.col, c.perm, c.N, op);
-    check_unwalked_structure(rowptr_t, col_t, perm_t, c.M, op);
+    check_unwalked_structure(c.col, c.perm, c.N, op);
+    check_unwalked_structure(col_t, perm_t, c.M, op);
     gx.zero_();
     g_src.zero_();
     g_dst.zero_();
     return {gx, g_src, g_dst, at::zeros({c.a_edge.defined() ? c.E : 0, c.H}, c.x.options())};
   }
-  ensure_perm_unique(rowptr_t, perm_t, op);  // d_edge[perm_t[k]] is written once per slot
+  ensure_perm_unique(perm_t, op);  // d_edge[perm_t[k]] is written once per slot
   at::Tensor rec = at::empty({c.M, 4 * c.H}, stats.options());
   at::Tensor d_edge = at::empty({c.E, c.H}, stats.options().dtype(acc));
   Status st = Status::Ok;

@@ -24,11 +24,11 @@ at::Tensor edge_dot_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in,
   const int64_t M = rowptr.numel() - 1, E = col.numel();
   const int64_t F = c10::multiply_integers(x.sizes().slice(1));
   check_edge_dot_g(g, M, F, heads, op);
-  check_rowptr_ends(rowptr, E, op);
-  ensure_perm_unique(rowptr, perm, op);  // out[perm[j]] is written once per slot
+  check_rowptr(rowptr, E, op);
+  ensure_perm_unique(perm, op);  // out[perm[j]] is written once per slot
   at::Tensor out = at::empty({E, heads}, x.options());
   if (E == 0 || F == 0) {
-    check_unwalked_structure(rowptr, col, perm, x.size(0), op);
+    check_unwalked_structure(col, perm, x.size(0), op);
     return out.zero_();
   }
   Status st = Status::Ok;

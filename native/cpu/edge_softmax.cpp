@@ -18,7 +18,6 @@ void check_perm(const at::Tensor& rowptr, const at::Tensor& perm, const char* op
   check_rowptr_perm(rowptr, perm, op);
   check_cpu(rowptr, op, "rowptr");
   check_cpu(perm, op, "perm");
-  check_rowptr_ends(rowptr, perm.numel(), op);
 }
 
 // One body for both ops, as in the CUDA glue. Forward: a = scores. Backward: a = out (the
@@ -35,12 +34,13 @@ at::Tensor run(const at::Tensor& rowptr_in, const at::Tensor& perm_in, const at:
   }
   check_feature_dtype(a_in, op);
   const at::Tensor rowptr = rowptr_in.contiguous(), perm = perm_in.contiguous(), a = a_in.contiguous();
-  ensure_perm_unique(rowptr, perm, op);  // out[perm[j]] is written once per slot
+  check_rowptr(rowptr, E, op);
+  ensure_perm_unique(perm, op);  // out[perm[j]] is written once per slot
   const at::Tensor b = BWD ? b_in->contiguous() : at::Tensor();
   at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
   const int64_t H = c10::multiply_integers(a.sizes().slice(1));
   if (E == 0 || H == 0) {
-    check_unwalked_structure(rowptr, at::Tensor(), perm, E, op);
+    check_unwalked_structure(at::Tensor(), perm, E, op);
     return out;
   }
   const int64_t M = rowptr.numel() - 1;

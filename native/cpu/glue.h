@@ -31,14 +31,27 @@ inline void check_cpu(const at::Tensor& t, const char* op, const char* name) {
                     t.device());
 }
 
-// A structure handed straight to an op (not built by build_csr) must not make a kernel read
-// out of bounds. The ends of rowptr are checked here; every other index is checked by the
-// kernels as they read it (see row_ok / in_range in rows_core.h), and a failure comes back as
-// a Status that raise_status turns into a Python exception.
-inline void check_rowptr_ends(const at::Tensor& rowptr, int64_t num_edges, const char* op) {
+// A structure handed straight to an op must not make a kernel read out of bounds. rowptr is
+// checked here, before any kernel runs (parallel_rows' split reads it through a binary search):
+// it starts at 0, never decreases and ends at the number of edges; a rowptr the record knows
+// (trust.h: build_csr's, a copy's, one checked before) is not read again. Every other index is
+// checked by the kernels as they read it (see row_ok / in_range in rows_core.h), and a failure
+// comes back as a Status that raise_status turns into a Python exception. `rowptr` must be
+// contiguous.
+inline void check_rowptr(const at::Tensor& rowptr, int64_t num_edges, const char* op) {
+  if (trusted_rowptr(rowptr, num_edges)) return;
+  count_validation();
   const int64_t M = rowptr.numel() - 1;
-  TORCH_CHECK_VALUE(rowptr[0].item<int64_t>() == 0 && rowptr[M].item<int64_t>() == num_edges, op,
-                    ": rowptr must start at 0 and end at the number of edges (", num_edges, ")");
+  bool ends = false, ordered = true;
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    const index_t* rp = rowptr.const_data_ptr<index_t>();
+    ends = rp[0] == 0 && static_cast<int64_t>(rp[M]) == num_edges;
+    for (int64_t r = 0; ends && r < M; ++r)
+      if (!row_ok(rp, r, num_edges)) { ordered = false; break; }
+  });
+  TORCH_CHECK_VALUE(ends, op, ": rowptr must start at 0 and end at the number of edges (", num_edges, ")");
+  TORCH_CHECK_VALUE(ordered, op, ": rowptr must be non-decreasing and within [0, ", num_edges, "]");
+  record_index_facts(rowptr, IndexFacts{-1, false, num_edges});
 }
 
 inline void raise_status(Status st, const char* op, int64_t num_src, int64_t num_edges) {
@@ -57,28 +70,24 @@ inline void raise_status(Status st, const char* op, int64_t num_src, int64_t num
 }
 
 // What the kernels check as they walk a structure, for a call that returns before any kernel
-// runs (no edges, rows or features): rowptr non-decreasing within [0, E], col (when defined) in
-// [0, num_src), perm in [0, E). A structure is refused or accepted whatever the sizes of x.
-inline void check_unwalked_structure(const at::Tensor& rowptr, const at::Tensor& col,
-                                     const at::Tensor& perm, int64_t num_src, const char* op) {
+// runs (no edges, rows or features): col (when defined) in [0, num_src), perm in [0, E); rowptr
+// has passed check_rowptr. A structure is refused or accepted whatever the sizes of x.
+inline void check_unwalked_structure(const at::Tensor& col, const at::Tensor& perm, int64_t num_src,
+                                     const char* op) {
   const int64_t E = perm.numel();
-  Status st = Status::Ok;
-  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
-    const index_t* rp = rowptr.const_data_ptr<index_t>();
-    for (int64_t r = 0; r + 1 < rowptr.numel() && st == Status::Ok; ++r)
-      if (!row_ok(rp, r, E)) st = Status::BadRowptr;
-  });
-  if (st == Status::Ok && col.defined() && !ids_within(col, num_src)) st = Status::BadCol;
-  if (st == Status::Ok && !ids_within(perm, E)) st = Status::BadPerm;
-  raise_status(st, op, num_src, E);
+  if (col.defined()) {
+    ensure_ids_within(col, num_src, op, ": source index out of range (an entry of col lies outside [0, ", num_src,
+                      ")) for ", num_src, " source nodes");
+  }
+  ensure_ids_within(perm, E, op, ": perm holds an edge id outside [0, ", E, ")");
 }
 
 // spmm without a weight never reads perm, so its kernels cannot check it as they go: a perm
-// that build_csr did not make (trust.h) is checked here, as the CUDA glue checks every structure.
-inline void check_unread_perm(const at::Tensor& rowptr, const at::Tensor& perm, const char* op) {
+// that the record does not know to lie in [0, E) is checked here (once), as the CUDA glue
+// checks every structure.
+inline void check_unread_perm(const at::Tensor& perm, const char* op) {
   const int64_t E = perm.numel();
-  if (structure_facts(rowptr, at::Tensor(), perm).ranges_ok) return;
-  TORCH_CHECK_INDEX(ids_within(perm, E), op, ": perm holds an edge id outside [0, ", E, ")");
+  ensure_ids_within(perm, E, op, ": perm holds an edge id outside [0, ", E, ")");
 }
 
 // CPU knobs (explicit kernel arguments, filled from the device profile):
@@ -101,17 +110,18 @@ inline int64_t num_chunks(int64_t num_rows, int64_t threads, c10::IntArrayRef kn
 }
 
 // Runs fn(row_begin, row_end) -> Status over rows split into edge-balanced chunks, in
-// parallel; returns the first non-Ok status (chunks after a failure are skipped).
+// parallel; returns the first non-Ok status (chunks after a failure are skipped). rowptr must
+// have passed check_rowptr.
 template <typename index_t, typename Fn>
 Status parallel_rows(const index_t* rowptr, int64_t num_rows, c10::IntArrayRef knobs, const Fn& fn) {
   if (num_rows == 0) return Status::Ok;
   const int64_t chunks = num_chunks(num_rows, at::get_num_threads(), knobs);
   if (chunks <= 1) return fn(0, num_rows);
-  // The split reads rowptr through a binary search: only valid for a non-decreasing rowptr
-  // inside [0, E], so check that here (O(M), far less than the kernel's O(E * F)).
-  const int64_t E = static_cast<int64_t>(rowptr[num_rows]);
-  for (int64_t r = 0; r < num_rows; ++r)
-    if (!row_ok(rowptr, r, E)) return Status::BadRowptr;
+  // The split reads rowptr through a binary search: meaningful for a non-decreasing rowptr
+  // inside [0, E], which check_rowptr established (or the record vouched for) before the call.
+  // A recorded rowptr written behind its version counter (`.data[...]`) still cannot make it
+  // read out of bounds: the search reads only rowptr[0..num_rows], the bounds it returns stay
+  // in [0, num_rows] and never decrease, and each kernel checks every row it walks (row_ok).
   std::vector<int64_t> bounds(chunks + 1);
   balanced_row_split(rowptr, num_rows, chunks, bounds.data());
   std::atomic<int> status{static_cast<int>(Status::Ok)};

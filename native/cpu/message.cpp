@@ -197,7 +197,7 @@ Call prepare(const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Te
   c.perm = perm_in.contiguous();
   c.M = c.rowptr.numel() - 1;
   c.E = c.col.numel();
-  check_rowptr_ends(c.rowptr, c.E, op);
+  check_rowptr(c.rowptr, c.E, op);
   c.in = check_inputs(inputs, sides, F, c.M, c.E, op);
   c.slot = check_slot(slot_in, c.col, op);
   c.p = check_program(code, static_cast<int64_t>(consts.size()), static_cast<int64_t>(inputs.size()), op);

@@ -44,14 +44,14 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
   const at::Tensor &rowptr = c.rowptr, &col = c.col, &perm = c.perm, &x = c.x, &weight = c.w.weight;
   const int64_t M = c.M, E = c.E, Fx = c.F, H = c.w.heads;
   const Reduce reduce = c.reduce;
-  check_rowptr_ends(rowptr, E, op);
+  check_rowptr(rowptr, E, op);
   at::Tensor out = c.o.out, arg = c.o.arg;
   const bool need_arg = c.o.need_arg;
   if (c.o.done) {
-    check_unwalked_structure(rowptr, col, perm, x.size(0), op);
+    check_unwalked_structure(col, perm, x.size(0), op);
     return {out, arg};
   }
-  if (c.w.mode == WeightMode::None) check_unread_perm(rowptr, perm, op);
+  if (c.w.mode == WeightMode::None) check_unread_perm(perm, op);
 
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {

@@ -28,7 +28,7 @@ at::Tensor arg_route_cuda(const at::Tensor& rowptr_in, const at::Tensor& col_in,
   const at::Tensor &weight = c.w.weight, &arg = c.arg, &grad = c.grad;
   validate_once(rowptr, col, perm, c.N, op);        // col: sources
   validate_once(rowptr_t, col_t, perm_t, c.M, op);  // col_t: destination rows
-  ensure_perm_unique(rowptr, perm, op);             // its inverse maps edge ids to CSR slots
+  ensure_perm_unique(perm, op);                     // its inverse maps edge ids to CSR slots
   at::Tensor out = c.out;
   if (c.done) return out;
   TORCH_CHECK_VALUE(c.F <= kMaxSpmmFeatures, op, ": ", c.F, " features per row is more than the CUDA kernel supports (",
@@ -85,7 +85,7 @@ at::Tensor arg_edge_dot_cuda(const at::Tensor& rowptr_in, const at::Tensor& col_
                                              [&](const at::Tensor& t, const char* name) { check_on(t, dev, op, name); });
   const c10::cuda::CUDAGuard guard(dev);
   validate_once(c.rowptr, c.col, c.perm, c.x.size(0), op);
-  ensure_perm_unique(c.rowptr, c.perm, op);  // out[perm[j]] belongs to the row of slot j alone
+  ensure_perm_unique(c.perm, op);  // out[perm[j]] belongs to the row of slot j alone
   if (c.done) return c.finish();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   GNN_DISPATCH_INDEX(c.rowptr.scalar_type(), op, [&] {

@@ -122,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cu
     return {gx, g_src, g_dst, at::zeros({c.a_edge.defined() ? c.E : 0, c.H}, c.x.options())};
   }
   check_row_width(c, op);
-  ensure_perm_unique(rowptr_t, perm_t, op);  // d_edge[perm_t[k]] is written once per slot
+  ensure_perm_unique(perm_t, op);  // d_edge[perm_t[k]] is written once per slot
   at::Tensor rec = at::empty({c.M, 4 * c.H}, stats.options());
   at::Tensor d_edge = at::empty({c.E, c.H}, stats.options());
   const DeviceProps props = device_props(dev.index());

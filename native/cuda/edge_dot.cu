@@ -29,7 +29,7 @@ at::Tensor edge_dot_cuda(const at::Tensor& rowptr_in, const at::Tensor& col_in, 
   const int64_t F = c10::multiply_integers(x.sizes().slice(1));
   check_edge_dot_g(g, M, F, heads, op);
   validate_once(rowptr, col, perm, x.size(0), op);
-  ensure_perm_unique(rowptr, perm, op);  // out[perm[j]] is written once per slot
+  ensure_perm_unique(perm, op);  // out[perm[j]] is written once per slot
   at::Tensor out = at::empty({E, heads}, x.options());
   if (E == 0) return out;
   if (F == 0) return out.zero_();

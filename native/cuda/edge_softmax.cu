@@ -38,7 +38,7 @@ at::Tensor run(const at::Tensor& rowptr_in, const at::Tensor& perm_in, const at:
   const at::Tensor b = BWD ? b_in->contiguous() : at::Tensor();
   // col is not used here: only perm is checked (every edge id in [0, E), each once).
   validate_once(rowptr, at::Tensor(), perm, E, op);
-  ensure_perm_unique(rowptr, perm, op);
+  ensure_perm_unique(perm, op);
   at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
   const int64_t H = c10::multiply_integers(a.sizes().slice(1));
   if (E == 0 || H == 0) return out;

@@ -81,12 +81,13 @@ inline int64_t ptr_align(const void* p) {
 // A structure handed to an op (not necessarily built by build_csr) is checked on the device
 // before any kernel reads through it: rowptr spans [0, E] and never decreases, every col is a
 // valid source row (col may be undefined: not read by the op), every perm an edge id. One
-// fused reduction and one small device-to-host copy; a structure that passes is recorded
-// (trust.h), and validate_once skips it from then on, as it skips build_csr's outputs.
+// fused reduction and one small device-to-host copy (a host wait); what passes is recorded per
+// tensor (trust.h), and validate_once skips it from then on, as it skips build_csr's outputs.
 inline void validate_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
                                int64_t num_src, const char* op) {
   const int64_t M = rowptr.numel() - 1;
   const int64_t E = perm.numel();
+  count_validation();
   at::Tensor stats = at::empty({kNumStructStats}, rowptr.options().dtype(at::kLong));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int sms = device_props(rowptr.device().index()).sm_count;
@@ -101,21 +102,27 @@ inline void validate_structure(const at::Tensor& rowptr, const at::Tensor& col, 
   TORCH_CHECK_VALUE(s[kRowptrFirst] == 0 && s[kRowptrLast] == E, op,
                     ": rowptr must start at 0 and end at the number of edges (", E, ")");
   TORCH_CHECK_VALUE(s[kFirstDecrease] == LLONG_MAX, op, ": rowptr must be non-decreasing");
-  if (E == 0) return;
-  if (col.defined()) {
+  if (E > 0 && col.defined()) {
     TORCH_CHECK_INDEX(s[kColMin] >= 0 && s[kColMax] < num_src, op, ": source index out of range [",
                       s[kColMin], ", ", s[kColMax], "] for ", num_src, " source nodes");
   }
-  TORCH_CHECK_INDEX(s[kPermMin] >= 0 && s[kPermMax] < E, op, ": perm holds an edge id outside [0, ", E,
-                    ")");
-  record_structure_facts(rowptr, col, perm, StructureFacts{true, col.defined() ? num_src : -1, false});
+  if (E > 0) {
+    TORCH_CHECK_INDEX(s[kPermMin] >= 0 && s[kPermMax] < E, op, ": perm holds an edge id outside [0, ", E,
+                      ")");
+  }
+  // bounds as found (an empty col or perm lies below any bound, 0 included)
+  record_index_facts(rowptr, IndexFacts{-1, false, E});
+  if (col.defined()) record_index_facts(col, IndexFacts{E > 0 ? s[kColMax] + 1 : 0, false, -1});
+  record_index_facts(perm, IndexFacts{E, false, -1});
 }
 
+// The structure an op reads, validated unless the record vouches for each tensor of it.
 inline void validate_once(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
                           int64_t num_src, const char* op) {
-  const StructureFacts f = structure_facts(rowptr, col, perm);
-  const bool col_ok = !col.defined() || (f.col_bound >= 0 && f.col_bound <= num_src);
-  if (!(f.ranges_ok && col_ok)) validate_structure(rowptr, col, perm, num_src, op);
+  const int64_t E = perm.numel();
+  const bool trusted = trusted_rowptr(rowptr, E) && trusted_ids(perm, E) &&
+                       (!col.defined() || trusted_ids(col, num_src));
+  if (!trusted) validate_structure(rowptr, col, perm, num_src, op);
 }
 
 }  // namespace gpu

@@ -546,7 +546,7 @@ def test_trusted_structures_are_not_validated_per_call():
     s = structure(ei, 80)
     x = torch.randn(100, 16, device=DEV)
     sc = torch.randn(s[1].numel(), device=DEV)
-    copy = ops.clone_structure(*s)
+    copy = ops.clone_structure(list(s))
     plain = tuple(t.clone() for t in s)
     ops.spmm(*plain, None, x, "sum", [])  # validated here, with a host wait
     ops.edge_softmax(plain[0], plain[2], sc, [])  # and its perm checked to be a permutation
@@ -606,7 +606,7 @@ def test_max_min_backward_is_deterministic():
 
     ei = power_law_graph(2000, 60_000, seed=2)
     s = structure(ei, 2000)
-    t = ops.clone_structure(*s)  # any structure; the CSC is built inside backward
+    t = ops.clone_structure(list(s))  # any structure; the CSC is built inside backward
     grads = []
     for _ in range(2):
         x = torch.randn(2000, 32, device=DEV, generator=torch.Generator(DEV).manual_seed(0)).requires_grad_()

@@ -374,7 +374,7 @@ def test_a_trusted_structure_changed_in_place_is_checked_again(native_ops):
     perm[2] = perm[0]
     with pytest.raises(IndexError, match="exactly once"):
         ops.edge_softmax(rowptr, perm, s, [])
-    r2, c2, p2 = ops.clone_structure(*_structure())
+    r2, c2, p2 = ops.clone_structure(list(_structure()))
     torch.testing.assert_close(ops.edge_softmax(r2, p2, s, []), ops.edge_softmax(*_structure()[::2], s, []))
     p2[1] = p2[0]
     with pytest.raises(IndexError, match="exactly once"):
