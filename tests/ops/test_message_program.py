@@ -293,7 +293,12 @@ def test_every_op_on_special_values_as_torch(dtype):
             assert torch.equal(got.isnan(), want.isnan()), what
             fin = ~want.isnan()
             assert torch.equal(got[fin].isinf() & (got[fin] > 0), want[fin].isinf() & (want[fin] > 0)), what
-            assert torch.equal(torch.signbit(got[fin]), torch.signbit(want[fin])), what
+            signed = fin
+            if name == "gelu" and dtype == torch.float32:
+                # the sign of a zero from torch's float32 gelu depends on the CPU's vector path: on
+                # an AVX2-only CPU gelu(-0.0) and gelu(-10) give +0 (float64 and the formula: -0)
+                signed = fin & (want != 0)
+            assert torch.equal(torch.signbit(got[signed]), torch.signbit(want[signed])), what
             torch.testing.assert_close(got[fin], want[fin], **tol, msg=what)
             checked += 1
     assert checked == sum(len(_PARAMS[nm]) if npar else 1 for nm, _, npar in P.OPS.values()
