@@ -9,8 +9,7 @@ import torch
 from torch_geometric.nn import GATConv, models
 
 import gnncompile
-from shared import check_same  # noqa: F401  (the Dynamo-reset fixture comes with it)
-from shared import _fresh_dynamo  # noqa: F401
+from shared import _fresh_dynamo  # noqa: F401  (resets Dynamo before each test)
 
 N, E, F = 300, 3000, 16
 
