@@ -97,15 +97,41 @@ def test_native_equals_the_reference(dtype, index):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(1.0, b.abs().max().item()))
 
 
-def test_gradcheck_float64():
+@pytest.mark.parametrize("edge", [False, True])
+def test_gradcheck_float64(edge):
+    """Both backward layouts: the logit gradients in CSC order (no edge term) and in edge order
+    (the edge term's gradient)."""
     N, M, E, H, C = 12, 10, 50, 2, 3
     _, _, csr, csc = _graph(N, M, E)
-    x, a_s, a_d, a_e = _inputs(N, M, E, H, C, torch.float64, True)
+    x, a_s, a_d, a_e = _inputs(N, M, E, H, C, torch.float64, edge)
 
-    def f(x, a_s, a_d, a_e):
-        return ops.attention(*csr, x, a_s, a_d, a_e, 0.2, 0.0, None, [], *csc)[0]
+    def f(x, a_s, a_d, *a_e):
+        return ops.attention(*csr, x, a_s, a_d, a_e[0] if a_e else None, 0.2, 0.0, None, [], *csc)[0]
 
-    assert torch.autograd.gradcheck(f, (x, a_s, a_d, a_e))
+    assert torch.autograd.gradcheck(f, (x, a_s, a_d) + ((a_e,) if edge else ()))
+
+
+@pytest.mark.parametrize("H,edge", [(4, False), (3, False), (4, True)])
+def test_backward_bits_do_not_depend_on_the_threads(H, edge):
+    """The destinations' gradient is summed in one fixed order however the rows are split
+    (threads, chunks per thread): the same bits from 1 thread as from 2 with many chunks."""
+    N, M, E, C = 300, 200, 5000, 8
+    _, _, csr, csc = _graph(N, M, E)
+    x, a_s, a_d, a_e = _inputs(N, M, E, H, C, torch.float32, edge)
+    out, st = ops.attention(*csr, x, a_s, a_d, a_e, 0.2, 0.1, torch.tensor(5), [], *csc)
+    g = torch.randn_like(out)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n, knobs in ((1, []), (2, [16]), (2, [])):
+            torch.set_num_threads(n)
+            runs.append(ops.attention_backward(*csr, x, a_s, a_d, a_e, 0.2, 0.1, torch.tensor(5), out, st, g, knobs,
+                                               *csc))
+    finally:
+        torch.set_num_threads(threads)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
 
 
 def test_without_a_csc_the_backward_builds_one():
