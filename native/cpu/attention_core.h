@@ -150,7 +150,7 @@ Status attention_rows(const AttentionArgs<scalar_t, index_t>& a, scalar_t* out,
     acc_t* w = row_buffer(wbuf, deg * H);
     for (int64_t k = 0; k < deg; ++k) {  // scores, checking every index as it is read
       const int64_t j = begin + k;
-      if (k + kSoftmaxPrefetch < deg)
+      if (j + kSoftmaxPrefetch < a.E)  // across the row's end: short rows are prefetched too
         __builtin_prefetch(a.a_src + static_cast<int64_t>(a.col[j + kSoftmaxPrefetch]) * H, 0, 0);
       const int64_t src = static_cast<int64_t>(a.col[j]);
       if (!in_range(src, a.N)) return Status::BadCol;
@@ -183,7 +183,7 @@ Status attention_rows(const AttentionArgs<scalar_t, index_t>& a, scalar_t* out,
     for (int64_t f = 0; f < F; ++f) acc[f] = acc_t(0);
     for (int64_t k = 0; k < deg; ++k) {  // the one sweep over the gathered rows
       const int64_t j = begin + k;
-      if (k + kPrefetchDistance < deg) {
+      if (j + kPrefetchDistance < a.E) {  // across the row's end
         const char* p = reinterpret_cast<const char*>(a.x + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
         for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
       }
@@ -247,7 +247,7 @@ Status attention_source_rows(const AttentionArgs<scalar_t, index_t>& a, const ty
       acc_t* dd = buf + 3 * deg * H;
       const scalar_t* asj = a.a_src + j * H;
       for (int64_t k = 0; k < deg; ++k) {
-        if (k + kSoftmaxPrefetch < deg) {  // the destination's record, and the line d_edge is written to
+        if (begin + k + kSoftmaxPrefetch < a.E) {  // the record (and d_edge's line) ahead, past the row's end
           __builtin_prefetch(rec + static_cast<int64_t>(a.col_t[begin + k + kSoftmaxPrefetch]) * 4 * H, 0, 0);
           if (by_edge)
             __builtin_prefetch(d_edge + static_cast<int64_t>(a.perm_t[begin + k + kSoftmaxPrefetch]) * H, 1, 0);
@@ -273,7 +273,7 @@ Status attention_source_rows(const AttentionArgs<scalar_t, index_t>& a, const ty
       }
       const scalar_t* xr = a.x + j * F;
       for (int64_t k = 0; k < deg; ++k) {
-        if (k + kPrefetchDistance < deg) {  // the destination's gradient row, ahead
+        if (begin + k + kPrefetchDistance < a.E) {  // the destination's gradient row, ahead, past the row's end
           const char* p = reinterpret_cast<const char*>(g + static_cast<int64_t>(a.col_t[begin + k + kPrefetchDistance]) * F);
           for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
         }

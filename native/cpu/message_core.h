@@ -236,6 +236,23 @@ inline void prefetch_slot(const Args<scalar_t, acc_t, index_t>& a, int64_t j, in
   }
 }
 
+// The prefetch of a row walk kPrefetchDistance slots ahead of slot j (in the row [begin, end),
+// tile [f0, f0 + n)), past the row's end too: the row's first slots at its next tile, or after
+// its last tile the next rows' first tile (as spmm_core.h), so short rows are prefetched.
+template <typename scalar_t, typename acc_t, typename index_t, int TILE>
+inline void prefetch_ahead(const Args<scalar_t, acc_t, index_t>& a, int64_t j, int64_t begin, int64_t end,
+                           int64_t f0, int n) {
+  const int64_t ahead = j + kPrefetchDistance;
+  if (ahead < end) {
+    prefetch_slot(a, ahead, f0, n);
+  } else if (f0 + n < a.F) {
+    const int64_t wrap = begin + (ahead - end);
+    if (wrap < end) prefetch_slot(a, wrap, f0 + n, static_cast<int>(a.F - f0 - n < TILE ? a.F - f0 - n : TILE));
+  } else if (ahead < a.num_edges) {
+    prefetch_slot(a, ahead, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
+  }
+}
+
 // The edge of traversed slot j: its neighbour (checked against num_src), id (checked against E)
 // and CSR slot (checked against E).
 template <typename scalar_t, typename acc_t, typename index_t>
@@ -275,7 +292,7 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
       if (kArg)
         for (int t = 0; t < n; ++t) { win[t] = -1; eq[t] = acc_t(0); }
       for (int64_t j = begin; j < end; ++j) {
-        if (j + kPrefetchDistance < end) prefetch_slot(a, j + kPrefetchDistance, f0, n);
+        prefetch_ahead<scalar_t, acc_t, index_t, TILE>(a, j, begin, end, f0, n);
         int64_t src, e, sl;
         const Status st = edge_of(a, j, src, e, sl);
         if (st != Status::Ok) return st;
@@ -313,7 +330,7 @@ Status sum_rows_multi(const Args<scalar_t, acc_t, index_t>& a, const int32_t* re
       for (int k = 0; k < K; ++k)
         for (int t = 0; t < n; ++t) acc[k][t] = acc_t(0);
       for (int64_t j = begin; j < end; ++j) {
-        if (j + kPrefetchDistance < end) prefetch_slot(a, j + kPrefetchDistance, f0, n);
+        prefetch_ahead<scalar_t, acc_t, index_t, TILE>(a, j, begin, end, f0, n);
         int64_t src, e, sl;
         const Status st = edge_of(a, j, src, e, sl);
         if (st != Status::Ok) return st;
@@ -342,7 +359,7 @@ Status edge_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int
     if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
     const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
     for (int64_t j = begin; j < end; ++j) {
-      if (j + kPrefetchDistance < end) {
+      if (j + kPrefetchDistance < a.num_edges) {  // past the row's end too
         prefetch_slot(a, j + kPrefetchDistance, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
         const int64_t ea = a.by_slot ? j + kPrefetchDistance : static_cast<int64_t>(a.perm[j + kPrefetchDistance]);
         if (in_range(ea, a.num_edges)) {

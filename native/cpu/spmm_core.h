@@ -51,15 +51,29 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
     for (int t = 0; t < n; ++t) { win[t] = -1; eq[t] = acc_t(0); }
 
   const scalar_t* xbase = a.x + f0;
+  // What is read kPrefetchDistance edges ahead is prefetched, past the row's end too: the next
+  // tile of this row (its first edges, at the next features) or, after the row's last tile, the
+  // next rows' first tile. Short rows (a median in-degree of a few edges) get their reads
+  // prefetched as well. A prefetch never faults: the slots ahead are checked when they are read.
+  const bool last_tile = f0 + n == a.F;
+  const int64_t next_f = last_tile ? 0 : f0 + n;       // the features of the next visit
+  const int64_t next_h = last_tile ? 0 : next_f / a.C;  // and its head
+  const int64_t limit = last_tile ? a.num_edges : end;
   for (int64_t j = begin; j < end; ++j) {
-    if (j + kPrefetchDistance < end) {
+    int64_t ahead = j + kPrefetchDistance, pf = f0, ph = h;
+    if (ahead >= end) {  // past the row: its next tile's first edges, or the next rows' first tile
+      if (!last_tile) ahead = begin + (ahead - end);
+      pf = next_f;
+      ph = next_h;
+    }
+    if (ahead < limit) {
       const char* p = reinterpret_cast<const char*>(
-          xbase + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * a.F);
+          a.x + pf + static_cast<int64_t>(a.col[ahead]) * a.F);
       for (int b = 0; b < static_cast<int>(TILE * sizeof(scalar_t)); b += 64)
         __builtin_prefetch(p + b, 0, 0);
       if (W != WeightMode::None) {  // the edge's weight: read through perm, a random access
-        const int64_t e = static_cast<int64_t>(a.perm[j + kPrefetchDistance]);
-        __builtin_prefetch(a.weight + (W == WeightMode::Head ? e * a.H + h : e), 0, 0);
+        const int64_t e = static_cast<int64_t>(a.perm[ahead]);
+        __builtin_prefetch(a.weight + (W == WeightMode::Head ? e * a.H + ph : e), 0, 0);
       }
     }
     const int64_t src = static_cast<int64_t>(a.col[j]);
