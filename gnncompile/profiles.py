@@ -42,8 +42,9 @@ a ProfileWarning saying what was changed:
 * ``batch_size``: ``[1, 2**20]`` (:data:`MAX_BATCH_SIZE`; each pool slot holds
   ``batch_size + 1`` int64 pointers per batched attribute, at most 8 MiB).
 * ``knobs``: a list of ints >= 0 (0 = the kernel's default), at most one per knob of the device
-  (extra entries are dropped): on the CPU ``[chunks_per_thread]`` in ``[0, 4096]``
-  (:data:`CPU_MAX_CHUNKS_PER_THREAD`, the kernels' own cap in native/cpu/glue.h); on CUDA
+  (extra entries are dropped): on the CPU ``[chunks_per_thread, prefetch_distance]`` in ``[0, 4096]``
+  and ``[0, 64]`` (:data:`CPU_MAX_CHUNKS_PER_THREAD`, :data:`CPU_MAX_PREFETCH_DISTANCE`, the
+  kernels' own caps in native/cpu/glue.h); on CUDA
   ``[lanes_per_row, rows_per_block, vec_width, items_per_group]`` up to
   :data:`gnncompile.hardware.cuda_knobs.EXPLICIT_KNOB_MAX` (``(32, 256, 16, 2**20)``), the bounds
   native/cuda/knobs.h applies to explicit knobs, read from the native extension (without it
@@ -81,6 +82,8 @@ SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "p
 
 #: The CPU kernels' cap on knobs[0] (chunks per thread): kMaxChunksPerThread in native/cpu/glue.h.
 CPU_MAX_CHUNKS_PER_THREAD = 4096
+#: The CPU kernels' cap on knobs[1] (prefetch distance, edges): kMaxPrefetchDistance in native/cpu/glue.h.
+CPU_MAX_PREFETCH_DISTANCE = 64
 #: The largest batch_size a profile may set.
 MAX_BATCH_SIZE = 1 << 20
 #: pool_size may always go up to this many slots, however few CPUs the machine has.
@@ -298,7 +301,7 @@ def knob_ranges(device_type: str) -> Optional[List[Tuple[int, int]]]:
         if not _cuda_knobs.available():
             return None
         return [(0, hi) for hi in _cuda_knobs.EXPLICIT_KNOB_MAX]
-    return [(0, CPU_MAX_CHUNKS_PER_THREAD)]
+    return [(0, CPU_MAX_CHUNKS_PER_THREAD), (0, CPU_MAX_PREFETCH_DISTANCE)]
 
 
 def _in_range(name: str, v: Any, lo: int, hi: Optional[int], notes: List[str]) -> int:
@@ -522,5 +525,6 @@ def resolve(profile: Any = "auto", workload: Optional[Mapping[str, Any]] = None,
 __all__ = ["Profile", "ProfileWarning", "ProfileError", "cache_dir", "profile_dir", "make", "save",
            "read", "validate", "load_file", "find", "resolve", "list_profiles", "default_profile",
            "workload_signature", "workload_distance", "SCHEMA_VERSION", "SETTING_KEYS", "check_settings",
-           "setting_ranges", "knob_ranges", "machine_cpus", "CPU_MAX_CHUNKS_PER_THREAD", "MAX_BATCH_SIZE",
+           "setting_ranges", "knob_ranges", "machine_cpus", "CPU_MAX_CHUNKS_PER_THREAD", "CPU_MAX_PREFETCH_DISTANCE",
+           "MAX_BATCH_SIZE",
            "MAX_JSON_DEPTH"]

@@ -13,7 +13,7 @@
   scale; a neighbor workload always searches it, by default in
   :data:`tuner.workloads.NEIGHBOR_BATCH_RANGE`, and measures the defaults at ``batch_size``), pool size
   (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
-  kernel knob (``chunks_per_thread`` on CPU; lanes per row and items per group on CUDA) and
+  kernel knobs (``chunks_per_thread`` and ``prefetch_distance`` on CPU; lanes per row and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
   A data-parallel neighbor workload (``Workload(ranks=N)``, N > 1: each trial is N gloo rank
   processes, :func:`tuner.workloads.measure`) searches threads per rank, up to CPUs / N, and
@@ -134,7 +134,8 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             items = trial.suggest_categorical("items_per_group", [0, 64, 256, 1024])
             s["knobs"] = [lanes, 0, 0, items]
         else:
-            s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16])]
+            s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16]),
+                          trial.suggest_categorical("prefetch_distance", [2, 4, 8, 16])]
         # the compiler for the rest of the graph: which one wins depends on the model and the
         # graph sizes (benchmarks/results/inner_rule.md; earlier measurements in
         # benchmarks/results/HISTORY.md, "Inner compiler")

@@ -169,7 +169,8 @@ def describe(device: torch.device | str | None = None) -> str:
 def default_settings(props: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Settings for a device that has no profile: a small cost model over its properties.
 
-    CPU (``knobs = [chunks_per_thread]``):
+    CPU (``knobs = [chunks_per_thread]``; ``prefetch_distance``, the second CPU knob, keeps the
+    kernels' default of 4 edges: benchmarks/results/HISTORY.md, section 21):
 
     * ``threads`` = physical cores (hyper-threads share the vector units the gather-reduce
       kernels saturate, so a second thread per core mostly adds contention).

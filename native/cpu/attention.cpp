@@ -70,6 +70,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
       using a_t = typename acc_type<core_t>::type;
       AttentionArgs<core_t, index_t> a = core_args<core_t, index_t>(c);
       set_features<scalar_t>(a, c, slope);
+      a.prefetch = prefetch_distance(knobs);
       core_t* o = core_ptr<scalar_t>(out);
       a_t* s = reinterpret_cast<a_t*>(stats.data_ptr());
       st = parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
@@ -118,6 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
       using a_t = typename acc_type<core_t>::type;
       AttentionArgs<core_t, index_t> a = core_args<core_t, index_t>(c);
       set_features<scalar_t>(a, c, slope);
+      a.prefetch = prefetch_distance(knobs);
       a.rowptr_t = rowptr_t.const_data_ptr<index_t>();
       a.col_t = col_t.const_data_ptr<index_t>();
       a.perm_t = perm_t.const_data_ptr<index_t>();

@@ -66,6 +66,7 @@ struct AttentionArgs {
   uint64_t key = 0;        // splitmix64(seed)
   uint32_t threshold = 0;  // keep when the draw is >= threshold
   acc_t scale = acc_t(1);  // 1 / (1 - p)
+  int64_t prefetch = kPrefetchDistance;  // edges ahead whose gathered rows are prefetched (knobs[1])
   bool d_edge_order = false;  // backward: d_edge in edge order (the edge term's gradient), else CSC order
 };
 
@@ -183,8 +184,8 @@ Status attention_rows(const AttentionArgs<scalar_t, index_t>& a, scalar_t* out,
     for (int64_t f = 0; f < F; ++f) acc[f] = acc_t(0);
     for (int64_t k = 0; k < deg; ++k) {  // the one sweep over the gathered rows
       const int64_t j = begin + k;
-      if (j + kPrefetchDistance < a.E) {  // across the row's end
-        const char* p = reinterpret_cast<const char*>(a.x + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
+      if (j + a.prefetch < a.E) {  // across the row's end
+        const char* p = reinterpret_cast<const char*>(a.x + static_cast<int64_t>(a.col[j + a.prefetch]) * F);
         for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
       }
       const scalar_t* xr = a.x + static_cast<int64_t>(a.col[j]) * F;
@@ -273,8 +274,8 @@ Status attention_source_rows(const AttentionArgs<scalar_t, index_t>& a, const ty
       }
       const scalar_t* xr = a.x + j * F;
       for (int64_t k = 0; k < deg; ++k) {
-        if (begin + k + kPrefetchDistance < a.E) {  // the destination's gradient row, ahead, past the row's end
-          const char* p = reinterpret_cast<const char*>(g + static_cast<int64_t>(a.col_t[begin + k + kPrefetchDistance]) * F);
+        if (begin + k + a.prefetch < a.E) {  // the destination's gradient row, ahead, past the row's end
+          const char* p = reinterpret_cast<const char*>(g + static_cast<int64_t>(a.col_t[begin + k + a.prefetch]) * F);
           for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
         }
         const int64_t i = static_cast<int64_t>(a.col_t[begin + k]);

@@ -13,6 +13,7 @@
 
 #include "../common/dtype.h"
 #include "../common/torch_glue.h"
+#include "reduce_core.h"
 #include "rows_core.h"
 
 namespace gnncompile {
@@ -95,7 +96,16 @@ inline void check_unread_perm(const at::Tensor& perm, const char* op) {
 //              0 or negative: the default; clamped to kMaxChunksPerThread (each chunk costs a
 //              binary search and a scheduling step, and chunks never outnumber rows anyway).
 //              gnncompile/hardware/profiles.py clamps a profile's knobs to the same range.
+//   knobs[1] = prefetch distance: how many edges ahead a row walk prefetches the rows it reads
+//              through col / perm (spmm, message programs, the fused attention's gathered rows),
+//              default kPrefetchDistance (reduce_core.h); 0 or negative: the default; clamped to
+//              kMaxPrefetchDistance. Results do not depend on it (a prefetch only warms caches).
 constexpr int64_t kDefaultChunksPerThread = 4;
+constexpr int64_t kMaxPrefetchDistance = 64;
+inline int64_t prefetch_distance(c10::IntArrayRef knobs) {
+  if (knobs.size() < 2 || knobs[1] <= 0) return kPrefetchDistance;
+  return std::min<int64_t>(knobs[1], kMaxPrefetchDistance);
+}
 constexpr int64_t kMaxChunksPerThread = 4096;
 inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
   if (knobs.size() == 0 || knobs[0] <= 0) return kDefaultChunksPerThread;

@@ -241,6 +241,7 @@ std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
     constexpr int TILE = decltype(tile)::value;
     a.out = out.data_ptr<S>();
     a.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;
+    a.prefetch = prefetch_distance(knobs);
     return parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
       switch (reduce) {
         case Reduce::Sum: return msg::reduce_rows<S, Acc, I, Reduce::Sum, TILE>(a, r0, r1);
@@ -271,6 +272,7 @@ at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_
     a.out_width = out_width;
     a.reads_perm = true;
     a.by_slot = by_slot;
+    a.prefetch = prefetch_distance(knobs);
     return parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
       return msg::edge_rows<typename A::scalar_type, typename A::acc_type, typename A::index_type,
                             decltype(tile)::value>(a, r0, r1);
@@ -299,6 +301,7 @@ at::Tensor message_sum_multi_cpu(const at::Tensor& rowptr_in, const at::Tensor& 
   run(c, sides, consts, F, [&](auto& a, auto tile) {
     using A = std::decay_t<decltype(a)>;
     a.out = out.data_ptr<typename A::scalar_type>();
+    a.prefetch = prefetch_distance(knobs);
     return parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
       return msg::sum_rows_multi<typename A::scalar_type, typename A::acc_type, typename A::index_type,
                                  decltype(tile)::value>(a, res.data(), K, c.M, r0, r1);

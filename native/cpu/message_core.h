@@ -71,6 +71,7 @@ struct Args {
   scalar_t* out;      // reduce: [M, F]; edges: [E, W_out]
   int64_t* arg;       // reduce max/min: [M, F]
   int64_t out_width;  // edges: W_out
+  int64_t prefetch = kPrefetchDistance;  // slots ahead whose rows are prefetched (knobs[1], glue.h)
 };
 
 template <typename acc_t>
@@ -236,13 +237,13 @@ inline void prefetch_slot(const Args<scalar_t, acc_t, index_t>& a, int64_t j, in
   }
 }
 
-// The prefetch of a row walk kPrefetchDistance slots ahead of slot j (in the row [begin, end),
+// The prefetch of a row walk a.prefetch slots ahead of slot j (in the row [begin, end),
 // tile [f0, f0 + n)), past the row's end too: the row's first slots at its next tile, or after
 // its last tile the next rows' first tile (as spmm_core.h), so short rows are prefetched.
 template <typename scalar_t, typename acc_t, typename index_t, int TILE>
 inline void prefetch_ahead(const Args<scalar_t, acc_t, index_t>& a, int64_t j, int64_t begin, int64_t end,
                            int64_t f0, int n) {
-  const int64_t ahead = j + kPrefetchDistance;
+  const int64_t ahead = j + a.prefetch;
   if (ahead < end) {
     prefetch_slot(a, ahead, f0, n);
   } else if (f0 + n < a.F) {
@@ -359,9 +360,9 @@ Status edge_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int
     if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
     const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
     for (int64_t j = begin; j < end; ++j) {
-      if (j + kPrefetchDistance < a.num_edges) {  // past the row's end too
-        prefetch_slot(a, j + kPrefetchDistance, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
-        const int64_t ea = a.by_slot ? j + kPrefetchDistance : static_cast<int64_t>(a.perm[j + kPrefetchDistance]);
+      if (j + a.prefetch < a.num_edges) {  // past the row's end too
+        prefetch_slot(a, j + a.prefetch, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
+        const int64_t ea = a.by_slot ? j + a.prefetch : static_cast<int64_t>(a.perm[j + a.prefetch]);
         if (in_range(ea, a.num_edges)) {
           const char* q = reinterpret_cast<const char*>(a.out + ea * a.out_width);
           for (int64_t b = 0; b < static_cast<int64_t>(a.out_width * sizeof(scalar_t)); b += 64)

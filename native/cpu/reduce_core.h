@@ -12,7 +12,7 @@ namespace gnncompile {
 namespace cpu {
 
 // Rows reached through col / perm are prefetched this many edges ahead.
-constexpr int kPrefetchDistance = 4;
+constexpr int kPrefetchDistance = 4;  // the default of the prefetch-distance knob (glue.h)
 
 template <Reduce R, typename acc_t>
 inline acc_t reduce_init() {

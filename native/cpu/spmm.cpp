@@ -68,6 +68,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
       a.F = Fx;
       a.H = H;
       a.C = Fx / H;
+      a.prefetch = prefetch_distance(knobs);
       a.num_src = x.size(0);
       a.num_edges = E;
       a.zero_ties_free = relu_input && !weight.defined();

@@ -1,7 +1,7 @@
 // Fused gather -> (weight) -> segment-reduce over a CSR-by-destination structure, on the host.
 // Torch-free. One destination row is produced by exactly one thread, in a fixed edge order, so
 // results are deterministic and no atomics are needed. Features are processed in tiles of TILE
-// accumulators held in registers; each gathered row is prefetched kPrefetchDistance edges ahead.
+// accumulators held in registers; each gathered row is prefetched a.prefetch edges ahead.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -30,6 +30,7 @@ struct SpmmArgs {
   int64_t num_src;         // rows of x: every col entry is checked against it
   int64_t num_edges;       // E: every rowptr and perm entry is checked against it
   bool zero_ties_free;     // max / min of a relu's output: ties at 0 need no record (its backward drops them)
+  int64_t prefetch = kPrefetchDistance;  // edges ahead whose rows are prefetched (knobs[1], glue.h)
 };
 
 // One tile of one row: features [f0, f0 + n) with a single weight column `h`.
@@ -51,7 +52,7 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
     for (int t = 0; t < n; ++t) { win[t] = -1; eq[t] = acc_t(0); }
 
   const scalar_t* xbase = a.x + f0;
-  // What is read kPrefetchDistance edges ahead is prefetched, past the row's end too: the next
+  // What is read a.prefetch edges ahead is prefetched, past the row's end too: the next
   // tile of this row (its first edges, at the next features) or, after the row's last tile, the
   // next rows' first tile. Short rows (a median in-degree of a few edges) get their reads
   // prefetched as well. A prefetch never faults: the slots ahead are checked when they are read.
@@ -60,7 +61,7 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
   const int64_t next_h = last_tile ? 0 : next_f / a.C;  // and its head
   const int64_t limit = last_tile ? a.num_edges : end;
   for (int64_t j = begin; j < end; ++j) {
-    int64_t ahead = j + kPrefetchDistance, pf = f0, ph = h;
+    int64_t ahead = j + a.prefetch, pf = f0, ph = h;
     if (ahead >= end) {  // past the row: its next tile's first edges, or the next rows' first tile
       if (!last_tile) ahead = begin + (ahead - end);
       pf = next_f;

@@ -114,7 +114,8 @@ def test_gradcheck_float64(edge):
 @pytest.mark.parametrize("H,edge", [(4, False), (3, False), (4, True)])
 def test_backward_bits_do_not_depend_on_the_threads(H, edge):
     """The destinations' gradient is summed in one fixed order however the rows are split
-    (threads, chunks per thread): the same bits from 1 thread as from 2 with many chunks."""
+    (threads, chunks per thread): the same bits from 1 thread as from 2 with many chunks, and
+    with any prefetch distance."""
     N, M, E, C = 300, 200, 5000, 8
     _, _, csr, csc = _graph(N, M, E)
     x, a_s, a_d, a_e = _inputs(N, M, E, H, C, torch.float32, edge)
@@ -123,7 +124,7 @@ def test_backward_bits_do_not_depend_on_the_threads(H, edge):
     threads = torch.get_num_threads()
     runs = []
     try:
-        for n, knobs in ((1, []), (2, [16]), (2, [])):
+        for n, knobs in ((1, []), (2, [16]), (2, []), (2, [4, 1]), (1, [0, 64])):
             torch.set_num_threads(n)
             runs.append(ops.attention_backward(*csr, x, a_s, a_d, a_e, 0.2, 0.1, torch.tensor(5), out, st, g, knobs,
                                                *csc))

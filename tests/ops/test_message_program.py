@@ -253,6 +253,34 @@ def test_sum_multi_matches_reference_and_single_programs():
         ops.message_sum_multi(*csr, ins, SIDES, code, consts, [31], 70, [], None)
 
 
+@pytest.mark.parametrize("knobs", [[4, 1], [1, 64], [2, 1000], [64, 7]])
+def test_knobs_do_not_change_the_bits(knobs):
+    """knobs[0] (chunks per thread) and knobs[1] (the prefetch distance; 1000 is clamped to the
+    kernels' cap) change how rows are split and how far ahead rows are prefetched (past each row's
+    end too, into the row's next tile or the next rows), never a result: reduce, per-edge and
+    several-result walks give the bits of the default knobs, on 2 threads, with rows of a few
+    edges and F over one tile."""
+    expr, _ = PROGRAMS["gelu_tanh"]
+    code, consts = P.encode(expr)
+    csr, _ = _structure(3, n_src=60, n_dst=50, e=400, unique=False)
+    ins = [_x(60, 70, torch.float32, 1), _x(50, 70, torch.float32, 2), _x(400, 1, torch.float32, 3),
+           _x(1, 70, torch.float32, 4)]
+    code_m, consts_m, results = P.encode_many([expr, P.node("add", I0, I2)])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        runs = [(ops.message_reduce(*csr, ins, SIDES, code, consts, 70, "max", k, [], None),
+                 ops.message_edges(*csr, ins, SIDES, code, consts, 70, 70, False, k, [], None),
+                 ops.message_sum_multi(*csr, ins, SIDES, code_m, consts_m, results, 70, k, None))
+                for k in ([], knobs)]
+    finally:
+        torch.set_num_threads(threads)
+    (red, arg), edges, multi = runs[0]
+    (red2, arg2), edges2, multi2 = runs[1]
+    assert torch.equal(red, red2) and torch.equal(arg, arg2)
+    assert torch.equal(edges, edges2) and torch.equal(multi, multi2)
+
+
 _GRID = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -3.0, 1e-310, -1e-310, 30.0, -30.0,
          1e300, -1e300]
 _PARAMS = {"leaky_relu": [(0.2,), (0.0,)], "elu": [(1.0,), (0.5,)], "softplus": [(1.0, 20.0), (2.0, 20.0)],

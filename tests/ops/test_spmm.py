@@ -307,7 +307,8 @@ def test_deterministic_across_threads_and_knobs(h, reduce):
         torch.set_num_threads(1)
         one = spmm(ei, x, w, reduce=reduce)
         torch.set_num_threads(max(threads, 2))
-        for knobs in ([1], [2], [64]):
+        # knobs[1], the prefetch distance (1000: clamped to the kernels' cap), only warms caches
+        for knobs in ([1], [2], [64], [4, 1], [4, 64], [2, 1000]):
             assert torch.equal(spmm(ei, x, w, reduce=reduce, knobs=knobs), ref), knobs
     finally:
         torch.set_num_threads(threads)

@@ -57,7 +57,7 @@ def test_ranges_follow_the_machine():
     r = profiles.setting_ranges({**CPU, "logical_cpus": 64})
     assert r["threads"] == (1, 64) and r["num_workers"] == (0, 128) and r["pool_size"] == (1, 130)
     assert profiles.setting_ranges(CUDA)["threads"] == (1, 16)  # the host's CPUs
-    assert profiles.knob_ranges("cpu") == [(0, 4096)]
+    assert profiles.knob_ranges("cpu") == [(0, 4096), (0, 64)]
     # The CUDA bounds are the launch rule's, read from the extension (None without it).
     cuda = [(0, 32), (0, 256), (0, 16), (0, 2**20)] if native_loaded() else None
     assert profiles.knob_ranges("cuda") == cuda
@@ -136,6 +136,7 @@ def test_cpu_bound_agrees_with_the_native_code():
     the rule's behaviour in tests/hardware/test_cuda_knobs.py); the CPU one is still a Python constant."""
     glue = (NATIVE / "cpu" / "glue.h").read_text()
     assert re.search(r"kMaxChunksPerThread = (\d+);", glue).group(1) == str(profiles.CPU_MAX_CHUNKS_PER_THREAD)
+    assert re.search(r"kMaxPrefetchDistance = (\d+);", glue).group(1) == str(profiles.CPU_MAX_PREFETCH_DISTANCE)
 
 
 def test_clamped_file_is_left_as_it_was():

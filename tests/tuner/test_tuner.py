@@ -249,9 +249,9 @@ def test_suggest_respects_fixed_and_ranged_batch_size():
     wc = _tiny()
     wc.compiled = True
     t = optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0, "threads": 1, "chunks_per_thread": 16,
-                                 "inner": "aot_eager"})
+                                 "prefetch_distance": 8, "inner": "aot_eager"})
     s = study_mod.suggest(t, wc, props, 64, None, 2)
-    assert s["knobs"] == [16] and s["inner"] == "aot_eager"
+    assert s["knobs"] == [16, 8] and s["inner"] == "aot_eager"
     assert "inner" not in study_mod.suggest(optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0,
                                                                     "threads": 1}), w, props, 64, None, 2)
 
