@@ -192,7 +192,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_v2_backward
   ensure_perm_unique(c.perm, op);  // per-edge records are written at perm[j], once per slot
   const int64_t blocks = (c.M + kAttGradBlock - 1) / kAttGradBlock;
   at::Tensor part = at::zeros({blocks, F}, c.xl.options().dtype(acc));
-  at::Tensor ew = at::empty({c.E, 2 * c.H}, c.xl.options().dtype(acc));
+  const int64_t rb = acc == at::kDouble ? record_bytes<double>(c.H, F) : record_bytes<float>(c.H, F);
+  at::Tensor rec = at::empty({c.E * rb + 64}, c.xl.options().dtype(at::kByte));  // (+ 64: room to align)
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(c.rowptr.scalar_type(), op, [&] {
     GNN_DISPATCH_FLOAT(c.xl.scalar_type(), op, [&] {
@@ -206,7 +207,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_v2_backward
       const core_t* g = core_ptr<scalar_t>(grad);
       const a_t* s = reinterpret_cast<const a_t*>(stats.const_data_ptr());
       a_t* pp = reinterpret_cast<a_t*>(part.data_ptr());
-      a_t* ewp = reinterpret_cast<a_t*>(ew.data_ptr());
+      char* rp = reinterpret_cast<char*>(rec.data_ptr());
+      rp += (64 - reinterpret_cast<uintptr_t>(rp) % 64) % 64;  // records on cache-line boundaries
       core_t* gxl = core_ptr<scalar_t>(g_xl);
       core_t* gxr = core_ptr<scalar_t>(g_xr);
       core_t* ge = c.e_term.defined() ? core_ptr<scalar_t>(g_e) : nullptr;
@@ -215,7 +217,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_v2_backward
         for (int64_t b = b0; b < b1; ++b) {
           if (status.load(std::memory_order_relaxed) != static_cast<int>(Status::Ok)) return;
           const Status r = attention_v2_dst_rows<core_t, index_t>(
-              a, o, g, s, gxr, pp + b * F, ewp, ge, b * kAttGradBlock, std::min(c.M, (b + 1) * kAttGradBlock));
+              a, o, g, s, gxr, pp + b * F, rp, ge, b * kAttGradBlock, std::min(c.M, (b + 1) * kAttGradBlock));
           if (r != Status::Ok) {
             int expected = static_cast<int>(Status::Ok);
             status.compare_exchange_strong(expected, static_cast<int>(r));
@@ -225,7 +227,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_v2_backward
       st = static_cast<Status>(status.load());
       if (st == Status::Ok)
         st = parallel_rows(a.rowptr_t, c.N, knobs, [&](int64_t r0, int64_t r1) {
-          return attention_v2_source_rows<core_t, index_t>(a, g, ewp, gxl, r0, r1);
+          return attention_v2_source_rows<core_t, index_t>(a, g, rp, gxl, r0, r1);
         });
     });
   });

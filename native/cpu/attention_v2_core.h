@@ -19,9 +19,10 @@
 //     dz = dlogit * att[h] * leaky_relu'(z):  g_x_r[i] = sum of dz over the row; g_att's partial
 //     sum of dlogit * leaky_relu(z) per fixed block of rows (summed in block order afterwards: the
 //     bits do not depend on the thread count); g_e[e] = dz (with an edge term); and per edge (in
-//     edge order, [E, 2H]) dlogit and w for the next pass.
-//   attention_v2_source_rows, one pass over the CSC (a source row at a time, its out-edges): the
-//     sign of z recomputed (x_l[j] + x_r[i] (+ e_term)), g_x_l[j] = sum of w * g[i] + dz.
+//     edge order, one record of a cache line for 4 heads of 32 floats) dlogit and w and the signs
+//     of z (a bit per feature) for the next pass.
+//   attention_v2_source_rows, one pass over the CSC (a source row at a time, its out-edges):
+//     g_x_l[j] = sum of w * g[i] + dz, dz from the edge's records (x_r is not read again).
 // No atomics; every output row is written by one thread in a fixed order (deterministic).
 #pragma once
 #include <algorithm>
@@ -30,6 +31,9 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "../common/counter_rng.h"
 #include "../common/dtype.h"
@@ -72,6 +76,42 @@ inline typename acc_type<scalar_t>::type v2_keep(const AttentionV2Args<scalar_t,
   return draw(a.key, e * a.H + h) >= a.threshold ? a.scale : acc_t(0);
 }
 
+// 32-bit words of one edge's signs of z (a bit per feature).
+inline int64_t sign_words(int64_t F) { return (F + 31) / 32; }
+
+// One edge's record from the CSR pass for the CSC pass, in one block (one cache line for 4 heads
+// of 32 floats): dlogit (H), w (H) in the accumulator type, then the sign words of z. Its size in
+// bytes: a power of two up to 64, else a multiple of 64, so that a record shares no line it need not.
+template <typename acc_t>
+inline int64_t record_bytes(int64_t H, int64_t F) {
+  const int64_t b = 2 * H * static_cast<int64_t>(sizeof(acc_t)) + 4 * sign_words(F);
+  if (b > 64) return (b + 63) / 64 * 64;
+  int64_t p = 8;
+  while (p < b) p *= 2;
+  return p;
+}
+
+// 32 sign bits (z > 0) of n <= 32 values.
+inline uint32_t sign_bits(const float* z, int64_t n) {
+  uint32_t bits = 0;
+#if defined(__AVX2__)
+  if (n == 32) {
+    const __m256 zero = _mm256_setzero_ps();
+    for (int q = 0; q < 4; ++q)
+      bits |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(z + 8 * q), zero, _CMP_GT_OQ)))
+              << (8 * q);
+    return bits;
+  }
+#endif
+  for (int64_t b = 0; b < n; ++b) bits |= static_cast<uint32_t>(z[b] > 0.0f) << b;
+  return bits;
+}
+inline uint32_t sign_bits(const double* z, int64_t n) {
+  uint32_t bits = 0;
+  for (int64_t b = 0; b < n; ++b) bits |= static_cast<uint32_t>(z[b] > 0.0) << b;
+  return bits;
+}
+
 // z = x_l[src] + x_r[dst] (+ e_term[e]) over F values, rounded as the chain stores them (x_r's row
 // already in the accumulator type): the one formula every pass uses, so the signs agree.
 template <typename scalar_t, typename acc_t>
@@ -81,29 +121,36 @@ inline acc_t v2_z(const scalar_t* xl, acc_t xr, const scalar_t* ee, int64_t f) {
   return v;
 }
 
-// The H logits of one edge into s[h * stride] (and z into zrow when it is not nullptr).
-template <typename scalar_t, typename index_t>
-inline void v2_logits(const AttentionV2Args<scalar_t, index_t>& a, const scalar_t* xl, const typename acc_type<scalar_t>::type* xr,
-                      const scalar_t* ee, const typename acc_type<scalar_t>::type* att,
-                      typename acc_type<scalar_t>::type* s, int64_t stride, typename acc_type<scalar_t>::type* zrow) {
+// The H logits of one edge into s[h * stride] (and z into zrow when kStoreZ), each a sum over C
+// channels in kLanes independent partial sums (edge_dot_core.h's dot: the loop vectorises); every
+// pass computes the logits through this one function, so the forward's and the backward's agree
+// bit for bit.
+template <bool kStoreZ, typename scalar_t, typename index_t>
+inline void v2_logits(const AttentionV2Args<scalar_t, index_t>& a, const scalar_t* __restrict__ xl,
+                      const typename acc_type<scalar_t>::type* __restrict__ xr, const scalar_t* __restrict__ ee,
+                      const typename acc_type<scalar_t>::type* __restrict__ att,
+                      typename acc_type<scalar_t>::type* s, int64_t stride,
+                      typename acc_type<scalar_t>::type* __restrict__ zrow) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int64_t H = a.H, C = a.C;
   const acc_t slope = a.slope;
   for (int64_t h = 0; h < H; ++h) {
-    acc_t sum = 0;
     const int64_t o = h * C;
-    if (zrow != nullptr) {
-      for (int64_t c = 0; c < C; ++c) {
-        const acc_t v = v2_z<scalar_t, acc_t>(xl, xr[o + c], ee, o + c);
-        zrow[o + c] = v;
-        sum += att[o + c] * (v > acc_t(0) ? v : v * slope);
+    acc_t lane[kLanes] = {};
+    int64_t c = 0;
+    for (; c + kLanes <= C; c += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const acc_t v = v2_z<scalar_t, acc_t>(xl, xr[o + c + l], ee, o + c + l);
+        if (kStoreZ) zrow[o + c + l] = v;
+        lane[l] += att[o + c + l] * (v > acc_t(0) ? v : v * slope);
       }
-    } else {
-      for (int64_t c = 0; c < C; ++c) {
-        const acc_t v = v2_z<scalar_t, acc_t>(xl, xr[o + c], ee, o + c);
-        sum += att[o + c] * (v > acc_t(0) ? v : v * slope);
-      }
+    acc_t sum = 0;
+    for (; c < C; ++c) {
+      const acc_t v = v2_z<scalar_t, acc_t>(xl, xr[o + c], ee, o + c);
+      if (kStoreZ) zrow[o + c] = v;
+      sum += att[o + c] * (v > acc_t(0) ? v : v * slope);
     }
+    for (int l = 0; l < kLanes; ++l) sum += lane[l];
     s[h * stride] = sum;
   }
 }
@@ -146,7 +193,7 @@ Status attention_v2_rows(const AttentionV2Args<scalar_t, index_t>& a, scalar_t* 
       if (!in_range(src, a.N)) return Status::BadCol;
       const int64_t e = static_cast<int64_t>(a.perm[j]);
       if (!in_range(e, a.E)) return Status::BadPerm;
-      v2_logits(a, a.xl + src * F, xr, a.e_term != nullptr ? a.e_term + e * F : nullptr, att, w + k, deg, nullptr);
+      v2_logits<false>(a, a.xl + src * F, xr, a.e_term != nullptr ? a.e_term + e * F : nullptr, att, w + k, deg, nullptr);
     }
     acc_t* m = st;
     acc_t* inv = st + H;
@@ -191,16 +238,18 @@ Status attention_v2_rows(const AttentionV2Args<scalar_t, index_t>& a, scalar_t* 
 template <typename scalar_t, typename index_t>
 Status attention_v2_dst_rows(const AttentionV2Args<scalar_t, index_t>& a, const scalar_t* out, const scalar_t* g,
                              const typename acc_type<scalar_t>::type* stats, scalar_t* g_xr,
-                             typename acc_type<scalar_t>::type* g_att_part, typename acc_type<scalar_t>::type* ew,
-                             scalar_t* g_e, int64_t row_begin, int64_t row_end) {
+                             typename acc_type<scalar_t>::type* g_att_part, char* rec, scalar_t* g_e,
+                             int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
-  const int64_t H = a.H, C = a.C, F = H * C;
+  const int64_t H = a.H, C = a.C, F = H * C, W = sign_words(F), RB = record_bytes<acc_t>(H, F);
   const acc_t slope = a.slope;
   thread_local std::vector<acc_t> rowbuf, zbuf, sbuf;
-  acc_t* gxr = row_buffer(rowbuf, 3 * F + H);  // g_x_r row, x_r row, att, D
+  acc_t* gxr = row_buffer(rowbuf, 4 * F + H);  // g_x_r row, x_r row, att, att's gradient, D
   acc_t* xr = gxr + F;
   acc_t* att = gxr + 2 * F;
-  acc_t* D = gxr + 3 * F;
+  acc_t* __restrict__ gat = gxr + 3 * F;
+  acc_t* D = gxr + 4 * F;
+  for (int64_t f = 0; f < F; ++f) gat[f] = acc_t(0);
   to_acc_row(a.att, att, F);
   for (int64_t row = row_begin; row < row_end; ++row) {
     if (!row_ok(a.rowptr, row, a.E)) return Status::BadRowptr;
@@ -218,11 +267,15 @@ Status attention_v2_dst_rows(const AttentionV2Args<scalar_t, index_t>& a, const 
           const char* p = reinterpret_cast<const char*>(a.xl + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
           for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
         }
+        if (k + kSoftmaxPrefetch < deg) {  // the line the edge's record is written to
+          const int64_t e2 = static_cast<int64_t>(a.perm[j + kSoftmaxPrefetch]);
+          if (in_range(e2, a.E)) __builtin_prefetch(rec + e2 * RB, 1, 0);
+        }
         const int64_t src = static_cast<int64_t>(a.col[j]);
         if (!in_range(src, a.N)) return Status::BadCol;
         const int64_t e = static_cast<int64_t>(a.perm[j]);
         if (!in_range(e, a.E)) return Status::BadPerm;
-        v2_logits(a, a.xl + src * F, xr, a.e_term != nullptr ? a.e_term + e * F : nullptr, att, al + k, deg, z + k * F);
+        v2_logits<true>(a, a.xl + src * F, xr, a.e_term != nullptr ? a.e_term + e * F : nullptr, att, al + k, deg, z + k * F);
       }
       const acc_t* st = stats + row * 2 * H;
       for (int64_t h = 0; h < H; ++h) {
@@ -234,8 +287,11 @@ Status attention_v2_dst_rows(const AttentionV2Args<scalar_t, index_t>& a, const 
         const int64_t j = begin + k;
         const int64_t e = static_cast<int64_t>(a.perm[j]);
         const scalar_t* xrow = a.xl + static_cast<int64_t>(a.col[j]) * F;
-        const acc_t* zk = z + k * F;
-        acc_t* ewe = ew + e * 2 * H;
+        const acc_t* __restrict__ zk = z + k * F;
+        acc_t* ewe = reinterpret_cast<acc_t*>(rec + e * RB);
+        uint32_t* sg = reinterpret_cast<uint32_t*>(ewe + 2 * H);
+        for (int64_t wd = 0; wd < W; ++wd)  // z > 0, a bit per feature, for the CSC pass
+          sg[wd] = sign_bits(zk + wd * 32, std::min<int64_t>(32, F - wd * 32));
         scalar_t* ge = g_e != nullptr ? g_e + e * F : nullptr;
         for (int64_t h = 0; h < H; ++h) {
           const acc_t alpha = al[h * deg + k], kh = v2_keep(a, e, h);
@@ -244,11 +300,15 @@ Status attention_v2_dst_rows(const AttentionV2Args<scalar_t, index_t>& a, const 
           const acc_t dl = alpha * (dot<scalar_t, acc_t>(xrow + o, gr + o, C) * kh - D[h]);
           ewe[h] = dl;
           ewe[H + h] = w;
+          acc_t* __restrict__ gxh = gxr + o;
+          acc_t* __restrict__ gah = gat + o;
+          const acc_t* __restrict__ ath = att + o;
+          const acc_t* __restrict__ zh = zk + o;
           for (int64_t c = 0; c < C; ++c) {
-            const acc_t v = zk[o + c];
+            const acc_t v = zh[c];
             const bool pos = v > acc_t(0);
-            gxr[o + c] += dl * att[o + c] * (pos ? acc_t(1) : slope);
-            g_att_part[o + c] += dl * (pos ? v : v * slope);
+            gxh[c] += dl * ath[c] * (pos ? acc_t(1) : slope);
+            gah[c] += dl * (pos ? v : v * slope);
           }
           if (ge != nullptr)
             for (int64_t c = 0; c < C; ++c)
@@ -258,55 +318,61 @@ Status attention_v2_dst_rows(const AttentionV2Args<scalar_t, index_t>& a, const 
     }
     for (int64_t f = 0; f < F; ++f) g_xr[row * F + f] = from_acc<scalar_t>(gxr[f]);
   }
+  for (int64_t f = 0; f < F; ++f) g_att_part[f] += gat[f];
   return Status::Ok;
 }
 
-// Backward over the CSC, source rows [row_begin, row_end): g_xl [N, F], whole rows.
+// Backward over the CSC, source rows [row_begin, row_end): g_xl [N, F], whole rows. Per out-edge
+// it reads the destination's gradient row, the edge's dlogit and w and its signs of z (the CSR
+// pass's records): neither x_r nor the edge term is read again.
 template <typename scalar_t, typename index_t>
 Status attention_v2_source_rows(const AttentionV2Args<scalar_t, index_t>& a, const scalar_t* g,
-                                const typename acc_type<scalar_t>::type* ew, scalar_t* g_xl, int64_t row_begin,
-                                int64_t row_end) {
+                                const char* rec, scalar_t* g_xl, int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
-  const int64_t H = a.H, C = a.C, F = H * C;
+  const int64_t H = a.H, C = a.C, F = H * C, W = sign_words(F), RB = record_bytes<acc_t>(H, F);
   const acc_t slope = a.slope;
   thread_local std::vector<acc_t> rowbuf;
-  acc_t* acc = row_buffer(rowbuf, 2 * F);  // g_x_l row, att
-  acc_t* att = acc + F;
+  acc_t* acc = row_buffer(rowbuf, 4 * F);  // g_x_l row, att, att * slope, the edge's att * leaky_relu'(z)
+  acc_t* __restrict__ att = acc + F;
+  acc_t* __restrict__ att_neg = acc + 2 * F;
+  acc_t* __restrict__ datt = acc + 3 * F;
   to_acc_row(a.att, att, F);
+  for (int64_t f = 0; f < F; ++f) att_neg[f] = att[f] * slope;
   for (int64_t j = row_begin; j < row_end; ++j) {
     if (!row_ok(a.rowptr_t, j, a.E)) return Status::BadRowptr;
     const int64_t begin = a.rowptr_t[j], end = a.rowptr_t[j + 1], deg = end - begin;
-    for (int64_t f = 0; f < F; ++f) acc[f] = acc_t(0);
-    const scalar_t* xl = a.xl + j * F;
+    acc_t* __restrict__ ac = acc;
+    for (int64_t f = 0; f < F; ++f) ac[f] = acc_t(0);
     for (int64_t k = 0; k < deg; ++k) {
-      if (k + kPrefetchDistance < deg) {  // the destination's gradient and x_r rows, ahead
+      if (k + kPrefetchDistance < deg) {  // the destination's gradient row, ahead
         const int64_t i2 = static_cast<int64_t>(a.col_t[begin + k + kPrefetchDistance]);
         const char* p = reinterpret_cast<const char*>(g + i2 * F);
-        const char* q = reinterpret_cast<const char*>(a.xr + i2 * F);
-        for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) {
-          __builtin_prefetch(p + b, 0, 0);
-          __builtin_prefetch(q + b, 0, 0);
-        }
-        __builtin_prefetch(ew + static_cast<int64_t>(a.perm_t[begin + k + kPrefetchDistance]) * 2 * H, 0, 0);
+        for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
+      }
+      if (k + kSoftmaxPrefetch < deg) {  // the edge's record, further ahead (one line)
+        const int64_t e2 = static_cast<int64_t>(a.perm_t[begin + k + kSoftmaxPrefetch]);
+        if (in_range(e2, a.E))
+          for (int64_t b = 0; b < RB; b += 64) __builtin_prefetch(rec + e2 * RB + b, 0, 0);
       }
       const int64_t i = static_cast<int64_t>(a.col_t[begin + k]);
       if (!in_range(i, a.M)) return Status::BadCol;
       const int64_t e = static_cast<int64_t>(a.perm_t[begin + k]);
       if (!in_range(e, a.E)) return Status::BadPerm;
-      const scalar_t* gr = g + i * F;
-      const scalar_t* xr = a.xr + i * F;
-      const scalar_t* ee = a.e_term != nullptr ? a.e_term + e * F : nullptr;
-      const acc_t* ewe = ew + e * 2 * H;
+      const scalar_t* __restrict__ gr = g + i * F;
+      const acc_t* ewe = reinterpret_cast<const acc_t*>(rec + e * RB);
+      const uint32_t* sg = reinterpret_cast<const uint32_t*>(ewe + 2 * H);
+      for (int64_t wd = 0; wd < W; ++wd) {  // leaky_relu'(z) * att, from the sign bits
+        const uint32_t bits = sg[wd];
+        const int64_t f0 = wd * 32, n = std::min<int64_t>(32, F - f0);
+        for (int64_t b = 0; b < n; ++b) datt[f0 + b] = ((bits >> b) & 1u) ? att[f0 + b] : att_neg[f0 + b];
+      }
       for (int64_t h = 0; h < H; ++h) {
         const acc_t dl = ewe[h], w = ewe[H + h];
         const int64_t o = h * C;
-        for (int64_t c = 0; c < C; ++c) {
-          const acc_t v = v2_z<scalar_t, acc_t>(xl, acc_t(to_float(xr[o + c])), ee, o + c);
-          acc[o + c] += w * to_float(gr[o + c]) + dl * att[o + c] * (v > acc_t(0) ? acc_t(1) : slope);
-        }
+        for (int64_t c = 0; c < C; ++c) ac[o + c] += w * to_float(gr[o + c]) + dl * datt[o + c];
       }
     }
-    for (int64_t f = 0; f < F; ++f) g_xl[j * F + f] = from_acc<scalar_t>(acc[f]);
+    for (int64_t f = 0; f < F; ++f) g_xl[j * F + f] = from_acc<scalar_t>(ac[f]);
   }
   return Status::Ok;
 }
