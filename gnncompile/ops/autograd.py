@@ -434,3 +434,32 @@ def _attention_bwd_setup(ctx, inputs, output):
 torch.library.register_autograd(
     "gnncompile::attention_backward", _attention_double_backward, setup_context=_attention_bwd_setup
 )
+
+
+# attention_v2 (GATv2): as attention's, the backward recomputes from the forward's inputs, output
+# and statistics.
+def _attention_v2_setup(ctx, inputs, output):
+    (rowptr, col, perm, x_l, x_r, att, e_term, slope, p, seed, knobs, rowptr_t, col_t, perm_t) = inputs
+    ctx.slope, ctx.p, ctx.knobs = slope, p, knobs
+    ctx.has_edge = e_term is not None
+    ctx.save_for_backward(rowptr, col, perm, x_l, x_r, att, e_term, seed, rowptr_t, col_t, perm_t,
+                          output[0], output[1])
+
+
+def _attention_v2_backward(ctx, grad_out, grad_stats):
+    (rowptr, col, perm, x_l, x_r, att, e_term, seed, rowptr_t, col_t, perm_t, out, stats) = ctx.saved_tensors
+    if rowptr_t is None:
+        rowptr_t, col_t, perm_t = transpose_structure(rowptr, col, perm, x_l.shape[0])
+    gl, gr, ga, ge = ops.attention_v2_backward(rowptr, col, perm, x_l, x_r, att, e_term, ctx.slope, ctx.p, seed,
+                                               out, stats, grad_out.contiguous(), ctx.knobs, rowptr_t, col_t,
+                                               perm_t)
+    need = ctx.needs_input_grad
+    return (None, None, None, gl if need[3] else None, gr if need[4] else None, ga if need[5] else None,
+            ge if ctx.has_edge and need[6] else None, None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("gnncompile::attention_v2", _attention_v2_backward,
+                                setup_context=_attention_v2_setup)
+torch.library.register_autograd(
+    "gnncompile::attention_v2_backward", _attention_double_backward, setup_context=_attention_bwd_setup
+)

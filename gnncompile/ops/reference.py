@@ -459,6 +459,111 @@ def attention_backward(rowptr, col, perm, x, a_src, a_dst, a_edge, negative_slop
     return gx.to(x.dtype), g_src.to(x.dtype), g_dst.to(x.dtype), g_edge
 
 
+# ----------------------------------------------------------------------------- attention_v2
+def _check_attention_v2(rowptr, col, perm, x_l, x_r, att, e_term, negative_slope, p, seed, op: str):
+    """The checks of native/cpu/attention_v2.cpp, with its messages."""
+    if x_l.dim() != 3:
+        raise ValueError(f"{op}: x_l must be [num_src, heads, channels], got {list(x_l.shape)}")
+    N, H, C = x_l.shape
+    M, E = rowptr.numel() - 1, col.numel()
+    if x_r.dim() != 3 or tuple(x_r.shape) != (M, H, C):
+        raise ValueError(f"{op}: x_r must be [{M}, {H}, {C}] (a row per destination), got {list(x_r.shape)}")
+    if att.numel() != H * C or att.dim() not in (2, 3) or att.shape[-1] != C:
+        raise ValueError(f"{op}: att must be [{H}, {C}] (or [1, {H}, {C}]), got {list(att.shape)}")
+    if e_term is not None and (e_term.dim() != 3 or tuple(e_term.shape) != (E, H, C)):
+        raise ValueError(f"{op}: e_term must be [{E}, {H}, {C}] (a term per edge), got {list(e_term.shape)}")
+    for t in (x_r, att) + ((e_term,) if e_term is not None else ()):
+        if t.dtype != x_l.dtype:
+            raise TypeError(f"{op}: x_r, att and e_term must have x_l's dtype {x_l.dtype}")
+    if not math.isfinite(negative_slope):
+        raise ValueError(f"{op}: negative_slope must be finite, got {negative_slope}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{op}: dropout p must be in [0, 1), got {p}")
+    if p > 0 and (seed is None or seed.numel() != 1 or seed.dtype != torch.long or seed.device.type != "cpu"):
+        raise ValueError(f"{op}: dropout p > 0 needs a seed, one int64 on the CPU")
+    check_structure(rowptr, col, perm, N, op)
+
+
+def _v2_logits(x_l, x_r, att, e_term, src, dst, e, negative_slope):
+    """z (in x's dtype, as the layer adds), leaky_relu(z) and the logits, per CSR slot."""
+    z = x_l[src] + x_r[dst]
+    if e_term is not None:
+        z = z + e_term[e]
+    z = _acc(z)
+    lz = torch.nn.functional.leaky_relu(z, negative_slope)
+    H, C = x_l.shape[1:]
+    return z, lz, (lz * _acc(att).reshape(1, H, C)).sum(-1)
+
+
+def attention_v2(rowptr, col, perm, x_l, x_r, att, e_term, negative_slope: float, p: float, seed,
+                 knobs: Sequence[int] = (), rowptr_t=None, col_t=None, perm_t=None):
+    """GATv2's attention as the chain it fuses (native/cpu/attention_v2_core.h): z = x_l[src] +
+    x_r[dst] (+ e_term), logits sum_c att * leaky_relu(z), edge softmax, dropout, the weighted sum
+    of x_l[src]; also the softmax's statistics per row and head ([M, 2, H]: max, 1 / (sum + 1e-16))."""
+    op = "gnncompile.attention_v2"
+    _check_attention_v2(rowptr, col, perm, x_l, x_r, att, e_term, negative_slope, p, seed, op)
+    M, (_, H, C) = rowptr.numel() - 1, x_l.shape
+    rows, src, e = _rows(rowptr), col.long(), perm.long()
+    _, _, s = _v2_logits(x_l, x_r, att, e_term, src, rows, e, negative_slope)
+    ks = _keep_factors(col.numel(), H, p, seed, x_l.device, s.dtype)
+    ks = ks[e] if ks is not None else None
+    smax = torch.full((M, H), float("-inf"), dtype=s.dtype, device=s.device)
+    smax = smax.scatter_reduce(0, rows.view(-1, 1).expand_as(s), s, "amax", include_self=True)
+    smax = torch.where(torch.isinf(smax) & (smax < 0), torch.zeros_like(smax), smax)
+    ex = (s - smax.index_select(0, rows)).exp()
+    inv = 1.0 / (torch.zeros_like(smax).index_add_(0, rows, ex) + 1e-16)
+    w = (ex * inv.index_select(0, rows)).to(x_l.dtype)
+    if ks is not None:
+        w = (_acc(w) * ks).to(x_l.dtype)
+    out = torch.zeros(M, H, C, dtype=_acc(x_l).dtype, device=x_l.device)
+    out.index_add_(0, rows, _acc(x_l)[src] * _acc(w).unsqueeze(-1))
+    empty = (rowptr[1:] == rowptr[:-1]).view(-1, 1)
+    stats = torch.stack([smax, torch.where(empty, torch.zeros_like(inv), inv)], 1)
+    return out.to(x_l.dtype), stats.to(torch.float64 if x_l.dtype == torch.float64 else torch.float32)
+
+
+def attention_v2_backward(rowptr, col, perm, x_l, x_r, att, e_term, negative_slope: float, p: float, seed,
+                          out, stats, grad, knobs: Sequence[int], rowptr_t, col_t, perm_t):
+    """The gradients of :func:`attention_v2` for x_l, x_r, att and e_term ([0, H, C] without one),
+    from the forward's output and statistics, as the kernels compute them: per edge alpha
+    recomputed, dlogit = alpha (keep <x_l[src], grad[dst]> - <out[dst], grad[dst]>), dz = dlogit
+    att leaky_relu'(z); g_x_r sums dz per destination, g_x_l sums w grad[dst] + dz per source,
+    g_att sums dlogit leaky_relu(z), g_e is dz per edge."""
+    op = "gnncompile.attention_v2_backward"
+    _check_attention_v2(rowptr, col, perm, x_l, x_r, att, e_term, negative_slope, p, seed, op)
+    M, (N, H, C) = rowptr.numel() - 1, x_l.shape
+    if tuple(out.shape) != (M, H, C) or tuple(grad.shape) != (M, H, C):
+        raise ValueError(f"{op}: out and grad must be [{M}, {H}, {C}], got {list(out.shape)} and {list(grad.shape)}")
+    if tuple(stats.shape) != (M, 2, H):
+        raise ValueError(f"{op}: stats must be [{M}, 2, {H}] (the forward's), got {list(stats.shape)}")
+    if rowptr_t.numel() != N + 1 or col_t.numel() != col.numel():
+        raise ValueError(f"{op}: the CSC ({rowptr_t.numel() - 1} sources, {col_t.numel()} edges) is not the "
+                         f"transpose of a CSR of {col.numel()} edges from {N} sources")
+    check_perm_unique(perm, op)
+    rows, src, e = _rows(rowptr), col.long(), perm.long()
+    z, lz, s = _v2_logits(x_l, x_r, att, e_term, src, rows, e, negative_slope)
+    st = stats.to(s.dtype)
+    alpha = _acc(((s - st[:, 0].index_select(0, rows)).exp() * st[:, 1].index_select(0, rows)).to(x_l.dtype))
+    ks = _keep_factors(col.numel(), H, p, seed, x_l.device, alpha.dtype)
+    ks = torch.ones_like(alpha) if ks is None else ks[e]
+    w = _acc((alpha * ks).to(x_l.dtype))
+    g, xa = _acc(grad), _acc(x_l)
+    D = (_acc(out) * g).sum(-1)
+    gr = g.index_select(0, rows)
+    dl = alpha * ((xa.index_select(0, src) * gr).sum(-1) * ks - D.index_select(0, rows))
+    dz = dl.unsqueeze(-1) * _acc(att).reshape(1, H, C) * torch.where(z > 0, torch.ones_like(z), torch.full_like(z, negative_slope))
+    g_xr = torch.zeros(M, H, C, dtype=g.dtype, device=g.device).index_add_(0, rows, dz)
+    g_xl = torch.zeros(N, H, C, dtype=g.dtype, device=g.device).index_add_(0, src, w.unsqueeze(-1) * gr + dz)
+    g_att = (dl.unsqueeze(-1) * lz).sum(0).reshape(att.shape)
+    if e_term is not None:
+        g_e = torch.zeros_like(dz)
+        g_e[e] = dz
+        g_e = g_e.to(x_l.dtype)
+    else:
+        g_e = torch.zeros(0, H, C, dtype=x_l.dtype, device=x_l.device)
+    return g_xl.to(x_l.dtype), g_xr.to(x_l.dtype), g_att.to(x_l.dtype), g_e
+
+
 # ----------------------------------------------------------------------------- collation
 def _segment_offsets(sizes: torch.Tensor, idx: torch.Tensor):
     sel = sizes[idx]

@@ -88,6 +88,25 @@ _lib.define(
     "Tensor grad_dst, Tensor grad_edge)"
 )
 
+# GATv2's attention in one pass (native/cpu/attention_v2_core.h; passes/attention.py fuses
+# GATv2Conv's chain into it): per CSR slot j (source col[j], edge perm[j], destination row i)
+# z = x_l[col[j]] + x_r[i] (+ e_term[perm[j]]), the logit sum_c att[h, c] leaky_relu(z[h, c],
+# negative_slope), PyG's softmax over the row, dropout as attention's (the dropout op's mask of the
+# [E, H] coefficients), out[i] = sum of the coefficients times x_l[col[j]]. x_l [N, H, C]; x_r
+# [M, H, C]; att [H, C] or [1, H, C]; e_term [E, H, C] in edge order. stats [M, 2, H] as attention's.
+# CPU only (no CUDA kernel: the pass keeps the chain on other devices).
+_lib.define(
+    "attention_v2(Tensor rowptr, Tensor col, Tensor perm, Tensor x_l, Tensor x_r, Tensor att, Tensor? e_term, "
+    "float negative_slope, float p, Tensor? seed, int[] knobs, Tensor? rowptr_t=None, Tensor? col_t=None, "
+    "Tensor? perm_t=None) -> (Tensor out, Tensor stats)"
+)
+_lib.define(
+    "attention_v2_backward(Tensor rowptr, Tensor col, Tensor perm, Tensor x_l, Tensor x_r, Tensor att, "
+    "Tensor? e_term, float negative_slope, float p, Tensor? seed, Tensor out, Tensor stats, Tensor grad, "
+    "int[] knobs, Tensor rowptr_t, Tensor col_t, Tensor perm_t) -> (Tensor grad_x_l, Tensor grad_x_r, "
+    "Tensor grad_att, Tensor grad_e)"
+)
+
 # Message programs (gnncompile/ops/program.py; the ops in gnncompile/ops/message.py): a per-edge
 # elementwise expression over inputs read per neighbour / destination / edge / not at all
 # (`sides`), reduced over each CSR row in one pass (message_reduce: sum, mean, max, min; `arg`
@@ -140,7 +159,8 @@ from . import _native  # noqa: E402,F401  (must come after the schemas are defin
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
               "segment_ids", "clone_structure", "transpose_structure", "fingerprint", "neighbor_sample",
-              "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "attention", "attention_backward"):
+              "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "attention", "attention_backward",
+              "attention_v2", "attention_v2_backward"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
@@ -244,3 +264,19 @@ def _attention_backward_fake(rowptr, col, perm, x, a_src, a_dst, a_edge, negativ
     c = torch.contiguous_format
     return (torch.empty_like(x, memory_format=c), torch.empty_like(a_src, memory_format=c),
             torch.empty_like(a_dst, memory_format=c), g_edge)
+
+
+@torch.library.register_fake("gnncompile::attention_v2")
+def _attention_v2_fake(rowptr, col, perm, x_l, x_r, att, e_term, negative_slope, p, seed, knobs, rowptr_t=None,
+                       col_t=None, perm_t=None):
+    M, H = rowptr.shape[0] - 1, x_l.shape[1]
+    return x_l.new_empty((M, H, x_l.shape[2])), x_l.new_empty((M, 2, H), dtype=_stats_dtype(x_l))
+
+
+@torch.library.register_fake("gnncompile::attention_v2_backward")
+def _attention_v2_backward_fake(rowptr, col, perm, x_l, x_r, att, e_term, negative_slope, p, seed, out, stats,
+                                grad, knobs, rowptr_t, col_t, perm_t):
+    g_e = x_l.new_empty((col.shape[0] if e_term is not None else 0, x_l.shape[1], x_l.shape[2]))
+    c = torch.contiguous_format
+    return (torch.empty_like(x_l, memory_format=c), torch.empty_like(x_r, memory_format=c),
+            torch.empty_like(att, memory_format=c), g_e)

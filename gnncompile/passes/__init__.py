@@ -72,7 +72,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention")
+FUSED_OPS = ("spmm", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2")
 
 
 def fused_op_calls(gm: GraphModule) -> dict:

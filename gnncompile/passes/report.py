@@ -28,8 +28,8 @@ class Fused:
     def __str__(self) -> str:
         what = self.kind if self.kind != "spmm" else \
             f"spmm[{self.reduce}{', weighted' if self.weighted else ''}{', ' + self.detail if self.detail else ''}]"
-        if self.kind == "attention":
-            what = f"attention[{self.detail}]" if self.detail else "attention"
+        if self.kind in ("attention", "attention_v2"):
+            what = f"{self.kind}[{self.detail}]" if self.detail else self.kind
         if self.kind in ("message", "segment", "edges"):
             what = f"{self.kind}[{self.reduce}: {self.detail}]"
         return f"{what:<26} in {self.layer}  (at {self.node})" + (f"; {self.note}" if self.note else "")
