@@ -2,7 +2,8 @@
 MessagePassing layers (elementwise messages over x_i, x_j, edge features, edge weights and
 parameters; modelled and unmodelled operations, every argument form, in-place writes, rounding
 and integer operations; NaN, infinities and signed zeros in the inputs; ties), 10 per case,
-compiled == eager in float64, forward and backward. A fixed set of seeds, 300 layers;
+compiled == eager in float64, forward and backward. A fixed set of seeds, 150 layers (they
+hold every form test_the_generator_covers_what_it_promises asks for);
 `python -m benchmarks fuzz_messages` runs as many as a time budget allows."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from gnncompile.testing import fuzz
 from shared import _fresh_dynamo  # noqa: F401  (autouse)
 
-SEEDS = range(30)
+SEEDS = range(15)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
