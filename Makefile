@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 # Every test (what CI runs), on every core: pytest-xdist workers, each taking whole files (a
 # file's tests run in order in one process, sharing its fixtures). test-fast leaves out the tests
-# marked slow (each over about 5 s, none the only cover for its behaviour): a few minutes, for
+# marked slow (each over 0.4 s in its last measurement, tests/slow_list.py; none the only cover for its behaviour): a few minutes, for
 # the edit-test loop.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
