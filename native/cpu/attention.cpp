@@ -108,8 +108,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
     g_dst.zero_();
     return {gx, g_src, g_dst, at::zeros({c.a_edge.defined() ? c.E : 0, c.H}, c.x.options())};
   }
-  const bool by_edge = c.a_edge.defined();  // the edge term's gradient is wanted in edge order
-  if (by_edge) ensure_perm_unique(perm_t, op);  // d_edge[perm_t[k]] is written once per slot
+  // Edge order always: the CSC-order sums (attention_dst_from_csc) equal the CSR's only when the
+  // CSC is the CSR's transpose, which the op does not verify (tests/ops/test_fuzz_structures.py)
+  const bool by_edge = true;
+  ensure_perm_unique(perm_t, op);  // a CSC is a permutation of the edges (d_edge[perm_t[k]] is written once per slot)
   at::Tensor rec = at::empty({c.M, 4 * c.H}, stats.options());
   at::Tensor d_edge = at::empty({c.E, c.H}, stats.options().dtype(acc));
   Status st = Status::Ok;
