@@ -108,9 +108,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
     g_dst.zero_();
     return {gx, g_src, g_dst, at::zeros({c.a_edge.defined() ? c.E : 0, c.H}, c.x.options())};
   }
-  // Edge order always: the CSC-order sums (attention_dst_from_csc) equal the CSR's only when the
-  // CSC is the CSR's transpose, which the op does not verify (tests/ops/test_fuzz_structures.py)
-  const bool by_edge = true;
   ensure_perm_unique(perm_t, op);  // a CSC is a permutation of the edges (d_edge[perm_t[k]] is written once per slot)
   at::Tensor rec = at::empty({c.M, 4 * c.H}, stats.options());
   at::Tensor d_edge = at::empty({c.E, c.H}, stats.options().dtype(acc));
@@ -125,7 +122,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
       a.rowptr_t = rowptr_t.const_data_ptr<index_t>();
       a.col_t = col_t.const_data_ptr<index_t>();
       a.perm_t = perm_t.const_data_ptr<index_t>();
-      a.d_edge_order = by_edge;
       const core_t* o = core_ptr<scalar_t>(out);
       const core_t* g = core_ptr<scalar_t>(grad);
       const a_t* s = reinterpret_cast<const a_t*>(stats.const_data_ptr());
@@ -142,21 +138,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
       st = parallel_rows(a.rowptr_t, c.N, knobs, [&](int64_t r0, int64_t r1) {
         return attention_source_rows<core_t, index_t>(a, rp, g, gxp, gsp, de, r0, r1);
       });
-      if (st == Status::Ok && by_edge) {
+      if (st == Status::Ok)
         st = parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
           return attention_dst_rows<core_t, index_t>(a, de, gdp, r0, r1);
         });
-      } else if (st == Status::Ok) {
-        // d in CSC order: each thread sums a range of destinations over one in-order read of the
-        // CSC (at most 8 ranges, each a read of col_t)
-        at::Tensor acc_buf = at::empty({c.M, c.H}, stats.options());
-        a_t* ab = reinterpret_cast<a_t*>(acc_buf.data_ptr());
-        const int64_t parts = std::min<int64_t>({at::get_num_threads(), 8, c.M});
-        at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-          for (int64_t q = p0; q < p1; ++q)
-            attention_dst_from_csc<core_t, index_t>(a, de, ab, gdp, c.M * q / parts, c.M * (q + 1) / parts);
-        });
-      }
     });
   });
   raise_status(st, op, std::max(c.N, c.M), c.E);

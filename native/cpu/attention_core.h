@@ -17,14 +17,15 @@
 //   attention_source_rows, one pass over the CSC (one source row at a time, its out-edges):
 //     alpha, w recomputed from the stats; dot = <x[j, h, :], g[i, h, :]>;
 //     gx[j, h, :] += w * g[i, h, :];  ds = alpha * (dot * keep / (1 - p) - D[i, h]);
-//     draw = ds * leaky_relu'(raw);   g_src[j, h] += draw;  d[k, h] = draw at CSC slot k
-//   attention_dst_from_csc: g_dst[i, h] = sum of d[k, h] over the CSC slots k whose destination is
-//     i, in slot order: each thread owns a range of destinations and reads the CSC's destinations
-//     (and its slots' d) from start to end, so d is written and read in order, never at random.
-// With an edge term (a_edge), whose gradient is d in the original edge order, d is written at
-// the edge's id instead (d_edge[perm_t[k], h]) and attention_dst_rows sums it over each CSR row
-// through perm. Either way the gradients of x, a_src, a_dst and a_edge come from three passes,
-// no atomics, and in a fixed order whatever the number of threads (deterministic). The dropout mask is the dropout op's (../common/counter_rng.h) for
+//     draw = ds * leaky_relu'(raw);   g_src[j, h] += draw;  d[e, h] = draw at the edge's id
+//     (e = perm_t[k]: d in the original edge order, which is also a_edge's gradient);
+//   attention_dst_rows: g_dst[i, h] = sum of d[perm[j], h] over the CSR row i.
+// (Summing d in CSC order instead, one in-order read of the CSC, measured 1.19x on the
+// backward, but equals the CSR's sums only when the CSC is the CSR's transpose, which the op
+// cannot verify without a pass as costly as the saving, and its sums come in another order:
+// other bits. Benchmarks HISTORY section 21.) The gradients of x, a_src, a_dst and a_edge come
+// from three passes, no atomics, and in a fixed order whatever the number of threads
+// (deterministic). The dropout mask is the dropout op's (../common/counter_rng.h) for
 // the [E, H] tensor of coefficients, regenerated in the backward, never stored.
 //
 // Every index read is range-checked as it is read (rows_core.h), as in the other cores.
@@ -67,7 +68,6 @@ struct AttentionArgs {
   uint32_t threshold = 0;  // keep when the draw is >= threshold
   acc_t scale = acc_t(1);  // 1 / (1 - p)
   int64_t prefetch = kPrefetchDistance;  // edges ahead whose gathered rows are prefetched (knobs[1])
-  bool d_edge_order = false;  // backward: d_edge in edge order (the edge term's gradient), else CSC order
 };
 
 template <typename acc_t>
@@ -234,7 +234,6 @@ Status attention_source_rows(const AttentionArgs<scalar_t, index_t>& a, const ty
   thread_local std::vector<acc_t> accbuf, ebuf;
   acc_t* acc = row_buffer(accbuf, F + H);  // gx row, then g_src row
   acc_t* gs = acc + F;
-  const bool by_edge = a.d_edge_order;
   for (int64_t j = row_begin; j < row_end; ++j) {
     if (!row_ok(a.rowptr_t, j, a.E)) return Status::BadRowptr;
     const int64_t begin = a.rowptr_t[j], end = a.rowptr_t[j + 1], deg = end - begin;
@@ -250,8 +249,7 @@ Status attention_source_rows(const AttentionArgs<scalar_t, index_t>& a, const ty
       for (int64_t k = 0; k < deg; ++k) {
         if (begin + k + kSoftmaxPrefetch < a.E) {  // the record (and d_edge's line) ahead, past the row's end
           __builtin_prefetch(rec + static_cast<int64_t>(a.col_t[begin + k + kSoftmaxPrefetch]) * 4 * H, 0, 0);
-          if (by_edge)
-            __builtin_prefetch(d_edge + static_cast<int64_t>(a.perm_t[begin + k + kSoftmaxPrefetch]) * H, 1, 0);
+          __builtin_prefetch(d_edge + static_cast<int64_t>(a.perm_t[begin + k + kSoftmaxPrefetch]) * H, 1, 0);
         }
         const int64_t i = static_cast<int64_t>(a.col_t[begin + k]);
         if (!in_range(i, a.M)) return Status::BadCol;
@@ -291,7 +289,7 @@ Status attention_source_rows(const AttentionArgs<scalar_t, index_t>& a, const ty
           const acc_t ds = alpha * (dot<scalar_t, acc_t>(xr + h * C, gh, C) * kh - dd[t]);
           const acc_t dr = rw[t] > acc_t(0) ? ds : ds * a.slope;
           gs[h] += dr;
-          d_edge[(by_edge ? e : begin + k) * H + h] = dr;
+          d_edge[e * H + h] = dr;
         }
       }
     }
@@ -324,38 +322,6 @@ Status attention_dst_rows(const AttentionArgs<scalar_t, index_t>& a, const typen
     for (int64_t h = 0; h < H; ++h) g_dst[row * H + h] = from_acc<scalar_t>(s[h]);
   }
   return Status::Ok;
-}
-
-// g_dst[i, h] = sum of d[k, h] over the CSC slots k with col_t[k] = i, for the destinations
-// [dst_begin, dst_end), in slot order (the same order, so the same bits, whatever the split into
-// ranges): one read of col_t from start to end, of d only at the slots in range. acc: [M, H],
-// zeroed here for the range. The destinations were range-checked by attention_source_rows.
-template <typename scalar_t, typename index_t>
-void attention_dst_from_csc(const AttentionArgs<scalar_t, index_t>& a, const typename acc_type<scalar_t>::type* d,
-                            typename acc_type<scalar_t>::type* acc, scalar_t* g_dst, int64_t dst_begin,
-                            int64_t dst_end) {
-  using acc_t = typename acc_type<scalar_t>::type;
-  const int64_t H = a.H;
-  for (int64_t t = dst_begin * H; t < dst_end * H; ++t) acc[t] = acc_t(0);
-  if (H == 4) {  // GAT's usual head count: one 16-byte add per slot
-    for (int64_t k = 0; k < a.E; ++k) {
-      const int64_t i = static_cast<int64_t>(a.col_t[k]);
-      if (i < dst_begin || i >= dst_end) continue;
-      acc_t* r = acc + i * 4;
-      const acc_t* v = d + k * 4;
-      r[0] += v[0];
-      r[1] += v[1];
-      r[2] += v[2];
-      r[3] += v[3];
-    }
-  } else {
-    for (int64_t k = 0; k < a.E; ++k) {
-      const int64_t i = static_cast<int64_t>(a.col_t[k]);
-      if (i < dst_begin || i >= dst_end) continue;
-      for (int64_t h = 0; h < H; ++h) acc[i * H + h] += d[k * H + h];
-    }
-  }
-  for (int64_t t = dst_begin * H; t < dst_end * H; ++t) g_dst[t] = from_acc<scalar_t>(acc[t]);
 }
 
 }  // namespace cpu

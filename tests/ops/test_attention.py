@@ -99,8 +99,7 @@ def test_native_equals_the_reference(dtype, index):
 
 @pytest.mark.parametrize("edge", [False, True])
 def test_gradcheck_float64(edge):
-    """Both backward layouts: the logit gradients in CSC order (no edge term) and in edge order
-    (the edge term's gradient)."""
+    """Without and with the edge term (whose gradient is the logit gradients in edge order)."""
     N, M, E, H, C = 12, 10, 50, 2, 3
     _, _, csr, csc = _graph(N, M, E)
     x, a_s, a_d, a_e = _inputs(N, M, E, H, C, torch.float64, edge)
