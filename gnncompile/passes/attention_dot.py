@@ -68,24 +68,34 @@ def _edge_term(n: Node):
 
 
 def _float_cpu(n: Node) -> bool:
+    """float32 / float64 on the CPU, of static sizes: with symbolic sizes (export, or a graph
+    Dynamo made dynamic) the rewrite reads the number of destinations off the softmax's internal
+    buffers, which then keep reading the logits, so the chain would not fuse and the message is
+    better read as a message program."""
     v = fake_tensor(n)
-    return v is not None and v.dtype in (torch.float32, torch.float64) and v.device.type == "cpu"
+    return (v is not None and v.dtype in (torch.float32, torch.float64) and v.device.type == "cpu"
+            and all(isinstance(d, int) for d in v.shape))
 
 
 def leave_for_attention_dot(message, stops) -> bool:
     """Match phase: whether a scatter's message is TransformerConv's with an edge term, ``(x[src] +
     linear(e, W, None).view(-1, H, C)) * a.view(-1, H, 1)`` with ``a`` a fused softmax (one of
-    ``stops``), float32 / float64 on the CPU: such a message is left to :func:`fuse_attention_dot`
-    (not read as a message program)."""
+    ``stops``; (dropout of) its coefficients read by nothing else), float32 / float64 on the CPU:
+    such a message is left to :func:`fuse_attention_dot` (not read as a message program)."""
     if not isinstance(message, Node) or opname(message) != "mul" or len(message.args) != 2 or message.kwargs:
         return False
     for val, w in (message.args, message.args[::-1]):
         if not isinstance(val, Node) or not isinstance(w, Node):
             continue
-        a = w
-        while opname(a) in _SHAPES and isinstance(a.args[0], Node):
-            a = a.args[0]
-        if a not in stops or opname(val) != "add" or len(val.args) != 2:
+        a, reader, ok = w, message, True
+        while ok and a not in stops:  # back to the softmax through shape nodes and a dropout
+            ok = len(a.users) == 1 and len(a.args) > 0 and isinstance(a.args[0], Node) and (
+                opname(a) in _SHAPES or a.target is targets.DROPOUT or a.target is torch.nn.functional.dropout)
+            if ok:
+                reader, a = a, a.args[0]
+        if not ok or len(a.users) != 1 or reader not in a.users:  # the coefficients read elsewhere
+            continue
+        if opname(val) != "add" or len(val.args) != 2:
             continue
         for g, t in (val.args, val.args[::-1]):
             if isinstance(g, Node) and isinstance(t, Node) and _gathered(g) is not None and _edge_term(t) is not None:
