@@ -20,8 +20,8 @@
 //
 // Backward, g = dL/dout, ge = dL/dout_e, D[i, h] = <out[i, h], g[i, h]> + <out_e[i, h], ge[i, h]>
 // (= sum_e w g_a, the softmax backward's row sum, with or without dropout):
-//   attention_dot_dst_rows, one pass over the CSR (a destination row at a time): logits recomputed,
-//     alpha from the stats, g_a = <g[i, h], v[src, h]> + <ge[i, h], ea[e]>, ds = scale * alpha *
+//   attention_dot_dst_rows, one pass over the CSR (a destination row at a time), each edge finished
+//     as it is read: logits recomputed, alpha from the stats, g_a = <g[i, h], v[src, h]> + <ge[i, h], ea[e]>, ds = scale * alpha *
 //     (keep * g_a - D[i, h]); g_q[i] = sum ds k[src]; g_qe[i] = sum ds ea[e]; g_ea[e] = sum_h (w
 //     ge[i, h] + ds qe[i, h]) at the edge's id; and per edge (at its id) a record of ds and w per
 //     head for the next pass.
@@ -218,8 +218,11 @@ Status attention_dot_dst_rows(const AttentionDotArgs<scalar_t, index_t>& a, cons
         D[h] = dot<scalar_t, acc_t>(out + row * F + h * C, gr + h * C, C);
         if (edge) D[h] += dot<scalar_t, acc_t>(out_e + row * FE + h * De, ger + h * De, De);
       }
-      acc_t* al = row_buffer(sbuf, 2 * deg * H);  // logits -> alpha, then g_a, head-major
-      acc_t* ga = al + deg * H;
+      // one sweep: alpha comes from the forward's statistics, so each edge is finished as it is
+      // read (its rows of k and v read once, still in L1 for g_q's update)
+      const acc_t* st = stats + row * 2 * H;
+      acc_t* al = row_buffer(sbuf, 2 * H);  // the edge's logits -> alpha, then g_a
+      acc_t* ga = al + H;
       for (int64_t kk = 0; kk < deg; ++kk) {
         const int64_t j = begin + kk;
         if (kk + kPrefetchDistance < deg) {
@@ -240,32 +243,22 @@ Status attention_dot_dst_rows(const AttentionDotArgs<scalar_t, index_t>& a, cons
         const int64_t e = static_cast<int64_t>(a.perm[j]);
         if (!in_range(e, a.E)) return Status::BadPerm;
         const scalar_t* ee = edge ? a.ea + e * De : nullptr;
-        dot_logits(a, qi, a.k + src * F, qei, ee, al + kk, deg);
+        const scalar_t* krow = a.k + src * F;
         const scalar_t* vrow = a.v + src * F;
+        dot_logits(a, qi, krow, qei, ee, al, 1);
         for (int64_t h = 0; h < H; ++h) {
           acc_t d = dot<scalar_t, acc_t>(gr + h * C, vrow + h * C, C);
           if (edge) d += dot<scalar_t, acc_t>(ger + h * De, ee, De);
-          ga[h * deg + kk] = d;
+          ga[h] = d;
+          al[h] = stored<scalar_t>(exp_approx(al[h] - st[h]) * st[H + h]);  // as the forward's alpha
         }
-      }
-      const acc_t* st = stats + row * 2 * H;
-      for (int64_t h = 0; h < H; ++h) {
-        acc_t* alh = al + h * deg;
-        for (int64_t kk = 0; kk < deg; ++kk) alh[kk] = exp_approx(alh[kk] - st[h]);
-        for (int64_t kk = 0; kk < deg; ++kk) alh[kk] = stored<scalar_t>(alh[kk] * st[H + h]);
-      }
-      for (int64_t kk = 0; kk < deg; ++kk) {
-        const int64_t j = begin + kk;
-        const int64_t e = static_cast<int64_t>(a.perm[j]);
-        const scalar_t* krow = a.k + static_cast<int64_t>(a.col[j]) * F;
-        const scalar_t* ee = edge ? a.ea + e * De : nullptr;
         acc_t* rece = reinterpret_cast<acc_t*>(rec + e * RB);
         if (edge)
           for (int64_t d = 0; d < De; ++d) gee[d] = acc_t(0);
         for (int64_t h = 0; h < H; ++h) {
-          const acc_t alpha = al[h * deg + kk], kh = dot_keep(a, e, h);
+          const acc_t alpha = al[h], kh = dot_keep(a, e, h);
           const acc_t w = a.dropout ? stored<scalar_t>(alpha * kh) : alpha;
-          const acc_t ds = a.logit_scale * alpha * (ga[h * deg + kk] * kh - D[h]);
+          const acc_t ds = a.logit_scale * alpha * (ga[h] * kh - D[h]);
           rece[h] = ds;
           rece[H + h] = w;
           acc_t* __restrict__ gqh = gq + h * C;
