@@ -642,9 +642,13 @@ def attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, scale: flo
     """The gradients of :func:`attention_dot` for q, k, v, qe and edge_attr ([M, H, 0] and [E, 0]
     without edge features), from the forward's outputs and statistics, as the kernels compute them:
     alpha recomputed, g_a = <grad[dst], v[src]> + <grad_e[dst], edge_attr[e]>, ds = scale alpha
-    (keep g_a - D) with D = <out, grad> + <out_e, grad_e> per row and head; g_q sums ds k[src],
-    g_qe ds edge_attr[e] per destination, g_k sums ds q[dst], g_v w grad[dst] per source, and
-    g_edge_attr[e] = sum over heads of w grad_e[dst] + ds qe[dst]."""
+    (keep g_a - D) with D = <out, grad> + <out_e, grad_e> per row and head, over the CSR; g_q
+    sums ds k[src], g_qe ds edge_attr[e] per destination, and g_edge_attr[e] = sum over heads of
+    w grad_e[dst] + ds qe[dst]. g_k and g_v are sums over the CSC (its slot k: source j,
+    destination col_t[k], edge perm_t[k]), as the kernel's second pass reads it: ds q[col_t[k]]
+    and w grad[col_t[k]] with the ds and w of edge perm_t[k]. With the CSC that is the CSR's
+    transpose (the compiled model's, from one edge_index) these are the sums over the edges into
+    the sources; the op trusts that pairing as spmm_backward does."""
     op = "gnncompile.attention_dot_backward"
     _check_attention_dot(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, op)
     M, (N, H, C) = rowptr.numel() - 1, k.shape
@@ -659,6 +663,7 @@ def attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, scale: flo
     if rowptr_t.numel() != N + 1 or col_t.numel() != col.numel():
         raise ValueError(f"{op}: the CSC ({rowptr_t.numel() - 1} sources, {col_t.numel()} edges) is not the "
                          f"transpose of a CSR of {col.numel()} edges from {N} sources")
+    check_structure(rowptr_t, col_t, perm_t, M, op)
     check_perm_unique(perm, op)
     rows, src, e = _rows(rowptr), col.long(), perm.long()
     s = _dot_logits(q, k, qe, edge_attr, src, rows, e, scale)
@@ -680,8 +685,13 @@ def attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, scale: flo
     ds = scale * alpha * (ga * ks - D.index_select(0, rows))
     zeros = dict(dtype=g.dtype, device=g.device)
     g_q = torch.zeros(M, H, C, **zeros).index_add_(0, rows, ds.unsqueeze(-1) * _acc(k).index_select(0, src))
-    g_k = torch.zeros(N, H, C, **zeros).index_add_(0, src, ds.unsqueeze(-1) * _acc(q).index_select(0, rows))
-    g_v = torch.zeros(N, H, C, **zeros).index_add_(0, src, w.unsqueeze(-1) * gr)
+    # the CSC pass: ds and w by edge id, read per CSC slot
+    ds_e, w_e = torch.empty_like(ds), torch.empty_like(w)
+    ds_e[e], w_e[e] = ds, w
+    srcs_t, dsts_t, e_t = _rows(rowptr_t), col_t.long(), perm_t.long()
+    g_k = torch.zeros(N, H, C, **zeros).index_add_(
+        0, srcs_t, ds_e[e_t].unsqueeze(-1) * _acc(q).index_select(0, dsts_t))
+    g_v = torch.zeros(N, H, C, **zeros).index_add_(0, srcs_t, w_e[e_t].unsqueeze(-1) * g.index_select(0, dsts_t))
     if edge_attr is not None:
         g_qe = torch.zeros(M, H, De, **zeros).index_add_(0, rows, ds.unsqueeze(-1) * ea.unsqueeze(1))
         per_slot = (w.unsqueeze(-1) * ger + ds.unsqueeze(-1) * _acc(qe).index_select(0, rows)).sum(1)
