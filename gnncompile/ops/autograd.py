@@ -463,3 +463,36 @@ torch.library.register_autograd("gnncompile::attention_v2", _attention_v2_backwa
 torch.library.register_autograd(
     "gnncompile::attention_v2_backward", _attention_double_backward, setup_context=_attention_bwd_setup
 )
+
+
+# attention_dot (TransformerConv): as attention's, the backward recomputes from the forward's
+# inputs, outputs and statistics; out_e's gradient is zeros where out_e is not read.
+def _attention_dot_setup(ctx, inputs, output):
+    (rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, knobs, rowptr_t, col_t, perm_t) = inputs
+    ctx.scale, ctx.p, ctx.knobs = scale, p, knobs
+    ctx.has_edge = edge_attr is not None
+    ctx.save_for_backward(rowptr, col, perm, q, k, v, qe, edge_attr, seed, rowptr_t, col_t, perm_t,
+                          output[0], output[1], output[2])
+
+
+def _attention_dot_backward(ctx, grad_out, grad_out_e, grad_stats):
+    (rowptr, col, perm, q, k, v, qe, edge_attr, seed, rowptr_t, col_t, perm_t, out, out_e,
+     stats) = ctx.saved_tensors
+    if rowptr_t is None:
+        rowptr_t, col_t, perm_t = transpose_structure(rowptr, col, perm, k.shape[0])
+    grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
+    grad_out_e = torch.zeros_like(out_e) if grad_out_e is None else grad_out_e.contiguous()
+    gq, gk, gv, gqe, gea = ops.attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, ctx.scale, ctx.p,
+                                                      seed, out, out_e, stats, grad_out, grad_out_e, ctx.knobs,
+                                                      rowptr_t, col_t, perm_t)
+    need = ctx.needs_input_grad
+    return (None, None, None, gq if need[3] else None, gk if need[4] else None, gv if need[5] else None,
+            gqe if ctx.has_edge and need[6] else None, gea if ctx.has_edge and need[7] else None,
+            None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("gnncompile::attention_dot", _attention_dot_backward,
+                                setup_context=_attention_dot_setup)
+torch.library.register_autograd(
+    "gnncompile::attention_dot_backward", _attention_double_backward, setup_context=_attention_bwd_setup
+)

@@ -564,6 +564,146 @@ def attention_v2_backward(rowptr, col, perm, x_l, x_r, att, e_term, negative_slo
     return g_xl.to(x_l.dtype), g_xr.to(x_l.dtype), g_att.to(x_l.dtype), g_e
 
 
+# ----------------------------------------------------------------------------- attention_dot
+def _check_attention_dot(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, op: str):
+    """The checks of native/cpu/attention_dot.cpp, with its messages."""
+    if k.dim() != 3:
+        raise ValueError(f"{op}: k must be [num_src, heads, channels], got {list(k.shape)}")
+    N, H, C = k.shape
+    M, E = rowptr.numel() - 1, col.numel()
+    if q.dim() != 3 or tuple(q.shape) != (M, H, C):
+        raise ValueError(f"{op}: q must be [{M}, {H}, {C}] (a row per destination), got {list(q.shape)}")
+    if v.dim() != 3 or tuple(v.shape) != (N, H, C):
+        raise ValueError(f"{op}: v must be [{N}, {H}, {C}] (k's shape), got {list(v.shape)}")
+    if (qe is None) != (edge_attr is None):
+        raise ValueError(f"{op}: qe and edge_attr come together (both or neither)")
+    if edge_attr is not None:
+        if edge_attr.dim() != 2 or edge_attr.shape[0] != E:
+            raise ValueError(f"{op}: edge_attr must be [{E}, edge_dim] (a row per edge), got {list(edge_attr.shape)}")
+        De = edge_attr.shape[1]
+        if qe.dim() != 3 or tuple(qe.shape) != (M, H, De):
+            raise ValueError(f"{op}: qe must be [{M}, {H}, {De}] (a row per destination), got {list(qe.shape)}")
+    for t in (q, v) + ((qe, edge_attr) if edge_attr is not None else ()):
+        if t.dtype != k.dtype:
+            raise TypeError(f"{op}: q, v, qe and edge_attr must have k's dtype {k.dtype}")
+    if not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be finite, got {scale}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{op}: dropout p must be in [0, 1), got {p}")
+    if p > 0 and (seed is None or seed.numel() != 1 or seed.dtype != torch.long or seed.device.type != "cpu"):
+        raise ValueError(f"{op}: dropout p > 0 needs a seed, one int64 on the CPU")
+    check_structure(rowptr, col, perm, N, op)
+
+
+def _dot_logits(q, k, qe, edge_attr, src, dst, e, scale):
+    """The logits per CSR slot ([E, H]) in the accumulator dtype."""
+    s = (_acc(q).index_select(0, dst) * _acc(k).index_select(0, src)).sum(-1)
+    if edge_attr is not None:
+        s = s + (_acc(qe).index_select(0, dst) * _acc(edge_attr).index_select(0, e).unsqueeze(1)).sum(-1)
+    return s * scale
+
+
+def attention_dot(rowptr, col, perm, q, k, v, qe, edge_attr, scale: float, p: float, seed,
+                  knobs: Sequence[int] = (), rowptr_t=None, col_t=None, perm_t=None):
+    """Dot-product attention as the chain it fuses (native/cpu/attention_dot_core.h): logits
+    scale (<q[dst], k[src]> + <qe[dst], edge_attr[e]>), edge softmax, dropout, the weighted sums
+    of v[src] ([M, H, C]) and of edge_attr[e] per head ([M, H, De]); also the softmax's statistics
+    per row and head ([M, 2, H]: max, 1 / (sum + 1e-16))."""
+    op = "gnncompile.attention_dot"
+    _check_attention_dot(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, op)
+    M, (_, H, C) = rowptr.numel() - 1, k.shape
+    De = edge_attr.shape[1] if edge_attr is not None else 0
+    rows, src, e = _rows(rowptr), col.long(), perm.long()
+    s = _dot_logits(q, k, qe, edge_attr, src, rows, e, scale)
+    ks = _keep_factors(col.numel(), H, p, seed, k.device, s.dtype)
+    ks = ks[e] if ks is not None else None
+    smax = torch.full((M, H), float("-inf"), dtype=s.dtype, device=s.device)
+    smax = smax.scatter_reduce(0, rows.view(-1, 1).expand_as(s), s, "amax", include_self=True)
+    smax = torch.where(torch.isinf(smax) & (smax < 0), torch.zeros_like(smax), smax)
+    ex = (s - smax.index_select(0, rows)).exp()
+    inv = 1.0 / (torch.zeros_like(smax).index_add_(0, rows, ex) + 1e-16)
+    w = (ex * inv.index_select(0, rows)).to(k.dtype)
+    if ks is not None:
+        w = (_acc(w) * ks).to(k.dtype)
+    wa = _acc(w).unsqueeze(-1)
+    out = torch.zeros(M, H, C, dtype=wa.dtype, device=k.device)
+    out.index_add_(0, rows, _acc(v).index_select(0, src) * wa)
+    out_e = torch.zeros(M, H, De, dtype=wa.dtype, device=k.device)
+    if edge_attr is not None:
+        out_e.index_add_(0, rows, _acc(edge_attr).index_select(0, e).unsqueeze(1) * wa)
+    empty = (rowptr[1:] == rowptr[:-1]).view(-1, 1)
+    stats = torch.stack([smax, torch.where(empty, torch.zeros_like(inv), inv)], 1)
+    return (out.to(k.dtype), out_e.to(k.dtype),
+            stats.to(torch.float64 if k.dtype == torch.float64 else torch.float32))
+
+
+def attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, scale: float, p: float, seed, out, out_e,
+                           stats, grad, grad_e, knobs: Sequence[int], rowptr_t, col_t, perm_t):
+    """The gradients of :func:`attention_dot` for q, k, v, qe and edge_attr ([M, H, 0] and [E, 0]
+    without edge features), from the forward's outputs and statistics, as the kernels compute them:
+    alpha recomputed, g_a = <grad[dst], v[src]> + <grad_e[dst], edge_attr[e]>, ds = scale alpha
+    (keep g_a - D) with D = <out, grad> + <out_e, grad_e> per row and head, over the CSR; g_q
+    sums ds k[src], g_qe ds edge_attr[e] per destination, and g_edge_attr[e] = sum over heads of
+    w grad_e[dst] + ds qe[dst]. g_k and g_v are sums over the CSC (its slot k: source j,
+    destination col_t[k], edge perm_t[k]), as the kernel's second pass reads it: ds q[col_t[k]]
+    and w grad[col_t[k]] with the ds and w of edge perm_t[k]. With the CSC that is the CSR's
+    transpose (the compiled model's, from one edge_index) these are the sums over the edges into
+    the sources; the op trusts that pairing as spmm_backward does."""
+    op = "gnncompile.attention_dot_backward"
+    _check_attention_dot(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, op)
+    M, (N, H, C) = rowptr.numel() - 1, k.shape
+    De = edge_attr.shape[1] if edge_attr is not None else 0
+    if tuple(out.shape) != (M, H, C) or tuple(grad.shape) != (M, H, C):
+        raise ValueError(f"{op}: out and grad must be [{M}, {H}, {C}], got {list(out.shape)} and {list(grad.shape)}")
+    if tuple(out_e.shape) != (M, H, De) or tuple(grad_e.shape) != (M, H, De):
+        raise ValueError(f"{op}: out_e and grad_e must be [{M}, {H}, {De}], got {list(out_e.shape)} and "
+                         f"{list(grad_e.shape)}")
+    if tuple(stats.shape) != (M, 2, H):
+        raise ValueError(f"{op}: stats must be [{M}, 2, {H}] (the forward's), got {list(stats.shape)}")
+    if rowptr_t.numel() != N + 1 or col_t.numel() != col.numel():
+        raise ValueError(f"{op}: the CSC ({rowptr_t.numel() - 1} sources, {col_t.numel()} edges) is not the "
+                         f"transpose of a CSR of {col.numel()} edges from {N} sources")
+    check_structure(rowptr_t, col_t, perm_t, M, op)
+    check_perm_unique(perm, op)
+    rows, src, e = _rows(rowptr), col.long(), perm.long()
+    s = _dot_logits(q, k, qe, edge_attr, src, rows, e, scale)
+    st = stats.to(s.dtype)
+    alpha = _acc(((s - st[:, 0].index_select(0, rows)).exp() * st[:, 1].index_select(0, rows)).to(k.dtype))
+    ks = _keep_factors(col.numel(), H, p, seed, k.device, alpha.dtype)
+    ks = torch.ones_like(alpha) if ks is None else ks[e]
+    w = _acc((alpha * ks).to(k.dtype))
+    g = _acc(grad)
+    gr = g.index_select(0, rows)
+    D = (_acc(out) * g).sum(-1)
+    ga = (_acc(v).index_select(0, src) * gr).sum(-1)
+    if edge_attr is not None:
+        ge = _acc(grad_e)
+        ger = ge.index_select(0, rows)
+        ea = _acc(edge_attr).index_select(0, e)
+        D = D + (_acc(out_e) * ge).sum(-1)
+        ga = ga + (ger * ea.unsqueeze(1)).sum(-1)
+    ds = scale * alpha * (ga * ks - D.index_select(0, rows))
+    zeros = dict(dtype=g.dtype, device=g.device)
+    g_q = torch.zeros(M, H, C, **zeros).index_add_(0, rows, ds.unsqueeze(-1) * _acc(k).index_select(0, src))
+    # the CSC pass: ds and w by edge id, read per CSC slot
+    ds_e, w_e = torch.empty_like(ds), torch.empty_like(w)
+    ds_e[e], w_e[e] = ds, w
+    srcs_t, dsts_t, e_t = _rows(rowptr_t), col_t.long(), perm_t.long()
+    g_k = torch.zeros(N, H, C, **zeros).index_add_(
+        0, srcs_t, ds_e[e_t].unsqueeze(-1) * _acc(q).index_select(0, dsts_t))
+    g_v = torch.zeros(N, H, C, **zeros).index_add_(0, srcs_t, w_e[e_t].unsqueeze(-1) * g.index_select(0, dsts_t))
+    if edge_attr is not None:
+        g_qe = torch.zeros(M, H, De, **zeros).index_add_(0, rows, ds.unsqueeze(-1) * ea.unsqueeze(1))
+        per_slot = (w.unsqueeze(-1) * ger + ds.unsqueeze(-1) * _acc(qe).index_select(0, rows)).sum(1)
+        g_ea = torch.zeros(col.numel(), De, **zeros)
+        g_ea[e] = per_slot
+    else:
+        g_qe = torch.zeros(M, H, 0, **zeros)
+        g_ea = torch.zeros(col.numel(), 0, **zeros)
+    dt = k.dtype
+    return g_q.to(dt), g_k.to(dt), g_v.to(dt), g_qe.to(dt), g_ea.to(dt)
+
+
 # ----------------------------------------------------------------------------- collation
 def _segment_offsets(sizes: torch.Tensor, idx: torch.Tensor):
     sel = sizes[idx]

@@ -107,6 +107,27 @@ _lib.define(
     "Tensor grad_att, Tensor grad_e)"
 )
 
+# Dot-product (transformer) attention in one pass (native/cpu/attention_dot_core.h;
+# passes/attention_dot.py fuses TransformerConv's chain into it): per CSR slot j (source col[j],
+# edge perm[j], destination row i) the logit scale * (<q[i, h], k[col[j], h]> + <qe[i, h],
+# edge_attr[perm[j]]>), PyG's softmax over the row, dropout as attention's (the dropout op's mask of
+# the [E, H] coefficients), out[i] = sum of the coefficients times v[col[j]] and out_e[i, h] = sum
+# of the coefficients times edge_attr[perm[j]]. q [M, H, C]; k, v [N, H, C]; qe [M, H, De] and
+# edge_attr [E, De] (edge order) together or neither (out_e is then [M, H, 0]). TransformerConv's
+# edge term lin_edge(edge_attr) (no bias) enters as qe = W_h^T q and out + W_h out_e, outside the op.
+# stats [M, 2, H] as attention's. CPU only (no CUDA kernel: the pass keeps the chain elsewhere).
+_lib.define(
+    "attention_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor q, Tensor k, Tensor v, Tensor? qe, "
+    "Tensor? edge_attr, float scale, float p, Tensor? seed, int[] knobs, Tensor? rowptr_t=None, "
+    "Tensor? col_t=None, Tensor? perm_t=None) -> (Tensor out, Tensor out_e, Tensor stats)"
+)
+_lib.define(
+    "attention_dot_backward(Tensor rowptr, Tensor col, Tensor perm, Tensor q, Tensor k, Tensor v, Tensor? qe, "
+    "Tensor? edge_attr, float scale, float p, Tensor? seed, Tensor out, Tensor out_e, Tensor stats, Tensor grad, "
+    "Tensor grad_e, int[] knobs, Tensor rowptr_t, Tensor col_t, Tensor perm_t) -> (Tensor grad_q, "
+    "Tensor grad_k, Tensor grad_v, Tensor grad_qe, Tensor grad_edge_attr)"
+)
+
 # Message programs (gnncompile/ops/program.py; the ops in gnncompile/ops/message.py): a per-edge
 # elementwise expression over inputs read per neighbour / destination / edge / not at all
 # (`sides`), reduced over each CSR row in one pass (message_reduce: sum, mean, max, min; `arg`
@@ -160,7 +181,7 @@ from . import _native  # noqa: E402,F401  (must come after the schemas are defin
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
               "segment_ids", "clone_structure", "transpose_structure", "fingerprint", "neighbor_sample",
               "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "attention", "attention_backward",
-              "attention_v2", "attention_v2_backward"):
+              "attention_v2", "attention_v2_backward", "attention_dot", "attention_dot_backward"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
@@ -280,3 +301,22 @@ def _attention_v2_backward_fake(rowptr, col, perm, x_l, x_r, att, e_term, negati
     c = torch.contiguous_format
     return (torch.empty_like(x_l, memory_format=c), torch.empty_like(x_r, memory_format=c),
             torch.empty_like(att, memory_format=c), g_e)
+
+
+@torch.library.register_fake("gnncompile::attention_dot")
+def _attention_dot_fake(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, knobs, rowptr_t=None,
+                        col_t=None, perm_t=None):
+    M, H, C = rowptr.shape[0] - 1, k.shape[1], k.shape[2]
+    De = edge_attr.shape[1] if edge_attr is not None else 0
+    return (k.new_empty((M, H, C)), k.new_empty((M, H, De)), k.new_empty((M, 2, H), dtype=_stats_dtype(k)))
+
+
+@torch.library.register_fake("gnncompile::attention_dot_backward")
+def _attention_dot_backward_fake(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, out, out_e, stats,
+                                 grad, grad_e, knobs, rowptr_t, col_t, perm_t):
+    c = torch.contiguous_format
+    M, H = rowptr.shape[0] - 1, k.shape[1]
+    g_qe = torch.empty_like(qe, memory_format=c) if qe is not None else k.new_empty((M, H, 0))
+    g_ea = torch.empty_like(edge_attr, memory_format=c) if edge_attr is not None else k.new_empty((col.shape[0], 0))
+    return (torch.empty_like(q, memory_format=c), torch.empty_like(k, memory_format=c),
+            torch.empty_like(v, memory_format=c), g_qe, g_ea)

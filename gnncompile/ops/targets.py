@@ -15,6 +15,7 @@ SPMM = ops.spmm.default
 EDGE_SOFTMAX = ops.edge_softmax.default
 ATTENTION = ops.attention.default
 ATTENTION_V2 = ops.attention_v2.default
+ATTENTION_DOT = ops.attention_dot.default
 GATHER = ops.gather.default
 CACHED_CSR = ops.cached_csr.default
 CACHED_CSC = ops.cached_csc.default
@@ -28,6 +29,6 @@ MESSAGE_EDGES = ops.message_edges.default
 NEIGHBOR_SAMPLE = ops.neighbor_sample.default  # called by gnncompile.data.neighbor
 HETERO_NEIGHBOR_SAMPLE = ops.hetero_neighbor_sample.default
 
-__all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
+__all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
            "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES",
            "NEIGHBOR_SAMPLE", "HETERO_NEIGHBOR_SAMPLE"]

@@ -58,7 +58,8 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     notes: list = []
     moved = push_linear_to_nodes(graph, settings.reassociate, notes) if programs else 0
     order = node_order(graph)
-    report = rewrite(graph, plan(match(graph, order, programs, settings.programs), order), order,
+    report = rewrite(graph, plan(match(graph, order, programs, settings.programs,
+                                        attention=programs and settings.attention == "fused"), order), order,
                      copy_structures, settings, attention=programs)
     report.notes += list(dict.fromkeys(notes))
     report.linear_moved = moved
@@ -72,7 +73,8 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2")
+FUSED_OPS = ("spmm", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
+             "attention_dot")
 
 
 def fused_op_calls(gm: GraphModule) -> dict:

@@ -470,10 +470,13 @@ def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
     return programs_pay(index.shape[0], buffer.shape[0])
 
 
-def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always") -> Matches:
+def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always",
+          attention: bool = False) -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
     read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs, where
-    ``program_mode`` ('always', 'auto': where :func:`programs_pay`, 'never') says so)."""
+    ``program_mode`` ('always', 'auto': where :func:`programs_pay`, 'never') says so;
+    ``attention``: TransformerConv's message with an edge term is left to the fused attention,
+    :func:`.attention_dot.leave_for_attention_dot`)."""
     programs = programs and program_mode != "never"
     m = Matches()
     writes = Writes(graph)
@@ -508,8 +511,14 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
                 continue
             from .messages import match_program  # a message program: any elementwise message
 
+            stops = {sm.anchor for sm in m.softmaxes}  # fused softmaxes are read, not re-derived
+            if attention:
+                from .attention_dot import LEFT, leave_for_attention_dot
+
+                if leave_for_attention_dot(sc.message, stops):
+                    m.unfused[n] = LEFT
+                    continue
             try:
-                stops = {sm.anchor for sm in m.softmaxes}  # fused softmaxes are read, not re-derived
                 prog = match_program(sc, IndexRef.of(sc.index), writes, stops)
             except NoMatch as e:
                 m.unfused[n] = f"message program: {e}"

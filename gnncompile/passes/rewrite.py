@@ -333,12 +333,15 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
     if attention and settings.attention == "fused":
         from .attention import _call_of, fuse_attention
 
+        from .attention_dot import fuse_attention_dot
         from .attention_v2 import fuse_attention_v2
 
         lines = {_call_of(out): line for (_, out), line in zip(outs, report.fused)}
         if fuse_attention(graph, built, settings, lines, report.fused):
             drop_dead(graph)
         if fuse_attention_v2(graph, built, settings, lines, report.fused):
+            drop_dead(graph)
+        if fuse_attention_dot(graph, built, settings, lines, report.fused, report, copy_structures):
             drop_dead(graph)
     return report
 

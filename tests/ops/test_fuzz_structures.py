@@ -193,6 +193,53 @@ def attention_case(rng, g):
     return "attention_backward", (*fwd, out, stats, grad, rng.choice(KNOBS), *t), ()
 
 
+def attention_dot_case(rng, g):
+    """gnncompile::attention_dot or its backward on a corrupted CSR (and, for the backward, a CSC:
+    the transpose of the graph before the corruption, or of another graph of the same sizes, so
+    that the kernel's CSC pass is held to the reference's, corrupted itself now and then), with q,
+    k, v, qe and edge features of the right or a wrong shape or dtype, with and without edge
+    features, dropout on or off, p, seed and scale valid or not."""
+    s, N, E = _graph(rng, g)
+    own_t = list(reference.transpose_structure(*s, N))  # the CSC of the graph before the corruption
+    for _ in range(rng.choice([0, 1, 1, 2])):  # as corrupted_structure
+        if rng.random() < 0.7:
+            _corrupt_values(rng, s, N, E)
+        else:
+            _corrupt_shape(rng, s)
+    M = max(s[0].numel() - 1, 0) if s[0].dim() == 1 else 1
+    H, C, De = rng.randint(1, 3), rng.randint(1, 4), rng.choice([0, 0, 1, 3])
+    dtype = torch.int64 if rng.random() < 0.03 else rng.choice([torch.float32, torch.float64])
+
+    def t(*shape):
+        shape = tuple(n + (rng.random() < 0.03) for n in shape[:1]) + shape[1:]
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    q, k, v = t(M, H, C), t(N, H, C), t(N, H, C)
+    if rng.random() < 0.03:
+        k = k.reshape(k.size(0), H * C)
+    qe, ea = (t(M, H, De), t(E, De)) if De else (None, None)
+    if De and rng.random() < 0.03:
+        qe = None  # edge features without their query term
+    p = rng.choice([0.0, 0.0, 0.3, 0.5]) if rng.random() < 0.95 else rng.choice([1.0, -0.1])
+    seed = torch.tensor(7) if rng.random() < 0.95 else rng.choice([None, torch.tensor([1, 2]), torch.tensor(1.0)])
+    scale = rng.choice([0.5, 1.0]) if rng.random() < 0.97 else float("nan")
+    fwd = (*s, q, k, v, qe, ea, scale, p, seed)
+    if rng.random() < 0.5:
+        return "attention_dot", fwd, (rng.choice(KNOBS),)
+    if rng.random() < 0.5:
+        t_ = own_t
+    else:
+        src = torch.randint(0, N, (E,), generator=g)
+        dst = torch.randint(0, max(M, 1), (E,), generator=g)
+        t_ = list(reference.build_csr(src, dst, N, max(M, 1)))
+    if rng.random() < 0.3:
+        _corrupt_values(rng, t_, max(M, 1), E)
+    out, grad = t(M, H, C), t(M, H, C)
+    out_e, grad_e = t(M, H, De), t(M, H, De)
+    stats = torch.rand(M, 2, H, generator=g).to(torch.float64 if dtype == torch.float64 else torch.float32)
+    return "attention_dot_backward", (*fwd, out, out_e, stats, grad, grad_e, rng.choice(KNOBS), *t_), ()
+
+
 def build_csr_case(rng, g):
     E = rng.randint(0, 20)
     dtype = rng.choice([torch.int64, torch.int32])
@@ -236,7 +283,8 @@ def collate_case(rng, g):
 
 
 CASES = {"spmm": spmm_case, "edge_dot": edge_dot_case, "edge_softmax": edge_softmax_case,
-         "build_csr": build_csr_case, "collate": collate_case, "attention": attention_case}
+         "build_csr": build_csr_case, "collate": collate_case, "attention": attention_case,
+         "attention_dot": attention_dot_case}
 
 
 # ----------------------------------------------------------------------------- the check
@@ -294,7 +342,8 @@ def check_call(name, args, extra, what):
 
 
 @pytest.mark.parametrize("kind,count", [("spmm", 1200), ("edge_dot", 500), ("edge_softmax", 600),
-                                        ("build_csr", 300), ("collate", 800), ("attention", 800)])
+                                        ("build_csr", 300), ("collate", 800), ("attention", 800),
+                                        ("attention_dot", 800)])
 def test_fuzz_direct_op_calls(kind, count):
     rng = random.Random(f"{SEED}-{kind}")
     g = torch.Generator().manual_seed(SEED)

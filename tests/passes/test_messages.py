@@ -34,7 +34,7 @@ FUSED = {
     "GINEConv": 1,  # before message programs: 0
     "GATConv-edge_dim": 2,  # the fused attention + the mean of the self loops' edge attributes (was 3: edge_softmax + 2 spmm)
     "GATv2Conv-edge_dim": 2,  # attention_v2 + the mean of the self loops' edge attributes (was 3: edge_softmax + 2 spmm)
-    "TransformerConv-edge_dim": 2,  # before message programs: 1 (edge_softmax)
+    "TransformerConv-edge_dim": 1,  # attention_dot (was 2: edge_softmax + a message program; before message programs: 1)
     "GENConv-softmax": 2,  # before message programs: 1 (edge_softmax)
     "GENConv-powermean": 1,  # before message programs: 0
     "PNAConv": 5,  # before message programs: 0

@@ -1,0 +1,343 @@
+// Dot-product (transformer) attention in one pass over a CSR-by-destination structure, on the
+// host. Torch-free. TransformerConv's attention with its edge term folded in (lin_edge has no
+// bias, so for the head-h block W_h of lin_edge's weight, q . (k + W_h e) = q . k + (W_h^T q) . e):
+//
+//   s[e, h]     = scale * (<q[dst_e, h], k[src_e, h]> + <qe[dst_e, h], ea[e]>)   (qe = W_h^T q; 0 without)
+//   alpha[e, h] = exp(s - max_row) / (sum_row exp(s - max_row) + 1e-16)          (PyG's softmax)
+//   w[e, h]     = alpha[e, h] * keep(e, h) / (1 - p)                              (attention dropout)
+//   out[i, h]   = sum over the edges e into i of w[e, h] * v[src_e, h, :]        [M, H, C]
+//   out_e[i, h] = sum over the edges e into i of w[e, h] * ea[e, :]               [M, H, De]
+//
+// (the layer's message (v + W_h ea) * alpha summed per destination is out + W_h out_e, which the
+// caller computes with torch.) q [M, H, C], k and v [N, H, C], qe [M, H, De], ea [E, De] in edge
+// order; De = 0 without edge features.
+//
+// Forward (attention_dot_rows): one destination row at a time: the H logits of each in-edge into a
+// per-thread buffer (deg x H), max, exp, sum per head as attention_rows (attention_core.h, whose
+// exp_approx, softmax rounding and dropout mask it shares), then one sweep over the rows v[src]
+// (and ea[e]) accumulating the output rows. The row's max and 1 / (sum + 1e-16) per head are kept
+// (stats, [M, 2, H]). Nothing per edge is stored.
+//
+// Backward, g = dL/dout, ge = dL/dout_e, D[i, h] = <out[i, h], g[i, h]> + <out_e[i, h], ge[i, h]>
+// (= sum_e w g_a, the softmax backward's row sum, with or without dropout):
+//   attention_dot_dst_rows, one pass over the CSR (a destination row at a time), each edge finished
+//     as it is read: logits recomputed, alpha from the stats, g_a = <g[i, h], v[src, h]> + <ge[i, h], ea[e]>, ds = scale * alpha *
+//     (keep * g_a - D[i, h]); g_q[i] = sum ds k[src]; g_qe[i] = sum ds ea[e]; g_ea[e] = sum_h (w
+//     ge[i, h] + ds qe[i, h]) at the edge's id; and per edge (at its id) a record of ds and w per
+//     head for the next pass.
+//   attention_dot_source_rows, one pass over the CSC (a source row at a time, its out-edges):
+//     g_k[j] = sum ds q[i], g_v[j] = sum w g[i], ds and w from the edge's record.
+// No atomics; every output row is written by one thread in a fixed order (deterministic).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "../common/counter_rng.h"
+#include "../common/dtype.h"
+#include "attention_core.h"
+#include "edge_dot_core.h"
+#include "edge_softmax_core.h"
+#include "reduce_core.h"
+#include "rows_core.h"
+
+namespace gnncompile {
+namespace cpu {
+
+template <typename scalar_t, typename index_t>
+struct AttentionDotArgs {
+  using acc_t = typename acc_type<scalar_t>::type;
+  const index_t* rowptr = nullptr;    // CSR by destination [M + 1]
+  const index_t* col = nullptr;       // [E] source of CSR slot j
+  const index_t* perm = nullptr;      // [E] original edge id of CSR slot j
+  const index_t* rowptr_t = nullptr;  // CSC by source [N + 1] (backward)
+  const index_t* col_t = nullptr;     // [E] destination of CSC slot k
+  const index_t* perm_t = nullptr;    // [E] original edge id of CSC slot k
+  const scalar_t* q = nullptr;        // [M, H, C]
+  const scalar_t* k = nullptr;        // [N, H, C]
+  const scalar_t* v = nullptr;        // [N, H, C]
+  const scalar_t* qe = nullptr;       // [M, H, De], or nullptr (De == 0)
+  const scalar_t* ea = nullptr;       // [E, De] in original edge order, or nullptr (De == 0)
+  int64_t N = 0, M = 0, E = 0, H = 1, C = 1, De = 0;
+  acc_t logit_scale = acc_t(1);  // multiplies the dot products (1 / sqrt(C) for TransformerConv)
+  bool dropout = false;
+  uint64_t key = 0;
+  uint32_t threshold = 0;
+  acc_t scale = acc_t(1);  // 1 / (1 - p)
+};
+
+// The dropout factor of coefficient (e, h), as keep_scale (attention_core.h): the dropout op's mask
+// of the [E, H] coefficients.
+template <typename scalar_t, typename index_t>
+inline typename acc_type<scalar_t>::type dot_keep(const AttentionDotArgs<scalar_t, index_t>& a, int64_t e,
+                                                  int64_t h) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  if (!a.dropout) return acc_t(1);
+  return draw(a.key, e * a.H + h) >= a.threshold ? a.scale : acc_t(0);
+}
+
+// One edge's record from the CSR pass for the CSC pass: ds (H) then w (H), in the accumulator
+// type. Its size in bytes: a power of two up to 64, else a multiple of 64 (no line shared needlessly).
+template <typename acc_t>
+inline int64_t dot_record_bytes(int64_t H) {
+  const int64_t b = 2 * H * static_cast<int64_t>(sizeof(acc_t));
+  if (b > 64) return (b + 63) / 64 * 64;
+  int64_t p = 8;
+  while (p < b) p *= 2;
+  return p;
+}
+
+// The H logits of one edge into s[h * stride]: the one formula every pass uses (the forward's and
+// the backward's agree bit for bit). qi: q's row [H * C]; qei: qe's row [H * De] or nullptr.
+template <typename scalar_t, typename index_t>
+inline void dot_logits(const AttentionDotArgs<scalar_t, index_t>& a, const scalar_t* __restrict__ qi,
+                       const scalar_t* __restrict__ kj, const scalar_t* __restrict__ qei,
+                       const scalar_t* __restrict__ ee, typename acc_type<scalar_t>::type* s, int64_t stride) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  const int64_t H = a.H, C = a.C, De = a.De;
+  for (int64_t h = 0; h < H; ++h) {
+    acc_t d = dot<scalar_t, acc_t>(qi + h * C, kj + h * C, C);
+    if (qei != nullptr) d += dot<scalar_t, acc_t>(qei + h * De, ee, De);
+    s[h * stride] = d * a.logit_scale;
+  }
+}
+
+// Forward, rows [row_begin, row_end): out [M, H * C], out_e [M, H * De] (or nullptr), stats
+// [M, 2 * H] (max, then 1 / (sum + eps)).
+template <typename scalar_t, typename index_t>
+Status attention_dot_rows(const AttentionDotArgs<scalar_t, index_t>& a, scalar_t* out, scalar_t* out_e,
+                          typename acc_type<scalar_t>::type* stats, int64_t row_begin, int64_t row_end) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  const int64_t H = a.H, C = a.C, F = H * C, De = a.De, FE = H * De;
+  const bool edge = a.ea != nullptr;
+  thread_local std::vector<acc_t> wbuf, accbuf;
+  acc_t* acc = row_buffer(accbuf, F + FE);  // output row, then out_e's row
+  acc_t* acce = acc + F;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(a.rowptr, row, a.E)) return Status::BadRowptr;
+    const int64_t begin = a.rowptr[row], end = a.rowptr[row + 1], deg = end - begin;
+    acc_t* st = stats + row * 2 * H;
+    scalar_t* o = out + row * F;
+    scalar_t* oe = edge ? out_e + row * FE : nullptr;
+    if (deg == 0) {
+      for (int64_t f = 0; f < F; ++f) o[f] = from_acc<scalar_t>(acc_t(0));
+      for (int64_t f = 0; f < FE; ++f) oe[f] = from_acc<scalar_t>(acc_t(0));
+      for (int64_t h = 0; h < 2 * H; ++h) st[h] = acc_t(0);
+      continue;
+    }
+    const scalar_t* qi = a.q + row * F;
+    const scalar_t* qei = edge ? a.qe + row * FE : nullptr;
+    acc_t* w = row_buffer(wbuf, deg * H);
+    for (int64_t kk = 0; kk < deg; ++kk) {
+      const int64_t j = begin + kk;
+      if (kk + kPrefetchDistance < deg) {
+        const char* p = reinterpret_cast<const char*>(a.k + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
+        for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
+      }
+      const int64_t src = static_cast<int64_t>(a.col[j]);
+      if (!in_range(src, a.N)) return Status::BadCol;
+      const int64_t e = static_cast<int64_t>(a.perm[j]);
+      if (!in_range(e, a.E)) return Status::BadPerm;
+      dot_logits(a, qi, a.k + src * F, qei, edge ? a.ea + e * De : nullptr, w + kk, deg);
+    }
+    acc_t* m = st;
+    acc_t* inv = st + H;
+    for (int64_t h = 0; h < H; ++h) {  // as attention_rows
+      acc_t* wh = w + h * deg;
+      acc_t mh = -std::numeric_limits<acc_t>::infinity();
+      for (int64_t kk = 0; kk < deg; ++kk) mh = std::max<acc_t>(mh, wh[kk]);
+      if (std::isinf(mh) && mh < 0) mh = 0;
+      m[h] = mh;
+      acc_t sum = 0;
+      for (int64_t kk = 0; kk < deg; ++kk) {
+        const acc_t ex = exp_approx(wh[kk] - mh);
+        wh[kk] = ex;
+        sum += ex;
+      }
+      inv[h] = acc_t(1) / (sum + acc_t(1e-16));
+      for (int64_t kk = 0; kk < deg; ++kk) wh[kk] = stored<scalar_t>(wh[kk] * inv[h]);
+    }
+    if (a.dropout)
+      for (int64_t kk = 0; kk < deg; ++kk) {
+        const int64_t e = static_cast<int64_t>(a.perm[begin + kk]);
+        for (int64_t h = 0; h < H; ++h) w[h * deg + kk] = stored<scalar_t>(w[h * deg + kk] * dot_keep(a, e, h));
+      }
+    for (int64_t f = 0; f < F + FE; ++f) acc[f] = acc_t(0);
+    for (int64_t kk = 0; kk < deg; ++kk) {
+      const int64_t j = begin + kk;
+      if (kk + kPrefetchDistance < deg) {
+        const char* p = reinterpret_cast<const char*>(a.v + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
+        for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
+      }
+      const scalar_t* vrow = a.v + static_cast<int64_t>(a.col[j]) * F;
+      const scalar_t* ee = edge ? a.ea + static_cast<int64_t>(a.perm[j]) * De : nullptr;
+      for (int64_t h = 0; h < H; ++h) {
+        const acc_t wh = w[h * deg + kk];
+        acc_t* __restrict__ ah = acc + h * C;
+        const scalar_t* __restrict__ vh = vrow + h * C;
+        for (int64_t c = 0; c < C; ++c) ah[c] += wh * to_float(vh[c]);
+        if (edge) {
+          acc_t* __restrict__ aeh = acce + h * De;
+          for (int64_t d = 0; d < De; ++d) aeh[d] += wh * to_float(ee[d]);
+        }
+      }
+    }
+    for (int64_t f = 0; f < F; ++f) o[f] = from_acc<scalar_t>(acc[f]);
+    for (int64_t f = 0; f < FE; ++f) oe[f] = from_acc<scalar_t>(acce[f]);
+  }
+  return Status::Ok;
+}
+
+// Backward over the CSR, rows [row_begin, row_end): g_q [M, F], g_qe [M, FE] (whole rows), g_ea
+// [E, De] at each edge's id (with edge features), and each edge's record (ds, w per head) at its id.
+template <typename scalar_t, typename index_t>
+Status attention_dot_dst_rows(const AttentionDotArgs<scalar_t, index_t>& a, const scalar_t* out,
+                              const scalar_t* out_e, const scalar_t* g, const scalar_t* ge,
+                              const typename acc_type<scalar_t>::type* stats, scalar_t* g_q, scalar_t* g_qe,
+                              scalar_t* g_ea, char* rec, int64_t row_begin, int64_t row_end) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  const int64_t H = a.H, C = a.C, F = H * C, De = a.De, FE = H * De, RB = dot_record_bytes<acc_t>(H);
+  const bool edge = a.ea != nullptr;
+  thread_local std::vector<acc_t> rowbuf, sbuf;
+  acc_t* gq = row_buffer(rowbuf, F + FE + H + De);  // g_q's row, g_qe's row, D, the edge's g_ea
+  acc_t* gqe = gq + F;
+  acc_t* D = gq + F + FE;
+  acc_t* __restrict__ gee = D + H;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(a.rowptr, row, a.E)) return Status::BadRowptr;
+    const int64_t begin = a.rowptr[row], end = a.rowptr[row + 1], deg = end - begin;
+    for (int64_t f = 0; f < F + FE; ++f) gq[f] = acc_t(0);
+    if (deg > 0) {
+      const scalar_t* qi = a.q + row * F;
+      const scalar_t* qei = edge ? a.qe + row * FE : nullptr;
+      const scalar_t* gr = g + row * F;
+      const scalar_t* ger = edge ? ge + row * FE : nullptr;
+      for (int64_t h = 0; h < H; ++h) {
+        D[h] = dot<scalar_t, acc_t>(out + row * F + h * C, gr + h * C, C);
+        if (edge) D[h] += dot<scalar_t, acc_t>(out_e + row * FE + h * De, ger + h * De, De);
+      }
+      // one sweep: alpha comes from the forward's statistics, so each edge is finished as it is
+      // read (its rows of k and v read once, still in L1 for g_q's update)
+      const acc_t* st = stats + row * 2 * H;
+      acc_t* al = row_buffer(sbuf, 2 * H);  // the edge's logits -> alpha, then g_a
+      acc_t* ga = al + H;
+      for (int64_t kk = 0; kk < deg; ++kk) {
+        const int64_t j = begin + kk;
+        if (kk + kPrefetchDistance < deg) {
+          const int64_t s2 = static_cast<int64_t>(a.col[j + kPrefetchDistance]);
+          const char* p = reinterpret_cast<const char*>(a.k + s2 * F);
+          const char* pv = reinterpret_cast<const char*>(a.v + s2 * F);
+          for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) {
+            __builtin_prefetch(p + b, 0, 0);
+            __builtin_prefetch(pv + b, 0, 0);
+          }
+        }
+        if (kk + kSoftmaxPrefetch < deg) {  // the line the edge's record is written to
+          const int64_t e2 = static_cast<int64_t>(a.perm[j + kSoftmaxPrefetch]);
+          if (in_range(e2, a.E)) __builtin_prefetch(rec + e2 * RB, 1, 0);
+        }
+        const int64_t src = static_cast<int64_t>(a.col[j]);
+        if (!in_range(src, a.N)) return Status::BadCol;
+        const int64_t e = static_cast<int64_t>(a.perm[j]);
+        if (!in_range(e, a.E)) return Status::BadPerm;
+        const scalar_t* ee = edge ? a.ea + e * De : nullptr;
+        const scalar_t* krow = a.k + src * F;
+        const scalar_t* vrow = a.v + src * F;
+        dot_logits(a, qi, krow, qei, ee, al, 1);
+        for (int64_t h = 0; h < H; ++h) {
+          acc_t d = dot<scalar_t, acc_t>(gr + h * C, vrow + h * C, C);
+          if (edge) d += dot<scalar_t, acc_t>(ger + h * De, ee, De);
+          ga[h] = d;
+          al[h] = stored<scalar_t>(exp_approx(al[h] - st[h]) * st[H + h]);  // as the forward's alpha
+        }
+        acc_t* rece = reinterpret_cast<acc_t*>(rec + e * RB);
+        if (edge)
+          for (int64_t d = 0; d < De; ++d) gee[d] = acc_t(0);
+        for (int64_t h = 0; h < H; ++h) {
+          const acc_t alpha = al[h], kh = dot_keep(a, e, h);
+          const acc_t w = a.dropout ? stored<scalar_t>(alpha * kh) : alpha;
+          const acc_t ds = a.logit_scale * alpha * (ga[h] * kh - D[h]);
+          rece[h] = ds;
+          rece[H + h] = w;
+          acc_t* __restrict__ gqh = gq + h * C;
+          const scalar_t* __restrict__ kh_row = krow + h * C;
+          for (int64_t c = 0; c < C; ++c) gqh[c] += ds * to_float(kh_row[c]);
+          if (edge) {
+            acc_t* __restrict__ gqeh = gqe + h * De;
+            const scalar_t* __restrict__ qeh = qei + h * De;
+            const scalar_t* __restrict__ geh = ger + h * De;
+            for (int64_t d = 0; d < De; ++d) {
+              gqeh[d] += ds * to_float(ee[d]);
+              gee[d] += w * to_float(geh[d]) + ds * to_float(qeh[d]);
+            }
+          }
+        }
+        if (edge)
+          for (int64_t d = 0; d < De; ++d) g_ea[e * De + d] = from_acc<scalar_t>(gee[d]);
+      }
+    }
+    for (int64_t f = 0; f < F; ++f) g_q[row * F + f] = from_acc<scalar_t>(gq[f]);
+    for (int64_t f = 0; f < FE; ++f) g_qe[row * FE + f] = from_acc<scalar_t>(gqe[f]);
+  }
+  return Status::Ok;
+}
+
+// Backward over the CSC, source rows [row_begin, row_end): g_k and g_v [N, F], whole rows. Per
+// out-edge it reads the destination's rows of q and of the gradient, and the edge's record.
+template <typename scalar_t, typename index_t>
+Status attention_dot_source_rows(const AttentionDotArgs<scalar_t, index_t>& a, const scalar_t* g,
+                                 const char* rec, scalar_t* g_k, scalar_t* g_v, int64_t row_begin, int64_t row_end) {
+  using acc_t = typename acc_type<scalar_t>::type;
+  const int64_t H = a.H, C = a.C, F = H * C, RB = dot_record_bytes<acc_t>(H);
+  thread_local std::vector<acc_t> rowbuf;
+  acc_t* acck = row_buffer(rowbuf, 2 * F);  // g_k's row, g_v's row
+  acc_t* accv = acck + F;
+  for (int64_t j = row_begin; j < row_end; ++j) {
+    if (!row_ok(a.rowptr_t, j, a.E)) return Status::BadRowptr;
+    const int64_t begin = a.rowptr_t[j], end = a.rowptr_t[j + 1], deg = end - begin;
+    for (int64_t f = 0; f < 2 * F; ++f) acck[f] = acc_t(0);
+    for (int64_t kk = 0; kk < deg; ++kk) {
+      if (kk + kPrefetchDistance < deg) {  // the destination's rows, ahead
+        const int64_t i2 = static_cast<int64_t>(a.col_t[begin + kk + kPrefetchDistance]);
+        if (in_range(i2, a.M)) {
+          const char* p = reinterpret_cast<const char*>(g + i2 * F);
+          const char* pq = reinterpret_cast<const char*>(a.q + i2 * F);
+          for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) {
+            __builtin_prefetch(p + b, 0, 0);
+            __builtin_prefetch(pq + b, 0, 0);
+          }
+        }
+      }
+      if (kk + kSoftmaxPrefetch < deg) {  // the edge's record, further ahead
+        const int64_t e2 = static_cast<int64_t>(a.perm_t[begin + kk + kSoftmaxPrefetch]);
+        if (in_range(e2, a.E))
+          for (int64_t b = 0; b < RB; b += 64) __builtin_prefetch(rec + e2 * RB + b, 0, 0);
+      }
+      const int64_t i = static_cast<int64_t>(a.col_t[begin + kk]);
+      if (!in_range(i, a.M)) return Status::BadCol;
+      const int64_t e = static_cast<int64_t>(a.perm_t[begin + kk]);
+      if (!in_range(e, a.E)) return Status::BadPerm;
+      const scalar_t* __restrict__ gr = g + i * F;
+      const scalar_t* __restrict__ qr = a.q + i * F;
+      const acc_t* rece = reinterpret_cast<const acc_t*>(rec + e * RB);
+      for (int64_t h = 0; h < H; ++h) {
+        const acc_t ds = rece[h], w = rece[H + h];
+        const int64_t o = h * C;
+        for (int64_t c = 0; c < C; ++c) {
+          acck[o + c] += ds * to_float(qr[o + c]);
+          accv[o + c] += w * to_float(gr[o + c]);
+        }
+      }
+    }
+    for (int64_t f = 0; f < F; ++f) {
+      g_k[j * F + f] = from_acc<scalar_t>(acck[f]);
+      g_v[j * F + f] = from_acc<scalar_t>(accv[f]);
+    }
+  }
+  return Status::Ok;
+}
+
+}  // namespace cpu
+}  // namespace gnncompile
