@@ -46,6 +46,7 @@ class Config:
     structure_check: str = "cpu"
     programs: str = "auto"
     guard: str = "time"
+    huge_pages: str = "auto"
     disable_native: bool = False
     cache_dir: Optional[Path] = None  # None: $XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile
     xdg_cache_home: Optional[Path] = None
@@ -71,6 +72,7 @@ def _inner(name: str, raw: str) -> Optional[str]:
 
 PROGRAM_MODES = ("auto", "always", "never")
 GUARD_MODES = ("time", "off")
+HUGE_PAGE_MODES = ("auto", "off")
 
 
 def _one_of(modes: Tuple[str, ...]) -> Callable[[str, str], str]:
@@ -130,6 +132,10 @@ VARIABLES: Tuple[Variable, ...] = (
              "the speed guard: each rewritten graph piece is timed against its unrewritten form "
              "on its first calls (per size class) and the faster one is kept; off: always the "
              "rewritten form"),
+    Variable("GNNCOMPILE_HUGE_PAGES", "huge_pages", _one_of(HUGE_PAGE_MODES), "auto (default), off",
+             "transparent huge pages for torch's CPU allocations of >= 2 MiB, turned on process-wide "
+             "by compile() where the kernel's THP mode is madvise (gnncompile.hardware.memory); "
+             "off: torch's CPU allocator is left as it is"),
     Variable("GNNCOMPILE_STRUCTURE_CHECK", "structure_check", _check, "0/off, 1/cpu (default), 2/all",
              "when a structure found by the identity of its edge_index is confirmed by a "
              "content fingerprint"),
@@ -272,4 +278,5 @@ def table() -> str:
 
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
            "Launch", "LAUNCHER_VARIABLES", "launcher", "child_environment",
-           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES"]
+           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES",
+           "HUGE_PAGE_MODES"]

@@ -34,7 +34,10 @@ Fields:
   (``$GNNCOMPILE_GUARD``). ``attention``: GATConv's attention (logits, softmax, dropout,
   aggregation) as one op, 'fused' (default, :mod:`gnncompile.passes.attention`), or 'chain'
   (edge_softmax and spmm as separate fused ops: A/B measurements, and models that take a second
-  derivative through the attention).
+  derivative through the attention). ``huge_pages``: transparent huge pages for torch's large
+  CPU allocations (:mod:`gnncompile.hardware.memory`), 'auto' (default: turned on, process-wide,
+  when a model on the CPU is compiled and the kernel's THP mode is madvise) or 'off'
+  (``$GNNCOMPILE_HUGE_PAGES``).
 * ``profile``: where the profile's settings came from (a path, or "(defaults)").
 """
 from __future__ import annotations
@@ -126,10 +129,14 @@ class Settings:
         if attention not in ATTENTION_MODES:
             raise ValueError(f"gnncompile settings: choices['attention'] must be one of {ATTENTION_MODES}, "
                              f"got {attention!r}")
-        unknown = set(dict(self.choices)) - {"programs", "guard", "attention"}
+        huge = dict(self.choices).get("huge_pages", "auto")
+        if huge not in _config.HUGE_PAGE_MODES:
+            raise ValueError(f"gnncompile settings: choices['huge_pages'] must be one of {_config.HUGE_PAGE_MODES}, "
+                             f"got {huge!r}")
+        unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages"}
         if unknown:
             raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
-                             "'programs', 'guard' and 'attention'")
+                             "'programs', 'guard', 'attention' and 'huge_pages'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -154,6 +161,11 @@ class Settings:
     def attention(self) -> str:
         """The attention choice: 'fused' (default) or 'chain'."""
         return dict(self.choices).get("attention", "fused")
+
+    @property
+    def huge_pages(self) -> str:
+        """The huge page choice: 'auto' (default) or 'off'."""
+        return dict(self.choices).get("huge_pages", "auto")
 
     @property
     def guard(self) -> str:
@@ -210,7 +222,8 @@ class Settings:
         else:
             check = cfg.structure_check
         choices = ((("programs", cfg.programs),) if cfg.programs != "auto" else ()) + \
-                  ((("guard", cfg.guard),) if cfg.guard != "time" else ())
+                  ((("guard", cfg.guard),) if cfg.guard != "time" else ()) + \
+                  ((("huge_pages", cfg.huge_pages),) if cfg.huge_pages != "auto" else ())
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
                    structure_check=check, choices=choices)
 

@@ -1,12 +1,14 @@
 // The Python extension gnncompile._C. Loading it runs the TORCH_LIBRARY_IMPL registrations of
 // every kernel file linked into it; the module itself reports how it was built and holds the
-// submodule launch_rule, the CUDA kernels' launch rule (common/launch_rule.cpp).
+// submodules launch_rule, the CUDA kernels' launch rule (common/launch_rule.cpp), and huge_pages,
+// transparent huge pages for torch's large CPU allocations (common/huge_pages.cpp).
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
 
 namespace gnncompile {
 void bind_launch_rule(pybind11::module_& m);
+void bind_huge_pages(pybind11::module_& m);  // common/huge_pages.cpp
 int64_t structure_validations();  // common/trust.h
 }
 
@@ -35,4 +37,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("structure_validations", &gnncompile::structure_validations,
         "Structure validations run by the native code in this process (common/trust.h)");
   gnncompile::bind_launch_rule(m);
+  gnncompile::bind_huge_pages(m);
 }

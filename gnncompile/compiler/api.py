@@ -4,12 +4,14 @@ profile <- the call's arguments), which the model carries."""
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
 from typing import Any, Mapping, Optional
 
 import torch
 
 from .._log import error_line, get_logger
+from ..hardware import memory as _memory
 from ..settings import Settings
 from . import backend as _backend
 from . import guard as _guard
@@ -237,6 +239,14 @@ def _settings(prof, inner: str, reassociate: bool, settings: Any) -> Settings:
     return s.replace(**settings)
 
 
+def _device_types(model) -> set:
+    """The device types of a module's parameters and buffers (empty for a function, or a module
+    without any: the devices are known only when it runs)."""
+    if not isinstance(model, torch.nn.Module):
+        return set()
+    return {t.device.type for t in itertools.chain(model.parameters(), model.buffers())}
+
+
 def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optional[bool] = None,
             fullgraph: bool = False, workload: Optional[dict] = None, reassociate: bool = False,
             settings: Any = None):
@@ -303,11 +313,13 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     options = dict(profile=_portable_profile(profile, prof), inner=inner, dynamic=dynamic,
                    fullgraph=fullgraph, workload=workload, reassociate=reassociate, settings=settings)
     _log.info("compile %s: profile %s; settings: %s", type(model).__name__, prof.summary(), s)
+    huge_pages = _memory.apply(s.huge_pages, _device_types(model))
     be = _backend.Backend(s)
     compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
     if isinstance(model, torch.nn.Module):
         out = CompiledModule(model, compiled, options, s)
         object.__setattr__(out, "gnncompile_profile", prof)
+        object.__setattr__(out, "gnncompile_huge_pages", huge_pages)
         guard = None
         if s.guard != "off":
             guard = _guard.ModelGuard(out._run_compiled, model, be.verdict)
@@ -324,6 +336,7 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
 
     compiled.gnncompile_profile = prof
     compiled.gnncompile_settings = s
+    compiled.gnncompile_huge_pages = huge_pages
     compiled.guard_decisions = be.guard_decisions
     return compiled
 

@@ -57,6 +57,8 @@ class ExplainReport(Fusions):
     recompile_limits: List[str] = field(default_factory=list)
     # a compiled model's speed-guard decisions so far (None: explain of an uncompiled model)
     guard: Optional[List[str]] = None
+    # what compile() did about huge pages for a compiled model (gnncompile.hardware.memory.apply)
+    huge_pages: Optional[str] = None
     # the fused compute ops one call runs, per op (gnncompile.passes.fused_op_calls): what a
     # profiler sees of the fused chains above
     op_calls: Dict[str, int] = field(default_factory=dict)
@@ -99,6 +101,8 @@ class ExplainReport(Fusions):
         if self.settings is not None:
             lines.append("settings:")
             lines += [f"  {line}" for line in self.settings.lines()]
+        if self.huge_pages is not None:
+            lines.append(f"huge pages: {self.huge_pages}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -114,7 +118,7 @@ class ExplainReport(Fusions):
                 "skipped_frames": list(self.skipped_frames),
                 "recompile_limits": list(self.recompile_limits),
                 "settings": self.settings.as_dict() if self.settings is not None else None,
-                "guard": self.guard, "op_calls": dict(self.op_calls),
+                "guard": self.guard, "huge_pages": self.huge_pages, "op_calls": dict(self.op_calls),
                 "pieces": [p.as_dict() for p in self.pieces]}
 
 
@@ -165,6 +169,7 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     settings = getattr(model, "gnncompile_settings", None)
     decisions = getattr(model, "guard_decisions", None)
     guard = [str(d) for d in decisions()] if callable(decisions) else None
+    huge_pages = getattr(model, "gnncompile_huge_pages", None)
     if isinstance(model, CompiledModule):  # explain what its settings fuse
         model = model.model
     if not isinstance(settings, Settings):
@@ -182,7 +187,8 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     with _backend.collect() as reports, _backend.dynamic_output_shapes(settings.capture_dynamic), \
             cfg.patch(**room), _fresh_code(model):
         compiled(*example_inputs, **example_kwargs)
-    rep = ExplainReport(num_graphs=len(reports), settings=settings, guard=guard)
+    rep = ExplainReport(num_graphs=len(reports), settings=settings, guard=guard,
+                        huge_pages=huge_pages if isinstance(huge_pages, str) else None)
     for r in reports:
         _place_in_model(r, model)
         rep.pieces.append(GraphPiece(fused=list(r.fused), unfused=list(r.unfused),
