@@ -5,13 +5,15 @@
 * :mod:`.cuda_knobs`: the CUDA kernels' launch knobs and their default rule, read from the
   native extension (the rule lives in ``native/cuda/knobs.h``; every build binds it, so it
   needs no GPU).
+* :mod:`.memory`: transparent huge pages for torch's large CPU allocations (the setting
+  ``choices['huge_pages']``; the allocator wrapper lives in ``native/common/huge_pages.cpp``).
 
 The settings a tuning run chose for a device (device profiles) are data, in
 :mod:`gnncompile.profiles`; what a compiled model runs with is :mod:`gnncompile.settings`.
 """
 from __future__ import annotations
 
-from . import cuda_knobs  # noqa: F401
+from . import cuda_knobs, memory  # noqa: F401
 from .device import cpu_isa, default_settings, describe, detect, device_key
 
-__all__ = ["detect", "device_key", "describe", "cpu_isa", "default_settings", "cuda_knobs"]
+__all__ = ["detect", "device_key", "describe", "cpu_isa", "default_settings", "cuda_knobs", "memory"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from .._log import get_logger
+from ..ops import _native
 
 _log = get_logger(__name__)
 
@@ -53,8 +54,6 @@ def thp_mode(path: Path = THP_ENABLED) -> Optional[str]:
 
 
 def _binding():
-    from ..ops import _native
-
     if _native._C is None:
         raise HugePagesUnavailable("huge pages for torch's CPU allocations come with the native extension "
                                    f"gnncompile._C, which is not loaded ({_native.LOAD_ERROR})")

@@ -174,3 +174,23 @@ def test_without_the_extension_it_says_why(monkeypatch):
     assert "not available" in memory.apply("auto", {"cpu"})
     # a model still compiles and runs
     assert torch.ones(2).sum() == 2
+
+
+@needs_native
+@needs_madvise
+def test_the_registered_backend_turns_it_on_at_its_first_cpu_compile():
+    code = r"""
+import json, torch, gnncompile
+from gnncompile.hardware import memory
+from torch_geometric.nn.models import GCN
+m = GCN(8, 8, 2, 4)
+c = torch.compile(m, backend="gnncompile")
+before = memory.status()['installed']
+x, ei = torch.randn(30, 8), torch.randint(0, 30, (2, 90))
+same = bool(torch.allclose(c(x, ei), m(x, ei), atol=1e-5))
+print(json.dumps(dict(before=before, after=memory.status()['installed'], same=same)))
+"""
+    on = _run(code)
+    assert on == {"before": False, "after": True, "same": True}, on
+    off = _run(code, GNNCOMPILE_HUGE_PAGES="off")
+    assert off == {"before": False, "after": False, "same": True}, off

@@ -1,0 +1,167 @@
+"""Page faults of a compiled training step, huge pages on and off (gnncompile.hardware.memory).
+
+    python -m benchmarks page_faults              # GCN, GraphSAGE, GIN at 100k nodes / 1M edges
+    python -m benchmarks page_faults --quick      # GCN at 20k nodes / 200k edges, one round
+
+glibc maps every allocation above its mmap threshold (at most 32 MB) afresh and unmaps it when it
+is freed, so a training step on a large graph faults its large tensors in again on every step,
+4 KB at a time. gnncompile's default (``choices['huge_pages'] = 'auto'``) marks the whole 2 MB
+pages inside torch's allocations of >= 2 MiB for transparent huge pages; 'off' leaves torch's
+allocator as it is. One training step (forward, cross-entropy, backward, Adam) of a compiled
+2-layer model (hidden 128, F = 128, power-law graph of average degree 10), each setting in
+fresh processes under the default allocator (no MALLOC_* variables: what a user's process
+does), the settings alternating process by process over --rounds rounds. Each process steps
+until the speed guard has decided, then measures --repeats steps: wall time, minor page faults
+and system (kernel) CPU time per step (getrusage), and the peak resident size. Reports medians
+over all steps of a setting and the ratio off / on.
+
+Writes benchmarks/results/page_faults[_quick].{json,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+import warnings
+
+from . import _common
+
+MODELS = ("GCN", "GraphSAGE", "GIN")
+SETTINGS = ("off", "auto")
+GUARD_STEPS = 60
+
+
+def child(model_name: str, nodes: int, huge: str, repeats: int, threads: int) -> dict:
+    import torch
+    from torch_geometric.nn import models
+
+    import gnncompile
+    from gnncompile.data.synthetic import power_law_graph
+
+    torch.set_num_threads(threads)
+    F = 128
+    ei = power_law_graph(nodes, nodes * 10, seed=0)
+    torch.manual_seed(0)
+    x, y = torch.randn(nodes, F), torch.randint(0, 16, (nodes,))
+    model = getattr(models, model_name)(F, 128, 2, 16)
+    run = gnncompile.compile(model, settings={"choices": {"huge_pages": huge}})
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(run(x, ei), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    first_loss = float(step())
+    for _ in range(GUARD_STEPS):  # until the speed guard has decided (the whole model, training)
+        if any(d.piece.startswith("the whole model") and d.grad for d in run.guard_decisions()):
+            break
+        step()
+    rows = []
+    for _ in range(repeats):
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        step()
+        t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        rows.append({"wall_s": t1 - t0, "minflt": r1.ru_minflt - r0.ru_minflt, "sys_s": r1.ru_stime - r0.ru_stime,
+                     "user_s": r1.ru_utime - r0.ru_utime})
+    from gnncompile.hardware import memory
+
+    return {"rows": rows, "first_loss": first_loss, "huge_pages": run.gnncompile_huge_pages,
+            "advised_bytes": memory.status().get("advised_bytes", 0),
+            "maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def run(opts) -> dict:
+    models = opts.models.split(",")
+    res = {m: {s: [] for s in SETTINGS} for m in models}
+    for r in range(opts.rounds):
+        for m in models:
+            for s in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
+                cmd = _common.module_command("page_faults") + [
+                    "--child", "--model", m, "--nodes", str(opts.nodes), "--huge", s, "--repeats",
+                    str(opts.repeats), "--threads", str(opts.threads)]
+                out = _common.run_child(cmd, _common.timing_env(opts.threads), opts.timeout)
+                res[m][s].append(out)
+                med = (f"{statistics.median(x['wall_s'] for x in out['rows']) * 1e3:.1f} ms, "
+                       f"{statistics.median(x['minflt'] for x in out['rows']):.0f} faults"
+                       if "rows" in out else out.get("error"))
+                print(f"round {r + 1}/{opts.rounds} {m:10s} huge_pages={s:4s}: {med}", flush=True)
+    return res
+
+
+def summary(runs: list) -> dict:
+    ok = [r for r in runs if "rows" in r]
+    if not ok:
+        return {"error": "; ".join(r.get("error", "?") for r in runs)}
+    rows = [x for r in ok for x in r["rows"]]
+
+    def med(k):
+        return statistics.median(x[k] for x in rows)
+
+    return {"wall_s": med("wall_s"), "minflt": med("minflt"), "sys_s": med("sys_s"), "user_s": med("user_s"),
+            "maxrss_bytes": max(r["maxrss_bytes"] for r in ok), "huge_pages": ok[0]["huge_pages"],
+            "first_losses": sorted({r["first_loss"] for r in ok}), "processes": len(ok), "steps": len(rows)}
+
+
+def markdown(p: dict) -> str:
+    lines = ["| model | huge pages | step ms | minor faults / step | system ms / step | user ms / step | "
+             "peak RSS MiB | off / on |", "|---|---|---|---|---|---|---|---|"]
+    for m, by in p["summary"].items():
+        on, off = by.get("auto", {}), by.get("off", {})
+        for s, d in (("off", off), ("auto", on)):
+            if "error" in d:
+                lines.append(f"| {m} | {s} | error: {d['error'][:120]} | | | | | |")
+                continue
+            ratio = (f"{off['wall_s'] / on['wall_s']:.2f}x" if s == "auto" and "wall_s" in off and "wall_s" in on
+                     else "")
+            lines.append(f"| {m} | {s} | {d['wall_s'] * 1e3:.1f} | {d['minflt']:.0f} | {d['sys_s'] * 1e3:.1f} | "
+                         f"{d['user_s'] * 1e3:.1f} | {d['maxrss_bytes'] / 2**20:.0f} | {ratio} |")
+    mach = p["machine"]
+    lines += ["", f"{p['nodes']} nodes, {p['nodes'] * 10} edges (power law), F = 128, {p['threads']} threads, "
+              f"{p['rounds']} round(s) of fresh processes per setting, {p['repeats']} timed steps each; "
+              f"medians over all timed steps of a setting. THP mode: {p['thp_mode']}. CPU: {mach.get('cpu')}; "
+              f"torch {mach.get('torch')}. 'auto' is the default; the first losses of both settings are "
+              f"listed in the JSON (equal: the allocator does not change what is computed).",
+              _common.load_text(p["loadavg_before_after"]), "", f"Command: `{p['command']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--nodes", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--huge", choices=SETTINGS, help=argparse.SUPPRESS)
+    opts = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    if opts.child:
+        print("RESULT " + json.dumps(child(opts.model, opts.nodes, opts.huge, opts.repeats, opts.threads)))
+        return
+    opts.models = opts.models or ("GCN" if opts.quick else ",".join(MODELS))
+    opts.nodes = opts.nodes or (20_000 if opts.quick else 100_000)
+    opts.rounds = opts.rounds or (1 if opts.quick else 2)
+    opts.repeats = opts.repeats or (3 if opts.quick else 8)
+    from gnncompile.hardware import memory
+
+    p = {"machine": {**_common.machine(), "cpu": _common.cpu_model()}, "nodes": opts.nodes, "threads": opts.threads, "rounds": opts.rounds,
+         "repeats": opts.repeats, "thp_mode": memory.thp_mode()}
+    before = _common.loadavg()
+    p["runs"] = run(opts)
+    p["summary"] = {m: {s: summary(runs) for s, runs in by.items()} for m, by in p["runs"].items()}
+    p["loadavg_before_after"] = [before, _common.loadavg()]
+    p["command"] = _common.command("page_faults", argv)
+    _common.write_results(_common.RESULTS, "page_faults_quick" if opts.quick else "page_faults", p, markdown)
+
+
+if __name__ == "__main__":
+    main()
