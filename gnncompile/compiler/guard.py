@@ -223,9 +223,7 @@ class SpeedGuard(_Racer):
     def __call__(self, *args):
         if self._positions is None:
             self._positions = _size_positions(args)
-        nodes_at, edges_at = self._positions
-        nodes = max((args[i].shape[0] for i in nodes_at), default=0)
-        edges = max((args[i].shape[1] for i in edges_at), default=0)
+        nodes, edges = _sizes(args, *self._positions)
         grad = torch.is_grad_enabled()
         key = (grad, _bucket(nodes), _bucket(edges))
         race = self._races.get(key)
@@ -304,6 +302,17 @@ def _size_positions(args) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
         elif a.dim() == 2 and a.shape[0] == 2 and not a.is_complex():
             edges.append(i)
     return tuple(nodes), tuple(edges)
+
+
+def _sizes(args, nodes_at, edges_at) -> Tuple[int, int]:
+    """A call's node and edge counts: the most edges of its ``[2, E]`` tensors, and the most rows
+    of its float tensors other than per-edge ones (as many rows as an edge_index has columns:
+    edge features, whose rows would count the edges twice); where every float tensor is per
+    edge, their rows."""
+    edge_counts = {int(args[i].shape[1]) for i in edges_at}
+    rows = [int(args[i].shape[0]) for i in nodes_at]
+    node_rows = [r for r in rows if r not in edge_counts] or rows
+    return max(node_rows, default=0), max(edge_counts, default=0)
 
 
 __all__ = ["SpeedGuard", "ModelGuard", "Decision", "SAMPLES", "MAX_SIZE", "WARM", "MODEL_MARGIN", "unrewritten_copy", "REWRITTEN",

@@ -115,6 +115,24 @@ def test_large_pieces_keep_the_rewritten_form_unmeasured():
     assert "not measured" in g.decisions[0].reason
 
 
+def test_edge_features_are_not_counted_as_nodes():
+    """A piece's per-edge float inputs (edge features, [E, D]) have as many rows as edges: the
+    node count is the other float inputs' rows, so a graph of 10 nodes and E edges with edge
+    features is a piece of 10 + E, not 2 E (which would cross MAX_SIZE unmeasured)."""
+    E = G.MAX_SIZE // 2 + 10
+    ei = torch.zeros(2, 1, dtype=torch.long).expand(2, E)
+    x, ea = torch.randn(10, 4), torch.zeros(1, 3).expand(E, 3)
+    assert G._sizes((x, ea, ei), *G._size_positions((x, ea, ei))) == (10, E)
+    assert G._sizes((ea, ei), *G._size_positions((ea, ei))) == (E, E)  # per-edge floats only
+    assert G._sizes((x,), *G._size_positions((x,))) == (10, 0)
+    calls = []
+    g = G.SpeedGuard(lambda x, ea, ei: calls.append("rw") or (x * 2,), lambda x, ea, ei: calls.append("plain")
+                     or (x * 2,), "piece t")
+    with torch.no_grad():
+        g(x, ea, ei)
+    assert g.decisions == [] and calls  # being measured, not decided unmeasured
+
+
 def _gcn():
     from torch_geometric.nn import GCNConv, global_add_pool
 
