@@ -29,3 +29,26 @@ def check_same(model, compiled, inputs, rtol=1e-4, atol=1e-5):
             assert a is None and b is None
         else:
             torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+def attention_graph(N: int, M: int, E: int, seed: int = 0, dtype=torch.int64):
+    """A random bipartite graph of E edges from N sources to M destinations for the attention
+    ops' tests: (src, dst) as int64, the CSR by destination (build_csr) and its CSC
+    (transpose_structure), indices of ``dtype``."""
+    from gnncompile.ops.structure import transpose_structure
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, N, (E,), generator=g).to(dtype)
+    dst = torch.randint(0, M, (E,), generator=g).to(dtype)
+    rowptr, col, perm = torch.ops.gnncompile.build_csr(dst, src, M, N)
+    return src.long(), dst.long(), (rowptr, col, perm), transpose_structure(rowptr, col, perm, N)
+
+
+def node_edge_data(N: int, E: int, F: int, seed: int = 0, edge_dim: int = 0):
+    """Random node features [N, F], an edge_index [2, E] and edge features [E, edge_dim] (None for
+    0), for the attention passes' tests."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, F, generator=g)
+    ei = torch.randint(0, N, (2, E), generator=g)
+    ea = torch.randn(E, edge_dim, generator=g) if edge_dim else None
+    return x, ei, ea

@@ -11,15 +11,13 @@ from torch_geometric.utils import softmax as pyg_softmax
 from gnncompile.ops import reference
 from gnncompile.ops.structure import transpose_structure
 
+from shared import attention_graph
+
 ops = torch.ops.gnncompile
 
 
 def _graph(N=60, M=50, E=600, seed=0, dtype=torch.int64):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(0, N, (E,), generator=g).to(dtype)
-    dst = torch.randint(0, M, (E,), generator=g).to(dtype)
-    rowptr, col, perm = ops.build_csr(dst, src, M, N)
-    return src.long(), dst.long(), (rowptr, col, perm), transpose_structure(rowptr, col, perm, N)
+    return attention_graph(N, M, E, seed, dtype)
 
 
 def _inputs(N, M, E, H, C, dtype, edge, seed=1):

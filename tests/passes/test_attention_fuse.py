@@ -9,17 +9,13 @@ import torch
 from torch_geometric.nn import GATConv, models
 
 import gnncompile
-from shared import _fresh_dynamo  # noqa: F401  (resets Dynamo before each test)
+from shared import _fresh_dynamo, node_edge_data  # noqa: F401  (_fresh_dynamo resets Dynamo before each test)
 
 N, E, F = 300, 3000, 16
 
 
 def _data(seed=0, edge_dim=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(N, F, generator=g)
-    ei = torch.randint(0, N, (2, E), generator=g)
-    ea = torch.randn(E, edge_dim, generator=g) if edge_dim else None
-    return x, ei, ea
+    return node_edge_data(N, E, F, seed, edge_dim)
 
 
 def _compiled(model, inner="eager", attention="fused"):
