@@ -28,8 +28,10 @@ Variants:
   eager        PyG as written
   inductor     torch.compile(model) (default settings)
   gnncompile   gnncompile.compile(model) (default settings)
-Every variant runs in its own subprocess (fresh allocator, MALLOC_MMAP_THRESHOLD_ as
-_common.isolated_env sets it; ``torch.set_num_threads(--threads)``). ``--in-process`` (implied by
+Every variant runs in two subprocesses (``torch.set_num_threads(--threads)``): one timed under the
+default allocator, as a user's process runs, and one measuring the peak step memory under
+MALLOC_MMAP_THRESHOLD_ as _common.isolated_env sets it (until 2026-12-03 one child did both under
+that variable, which faults every large tensor in again on every timed step; HISTORY section 22). ``--in-process`` (implied by
 ``--quick``, as in gin_batches.py) runs them one after another in the calling process instead,
 ``torch._dynamo.reset()`` between them: no interpreter start per variant, but peak memory there is
 only indicative (the allocator keeps memory that earlier variants freed).
@@ -235,7 +237,9 @@ def _node_run(args, counters, stats0) -> dict:
     del out, loss, expect
     for _ in range(args.warmup):
         step()
-    peak = _common.read_peak_rss_delta(step)
+    peak = _common.read_peak_rss_delta(step) if args.measure in ("peak", "both") else None
+    if args.measure == "peak":
+        return {"peak_bytes": peak}
     t = _common.timeit(step, args.repeats, warmup=0)
     res.update({"median_s": t["median"], "min_s": t["min"], "max_s": t["max"], "first_step_s": first,
                 "peak_bytes": peak, "N": N, "E": int(ei.size(1)),
@@ -278,7 +282,9 @@ def _molecule_run(args, counters, stats0) -> dict:
         for b in batches:
             step(b)
 
-    peak = _common.read_peak_rss_delta(epoch)
+    peak = _common.read_peak_rss_delta(epoch) if args.measure in ("peak", "both") else None
+    if args.measure == "peak":
+        return {"peak_bytes": peak}
     step_times, epoch_times = [], []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -330,7 +336,7 @@ def child(args) -> dict:
 def run_one(workload: str, graph: str, variant: str, opts) -> dict:
     """``variant`` of ``workload`` in a fresh process (or in this one with --in-process)."""
     if opts.in_process:
-        return child(argparse.Namespace(**{**vars(opts), "workload": workload, "variant": variant,
+        return child(argparse.Namespace(**{**vars(opts), "workload": workload, "variant": variant, "measure": "both",
                                            "nodes": None if workload == "molecules" else int(graph)}))
     cmd = _common.module_command("messages") + ["--child", "--workload", workload, "--variant", variant,
            "--repeats", str(opts.repeats), "--warmup", str(opts.warmup), "--threads", str(opts.threads),
@@ -338,7 +344,13 @@ def run_one(workload: str, graph: str, variant: str, opts) -> dict:
            "--molecule-batches", str(opts.molecule_batches), "--batch-size", str(opts.batch_size)]
     if workload != "molecules":
         cmd += ["--nodes", graph]
-    return _common.run_child(cmd, _common.isolated_env(opts.threads), opts.timeout)
+    out = _common.run_child(cmd + ["--measure", "time"], _common.timing_env(opts.threads), opts.timeout)
+    if "median_s" in out:  # the peak in a child of its own, under read_peak_rss_delta's condition
+        peak = _common.run_child(cmd + ["--measure", "peak"], _common.isolated_env(opts.threads), opts.timeout)
+        out["peak_bytes"] = peak.get("peak_bytes")
+        if "peak_bytes" not in peak:
+            out["peak_error"] = peak.get("error", "no peak")
+    return out
 
 
 def _ratio(R: dict, num: str, den: str = "gnncompile"):
@@ -346,11 +358,16 @@ def _ratio(R: dict, num: str, den: str = "gnncompile"):
     return a["median_s"] / b["median_s"] if "median_s" in a and "median_s" in b else None
 
 
+def _mib(b, digits: int = 1) -> str:
+    """A peak in MiB ('n/a' where its measurement failed)."""
+    return "n/a" if b is None else f"{max(b, 0) / 2**20:.{digits}f}"
+
+
 def _line(r: dict) -> str:
     if "median_s" not in r:
         return "error: " + r.get("error", "?")
     s = (f"{r['median_s'] * 1e3:9.1f} ms  first {r['first_step_s']:.2f} s  "
-         f"peak {max(r['peak_bytes'], 0) / 2**20:8.1f} MiB  rel err {r['rel_err']:.1e}")
+         f"peak {_mib(r.get('peak_bytes')):>8} MiB  rel err {r['rel_err']:.1e}")
     if "fused_ops" in r:
         s += f"  fused {r['fused_ops']}"
     if "graph_breaks" in r:
@@ -384,6 +401,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     ap.add_argument("--nodes", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--measure", choices=("time", "peak", "both"), default="both", help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     if opts.repeats is None:
         opts.repeats = 3 if opts.quick else 7
@@ -464,7 +482,7 @@ def markdown(p: dict) -> str:
                  for x in (row.get("eager_over_gnncompile"), row.get("inductor_over_gnncompile"))]
         g = R.get("gnncompile", {})
         cells = ([row["workload"], _graph_label(row, p)] + [_ms(R.get(v, {})) for v in vs] + ratio
-                 + [each("first_step_s", lambda s: f"{s:.2f}"), each("peak_bytes", lambda b: f"{max(b, 0) / 2**20:.0f}"),
+                 + [each("first_step_s", lambda s: f"{s:.2f}"), each("peak_bytes", lambda b: _mib(b, 0)),
                     str(g["fused_ops"]) if "fused_ops" in g else "n/a"])
         lines.append("| " + " | ".join(cells) + " |")
         for v in vs:
