@@ -3,7 +3,7 @@
 A training step on a large graph allocates tensors above glibc's mmap threshold (at most 32 MB
 on 64-bit Linux) on every step: each is a fresh mapping, faulted in 4 KB at a time and unmapped
 when freed, so the same memory is faulted in again on the next step. With the kernel's
-transparent huge pages in ``madvise`` mode (the common default), memory marked
+transparent huge pages in ``madvise`` mode (``/sys/kernel/mm/transparent_hugepage/enabled``), memory marked
 ``MADV_HUGEPAGE`` is faulted in 2 MB at a time instead. :func:`enable` wraps torch's CPU
 allocator (``native/common/huge_pages.cpp``) so that the whole 2 MB pages inside every
 allocation of at least ``threshold`` bytes are so marked; the allocations themselves stay
@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from .. import config as _config
 from .._log import get_logger
 from ..ops import _native
 
@@ -33,7 +34,7 @@ _log = get_logger(__name__)
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 #: the default threshold: c10's own for THP_MEM_ALLOC_ENABLE (one huge page)
 DEFAULT_THRESHOLD = 2 << 20
-MODES = ("auto", "off")
+MODES = _config.HUGE_PAGE_MODES  # the setting's values, defined with its variable
 
 
 class HugePagesUnavailable(RuntimeError):
