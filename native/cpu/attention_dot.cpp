@@ -138,7 +138,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_dot_cpu(
     GNN_DISPATCH_FLOAT(c.k.scalar_type(), op, [&] {
       using core_t = typename core_type<scalar_t>::type;
       using a_t = typename acc_type<core_t>::type;
-      const AttentionDotArgs<core_t, index_t> a = core_args<scalar_t, core_t, index_t>(c);
+      AttentionDotArgs<core_t, index_t> a = core_args<scalar_t, core_t, index_t>(c);
+      a.prefetch = prefetch_distance(knobs);
       core_t* o = core_ptr<scalar_t>(out);
       core_t* oe = c.ea.defined() ? core_ptr<scalar_t>(out_e) : nullptr;
       a_t* s = reinterpret_cast<a_t*>(stats.data_ptr());
@@ -214,6 +215,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
       using core_t = typename core_type<scalar_t>::type;
       using a_t = typename acc_type<core_t>::type;
       AttentionDotArgs<core_t, index_t> a = core_args<scalar_t, core_t, index_t>(c);
+      a.prefetch = prefetch_distance(knobs);
       a.rowptr_t = rowptr_t.const_data_ptr<index_t>();
       a.col_t = col_t.const_data_ptr<index_t>();
       a.perm_t = perm_t.const_data_ptr<index_t>();

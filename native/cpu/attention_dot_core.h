@@ -28,6 +28,15 @@
 //   attention_dot_source_rows, one pass over the CSC (a source row at a time, its out-edges):
 //     g_k[j] = sum ds q[i], g_v[j] = sum w g[i], ds and w from the edge's record.
 // No atomics; every output row is written by one thread in a fixed order (deterministic).
+//
+// Memory: every pass prefetches a.prefetch edges ahead (the prefetch-distance knob) across the
+// end of its row (at a median in-degree of a few, stopping at the row's end left most edges
+// unprefetched), the gathered rows of k and v with locality 3 (other rows read them again), and
+// the per-edge lines in edge order (ea, g_ea, the record: random, as the edge ids are) too, which
+// are 64-byte lines a miss each. The logits and g_a use dot_tree (edge_dot_core.h), whose tree sum
+// replaced a chain of 16 dependent additions per dot product. Measured on one AMD EPYC core,
+// 100k nodes / 1M edges, H = 4, C = 32, De = 16, huge pages: forward 2.3x, CSR pass 2.2x, CSC pass
+// 1.25x the previous kernels.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -66,7 +75,16 @@ struct AttentionDotArgs {
   uint64_t key = 0;
   uint32_t threshold = 0;
   acc_t scale = acc_t(1);  // 1 / (1 - p)
+  int64_t prefetch = kPrefetchDistance;  // edges ahead whose gathered rows are prefetched (knobs[1])
 };
+
+// Prefetches the bytes [p, p + bytes) into the cache (kWrite: for a write; kHint: __builtin_prefetch's
+// locality, 3 for rows read again by other rows, 0 for rows read once).
+template <int kWrite, int kHint>
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, kWrite, kHint);
+}
 
 // The dropout factor of coefficient (e, h), as keep_scale (attention_core.h): the dropout op's mask
 // of the [E, H] coefficients.
@@ -98,8 +116,8 @@ inline void dot_logits(const AttentionDotArgs<scalar_t, index_t>& a, const scala
   using acc_t = typename acc_type<scalar_t>::type;
   const int64_t H = a.H, C = a.C, De = a.De;
   for (int64_t h = 0; h < H; ++h) {
-    acc_t d = dot<scalar_t, acc_t>(qi + h * C, kj + h * C, C);
-    if (qei != nullptr) d += dot<scalar_t, acc_t>(qei + h * De, ee, De);
+    acc_t d = dot_tree<scalar_t, acc_t>(qi + h * C, kj + h * C, C);
+    if (qei != nullptr) d += dot_tree<scalar_t, acc_t>(qei + h * De, ee, De);
     s[h * stride] = d * a.logit_scale;
   }
 }
@@ -111,6 +129,7 @@ Status attention_dot_rows(const AttentionDotArgs<scalar_t, index_t>& a, scalar_t
                           typename acc_type<scalar_t>::type* stats, int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int64_t H = a.H, C = a.C, F = H * C, De = a.De, FE = H * De;
+  const int64_t FB = F * static_cast<int64_t>(sizeof(scalar_t)), EB = De * static_cast<int64_t>(sizeof(scalar_t));
   const bool edge = a.ea != nullptr;
   thread_local std::vector<acc_t> wbuf, accbuf;
   acc_t* acc = row_buffer(accbuf, F + FE);  // output row, then out_e's row
@@ -132,9 +151,15 @@ Status attention_dot_rows(const AttentionDotArgs<scalar_t, index_t>& a, scalar_t
     acc_t* w = row_buffer(wbuf, deg * H);
     for (int64_t kk = 0; kk < deg; ++kk) {
       const int64_t j = begin + kk;
-      if (kk + kPrefetchDistance < deg) {
-        const char* p = reinterpret_cast<const char*>(a.k + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
-        for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
+      if (j + a.prefetch < a.E) {  // across the row's end: short rows are prefetched too
+        prefetch_bytes<0, 3>(a.k + static_cast<int64_t>(a.col[j + a.prefetch]) * F, FB);
+        if (edge) prefetch_bytes<0, 3>(a.ea + static_cast<int64_t>(a.perm[j + a.prefetch]) * De, EB);
+      }
+      // the rows the second sweep starts with (v, and ea where the row is longer than the distance)
+      const int64_t t = kk - std::max<int64_t>(0, deg - a.prefetch);
+      if (t >= 0) {
+        prefetch_bytes<0, 0>(a.v + static_cast<int64_t>(a.col[begin + t]) * F, FB);
+        if (edge && deg > a.prefetch) prefetch_bytes<0, 3>(a.ea + static_cast<int64_t>(a.perm[begin + t]) * De, EB);
       }
       const int64_t src = static_cast<int64_t>(a.col[j]);
       if (!in_range(src, a.N)) return Status::BadCol;
@@ -167,9 +192,9 @@ Status attention_dot_rows(const AttentionDotArgs<scalar_t, index_t>& a, scalar_t
     for (int64_t f = 0; f < F + FE; ++f) acc[f] = acc_t(0);
     for (int64_t kk = 0; kk < deg; ++kk) {
       const int64_t j = begin + kk;
-      if (kk + kPrefetchDistance < deg) {
-        const char* p = reinterpret_cast<const char*>(a.v + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
-        for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
+      if (kk + a.prefetch < deg) {
+        prefetch_bytes<0, 3>(a.v + static_cast<int64_t>(a.col[j + a.prefetch]) * F, FB);
+        if (edge) prefetch_bytes<0, 3>(a.ea + static_cast<int64_t>(a.perm[j + a.prefetch]) * De, EB);
       }
       const scalar_t* vrow = a.v + static_cast<int64_t>(a.col[j]) * F;
       const scalar_t* ee = edge ? a.ea + static_cast<int64_t>(a.perm[j]) * De : nullptr;
@@ -199,6 +224,7 @@ Status attention_dot_dst_rows(const AttentionDotArgs<scalar_t, index_t>& a, cons
                               scalar_t* g_ea, char* rec, int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int64_t H = a.H, C = a.C, F = H * C, De = a.De, FE = H * De, RB = dot_record_bytes<acc_t>(H);
+  const int64_t FB = F * static_cast<int64_t>(sizeof(scalar_t)), EB = De * static_cast<int64_t>(sizeof(scalar_t));
   const bool edge = a.ea != nullptr;
   thread_local std::vector<acc_t> rowbuf, sbuf;
   acc_t* gq = row_buffer(rowbuf, F + FE + H + De);  // g_q's row, g_qe's row, D, the edge's g_ea
@@ -225,18 +251,20 @@ Status attention_dot_dst_rows(const AttentionDotArgs<scalar_t, index_t>& a, cons
       acc_t* ga = al + H;
       for (int64_t kk = 0; kk < deg; ++kk) {
         const int64_t j = begin + kk;
-        if (kk + kPrefetchDistance < deg) {
-          const int64_t s2 = static_cast<int64_t>(a.col[j + kPrefetchDistance]);
-          const char* p = reinterpret_cast<const char*>(a.k + s2 * F);
-          const char* pv = reinterpret_cast<const char*>(a.v + s2 * F);
-          for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) {
-            __builtin_prefetch(p + b, 0, 0);
-            __builtin_prefetch(pv + b, 0, 0);
-          }
+        if (j + a.prefetch < a.E) {  // across the row's end
+          const int64_t s2 = static_cast<int64_t>(a.col[j + a.prefetch]);
+          prefetch_bytes<0, 3>(a.k + s2 * F, FB);
+          prefetch_bytes<0, 3>(a.v + s2 * F, FB);
         }
-        if (kk + kSoftmaxPrefetch < deg) {  // the line the edge's record is written to
+        if (j + kSoftmaxPrefetch < a.E) {  // the edge's lines in edge order: its record, ea, g_ea
           const int64_t e2 = static_cast<int64_t>(a.perm[j + kSoftmaxPrefetch]);
-          if (in_range(e2, a.E)) __builtin_prefetch(rec + e2 * RB, 1, 0);
+          if (in_range(e2, a.E)) {
+            __builtin_prefetch(rec + e2 * RB, 1, 0);
+            if (edge) {
+              prefetch_bytes<0, 3>(a.ea + e2 * De, EB);
+              prefetch_bytes<1, 3>(g_ea + e2 * De, EB);
+            }
+          }
         }
         const int64_t src = static_cast<int64_t>(a.col[j]);
         if (!in_range(src, a.N)) return Status::BadCol;
@@ -247,8 +275,8 @@ Status attention_dot_dst_rows(const AttentionDotArgs<scalar_t, index_t>& a, cons
         const scalar_t* vrow = a.v + src * F;
         dot_logits(a, qi, krow, qei, ee, al, 1);
         for (int64_t h = 0; h < H; ++h) {
-          acc_t d = dot<scalar_t, acc_t>(gr + h * C, vrow + h * C, C);
-          if (edge) d += dot<scalar_t, acc_t>(ger + h * De, ee, De);
+          acc_t d = dot_tree<scalar_t, acc_t>(gr + h * C, vrow + h * C, C);
+          if (edge) d += dot_tree<scalar_t, acc_t>(ger + h * De, ee, De);
           ga[h] = d;
           al[h] = stored<scalar_t>(exp_approx(al[h] - st[h]) * st[H + h]);  // as the forward's alpha
         }
@@ -291,6 +319,7 @@ Status attention_dot_source_rows(const AttentionDotArgs<scalar_t, index_t>& a, c
                                  const char* rec, scalar_t* g_k, scalar_t* g_v, int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int64_t H = a.H, C = a.C, F = H * C, RB = dot_record_bytes<acc_t>(H);
+  const int64_t FB = F * static_cast<int64_t>(sizeof(scalar_t));
   thread_local std::vector<acc_t> rowbuf;
   acc_t* acck = row_buffer(rowbuf, 2 * F);  // g_k's row, g_v's row
   acc_t* accv = acck + F;
@@ -299,18 +328,14 @@ Status attention_dot_source_rows(const AttentionDotArgs<scalar_t, index_t>& a, c
     const int64_t begin = a.rowptr_t[j], end = a.rowptr_t[j + 1], deg = end - begin;
     for (int64_t f = 0; f < 2 * F; ++f) acck[f] = acc_t(0);
     for (int64_t kk = 0; kk < deg; ++kk) {
-      if (kk + kPrefetchDistance < deg) {  // the destination's rows, ahead
-        const int64_t i2 = static_cast<int64_t>(a.col_t[begin + kk + kPrefetchDistance]);
+      if (begin + kk + a.prefetch < a.E) {  // the destination's rows, ahead, past the row's end
+        const int64_t i2 = static_cast<int64_t>(a.col_t[begin + kk + a.prefetch]);
         if (in_range(i2, a.M)) {
-          const char* p = reinterpret_cast<const char*>(g + i2 * F);
-          const char* pq = reinterpret_cast<const char*>(a.q + i2 * F);
-          for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) {
-            __builtin_prefetch(p + b, 0, 0);
-            __builtin_prefetch(pq + b, 0, 0);
-          }
+          prefetch_bytes<0, 0>(g + i2 * F, FB);
+          prefetch_bytes<0, 0>(a.q + i2 * F, FB);
         }
       }
-      if (kk + kSoftmaxPrefetch < deg) {  // the edge's record, further ahead
+      if (begin + kk + kSoftmaxPrefetch < a.E) {  // the edge's record, further ahead
         const int64_t e2 = static_cast<int64_t>(a.perm_t[begin + kk + kSoftmaxPrefetch]);
         if (in_range(e2, a.E))
           for (int64_t b = 0; b < RB; b += 64) __builtin_prefetch(rec + e2 * RB + b, 0, 0);
