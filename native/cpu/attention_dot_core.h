@@ -78,13 +78,6 @@ struct AttentionDotArgs {
   int64_t prefetch = kPrefetchDistance;  // edges ahead whose gathered rows are prefetched (knobs[1])
 };
 
-// Prefetches the bytes [p, p + bytes) into the cache (kWrite: for a write; kHint: __builtin_prefetch's
-// locality, 3 for rows read again by other rows, 0 for rows read once).
-template <int kWrite, int kHint>
-inline void prefetch_bytes(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, kWrite, kHint);
-}
 
 // The dropout factor of coefficient (e, h), as keep_scale (attention_core.h): the dropout op's mask
 // of the [E, H] coefficients.
@@ -331,8 +324,8 @@ Status attention_dot_source_rows(const AttentionDotArgs<scalar_t, index_t>& a, c
       if (begin + kk + a.prefetch < a.E) {  // the destination's rows, ahead, past the row's end
         const int64_t i2 = static_cast<int64_t>(a.col_t[begin + kk + a.prefetch]);
         if (in_range(i2, a.M)) {
-          prefetch_bytes<0, 0>(g + i2 * F, FB);
-          prefetch_bytes<0, 0>(a.q + i2 * F, FB);
+          prefetch_bytes<0, 3>(g + i2 * F, FB);
+          prefetch_bytes<0, 3>(a.q + i2 * F, FB);
         }
       }
       if (begin + kk + kSoftmaxPrefetch < a.E) {  // the edge's record, further ahead

@@ -130,7 +130,8 @@ std::tuple<at::Tensor, at::Tensor> attention_v2_cpu(
     GNN_DISPATCH_FLOAT(c.xl.scalar_type(), op, [&] {
       using core_t = typename core_type<scalar_t>::type;
       using a_t = typename acc_type<core_t>::type;
-      const AttentionV2Args<core_t, index_t> a = core_args<scalar_t, core_t, index_t>(c, slope);
+      AttentionV2Args<core_t, index_t> a = core_args<scalar_t, core_t, index_t>(c, slope);
+      a.prefetch = prefetch_distance(knobs);
       core_t* o = core_ptr<scalar_t>(out);
       a_t* s = reinterpret_cast<a_t*>(stats.data_ptr());
       st = parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
@@ -200,6 +201,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_v2_backward
       using core_t = typename core_type<scalar_t>::type;
       using a_t = typename acc_type<core_t>::type;
       AttentionV2Args<core_t, index_t> a = core_args<scalar_t, core_t, index_t>(c, slope);
+      a.prefetch = prefetch_distance(knobs);
       a.rowptr_t = rowptr_t.const_data_ptr<index_t>();
       a.col_t = col_t.const_data_ptr<index_t>();
       a.perm_t = perm_t.const_data_ptr<index_t>();

@@ -65,6 +65,7 @@ struct AttentionV2Args {
   uint64_t key = 0;
   uint32_t threshold = 0;
   acc_t scale = acc_t(1);
+  int64_t prefetch = kPrefetchDistance;  // edges ahead whose gathered rows are prefetched (knobs[1])
 };
 
 // The dropout factor of coefficient (e, h), as keep_scale (attention_core.h): the dropout op's mask
@@ -150,8 +151,7 @@ inline void v2_logits(const AttentionV2Args<scalar_t, index_t>& a, const scalar_
       if (kStoreZ) zrow[o + c] = v;
       sum += att[o + c] * (v > acc_t(0) ? v : v * slope);
     }
-    for (int l = 0; l < kLanes; ++l) sum += lane[l];
-    s[h * stride] = sum;
+    s[h * stride] = sum + lanes_total(lane);
   }
 }
 
@@ -165,7 +165,7 @@ template <typename scalar_t, typename index_t>
 Status attention_v2_rows(const AttentionV2Args<scalar_t, index_t>& a, scalar_t* out,
                          typename acc_type<scalar_t>::type* stats, int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
-  const int64_t H = a.H, C = a.C, F = H * C;
+  const int64_t H = a.H, C = a.C, F = H * C, FB = F * static_cast<int64_t>(sizeof(scalar_t));
   thread_local std::vector<acc_t> wbuf, accbuf;
   acc_t* acc = row_buffer(accbuf, 3 * F);  // output row, x_r's row, att
   acc_t* xr = acc + F;
@@ -185,10 +185,13 @@ Status attention_v2_rows(const AttentionV2Args<scalar_t, index_t>& a, scalar_t* 
     acc_t* w = row_buffer(wbuf, deg * H);
     for (int64_t k = 0; k < deg; ++k) {
       const int64_t j = begin + k;
-      if (k + kPrefetchDistance < deg) {
-        const char* p = reinterpret_cast<const char*>(a.xl + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
-        for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
+      if (j + a.prefetch < a.E) {  // across the row's end: short rows are prefetched too
+        prefetch_bytes<0, 3>(a.xl + static_cast<int64_t>(a.col[j + a.prefetch]) * F, FB);
+        if (a.e_term != nullptr) prefetch_bytes<0, 0>(a.e_term + static_cast<int64_t>(a.perm[j + a.prefetch]) * F, FB);
       }
+      // the rows the second sweep starts with, where the row is longer than the distance
+      const int64_t t = k - (deg - a.prefetch);
+      if (t >= 0 && deg > a.prefetch) prefetch_bytes<0, 3>(a.xl + static_cast<int64_t>(a.col[begin + t]) * F, FB);
       const int64_t src = static_cast<int64_t>(a.col[j]);
       if (!in_range(src, a.N)) return Status::BadCol;
       const int64_t e = static_cast<int64_t>(a.perm[j]);
@@ -219,6 +222,7 @@ Status attention_v2_rows(const AttentionV2Args<scalar_t, index_t>& a, scalar_t* 
       }
     for (int64_t f = 0; f < F; ++f) acc[f] = acc_t(0);
     for (int64_t k = 0; k < deg; ++k) {
+      if (k + a.prefetch < deg) prefetch_bytes<0, 3>(a.xl + static_cast<int64_t>(a.col[begin + k + a.prefetch]) * F, FB);
       const scalar_t* xrow = a.xl + static_cast<int64_t>(a.col[begin + k]) * F;
       for (int64_t h = 0; h < H; ++h) {
         const acc_t wh = w[h * deg + k];
@@ -242,6 +246,7 @@ Status attention_v2_dst_rows(const AttentionV2Args<scalar_t, index_t>& a, const 
                              int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int64_t H = a.H, C = a.C, F = H * C, W = sign_words(F), RB = record_bytes<acc_t>(H, F);
+  const int64_t FB = F * static_cast<int64_t>(sizeof(scalar_t));
   const acc_t slope = a.slope;
   thread_local std::vector<acc_t> rowbuf, zbuf, sbuf;
   acc_t* gxr = row_buffer(rowbuf, 4 * F + H);  // g_x_r row, x_r row, att, att's gradient, D
@@ -263,13 +268,16 @@ Status attention_v2_dst_rows(const AttentionV2Args<scalar_t, index_t>& a, const 
       acc_t* al = row_buffer(sbuf, deg * H);
       for (int64_t k = 0; k < deg; ++k) {
         const int64_t j = begin + k;
-        if (k + kPrefetchDistance < deg) {
-          const char* p = reinterpret_cast<const char*>(a.xl + static_cast<int64_t>(a.col[j + kPrefetchDistance]) * F);
-          for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
+        if (j + a.prefetch < a.E) {  // across the row's end
+          prefetch_bytes<0, 3>(a.xl + static_cast<int64_t>(a.col[j + a.prefetch]) * F, FB);
+          if (a.e_term != nullptr) prefetch_bytes<0, 0>(a.e_term + static_cast<int64_t>(a.perm[j + a.prefetch]) * F, FB);
         }
-        if (k + kSoftmaxPrefetch < deg) {  // the line the edge's record is written to
+        if (j + kSoftmaxPrefetch < a.E) {  // the edge's lines in edge order: its record, g_e
           const int64_t e2 = static_cast<int64_t>(a.perm[j + kSoftmaxPrefetch]);
-          if (in_range(e2, a.E)) __builtin_prefetch(rec + e2 * RB, 1, 0);
+          if (in_range(e2, a.E)) {
+            prefetch_bytes<1, 0>(rec + e2 * RB, RB);
+            if (g_e != nullptr) prefetch_bytes<1, 0>(g_e + e2 * F, FB);
+          }
         }
         const int64_t src = static_cast<int64_t>(a.col[j]);
         if (!in_range(src, a.N)) return Status::BadCol;
@@ -297,7 +305,7 @@ Status attention_v2_dst_rows(const AttentionV2Args<scalar_t, index_t>& a, const 
           const acc_t alpha = al[h * deg + k], kh = v2_keep(a, e, h);
           const acc_t w = a.dropout ? stored<scalar_t>(alpha * kh) : alpha;
           const int64_t o = h * C;
-          const acc_t dl = alpha * (dot<scalar_t, acc_t>(xrow + o, gr + o, C) * kh - D[h]);
+          const acc_t dl = alpha * (dot_tree<scalar_t, acc_t>(xrow + o, gr + o, C) * kh - D[h]);
           ewe[h] = dl;
           ewe[H + h] = w;
           acc_t* __restrict__ gxh = gxr + o;
@@ -330,6 +338,7 @@ Status attention_v2_source_rows(const AttentionV2Args<scalar_t, index_t>& a, con
                                 const char* rec, scalar_t* g_xl, int64_t row_begin, int64_t row_end) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int64_t H = a.H, C = a.C, F = H * C, W = sign_words(F), RB = record_bytes<acc_t>(H, F);
+  const int64_t FB = F * static_cast<int64_t>(sizeof(scalar_t));
   const acc_t slope = a.slope;
   thread_local std::vector<acc_t> rowbuf;
   acc_t* acc = row_buffer(rowbuf, 4 * F);  // g_x_l row, att, att * slope, the edge's att * leaky_relu'(z)
@@ -344,12 +353,9 @@ Status attention_v2_source_rows(const AttentionV2Args<scalar_t, index_t>& a, con
     acc_t* __restrict__ ac = acc;
     for (int64_t f = 0; f < F; ++f) ac[f] = acc_t(0);
     for (int64_t k = 0; k < deg; ++k) {
-      if (k + kPrefetchDistance < deg) {  // the destination's gradient row, ahead
-        const int64_t i2 = static_cast<int64_t>(a.col_t[begin + k + kPrefetchDistance]);
-        const char* p = reinterpret_cast<const char*>(g + i2 * F);
-        for (int64_t b = 0; b < F * static_cast<int64_t>(sizeof(scalar_t)); b += 64) __builtin_prefetch(p + b, 0, 0);
-      }
-      if (k + kSoftmaxPrefetch < deg) {  // the edge's record, further ahead (one line)
+      if (begin + k + a.prefetch < a.E)  // the destination's gradient row, ahead, past the row's end
+        prefetch_bytes<0, 3>(g + static_cast<int64_t>(a.col_t[begin + k + a.prefetch]) * F, FB);
+      if (begin + k + kSoftmaxPrefetch < a.E) {  // the edge's record, further ahead (one line)
         const int64_t e2 = static_cast<int64_t>(a.perm_t[begin + k + kSoftmaxPrefetch]);
         if (in_range(e2, a.E))
           for (int64_t b = 0; b < RB; b += 64) __builtin_prefetch(rec + e2 * RB + b, 0, 0);

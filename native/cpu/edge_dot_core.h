@@ -64,6 +64,21 @@ inline float dot_tree<float, float>(const float* __restrict__ a, const float* __
 }
 #endif
 
+// The sum of kLanes partial sums (a dot product's lanes), as a tree where AVX2 allows (as dot_tree).
+template <typename acc_t>
+inline acc_t lanes_total(const acc_t* lane) {
+  acc_t s = 0;
+  for (int l = 0; l < kLanes; ++l) s += lane[l];
+  return s;
+}
+#if defined(__AVX2__) && defined(__FMA__)
+static_assert(kLanes == 16, "lanes_total<float> adds two 8-wide halves");
+template <>
+inline float lanes_total<float>(const float* lane) {
+  return hsum8(_mm256_add_ps(_mm256_loadu_ps(lane), _mm256_loadu_ps(lane + 8)));
+}
+#endif
+
 // x: [N, H*C], g: [M, H*C], out: [E, H] in original edge order.
 template <typename scalar_t, typename index_t>
 Status edge_dot_rows(const index_t* rowptr, const index_t* col, const index_t* perm,
