@@ -57,6 +57,7 @@ from gnncompile.compiler import INNERS
 from gnncompile import profiles as _profiles
 
 from . import guard as _guard
+from . import noise as _noise
 from .workloads import (NEIGHBOR_BATCH_RANGE, MemoryBudgetExceeded, Workload, default_settings, measure,
                         prepare)
 
@@ -379,22 +380,41 @@ def _notify(callbacks, event: str, *args) -> None:
             fn(*args)
 
 
+# re-measurement goes on past ``confirm_rounds`` (the defaults and the leading candidate, one
+# round at a time) until the leader's 95% interval of its ratio to the defaults is this narrow
+# (half-width, in log: 0.03 is about +-3%), or the rounds reach MAX_CONFIRM_ROUNDS, or the time is up
+RATIO_HALF_WIDTH = 0.03
+MAX_CONFIRM_ROUNDS = 8
+LOAD_SENSITIVE = ("threads",)  # settings a lasting load biases (kept at the defaults' value under load)
+
+
 def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, device, result: dict,
              guard: Optional[_guard.RunGuard] = None, trial_s: Optional[float] = None, callbacks=()):
-    """Re-measures the defaults and the candidates in turn, the defaults first, ``rounds`` times;
-    the candidate with the highest median becomes the result's best (returns its trial; None when
-    no candidate was re-measured, or the re-measurement failed: the trials' values stand).
+    """Re-measures the defaults and the candidates in turn, the defaults first, ``rounds`` times,
+    then the defaults and the leading candidate until the leader's ratio is known to
+    ``RATIO_HALF_WIDTH`` (at most ``MAX_CONFIRM_ROUNDS`` rounds in all). Each candidate's ratio
+    to the defaults comes from the rounds' pairs (:func:`tuner.noise.ratio_interval`: geometric
+    mean, 95% interval); the leader is the candidate with the highest ratio (returns its trial;
+    None when no candidate was re-measured, or the re-measurement failed: the trials' values
+    stand). Whether the profile takes the leader or the defaults is decided from its interval
+    (:func:`_write_profile`).
+
+    The machine is watched while this runs (:class:`tuner.noise.LoadProbe`); when other
+    processes kept it busy (``result["noise"]["loaded"]``), a candidate that changes a
+    load-sensitive setting (``LOAD_SENSITIVE``: the thread count) cannot lead: a process busy
+    on one core favours fewer threads, which is slower once the machine is quiet.
 
     Under a deadline, the defaults' first measurement always starts (the reference of the
     profile: when the deadline cuts it, ``result["no_profile"]`` says so and the caller writes
     none); every later measurement starts only when it fits in the time left, as long as its own
     last one; a candidate not re-measured yet, as the others were, or as this run's trials
     (``trial_s``, their median), or as the defaults. A measurement cut by the deadline is dropped,
-    the ones before it count (a candidate's median is over its runs)."""
+    the ones before it count."""
     clock = guard.now if guard is not None else time.monotonic
     runs: Dict[int, list] = {t.number: [] for t in cands}
     default_runs: list = []
     took: Dict[Optional[int], float] = {}  # the last measurement's seconds: None for the defaults
+    by_number = {t.number: t for t in cands}
 
     def expected(key) -> float:
         if key in took:
@@ -402,37 +422,78 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
         others = [v for k, v in took.items() if k is not None]
         return statistics.median(others) if others else (trial_s or took[None])
 
+    def intervals() -> Dict[int, Optional[dict]]:
+        return {n: _noise.ratio_interval(v, default_runs) for n, v in runs.items() if v}
+
+    def eligible(n: int, loaded: bool) -> bool:
+        s = _settings_of(by_number[n])
+        return not loaded or all(s.get(k) == defaults.get(k) for k in LOAD_SENSITIVE)
+
+    def leader(ivs, loaded: bool) -> Optional[int]:
+        ok = [n for n, iv in ivs.items() if iv is not None and eligible(n, loaded)]
+        return max(ok, key=lambda n: ivs[n]["ratio"], default=None)
+
+    def run(key, settings, label) -> bool:
+        left = guard.remaining() if guard is not None else None
+        if left is not None and took and expected(key) > left:
+            return False
+        _notify(callbacks, "phase", f"re-measuring {'the defaults' if key is None else f'trial {key}'} ({label})")
+        t0 = clock()
+        value = measure(w, settings, device=device)[0]
+        took[key] = clock() - t0
+        (default_runs if key is None else runs[key]).append(value)
+        return True
+
     order = [(None, defaults)] + [(t.number, _settings_of(t)) for t in cands]
     plan = [item for _ in range(max(1, rounds)) for item in order]
+    probe = _noise.LoadProbe().start()
+    done_rounds = 0
     try:
         for i, (key, settings) in enumerate(plan):
-            left = guard.remaining() if guard is not None else None
-            if left is not None and took and expected(key) > left:
+            if not run(key, settings, f"{i + 1}/{len(plan)}"):
                 break
-            _notify(callbacks, "phase", f"re-measuring {'the defaults' if key is None else f'trial {key}'} "
-                                        f"({i + 1}/{len(plan)})")
-            t0 = clock()
-            value = measure(w, settings, device=device)[0]
-            took[key] = clock() - t0
-            (default_runs if key is None else runs[key]).append(value)
+            done_rounds = (i + 1) // len(order)
+        else:
+            # more rounds of the defaults and the leader while its interval is wide
+            while done_rounds < MAX_CONFIRM_ROUNDS:
+                lead = leader(intervals(), _noise.loaded(probe.peek()))
+                iv = intervals().get(lead) if lead is not None else None
+                if iv is None or (iv["half_width_log"] is not None and iv["half_width_log"] <= RATIO_HALF_WIDTH):
+                    break
+                label = f"extra round {done_rounds + 1}/{MAX_CONFIRM_ROUNDS}"
+                if not (run(None, defaults, label) and run(lead, _settings_of(by_number[lead]), label)):
+                    break
+                done_rounds += 1
     except _guard.DeadlineReached:
         pass
     except Exception as e:  # the re-measurement failing must not lose the study's result
         warnings.warn(f"gnncompile tune: re-measuring the best trials and the defaults failed: {e}")
         return None
+    finally:
+        load = probe.stop()
     if not default_runs:
         result["no_profile"] = ("the timeout came before the defaults were measured; no profile "
                                 "written (it compares the tuned settings with the defaults measured "
                                 "in the same run)")
         return None
+    is_loaded = _noise.loaded(load)
+    ivs = intervals()
     med = {n: statistics.median(v) for n, v in runs.items() if v}
-    top = max((t for t in cands if t.number in med), key=lambda t: med[t.number], default=None)
+    lead = leader(ivs, is_loaded)
+    top = by_number[lead] if lead is not None else None
     result["default"] = statistics.median(default_runs)
     if top is not None:
         result["best"], result["tuned"] = _settings_of(top), med[top.number]
+    result["ratio"] = ivs.get(lead) if lead is not None else None
+    noise = dict(result.get("noise") or {})
+    result["noise"] = dict(noise, confirm=load, loaded=bool(noise.get("loaded")) or is_loaded,
+                           default_spread=_noise.spread(default_runs), rounds=done_rounds)
+    if is_loaded:
+        result["noise"]["excluded"] = [n for n in ivs if not eligible(n, True)]
     result["confirm"] = {"tuned": runs[top.number] if top is not None else [], "default": default_runs,
                          "candidates": [{"trial": t.number, "trial_value": float(t.value),
-                                         "runs": runs[t.number], "median": med.get(t.number)}
+                                         "runs": runs[t.number], "median": med.get(t.number),
+                                         "ratio": ivs.get(t.number)}
                                         for t in cands]}
     return top
 
@@ -440,13 +501,21 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
 def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: dict, best,
                    defaults: Optional[Dict[str, Any]], out, plots: bool,
                    guard: Optional[_guard.RunGuard] = None) -> None:
-    """The profile holds what was measured fastest: the best trial, or the defaults when they
-    beat every trial of this run (short measurements on a noisy machine can do that)."""
+    """The profile holds the leading candidate when the re-measurement found it faster than the
+    defaults with 95% confidence (its ratio's interval above 1), else the defaults: a profile
+    never holds settings that were not shown to be faster than the defaults in the same run.
+    Without re-measured defaults (``measure_defaults=False``), the best trial."""
     chosen = "best trial"
     s = dict(result["best"])
-    if defaults is not None and result["default"] is not None and result["default"] > result["tuned"]:
-        chosen = "defaults (faster than every trial in this run)"
-        s = dict(defaults)
+    iv = result.get("ratio")
+    if defaults is not None and result["default"] is not None:
+        if result["default"] > result["tuned"]:
+            chosen = "defaults (faster than every trial in this run)"
+            s = dict(defaults)
+        elif not _noise.faster_with_confidence(iv):
+            chosen = ("defaults (no candidate was faster than the defaults with 95% confidence"
+                      + (f": ratio {iv['ratio']:.3f}, interval {_fmt_interval(iv)}" if iv else "") + ")")
+            s = dict(defaults)
     result["chosen"] = chosen
     s.pop("loader", None)
     counts = {st.name.lower(): 0 for st in optuna.trial.TrialState}
@@ -456,6 +525,8 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
                          unit=w.unit, study={"name": result["name"], "storage": _redact(result["storage"]),
                                              "best_trial": best.number, "trials": counts,
                                              "chosen": chosen,
+                                             "ratio": result.get("ratio"),
+                                             "noise": result.get("noise"),
                                              "confirm_runs": result.get("confirm"),
                                              "default_settings": _DEFAULTS_LABEL.get(w.kind, "kernel defaults")})
     target = _profile_target(out, doc)
@@ -470,6 +541,12 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
     left = guard.remaining() if guard is not None else None
     if plots and (left is None or left > PLOT_RESERVE_S):
         result["plots"] = save_plots(study, path.with_suffix(""))
+
+
+def _fmt_interval(iv: Dict[str, Any]) -> str:
+    if iv.get("low") is None:
+        return "unknown (one round)"
+    return f"[{iv['low']:.3f}, {iv['high']:.3f}]"
 
 
 _DEFAULTS_LABEL = {"graphs": "torch_geometric.loader.DataLoader",
@@ -673,11 +750,14 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
                            memory_budget, device)
     prepare(w)  # the workload's data, before the first trial is timed
     # time kept for one round of re-measurements (more run when they fit)
-    trial_s = _run_trials(optuna, study, objective, trials, guard, callbacks,
-                          max(1, confirm_top) if measure_defaults else 0)
+    with _noise.LoadProbe() as trials_load:
+        trial_s = _run_trials(optuna, study, objective, trials, guard, callbacks,
+                              max(1, confirm_top) if measure_defaults else 0)
 
     result: Dict[str, Any] = {"study": study, "profile_path": None, "plots": [], "best": None,
-                              "tuned": None, "default": None, "name": name, "storage": storage}
+                              "tuned": None, "default": None, "name": name, "storage": storage,
+                              "ratio": None, "noise": {"trials": trials_load.report,
+                                                       "loaded": _noise.loaded(trials_load.report)}}
     complete = [t for t in study.get_trials(deepcopy=False)
                 if t.state == optuna.trial.TrialState.COMPLETE
                 and float(t.user_attrs.get("memory_excess", 0.0)) <= 0]

@@ -11,6 +11,12 @@ import time
 import warnings
 
 
+def _cores(report) -> str:
+    """Other processes' average CPU use from a load report, for a message."""
+    v = (report or {}).get("others_cores")
+    return "unknown" if v is None else f"{v:.2f}"
+
+
 def _arg_type(convert, ok, expected: str, must: str):
     """An argparse type: ``convert(text)``, refused (not replaced) unless ``ok(value)``."""
     def parse(text: str):
@@ -203,6 +209,18 @@ def run(args) -> int:
     if res["tuned"] and res["default"]:
         summary["speedup"] = res["tuned"] / res["default"]
     summary["elapsed_s"] = round(res["elapsed_s"], 2)
+    if res.get("chosen"):
+        summary["chosen"] = res["chosen"]
+    if res.get("ratio"):
+        summary["ratio"] = res["ratio"]
+    if res.get("noise"):
+        summary["noise"] = res["noise"]
+        if res["noise"].get("loaded"):
+            print("gnncompile tune: other processes kept the machine busy while this run measured "
+                  f"(trials: {_cores(res['noise'].get('trials'))}, re-measurement: "
+                  f"{_cores(res['noise'].get('confirm'))} of a core on average); the thread count "
+                  "stays at the defaults' and the figures are less certain: tune on a quiet machine",
+                  file=sys.stderr)
     if res.get("profile_written") is False:
         summary["profile_kept"] = "the file holds a faster result of this study; left as it was"
     if res.get("no_profile"):
