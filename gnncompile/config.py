@@ -47,6 +47,7 @@ class Config:
     programs: str = "auto"
     guard: str = "time"
     huge_pages: str = "auto"
+    cuda_unverified: str = ""
     disable_native: bool = False
     cache_dir: Optional[Path] = None  # None: $XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile
     xdg_cache_home: Optional[Path] = None
@@ -83,6 +84,27 @@ def _one_of(modes: Tuple[str, ...]) -> Callable[[str, str], str]:
             raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(modes)}")
         return v
     return parse
+
+
+#: the ops whose CUDA kernels are built but have not yet been run on a GPU: the passes leave their
+#: chains unfused on CUDA unless $GNNCOMPILE_CUDA_UNVERIFIED (choices['cuda_unverified']) names them
+CUDA_UNVERIFIED_OPS = ("attention_v2", "attention_dot")
+
+
+def cuda_unverified(name: str, raw: str) -> str:
+    """The ops of :data:`CUDA_UNVERIFIED_OPS` named in ``raw`` (comma-separated; 'all'; 'none' or
+    empty: none), as one comma-separated string in that tuple's order."""
+    v = raw.strip().lower()
+    if v in ("", "none"):
+        return ""
+    if v == "all":
+        return ",".join(CUDA_UNVERIFIED_OPS)
+    names = [w.strip() for w in v.split(",") if w.strip()]
+    bad = [w for w in names if w not in CUDA_UNVERIFIED_OPS]
+    if bad or not names:
+        raise ConfigError(f"{name}={raw!r}: expected op names among {', '.join(CUDA_UNVERIFIED_OPS)} "
+                          "(comma-separated), all or none")
+    return ",".join(o for o in CUDA_UNVERIFIED_OPS if o in names)
 
 
 def _check(name: str, raw: str) -> str:
@@ -136,6 +158,11 @@ VARIABLES: Tuple[Variable, ...] = (
              "transparent huge pages for torch's CPU allocations of >= 2 MiB, turned on process-wide "
              "by compile() where the kernel's THP mode is madvise (gnncompile.hardware.memory); "
              "off: torch's CPU allocator is left as it is"),
+    Variable("GNNCOMPILE_CUDA_UNVERIFIED", "cuda_unverified", cuda_unverified,
+             "attention_v2, attention_dot (comma-separated), all, none (default)",
+             "fuse these ops' chains on CUDA too: their CUDA kernels are built but have not yet been run on "
+             "a GPU, so by default GATv2's and TransformerConv's attention stay unfused chains there (for "
+             "checking the kernels on a GPU, tests/gpu)"),
     Variable("GNNCOMPILE_STRUCTURE_CHECK", "structure_check", _check, "0/off, 1/cpu (default), 2/all",
              "when a structure found by the identity of its edge_index is confirmed by a "
              "content fingerprint"),

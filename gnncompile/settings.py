@@ -37,7 +37,10 @@ Fields:
   derivative through the attention). ``huge_pages``: transparent huge pages for torch's large
   CPU allocations (:mod:`gnncompile.hardware.memory`), 'auto' (default: turned on, process-wide,
   when a model on the CPU is compiled and the kernel's THP mode is madvise) or 'off'
-  (``$GNNCOMPILE_HUGE_PAGES``).
+  (``$GNNCOMPILE_HUGE_PAGES``). ``cuda_unverified``: the ops of
+  :data:`gnncompile.config.CUDA_UNVERIFIED_OPS` whose chains are fused on CUDA too although their
+  CUDA kernels have not yet been run on a GPU, comma-separated ('all', or '' for none, the
+  default; ``$GNNCOMPILE_CUDA_UNVERIFIED``).
 * ``profile``: where the profile's settings came from (a path, or "(defaults)").
 """
 from __future__ import annotations
@@ -133,10 +136,26 @@ class Settings:
         if huge not in _config.HUGE_PAGE_MODES:
             raise ValueError(f"gnncompile settings: choices['huge_pages'] must be one of {_config.HUGE_PAGE_MODES}, "
                              f"got {huge!r}")
-        unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages"}
+        unverified = dict(self.choices).get("cuda_unverified", "")
+        try:
+            canonical = _config.cuda_unverified("choices['cuda_unverified']", unverified) \
+                if isinstance(unverified, str) else None
+        except _config.ConfigError as e:
+            raise ValueError(f"gnncompile settings: {e}") from None
+        if canonical is None:
+            raise ValueError("gnncompile settings: choices['cuda_unverified'] must be a string of op names, "
+                             f"got {unverified!r}")
+        if "cuda_unverified" in dict(self.choices):
+            choices = dict(self.choices)
+            if canonical:
+                choices["cuda_unverified"] = canonical
+            else:
+                del choices["cuda_unverified"]
+            object.__setattr__(self, "choices", tuple(sorted(choices.items())))
+        unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages", "cuda_unverified"}
         if unknown:
             raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
-                             "'programs', 'guard', 'attention' and 'huge_pages'")
+                             "'programs', 'guard', 'attention', 'huge_pages' and 'cuda_unverified'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -166,6 +185,13 @@ class Settings:
     def huge_pages(self) -> str:
         """The huge page choice: 'auto' (default) or 'off'."""
         return dict(self.choices).get("huge_pages", "auto")
+
+    @property
+    def cuda_unverified(self) -> Tuple[str, ...]:
+        """The ops fused on CUDA although their CUDA kernels are not yet verified on a GPU (none
+        by default)."""
+        v = dict(self.choices).get("cuda_unverified", "")
+        return tuple(v.split(",")) if v else ()
 
     @property
     def guard(self) -> str:
@@ -223,7 +249,8 @@ class Settings:
             check = cfg.structure_check
         choices = ((("programs", cfg.programs),) if cfg.programs != "auto" else ()) + \
                   ((("guard", cfg.guard),) if cfg.guard != "time" else ()) + \
-                  ((("huge_pages", cfg.huge_pages),) if cfg.huge_pages != "auto" else ())
+                  ((("huge_pages", cfg.huge_pages),) if cfg.huge_pages != "auto" else ()) + \
+                  ((("cuda_unverified", cfg.cuda_unverified),) if cfg.cuda_unverified else ())
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
                    structure_check=check, choices=choices)
 

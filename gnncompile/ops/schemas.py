@@ -94,7 +94,8 @@ _lib.define(
 # negative_slope), PyG's softmax over the row, dropout as attention's (the dropout op's mask of the
 # [E, H] coefficients), out[i] = sum of the coefficients times x_l[col[j]]. x_l [N, H, C]; x_r
 # [M, H, C]; att [H, C] or [1, H, C]; e_term [E, H, C] in edge order. stats [M, 2, H] as attention's.
-# CPU only (no CUDA kernel: the pass keeps the chain on other devices).
+# A CUDA kernel too (native/cuda/attention_v2_core.cuh), not yet run on a GPU: the pass keeps the
+# chain on CUDA unless the settings opt in (choices['cuda_unverified']).
 _lib.define(
     "attention_v2(Tensor rowptr, Tensor col, Tensor perm, Tensor x_l, Tensor x_r, Tensor att, Tensor? e_term, "
     "float negative_slope, float p, Tensor? seed, int[] knobs, Tensor? rowptr_t=None, Tensor? col_t=None, "
@@ -115,7 +116,8 @@ _lib.define(
 # of the coefficients times edge_attr[perm[j]]. q [M, H, C]; k, v [N, H, C]; qe [M, H, De] and
 # edge_attr [E, De] (edge order) together or neither (out_e is then [M, H, 0]). TransformerConv's
 # edge term lin_edge(edge_attr) (no bias) enters as qe = W_h^T q and out + W_h out_e, outside the op.
-# stats [M, 2, H] as attention's. CPU only (no CUDA kernel: the pass keeps the chain elsewhere).
+# stats [M, 2, H] as attention's. A CUDA kernel too (native/cuda/attention_dot_core.cuh), not yet run
+# on a GPU: the pass keeps the chain on CUDA unless the settings opt in (choices['cuda_unverified']).
 _lib.define(
     "attention_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor q, Tensor k, Tensor v, Tensor? qe, "
     "Tensor? edge_attr, float scale, float p, Tensor? seed, int[] knobs, Tensor? rowptr_t=None, "

@@ -59,7 +59,8 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     moved = push_linear_to_nodes(graph, settings.reassociate, notes) if programs else 0
     order = node_order(graph)
     report = rewrite(graph, plan(match(graph, order, programs, settings.programs,
-                                        attention=programs and settings.attention == "fused"), order), order,
+                                        attention=programs and settings.attention == "fused",
+                                        attention_cuda="attention_dot" in settings.cuda_unverified), order), order,
                      copy_structures, settings, attention=programs)
     report.notes += list(dict.fromkeys(notes))
     report.linear_moved = moved

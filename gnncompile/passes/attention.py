@@ -219,6 +219,24 @@ def fuse_attention(graph, built, settings, lines: Dict[Node, Fused], fused: List
     return done
 
 
+def unverified_note(what: str, op: str) -> str:
+    """The report's note on a chain left unfused on CUDA because ``op``'s CUDA kernel has not yet
+    been run on a GPU (``what``: the layer's attention, for the reader)."""
+    return (f"{what} attention left as a chain on CUDA: gnncompile::{op} has a CUDA kernel, not yet verified on "
+            f"a GPU (GNNCOMPILE_CUDA_UNVERIFIED={op} fuses it)")
+
+
+def unfused_on(device, op: str, what: str, settings) -> Optional[str]:
+    """Why the chain ``op`` would replace stays on ``device`` (None: it fuses): the CPU always
+    fuses; CUDA only where the settings opt in to the op's unverified kernel
+    (:data:`gnncompile.config.CUDA_UNVERIFIED_OPS`); another device has no kernel."""
+    if device.type == "cpu" or device.type == "cuda" and op in settings.cuda_unverified:
+        return None
+    if device.type == "cuda":
+        return unverified_note(what, op)
+    return f"{what} attention left as a chain: gnncompile::{op} has no kernel for {device.type}"
+
+
 def _erase_order(nodes: List[Node]) -> List[Node]:
     """Users before what they read: the chain's nodes from the aggregation back to the gathers."""
     pos = {n: i for i, n in enumerate(nodes[0].graph.nodes)} if nodes else {}

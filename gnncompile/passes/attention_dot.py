@@ -21,8 +21,10 @@ The message with ee is left by the match phase for this pass (:func:`leave_for_a
 not a message program) where the pass can fuse it; where the chain does not match here, it stays
 the scatter as written and ``explain()`` says why. Every intermediate must have no other reader,
 what the op reads must not be written in place between where the chain read it and the
-aggregation, the features float32 or float64 on the CPU: attention_dot has no CUDA kernel, so on
-another device the chain stays, and the report says so.
+aggregation, the features float32 or float64 on the CPU. attention_dot's CUDA kernel
+(native/cuda/attention_dot_core.cuh) has not yet been run on a GPU: on CUDA the chain stays unless
+``choices['cuda_unverified']`` ($GNNCOMPILE_CUDA_UNVERIFIED) names attention_dot, and the report
+says so (:data:`UNVERIFIED`); on another device the chain stays.
 
 Settings: ``choices['attention']`` 'fused' (default) or 'chain' (as for GATConv's attention).
 """
@@ -36,13 +38,13 @@ import torch
 from torch.fx import Node
 
 from ..ops import targets
-from .attention import _dropout, _erase_order, _gathered, _only_user, _Skip
+from .attention import _dropout, _erase_order, _gathered, _only_user, _Skip, unfused_on, unverified_note
 from .canonical import argument, fake_tensor, layer_of, opname, same_size, size_key
 from .match import IndexRef, read_scatter
 from .report import Fused
 from .semantics import Writes
 
-NO_CUDA = "TransformerConv attention left as a chain: gnncompile::attention_dot has a CPU kernel only"
+UNVERIFIED = unverified_note("TransformerConv", "attention_dot")
 LEFT = ("left for the fused dot-product attention (gnncompile::attention_dot), which did not take it: "
         "the chain as written")
 
@@ -67,21 +69,23 @@ def _edge_term(n: Node):
     return ea, W, lin
 
 
-def _float_cpu(n: Node) -> bool:
-    """float32 / float64 on the CPU, of static sizes: with symbolic sizes (export, or a graph
-    Dynamo made dynamic) the rewrite reads the number of destinations off the softmax's internal
-    buffers, which then keep reading the logits, so the chain would not fuse and the message is
-    better read as a message program."""
+def _float_fusable(n: Node, cuda: bool) -> bool:
+    """float32 / float64 on the CPU (or CUDA when ``cuda``), of static sizes: with symbolic sizes
+    (export, or a graph Dynamo made dynamic) the rewrite reads the number of destinations off the
+    softmax's internal buffers, which then keep reading the logits, so the chain would not fuse and
+    the message is better read as a message program."""
     v = fake_tensor(n)
-    return (v is not None and v.dtype in (torch.float32, torch.float64) and v.device.type == "cpu"
+    return (v is not None and v.dtype in (torch.float32, torch.float64)
+            and (v.device.type == "cpu" or cuda and v.device.type == "cuda")
             and all(isinstance(d, int) for d in v.shape))
 
 
-def leave_for_attention_dot(message, stops) -> bool:
+def leave_for_attention_dot(message, stops, cuda: bool = False) -> bool:
     """Match phase: whether a scatter's message is TransformerConv's with an edge term, ``(x[src] +
     linear(e, W, None).view(-1, H, C)) * a.view(-1, H, 1)`` with ``a`` a fused softmax (one of
-    ``stops``; (dropout of) its coefficients read by nothing else), float32 / float64 on the CPU:
-    such a message is left to :func:`fuse_attention_dot` (not read as a message program)."""
+    ``stops``; (dropout of) its coefficients read by nothing else), float32 / float64 on the CPU
+    (or on CUDA with ``cuda``: the settings opt in to attention_dot's unverified CUDA kernel): such
+    a message is left to :func:`fuse_attention_dot` (not read as a message program)."""
     if not isinstance(message, Node) or opname(message) != "mul" or len(message.args) != 2 or message.kwargs:
         return False
     for val, w in (message.args, message.args[::-1]):
@@ -99,7 +103,7 @@ def leave_for_attention_dot(message, stops) -> bool:
             continue
         for g, t in (val.args, val.args[::-1]):
             if isinstance(g, Node) and isinstance(t, Node) and _gathered(g) is not None and _edge_term(t) is not None:
-                return _float_cpu(message)
+                return _float_fusable(message, cuda)
     return False
 
 
@@ -304,14 +308,15 @@ def fuse_attention_dot(graph, built, settings, lines: Dict[Node, Fused], fused: 
         except _Skip:
             continue
         terminal = m["terminal"]
-        if m["device"].type != "cpu":
+        why = unfused_on(m["device"], "attention_dot", "TransformerConv", settings)
+        if why is not None:
             line = lines.get(terminal)
             if line is not None:
-                line.note = NO_CUDA
+                line.note = why
             elif report is not None:
                 for u in report.unfused:
                     if u.node == terminal.name:
-                        u.reason = NO_CUDA
+                        u.reason = why
             continue
         knobs = settings.knobs_for(m["device"], "attention")
         with graph.inserting_before(terminal):
@@ -374,4 +379,4 @@ def fuse_attention_dot(graph, built, settings, lines: Dict[Node, Fused], fused: 
     return done
 
 
-__all__ = ["fuse_attention_dot", "leave_for_attention_dot", "NO_CUDA", "LEFT"]
+__all__ = ["fuse_attention_dot", "leave_for_attention_dot", "UNVERIFIED", "LEFT"]

@@ -13,8 +13,10 @@ and ``[E, H]`` ones. :func:`fuse_attention_v2` replaces the chain with one
 ``gnncompile::attention_v2`` call (z recomputed per edge inside the aggregation's pass over each
 row, never stored; native/cpu/attention_v2_core.h) where every intermediate result has no other
 reader, what the op reads (x_l, x_r, att, e_term) is not written in place between where the chain
-read it and the aggregation, and the features are on the CPU: attention_v2 has no CUDA kernel, so
-on another device the chain stays, and the spmm's report line says so (its note).
+read it and the aggregation, and the features are on the CPU. attention_v2's CUDA kernel
+(native/cuda/attention_v2_core.cuh) has not yet been run on a GPU: on CUDA the chain stays unless
+``choices['cuda_unverified']`` ($GNNCOMPILE_CUDA_UNVERIFIED) names attention_v2, and the spmm's
+report line says so (its note, :data:`UNVERIFIED`); on another device the chain stays.
 
 Settings: ``choices['attention']`` 'fused' (default) or 'chain' (as for GATConv's attention).
 """
@@ -26,13 +28,14 @@ import torch
 from torch.fx import Node
 
 from ..ops import targets
-from .attention import _dropout, _erase_order, _gathered, _only_user, _Skip, _terms, _through
+from .attention import _dropout, _erase_order, _gathered, _only_user, _Skip, _terms, _through, unfused_on, \
+    unverified_note
 from .canonical import argument, fake_tensor, opname, same_size
 from .match import IndexRef
 from .report import Fused
 from .semantics import Writes
 
-NO_CUDA = "GATv2 attention left as a chain: gnncompile::attention_v2 has a CPU kernel only"
+UNVERIFIED = unverified_note("GATv2", "attention_v2")
 
 
 def _strip_contiguous(n):
@@ -130,9 +133,10 @@ def _match(spmm: Node, edge_index: Node, writes: Writes) -> dict:
 
 
 def fuse_attention_v2(graph, built, settings, lines: Dict[Node, Fused], fused: List[Fused]) -> int:
-    """Every GATv2 attention chain over a structure of ``built`` (rewrite's) on the CPU in one op;
-    ``lines`` as :func:`.attention.fuse_attention`'s. A chain on another device stays, its spmm's
-    line noting why. Returns how many fused."""
+    """Every GATv2 attention chain over a structure of ``built`` (rewrite's) on the CPU (and on
+    CUDA where the settings opt in, :func:`.attention.unfused_on`) in one op; ``lines`` as
+    :func:`.attention.fuse_attention`'s. A chain left on its device stays, its spmm's line noting
+    why. Returns how many fused."""
     by_rowptr = {b.csr[0]: b for b in built if b.shared.edge_index is not None}
     done = 0
     for spmm in [n for n in graph.nodes if n.op == "call_function" and n.target is targets.SPMM]:
@@ -143,10 +147,11 @@ def fuse_attention_v2(graph, built, settings, lines: Dict[Node, Fused], fused: L
             m = _match(spmm, b.shared.edge_index, Writes(graph))
         except _Skip:
             continue
-        if m["device"].type != "cpu":
+        why = unfused_on(m["device"], "attention_v2", "GATv2", settings)
+        if why is not None:
             line = lines.get(spmm)
             if line is not None:
-                line.note = NO_CUDA
+                line.note = why
             continue
         knobs = settings.knobs_for(m["device"], "attention")
         csc = tuple(spmm.args[7:10]) if len(spmm.args) >= 10 else (None, None, None)
@@ -176,4 +181,4 @@ def fuse_attention_v2(graph, built, settings, lines: Dict[Node, Fused], fused: L
     return done
 
 
-__all__ = ["fuse_attention_v2", "NO_CUDA"]
+__all__ = ["fuse_attention_v2", "UNVERIFIED"]

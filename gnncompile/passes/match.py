@@ -471,12 +471,12 @@ def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
 
 
 def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always",
-          attention: bool = False) -> Matches:
+          attention: bool = False, attention_cuda: bool = False) -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
     read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs, where
     ``program_mode`` ('always', 'auto': where :func:`programs_pay`, 'never') says so;
     ``attention``: TransformerConv's message with an edge term is left to the fused attention,
-    :func:`.attention_dot.leave_for_attention_dot`)."""
+    :func:`.attention_dot.leave_for_attention_dot`; on CUDA too with ``attention_cuda``)."""
     programs = programs and program_mode != "never"
     m = Matches()
     writes = Writes(graph)
@@ -515,7 +515,7 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
             if attention:
                 from .attention_dot import LEFT, leave_for_attention_dot
 
-                if leave_for_attention_dot(sc.message, stops):
+                if leave_for_attention_dot(sc.message, stops, attention_cuda):
                     m.unfused[n] = LEFT
                     continue
             try:

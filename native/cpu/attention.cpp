@@ -13,26 +13,11 @@ namespace gnncompile {
 namespace cpu {
 namespace {
 
-const auto kOnCpu = [](const char* op) {
-  return [op](const at::Tensor& t, const char* name) { check_cpu(t, op, name); };
-};
-
 template <typename core_t, typename index_t>
 AttentionArgs<core_t, index_t> core_args(const AttentionCall& c) {
   using scalar_t = core_t;
   AttentionArgs<core_t, index_t> a;
-  a.rowptr = c.rowptr.const_data_ptr<index_t>();
-  a.col = c.col.const_data_ptr<index_t>();
-  a.perm = c.perm.const_data_ptr<index_t>();
-  a.N = c.N;
-  a.M = c.M;
-  a.E = c.E;
-  a.H = c.H;
-  a.C = c.C;
-  a.dropout = c.dropout;
-  a.key = c.key;
-  a.threshold = c.threshold;
-  a.scale = static_cast<typename acc_type<scalar_t>::type>(c.scale);
+  set_core_common<index_t, typename acc_type<scalar_t>::type>(a, c);
   return a;
 }
 
@@ -52,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
     const std::optional<at::Tensor>& /*rowptr_t*/, const std::optional<at::Tensor>& /*col_t*/,
     const std::optional<at::Tensor>& /*perm_t*/) {
   const char* op = "gnncompile.attention";
-  const AttentionCall c = attention_call(rowptr, col, perm, x, a_src, a_dst, a_edge, slope, p, seed, op, kOnCpu(op));
+  const AttentionCall c = attention_call(rowptr, col, perm, x, a_src, a_dst, a_edge, slope, p, seed, op, on_cpu(op));
   check_rowptr(c.rowptr, c.E, op);
   const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::empty({c.M, c.H, c.C}, c.x.options());
@@ -89,8 +74,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
     const at::Tensor& grad_in, c10::IntArrayRef knobs, const at::Tensor& rowptr_t_in, const at::Tensor& col_t_in,
     const at::Tensor& perm_t_in) {
   const char* op = "gnncompile.attention_backward";
-  const AttentionCall c = attention_call(rowptr, col, perm, x, a_src, a_dst, a_edge, slope, p, seed, op, kOnCpu(op));
-  check_attention_backward(c, rowptr_t_in, col_t_in, perm_t_in, out_in, stats_in, grad_in, op, kOnCpu(op));
+  const AttentionCall c = attention_call(rowptr, col, perm, x, a_src, a_dst, a_edge, slope, p, seed, op, on_cpu(op));
+  check_attention_backward(c, c.x, "x", rowptr_t_in, col_t_in, perm_t_in, out_in, stats_in, grad_in, op, on_cpu(op));
   check_rowptr(c.rowptr, c.E, op);
   const at::Tensor rowptr_t = rowptr_t_in.contiguous(), col_t = col_t_in.contiguous(),
                    perm_t = perm_t_in.contiguous();

@@ -7,7 +7,7 @@
 
 #include <atomic>
 
-#include "../common/counter_rng.h"
+#include "../common/attention_glue.h"
 #include "attention_v2_core.h"
 #include "glue.h"
 
@@ -19,91 +19,17 @@ namespace {
 // depend on the thread count.
 constexpr int64_t kAttGradBlock = 64;
 
-struct V2Call {
-  at::Tensor rowptr, col, perm, xl, xr, att, e_term;
-  int64_t N = 0, M = 0, E = 0, H = 0, C = 0;
-  bool dropout = false;
-  uint64_t key = 0;
-  uint32_t threshold = 0;
-  double scale = 1.0;
-};
-
-V2Call v2_call(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm, const at::Tensor& x_l,
-               const at::Tensor& x_r, const at::Tensor& att, const std::optional<at::Tensor>& e_term, double slope,
-               double p, const std::optional<at::Tensor>& seed, const char* op) {
-  V2Call c;
-  check_structure(rowptr, col, perm, op);
-  check_cpu(rowptr, op, "rowptr");
-  check_cpu(col, op, "col");
-  check_cpu(perm, op, "perm");
-  TORCH_CHECK_VALUE(x_l.dim() == 3, op, ": x_l must be [num_src, heads, channels], got ", x_l.sizes());
-  check_feature_dtype(x_l, op);
-  check_cpu(x_l, op, "x_l");
-  c.N = x_l.size(0);
-  c.H = x_l.size(1);
-  c.C = x_l.size(2);
-  c.M = rowptr.numel() - 1;
-  c.E = col.numel();
-  TORCH_CHECK_VALUE(x_r.dim() == 3 && x_r.size(0) == c.M && x_r.size(1) == c.H && x_r.size(2) == c.C, op,
-                    ": x_r must be [", c.M, ", ", c.H, ", ", c.C, "] (a row per destination), got ", x_r.sizes());
-  TORCH_CHECK_VALUE(att.numel() == c.H * c.C && (att.dim() == 2 || att.dim() == 3) &&
-                        att.size(att.dim() - 1) == c.C,
-                    op, ": att must be [", c.H, ", ", c.C, "] (or [1, ", c.H, ", ", c.C, "]), got ", att.sizes());
-  for (const at::Tensor* t : {&x_r, &att})
-    TORCH_CHECK_TYPE(t->scalar_type() == x_l.scalar_type(), op, ": x_r, att and e_term must have x_l's dtype ",
-                     x_l.scalar_type());
-  check_cpu(x_r, op, "x_r");
-  check_cpu(att, op, "att");
-  if (e_term.has_value() && e_term->defined()) {
-    TORCH_CHECK_VALUE(e_term->dim() == 3 && e_term->size(0) == c.E && e_term->size(1) == c.H &&
-                          e_term->size(2) == c.C,
-                      op, ": e_term must be [", c.E, ", ", c.H, ", ", c.C, "] (a term per edge), got ",
-                      e_term->sizes());
-    TORCH_CHECK_TYPE(e_term->scalar_type() == x_l.scalar_type(), op,
-                     ": x_r, att and e_term must have x_l's dtype ", x_l.scalar_type());
-    check_cpu(*e_term, op, "e_term");
-    c.e_term = e_term->contiguous();
-  }
-  TORCH_CHECK_VALUE(std::isfinite(slope), op, ": negative_slope must be finite, got ", slope);
-  TORCH_CHECK_VALUE(p >= 0.0 && p < 1.0, op, ": dropout p must be in [0, 1), got ", p);
-  if (p > 0.0) {
-    TORCH_CHECK_VALUE(seed.has_value() && seed->defined() && seed->numel() == 1 &&
-                          seed->scalar_type() == at::kLong && seed->device().is_cpu(),
-                      op, ": dropout p > 0 needs a seed, one int64 on the CPU");
-    c.dropout = true;
-    c.key = splitmix64(static_cast<uint64_t>(seed->item<int64_t>()));
-    c.threshold = keep_threshold(p);
-    c.scale = 1.0 / (1.0 - p);
-  }
-  c.rowptr = rowptr.contiguous();
-  c.col = col.contiguous();
-  c.perm = perm.contiguous();
-  c.xl = x_l.contiguous();
-  c.xr = x_r.contiguous();
-  c.att = att.contiguous();
-  return c;
-}
+using V2Call = AttentionV2Call;
 
 template <typename scalar_t, typename core_t, typename index_t>
 AttentionV2Args<core_t, index_t> core_args(const V2Call& c, double slope) {
   AttentionV2Args<core_t, index_t> a;
-  a.rowptr = c.rowptr.const_data_ptr<index_t>();
-  a.col = c.col.const_data_ptr<index_t>();
-  a.perm = c.perm.const_data_ptr<index_t>();
+  set_core_common<index_t, typename acc_type<core_t>::type>(a, c);
   a.xl = core_ptr<scalar_t>(c.xl);
   a.xr = core_ptr<scalar_t>(c.xr);
   a.att = core_ptr<scalar_t>(c.att);
   a.e_term = c.e_term.defined() ? core_ptr<scalar_t>(c.e_term) : nullptr;
-  a.N = c.N;
-  a.M = c.M;
-  a.E = c.E;
-  a.H = c.H;
-  a.C = c.C;
   a.slope = static_cast<typename acc_type<core_t>::type>(slope);
-  a.dropout = c.dropout;
-  a.key = c.key;
-  a.threshold = c.threshold;
-  a.scale = static_cast<typename acc_type<core_t>::type>(c.scale);
   return a;
 }
 
@@ -115,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor> attention_v2_cpu(
     const std::optional<at::Tensor>& seed, c10::IntArrayRef knobs, const std::optional<at::Tensor>& /*rowptr_t*/,
     const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/) {
   const char* op = "gnncompile.attention_v2";
-  const V2Call c = v2_call(rowptr, col, perm, x_l, x_r, att, e_term, slope, p, seed, op);
+  const V2Call c = attention_v2_call(rowptr, col, perm, x_l, x_r, att, e_term, slope, p, seed, op, on_cpu(op));
   check_rowptr(c.rowptr, c.E, op);
   at::Tensor out = at::empty({c.M, c.H, c.C}, c.xl.options());
   at::Tensor stats = at::empty({c.M, 2, c.H}, c.xl.options().dtype(acc_of(c.xl)));
@@ -150,29 +76,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_v2_backward
     const at::Tensor& grad_in, c10::IntArrayRef knobs, const at::Tensor& rowptr_t_in, const at::Tensor& col_t_in,
     const at::Tensor& perm_t_in) {
   const char* op = "gnncompile.attention_v2_backward";
-  const V2Call c = v2_call(rowptr, col, perm, x_l, x_r, att, e_term, slope, p, seed, op);
-  check_structure(rowptr_t_in, col_t_in, perm_t_in, op);
-  TORCH_CHECK_VALUE(col_t_in.numel() == c.E && rowptr_t_in.numel() == c.N + 1, op, ": the CSC (",
-                    rowptr_t_in.numel() - 1, " sources, ", col_t_in.numel(),
-                    " edges) is not the transpose of a CSR of ", c.E, " edges from ", c.N, " sources");
-  TORCH_CHECK_TYPE(rowptr_t_in.scalar_type() == c.rowptr.scalar_type(), op,
-                   ": the CSR and the CSC must share one index dtype");
-  check_cpu(rowptr_t_in, op, "rowptr_t");
-  check_cpu(col_t_in, op, "col_t");
-  check_cpu(perm_t_in, op, "perm_t");
-  for (const at::Tensor* t : {&out_in, &grad_in}) {
-    TORCH_CHECK_VALUE(t->dim() == 3 && t->size(0) == c.M && t->size(1) == c.H && t->size(2) == c.C, op,
-                      ": out and grad must be [", c.M, ", ", c.H, ", ", c.C, "], got ", t->sizes());
-    TORCH_CHECK_TYPE(t->scalar_type() == c.xl.scalar_type(), op, ": out and grad must have x_l's dtype");
-    check_cpu(*t, op, t == &out_in ? "out" : "grad");
-  }
+  const V2Call c = attention_v2_call(rowptr, col, perm, x_l, x_r, att, e_term, slope, p, seed, op, on_cpu(op));
+  check_attention_backward(c, c.xl, "x_l", rowptr_t_in, col_t_in, perm_t_in, out_in, stats_in, grad_in, op, on_cpu(op));
   const at::ScalarType acc = acc_of(c.xl);
-  TORCH_CHECK_VALUE(stats_in.dim() == 3 && stats_in.size(0) == c.M && stats_in.size(1) == 2 &&
-                        stats_in.size(2) == c.H,
-                    op, ": stats must be [", c.M, ", 2, ", c.H, "] (the forward's), got ", stats_in.sizes());
-  TORCH_CHECK_TYPE(stats_in.scalar_type() == acc, op, ": stats must be ", acc, " (the forward's), got ",
-                   stats_in.scalar_type());
-  check_cpu(stats_in, op, "stats");
   check_rowptr(c.rowptr, c.E, op);
   const at::Tensor rowptr_t = rowptr_t_in.contiguous(), col_t = col_t_in.contiguous(),
                    perm_t = perm_t_in.contiguous();

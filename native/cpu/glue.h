@@ -32,6 +32,11 @@ inline void check_cpu(const at::Tensor& t, const char* op, const char* name) {
                     t.device());
 }
 
+// check_cpu as the device check the shared checks take (../common/attention_glue.h).
+inline auto on_cpu(const char* op) {
+  return [op](const at::Tensor& t, const char* name) { check_cpu(t, op, name); };
+}
+
 // A structure handed straight to an op must not make a kernel read out of bounds. rowptr is
 // checked here, before any kernel runs (parallel_rows' split reads it through a binary search):
 // it starts at 0, never decreases and ends at the number of edges; a rowptr the record knows

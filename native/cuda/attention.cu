@@ -15,11 +15,6 @@ namespace gnncompile {
 namespace gpu {
 namespace {
 
-// Every input on the device of x.
-auto on_device(const at::Device& dev, const char* op) {
-  return [dev, op](const at::Tensor& t, const char* name) { check_on(t, dev, op, name); };
-}
-
 // The kernels keep heads and offsets inside a row (h * C + c) in 32 bits.
 void check_row_width(const AttentionCall& c, const char* op) {
   TORCH_CHECK_VALUE(c.H <= INT_MAX && c.H * c.C <= INT_MAX, op, ": ", c.H * c.C,
@@ -30,19 +25,8 @@ template <typename T, typename I>
 AttentionParams<T, I> core_params(const AttentionCall& c, double slope, const DeviceProps& props) {
   using A = acc_t<T>;
   AttentionParams<T, I> p;
-  p.rowptr = c.rowptr.const_data_ptr<I>();
-  p.col = c.col.const_data_ptr<I>();
-  p.perm = c.perm.const_data_ptr<I>();
-  p.N = c.N;
-  p.M = c.M;
-  p.E = c.E;
-  p.H = c.H;
-  p.C = c.C;
+  set_core_common<I, A>(p, c);
   p.slope = static_cast<A>(slope);
-  p.dropout = c.dropout;
-  p.key = c.key;
-  p.threshold = c.threshold;
-  p.scale = static_cast<A>(c.scale);
   p.lay = attention_layout(c.H, c.C);
   // The kernels grid-stride over rows: four waves of 256-thread blocks at 8 per SM are enough
   // to fill the device. The knobs (spmm's lane-group layout) do not apply to this layout and
@@ -105,12 +89,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cu
   const at::Device dev = x.device();
   const auto on = on_device(dev, op);
   const AttentionCall c = attention_call(rowptr, col, perm, x, a_src, a_dst, a_edge, slope, p, seed, op, on);
-  check_attention_backward(c, rowptr_t_in, col_t_in, perm_t_in, out_in, stats_in, grad_in, op, on);
+  check_attention_backward(c, c.x, "x", rowptr_t_in, col_t_in, perm_t_in, out_in, stats_in, grad_in, op, on);
   const c10::cuda::CUDAGuard guard(dev);
-  const at::Tensor rowptr_t = rowptr_t_in.contiguous(), col_t = col_t_in.contiguous(),
-                   perm_t = perm_t_in.contiguous();
-  validate_once(c.rowptr, c.col, c.perm, c.N, op);  // col: sources
-  validate_once(rowptr_t, col_t, perm_t, c.M, op);  // col_t: destination rows
+  at::Tensor rowptr_t, col_t, perm_t;  // (not structured bindings: the dispatch lambdas capture them)
+  std::tie(rowptr_t, col_t, perm_t) =
+      validated_csc(c.rowptr, c.col, c.perm, c.N, rowptr_t_in, col_t_in, perm_t_in, c.M, op);
   const at::Tensor out = out_in.contiguous(), stats = stats_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor gx = at::empty_like(c.x);
   at::Tensor g_src = at::empty_like(c.a_src);

@@ -95,26 +95,33 @@ inline AttnLayout attention_layout(int64_t H, int64_t C) {
   return L;
 }
 
-template <typename T, typename I>
-struct AttentionParams {
+// What the parameters of every attention core (this one, attention_v2_core.cuh,
+// attention_dot_core.cuh) start with: the structures, the sizes, the dropout, the grid cap. A: the
+// accumulator type.
+template <typename A, typename I>
+struct AttnBase {
   const I* rowptr = nullptr;    // CSR by destination [M + 1]
   const I* col = nullptr;       // [E] source of CSR slot j
   const I* perm = nullptr;      // [E] original edge id of CSR slot j
   const I* rowptr_t = nullptr;  // CSC by source [N + 1] (backward)
   const I* col_t = nullptr;     // [E] destination of CSC slot k
   const I* perm_t = nullptr;    // [E] original edge id of CSC slot k
-  const T* x = nullptr;         // [N, H, C]
-  const T* a_src = nullptr;     // [N, H]
-  const T* a_dst = nullptr;     // [M, H]
-  const T* a_edge = nullptr;    // [E, H] in original edge order, or nullptr
   int64_t N = 0, M = 0, E = 0, H = 1, C = 1;
-  acc_t<T> slope = acc_t<T>(0.2);
   bool dropout = false;
-  uint64_t key = 0;          // splitmix64(seed)
-  uint32_t threshold = 0;    // keep when the draw is >= threshold
-  acc_t<T> scale = acc_t<T>(1);  // 1 / (1 - p)
+  uint64_t key = 0;        // splitmix64(seed)
+  uint32_t threshold = 0;  // keep when the draw is >= threshold
+  A scale = A(1);          // 1 / (1 - p)
+  int max_blocks = 1;      // grid cap of the grid-strided kernels
+};
+
+template <typename T, typename I>
+struct AttentionParams : AttnBase<acc_t<T>, I> {
+  const T* x = nullptr;       // [N, H, C]
+  const T* a_src = nullptr;   // [N, H]
+  const T* a_dst = nullptr;   // [M, H]
+  const T* a_edge = nullptr;  // [E, H] in original edge order, or nullptr
+  acc_t<T> slope = acc_t<T>(0.2);
   AttnLayout lay;
-  int max_blocks = 1;        // grid cap of the grid-strided kernels
 };
 
 // The CPU core's stored<>: a value rounded to the storage type, read back.
@@ -135,9 +142,8 @@ __device__ __forceinline__ acc_t<T> attn_raw(const AttentionParams<T, I>& p, int
 }
 
 // The dropout factor of coefficient (e, h): the dropout op's mask of the [E, H] tensor.
-template <typename T, typename I>
-__device__ __forceinline__ acc_t<T> attn_keep(const AttentionParams<T, I>& p, int64_t e, int64_t h) {
-  using A = acc_t<T>;
+template <typename A, typename I>
+__device__ __forceinline__ A attn_keep(const AttnBase<A, I>& p, int64_t e, int64_t h) {
   if (!p.dropout) return A(1);
   return draw(p.key, e * p.H + h) >= p.threshold ? p.scale : A(0);
 }

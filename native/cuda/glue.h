@@ -17,6 +17,7 @@
 #include <climits>
 #include <cstdint>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 
@@ -45,6 +46,12 @@ constexpr at::ScalarType acc_dtype() {
 inline void check_on(const at::Tensor& t, const at::Device& dev, const char* op, const char* name) {
   TORCH_CHECK_VALUE(t.device() == dev, op, ": ", name, " is on ", t.device(),
                     " but the other inputs are on ", dev);
+}
+
+// check_on as the device check the shared checks take (../common/attention_glue.h): every input
+// on `dev` (x's device).
+inline auto on_device(const at::Device& dev, const char* op) {
+  return [dev, op](const at::Tensor& t, const char* name) { check_on(t, dev, op, name); };
 }
 
 // Properties the default knobs depend on, read once per device.
@@ -123,6 +130,19 @@ inline void validate_once(const at::Tensor& rowptr, const at::Tensor& col, const
   const bool trusted = trusted_rowptr(rowptr, E) && trusted_ids(perm, E) &&
                        (!col.defined() || trusted_ids(col, num_src));
   if (!trusted) validate_structure(rowptr, col, perm, num_src, op);
+}
+
+// A backward's two structures validated before a kernel reads through them: the CSR (col: sources
+// below num_src) and the CSC (col_t: destination rows below num_dst); the CSC returned contiguous.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> validated_csc(const at::Tensor& rowptr, const at::Tensor& col,
+                                                                    const at::Tensor& perm, int64_t num_src,
+                                                                    const at::Tensor& rowptr_t,
+                                                                    const at::Tensor& col_t, const at::Tensor& perm_t,
+                                                                    int64_t num_dst, const char* op) {
+  at::Tensor rt = rowptr_t.contiguous(), ct = col_t.contiguous(), pt = perm_t.contiguous();
+  validate_once(rowptr, col, perm, num_src, op);
+  validate_once(rt, ct, pt, num_dst, op);
+  return {rt, ct, pt};
 }
 
 }  // namespace gpu

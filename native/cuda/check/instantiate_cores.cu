@@ -5,6 +5,8 @@
 // extension (CMake globs native/cuda/*.cu, not this folder).
 #include "../arg_route_core.cuh"
 #include "../attention_core.cuh"
+#include "../attention_dot_core.cuh"
+#include "../attention_v2_core.cuh"
 #include "../build_csr_core.cuh"
 #include "../edge_dot_core.cuh"
 #include "../edge_softmax_core.cuh"
@@ -27,7 +29,17 @@ namespace gpu {
                                                       cudaStream_t);                                         \
   template cudaError_t attention_backward_launch<T, I>(const AttentionParams<T, I>&, const T*, const T*,     \
                                                        const acc_t<T>*, acc_t<T>*, T*, T*, T*, acc_t<T>*,    \
-                                                       cudaStream_t);
+                                                       cudaStream_t);                                         \
+  template cudaError_t attention_v2_forward_launch<T, I>(const AttentionV2Params<T, I>&, T*, acc_t<T>*, acc_t<T>*, \
+                                                         cudaStream_t);                                       \
+  template cudaError_t attention_v2_backward_launch<T, I>(const AttentionV2Params<T, I>&, const T*, const T*,  \
+                                                          const acc_t<T>*, acc_t<T>*, acc_t<T>*, uint32_t*,    \
+                                                          acc_t<T>*, acc_t<T>*, T*, T*, T*, T*, cudaStream_t); \
+  template cudaError_t attention_dot_forward_launch<T, I>(const AttentionDotParams<T, I>&, T*, T*, acc_t<T>*,  \
+                                                          acc_t<T>*, cudaStream_t);                            \
+  template cudaError_t attention_dot_backward_launch<T, I>(const AttentionDotParams<T, I>&, const T*, const T*, \
+                                                           const T*, const T*, const acc_t<T>*, acc_t<T>*,      \
+                                                           acc_t<T>*, T*, T*, T*, T*, T*, cudaStream_t);
 
 #define GNN_INSTANTIATE_INDEX(I)                                                                             \
   GNN_INSTANTIATE_FLOAT_INDEX(float, I)                                                                      \
