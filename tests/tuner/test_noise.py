@@ -14,19 +14,9 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from gnncompile.tuner import Workload, noise, tune  # noqa: E402
+from gnncompile.tuner import noise, tune  # noqa: E402
 from gnncompile.tuner import study as study_mod  # noqa: E402
-
-
-def _tiny(**kw):
-    return Workload(kind="graphs", model="gin", num_graphs=120, min_nodes=3, max_nodes=8, hidden=8,
-                    layers=2, num_features=4, warmup=1, steps=2, chunks=2, compiled=False, **kw)
-
-
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("GNNCOMPILE_CACHE_DIR", str(tmp_path / "cache"))
-    yield
+from test_tuner import TINY, _isolated_cache, _tiny  # noqa: E402,F401
 
 
 def _busy(seconds: float) -> subprocess.Popen:
@@ -109,6 +99,17 @@ def test_probe_counts_its_own_descendants_as_its_own_work():
 
 
 # ----------------------------------------------------------------------------- the choice
+def _measure_by(value_of):
+    """A stand-in for tuner.workloads.measure: ``value_of(settings, remeasured)`` is the
+    throughput; trials report it as their one chunk (re-measurements are not reported)."""
+    def fake(w, s, report=None, **kw):
+        v = 100.0 if s.get("loader") == "pyg" else value_of(s, report is None)
+        if report is not None:
+            report(0, v)
+        return v, 0
+    return fake
+
+
 def _fixed_trials(monkeypatch, values_by_pool, threads_by_pool=None):
     """Trials with pool sizes in a fixed order; each trial's threads from threads_by_pool."""
     pools = iter(values_by_pool)
@@ -130,19 +131,13 @@ def test_noisy_candidate_is_remeasured_and_the_defaults_kept(tmp_path, monkeypat
     # (+-10% alternating). The profile must hold the defaults, the extra rounds must have run.
     calls = {"cand": 0}
 
-    def fake(w, s, report=None, **kw):
-        if s.get("loader") == "pyg":
-            v = 100.0
-        elif report is None:  # a re-measurement (trials report their chunks)
-            calls["cand"] += 1
-            v = 110.0 if calls["cand"] % 2 else 90.0
-        else:
-            v = 150.0 if s["pool_size"] == 2 else 120.0
-        if report is not None:
-            report(0, v)
-        return v, 0
+    def value_of(s, remeasured):
+        if not remeasured:
+            return 150.0 if s["pool_size"] == 2 else 120.0
+        calls["cand"] += 1
+        return 110.0 if calls["cand"] % 2 else 90.0
 
-    monkeypatch.setattr(study_mod, "measure", fake)
+    monkeypatch.setattr(study_mod, "measure", _measure_by(value_of))
     _fixed_trials(monkeypatch, [2, 3])
     res = tune(_tiny(), trials=2, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
                confirm_top=1, confirm_rounds=2)
@@ -157,13 +152,8 @@ def test_noisy_candidate_is_remeasured_and_the_defaults_kept(tmp_path, monkeypat
 
 
 def test_clear_winner_stops_remeasuring_early(tmp_path, monkeypatch):
-    def fake(w, s, report=None, **kw):
-        v = 100.0 if s.get("loader") == "pyg" else (200.0 if s["pool_size"] == 2 else 120.0)
-        if report is not None:
-            report(0, v)
-        return v, 0
-
-    monkeypatch.setattr(study_mod, "measure", fake)
+    monkeypatch.setattr(study_mod, "measure",
+                        _measure_by(lambda s, again: 200.0 if s["pool_size"] == 2 else 120.0))
     _fixed_trials(monkeypatch, [2, 3])
     res = tune(_tiny(), trials=2, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
                confirm_top=2, confirm_rounds=2)
@@ -182,16 +172,8 @@ def test_under_load_a_fewer_threads_candidate_cannot_win(tmp_path, monkeypatch):
     if default_threads < 2:
         pytest.skip("needs a default of 2 or more threads")
 
-    def fake(w, s, report=None, **kw):
-        if s.get("loader") == "pyg":
-            v = 100.0
-        else:
-            v = 180.0 if s.get("threads") == 1 else 130.0
-        if report is not None:
-            report(0, v)
-        return v, 0
-
-    monkeypatch.setattr(study_mod, "measure", fake)
+    monkeypatch.setattr(study_mod, "measure",
+                        _measure_by(lambda s, again: 180.0 if s.get("threads") == 1 else 130.0))
     monkeypatch.setattr(noise, "loaded", lambda rep: True)
     _fixed_trials(monkeypatch, [2, 3], threads_by_pool={2: 1, 3: default_threads})
     res = tune(_tiny(), trials=2, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
@@ -214,10 +196,7 @@ def test_cli_tune_under_synthetic_load_reports_it(tmp_path):
 
     busy = _busy(240.0)
     try:
-        args = ["--workload", "graphs", "--model", "gin", "--num-graphs", "120", "--min-nodes", "3",
-                "--max-nodes", "8", "--hidden", "8", "--layers", "2", "--num-features", "4", "--warmup", "1",
-                "--steps", "2", "--batch-size", "16", "--max-workers", "1", "--no-compile", "--seed", "0",
-                "--no-progress", "--trials", "3", "--confirm-rounds", "2", "--out", str(tmp_path / "out"),
+        args = [*TINY, "--trials", "3", "--confirm-rounds", "2", "--out", str(tmp_path / "out"),
                 "--storage", f"sqlite:///{tmp_path / 's.db'}"]
         p = subprocess.run([sys.executable, "-m", "gnncompile.cli", "tune", *args], capture_output=True,
                            text=True, timeout=240, env=os.environ.copy(), cwd=str(tmp_path))
