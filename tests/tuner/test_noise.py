@@ -68,13 +68,25 @@ def test_spread_and_loaded_thresholds():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
 def test_probe_sees_a_process_busy_on_one_core():
-    p = _busy(2.0)
+    # the busy process must not be a descendant of this one (those count as the run's own work):
+    # a shell starts it in the background and exits, so it is re-parented
+    import os
+    import signal
+
+    sh = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'import time\nend = time.time() + 3\n"
+                                     "while time.time() < end: pass' >/dev/null 2>&1 & echo $!"],
+                        capture_output=True, text=True, check=True)
+    pid = int(sh.stdout.strip())
     try:
+        assert pid not in noise._descendants(os.getpid())
+        time.sleep(0.2)
         with noise.LoadProbe() as probe:
             time.sleep(1.5)
     finally:
-        p.kill()
-        p.wait()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     rep = probe.report
     # the busy process held about one core; this one slept
     assert rep["others_cores"] > 0.6, rep
