@@ -29,7 +29,7 @@
   file keeps the faster result (:func:`save_if_better`, under a lock file).
 * timeout: one deadline for the whole run (opening the study, trials, re-measurements, profile,
   plots; :mod:`tuner.guard`), planned with the durations of this run's trials (:class:`_Budget`):
-  the trials go on while one more trial and one round of re-measurements after it fit, then the
+  the trials go on while one more trial and two rounds of re-measurements after it fit, then the
   re-measurements run, the defaults first, while the next one fits. The defaults' first measurement always starts: they are the reference of the
   profile, and a run whose deadline comes before they are measured writes no profile
   (``result["no_profile"]`` says why). A trial cut by the deadline is recorded as failed, a
@@ -388,6 +388,13 @@ MAX_CONFIRM_ROUNDS = 8
 LOAD_SENSITIVE = ("threads",)  # settings a lasting load biases (kept at the defaults' value under load)
 
 
+def _machine_loaded(report) -> bool:
+    """Whether a load report says other processes kept the machine busy (:func:`tuner.noise.loaded`;
+    one name the tuner's tests can replace, whose stand-in measurements the machine's load must
+    not steer)."""
+    return _noise.loaded(report)
+
+
 def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, device, result: dict,
              guard: Optional[_guard.RunGuard] = None, trial_s: Optional[float] = None, callbacks=()):
     """Re-measures the defaults and the candidates in turn, the defaults first, ``rounds`` times,
@@ -456,7 +463,7 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
         else:
             # more rounds of the defaults and the leader while its interval is wide
             while done_rounds < MAX_CONFIRM_ROUNDS:
-                lead = leader(intervals(), _noise.loaded(probe.peek()))
+                lead = leader(intervals(), _machine_loaded(probe.peek()))
                 iv = intervals().get(lead) if lead is not None else None
                 if iv is None or (iv["half_width_log"] is not None and iv["half_width_log"] <= RATIO_HALF_WIDTH):
                     break
@@ -476,7 +483,7 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
                                 "written (it compares the tuned settings with the defaults measured "
                                 "in the same run)")
         return None
-    is_loaded = _noise.loaded(load)
+    is_loaded = _machine_loaded(load)
     ivs = intervals()
     med = {n: statistics.median(v) for n, v in runs.items() if v}
     lead = leader(ivs, is_loaded)
@@ -513,8 +520,12 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
             chosen = "defaults (faster than every trial in this run)"
             s = dict(defaults)
         elif not _noise.faster_with_confidence(iv):
-            chosen = ("defaults (no candidate was faster than the defaults with 95% confidence"
-                      + (f": ratio {iv['ratio']:.3f}, interval {_fmt_interval(iv)}" if iv else "") + ")")
+            if iv is None:
+                why = "no candidate was re-measured against them before the timeout"
+            else:
+                why = (f"no candidate was faster than them with 95% confidence: ratio {iv['ratio']:.3f}, "
+                       f"interval {_fmt_interval(iv)}")
+            chosen = f"defaults ({why})"
             s = dict(defaults)
     result["chosen"] = chosen
     s.pop("loader", None)
@@ -545,7 +556,7 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
 
 def _fmt_interval(iv: Dict[str, Any]) -> str:
     if iv.get("low") is None:
-        return "unknown (one round)"
+        return "unknown (one round of re-measurement fitted)"
     return f"[{iv['low']:.3f}, {iv['high']:.3f}]"
 
 
@@ -595,9 +606,12 @@ def save_if_better(doc: Dict[str, Any], target: Path) -> Tuple[Path, bool]:
         return _profiles.save(doc, target), True
 
 
+RESERVED_ROUNDS = 2  # rounds of re-measurements the trials' phase leaves time for
+
+
 class _Budget:
     """The plan of a run with a deadline, on the guard's clock (:meth:`tuner.guard.RunGuard.now`):
-    the trials go on while one more trial and one round of re-measurements after it fit before
+    the trials go on while one more trial and two rounds of re-measurements after it fit before
     the deadline; the trials' phase ends there (``guard.limit``: a trial running past it is
     cut). A round is the candidates there will be then (at most ``confirm_top``, 0: no
     re-measurements) and the defaults, each as long as this run's median complete trial. Until a
@@ -619,10 +633,12 @@ class _Budget:
         return statistics.median(self.complete) if self.complete else None
 
     def reserve(self, candidates: int) -> float:
-        """Seconds for one round of re-measurements of ``candidates`` trials and the defaults."""
+        """Seconds for ``RESERVED_ROUNDS`` rounds of re-measurements of ``candidates`` trials and
+        the defaults (two rounds: the fewest that give a ratio's interval, without which the
+        profile keeps the defaults)."""
         if not self.top:
             return 0.0
-        return (min(self.top, candidates) + 1) * statistics.median(self.complete or self.trials)
+        return RESERVED_ROUNDS * (min(self.top, candidates) + 1) * statistics.median(self.complete or self.trials)
 
     def callback(self, study, trial) -> None:
         """An Optuna callback: after each trial, where the trials' phase ends."""
@@ -644,7 +660,7 @@ class _Budget:
 def _run_trials(optuna, study, objective, trials: int, guard: _guard.RunGuard, callbacks,
                 confirm_top: int = 0) -> Optional[float]:
     """Runs what is missing for the study to hold ``trials`` finished trials, within the
-    guard's deadline (keeping time for one round of re-measurements of ``confirm_top`` trials and
+    guard's deadline (keeping time for two rounds of re-measurements of ``confirm_top`` trials and
     the defaults; 0: none, :class:`_Budget`). Returns the median seconds of the complete trials it
     ran under the deadline (None: none)."""
     budget = None
@@ -749,7 +765,7 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
     objective = _objective(optuna, w, props, constrain, batch_size, batch_range, max_workers,
                            memory_budget, device)
     prepare(w)  # the workload's data, before the first trial is timed
-    # time kept for one round of re-measurements (more run when they fit)
+    # time kept for two rounds of re-measurements (more run when they fit)
     with _noise.LoadProbe() as trials_load:
         trial_s = _run_trials(optuna, study, objective, trials, guard, callbacks,
                               max(1, confirm_top) if measure_defaults else 0)
@@ -757,7 +773,7 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
     result: Dict[str, Any] = {"study": study, "profile_path": None, "plots": [], "best": None,
                               "tuned": None, "default": None, "name": name, "storage": storage,
                               "ratio": None, "noise": {"trials": trials_load.report,
-                                                       "loaded": _noise.loaded(trials_load.report)}}
+                                                       "loaded": _machine_loaded(trials_load.report)}}
     complete = [t for t in study.get_trials(deepcopy=False)
                 if t.state == optuna.trial.TrialState.COMPLETE
                 and float(t.user_attrs.get("memory_excess", 0.0)) <= 0]

@@ -157,7 +157,7 @@ def test_noisy_candidate_is_remeasured_and_the_defaults_kept(tmp_path, monkeypat
     assert iv["low"] < 1.0 < iv["high"], iv
     assert res["noise"]["rounds"] == study_mod.MAX_CONFIRM_ROUNDS  # the interval stayed wide
     doc = json.loads(res["profile_path"].read_text())
-    assert doc["study"]["chosen"].startswith("defaults (no candidate was faster")
+    assert doc["study"]["chosen"].startswith("defaults (no candidate was faster than them")
     assert doc["settings"]["pool_size"] is None  # the defaults' (PyG's DataLoader: no pool)
     assert doc["study"]["ratio"]["pairs"] == study_mod.MAX_CONFIRM_ROUNDS
     assert "noise" in doc["study"] and "confirm" in doc["study"]["noise"]
@@ -186,7 +186,7 @@ def test_under_load_a_fewer_threads_candidate_cannot_win(tmp_path, monkeypatch):
 
     monkeypatch.setattr(study_mod, "measure",
                         _measure_by(lambda s, again: 180.0 if s.get("threads") == 1 else 130.0))
-    monkeypatch.setattr(noise, "loaded", lambda rep: True)
+    monkeypatch.setattr(study_mod, "_machine_loaded", lambda rep: True)
     _fixed_trials(monkeypatch, [2, 3], threads_by_pool={2: 1, 3: default_threads})
     res = tune(_tiny(), trials=2, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
                confirm_top=2, confirm_rounds=2)
