@@ -9,9 +9,11 @@
   kill) resumes with every completed trial kept, and several processes (or machines, given an
   RDB URL) can work on one study at once. ``trials`` is the number of finished (complete or
   pruned) trials the study should hold: a resumed or parallel run only adds what is missing.
-* search space: batch size (``batch_size`` fixed, or a ``batch_range`` searched on a log
-  scale; a neighbor workload always searches it, by default in
-  :data:`tuner.workloads.NEIGHBOR_BATCH_RANGE`, and measures the defaults at ``batch_size``), pool size
+* search space: batch size (fixed at ``batch_size`` unless asked: ``tune_batch_size=True`` or a
+  ``batch_range`` searches it on a log scale, by default in :data:`GRAPHS_BATCH_RANGE` or
+  :data:`tuner.workloads.NEIGHBOR_BATCH_RANGE`, and the defaults are measured at ``batch_size``;
+  the profile's ``batch_size_rule`` says whether it was tuned and the learning-rate rescaling
+  that goes with it, :func:`batch_size_rule`), pool size
   (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
   kernel knobs (``chunks_per_thread`` and ``prefetch_distance`` on CPU; lanes per row and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
@@ -74,15 +76,63 @@ def workload_dict(w: Workload, batch_size: Optional[int] = 128,
     neighbor workload always searches it, in :data:`NEIGHBOR_BATCH_RANGE` unless given a range,
     and records the defaults' batch size too)."""
     d = w.signature_dict()
-    if w.kind == "neighbor":
-        d["batch_range"] = [int(v) for v in (batch_range or NEIGHBOR_BATCH_RANGE)]
-        d["default_batch_size"] = int(batch_size or 128)
-    elif w.kind == "graphs":
+    if w.kind in ("graphs", "neighbor"):
         if batch_range is not None:
             d["batch_range"] = [int(batch_range[0]), int(batch_range[1])]
+            d["default_batch_size"] = int(batch_size or 128)
         else:
             d["batch_size"] = int(batch_size or 128)
     return d
+
+
+#: the batch sizes a graphs workload searches with ``tune_batch_size`` and no range
+GRAPHS_BATCH_RANGE = (32, 512)
+
+
+def batch_search(w: Workload, tune_batch_size: Optional[bool],
+                 batch_range: Optional[Tuple[int, int]]) -> Optional[Tuple[int, int]]:
+    """The batch-size range a run searches, None when the batch size stays fixed.
+
+    The batch size changes the optimisation (the gradient's noise, the steps per epoch), so it is
+    searched only when asked: ``tune_batch_size=True`` (``--tune-batch-size``), in ``batch_range``
+    or the workload's default range (:data:`GRAPHS_BATCH_RANGE`, :data:`NEIGHBOR_BATCH_RANGE`);
+    a ``batch_range`` alone asks for it too (``tune_batch_size=None``). A full-graph workload has
+    no batch size."""
+    if tune_batch_size is False and batch_range is not None:
+        raise SetupError("a batch range searches the batch size: drop tune_batch_size=False "
+                         "(--batch-range with a fixed batch size cannot work)")
+    if w.kind not in ("graphs", "neighbor"):
+        if tune_batch_size:
+            raise SetupError(f"a {w.kind} workload has no batch size to tune")
+        return None
+    if not (tune_batch_size or batch_range is not None):
+        return None
+    if batch_range is not None:
+        return (int(batch_range[0]), int(batch_range[1]))
+    return NEIGHBOR_BATCH_RANGE if w.kind == "neighbor" else GRAPHS_BATCH_RANGE
+
+
+#: how a tuned batch size carries over to the learning rate, stated in the profile: the
+#: workloads train with Adam, whose usual rule is the square root of the batch ratio (SGD's is
+#: the ratio itself); the tuner measures throughput only, never the loss at the new rate
+LR_SCALING = "sqrt"
+
+
+def batch_size_rule(settings: Dict[str, Any], wl: Dict[str, Any]) -> Dict[str, Any]:
+    """The profile's statement of its batch size: fixed, or tuned, and then the learning-rate
+    rescaling a user applies when moving from the reference batch size to the chosen one."""
+    chosen = settings.get("batch_size")
+    if "batch_range" not in wl:
+        return {"tuned": False, "batch_size": chosen}
+    ref = int(wl.get("default_batch_size") or 128)
+    rule = {"tuned": True, "batch_size": chosen, "reference_batch_size": ref,
+            "range": list(wl["batch_range"]), "lr_scaling": LR_SCALING}
+    if chosen:
+        rule["lr_factor"] = (chosen / ref) ** 0.5 if LR_SCALING == "sqrt" else chosen / ref
+        rule["rule"] = (f"lr = lr_at_{ref} * sqrt({chosen} / {ref}) for Adam (the tuner's optimizer); "
+                        f"SGD: lr = lr_at_{ref} * {chosen} / {ref}; the tuned batch changes the optimisation: "
+                        "check the loss curve")
+    return rule
 
 
 def study_name(w: Workload, props: Optional[dict] = None, batch_size: Optional[int] = 128,
@@ -108,9 +158,11 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
     cpus = int(props.get("logical_cpus") or props.get("host_logical_cpus") or os.cpu_count() or 1)
     s: Dict[str, Any] = {"loader": "pooled"}
     if w.kind == "neighbor":
-        lo, hi = batch_range or NEIGHBOR_BATCH_RANGE
         s["loader"] = "neighbor"
-        s["batch_size"] = trial.suggest_int("batch_size", lo, hi, log=True)
+        if batch_range is not None:
+            s["batch_size"] = trial.suggest_int("batch_size", batch_range[0], batch_range[1], log=True)
+        else:
+            s["batch_size"] = int(batch_size or 1024)
         s["num_workers"] = trial.suggest_int("num_workers", 0, max_workers)
         # batches in flight (the DataLoader's prefetch depth): only with workers
         s["pool_size"] = trial.suggest_int("pool_size", 1, 6) if s["num_workers"] > 0 else None
@@ -539,7 +591,8 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
                                              "ratio": result.get("ratio"),
                                              "noise": result.get("noise"),
                                              "confirm_runs": result.get("confirm"),
-                                             "default_settings": _DEFAULTS_LABEL.get(w.kind, "kernel defaults")})
+                                             "default_settings": _DEFAULTS_LABEL.get(w.kind, "kernel defaults")},
+                         extra={"batch_size_rule": batch_size_rule(s, wl)})
     target = _profile_target(out, doc)
     if guard is not None:
         guard.check_interrupt()  # interrupted: no profile (KeyboardInterrupt)
@@ -716,7 +769,8 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
          memory_budget: Optional[int] = None, max_workers: Optional[int] = None, seed: Optional[int] = None,
          measure_defaults: bool = True, write_profile: bool = True, plots: bool = True,
          callbacks: Sequence[Callable] = (), device: Optional[str] = None,
-         confirm_rounds: int = 3, confirm_top: int = 3) -> Dict[str, Any]:
+         confirm_rounds: int = 3, confirm_top: int = 3,
+         tune_batch_size: Optional[bool] = None) -> Dict[str, Any]:
     """Runs (or resumes) the study for ``w`` and writes its profile. Returns a dict with
     ``study`` (the Optuna study), ``profile_path``, ``best`` (settings), ``tuned``,
     ``default`` (throughputs), ``plots``, ``elapsed_s``, ``compiler_warnings``, and
@@ -734,6 +788,7 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
     (module docstring, "interrupts"); arguments that cannot work raise SetupError, a storage that
     cannot be opened StorageError, both before anything is measured."""
     _check_args(trials, timeout, batch_size, batch_range, out, write_profile)
+    batch_range = batch_search(w, tune_batch_size, batch_range)
     with _guard.RunGuard(timeout) as guard:
         result = _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_budget,
                        max_workers, seed, measure_defaults, write_profile, plots, callbacks, device,

@@ -67,6 +67,7 @@ def test_cli_tune_writes_profile_that_compile_uses(tmp_path):
     assert doc["throughput"]["tuned"] == summary["tuned"]
     assert doc["throughput"]["default"] == summary["default"]
     assert doc["settings"]["batch_size"] == 16
+    assert doc["batch_size_rule"] == {"tuned": False, "batch_size": 16}  # not asked to tune it
     # compile takes the profile's knobs and records the profile
     m = gnncompile.compile(torch.nn.Linear(2, 2), profile=str(path))
     assert m.gnncompile_profile.path == str(path)
@@ -254,6 +255,31 @@ def test_suggest_respects_fixed_and_ranged_batch_size():
     assert s["knobs"] == [16, 8] and s["inner"] == "aot_eager"
     assert "inner" not in study_mod.suggest(optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0,
                                                                     "threads": 1}), w, props, 64, None, 2)
+
+
+def test_batch_size_searched_only_when_asked():
+    w = _tiny()
+    assert study_mod.batch_search(w, None, None) is None
+    assert study_mod.batch_search(w, False, None) is None
+    assert study_mod.batch_search(w, True, None) == study_mod.GRAPHS_BATCH_RANGE
+    assert study_mod.batch_search(w, None, (16, 64)) == (16, 64)
+    assert study_mod.batch_search(w, True, (16, 64)) == (16, 64)
+    with pytest.raises(study_mod.SetupError, match="batch range"):
+        study_mod.batch_search(w, False, (16, 64))
+    full = Workload(kind="fullgraph", model="gcn", num_nodes=50, num_edges=200)
+    assert study_mod.batch_search(full, None, None) is None
+    with pytest.raises(study_mod.SetupError, match="no batch size"):
+        study_mod.batch_search(full, True, None)
+
+
+def test_profile_states_the_batch_size_rule():
+    fixed = study_mod.batch_size_rule({"batch_size": 128}, {"kind": "graphs", "batch_size": 128})
+    assert fixed == {"tuned": False, "batch_size": 128}
+    wl = {"kind": "graphs", "batch_range": [32, 512], "default_batch_size": 128}
+    rule = study_mod.batch_size_rule({"batch_size": 512}, wl)
+    assert rule["tuned"] and rule["reference_batch_size"] == 128 and rule["range"] == [32, 512]
+    assert rule["lr_scaling"] == "sqrt" and rule["lr_factor"] == pytest.approx(2.0)
+    assert "sqrt(512 / 128)" in rule["rule"]
 
 
 def test_bad_storage_is_one_clear_error(tmp_path):

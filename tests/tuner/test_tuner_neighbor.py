@@ -107,20 +107,27 @@ def test_suggest_neighbor_search_space():
     props = gnncompile.hardware.detect("cpu")
     w = _tiny()
     s = study_mod.suggest(optuna.trial.FixedTrial({"batch_size": 1000, "num_workers": 0, "threads": 1}),
-                          w, props, 128, None, 2)
+                          w, props, 128, RANGE, 2)
     assert s["batch_size"] == 1000 and s["pool_size"] is None and s["persistent_workers"] is False
     s = study_mod.suggest(optuna.trial.FixedTrial({"batch_size": 100, "num_workers": 2, "pool_size": 5,
                                                    "persistent_workers": True, "threads": 2}),
                           w, props, 128, RANGE, 2)
     assert (s["batch_size"], s["num_workers"], s["pool_size"], s["persistent_workers"]) == (100, 2, 5, True)
-    # the batch size is searched on a log scale, over the given range or the default one
+    # the batch size is searched only when asked, on a log scale, over the given range or the
+    # default one; otherwise it stays at the batch size given
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    for rng, want in ((None, NEIGHBOR_BATCH_RANGE), (RANGE, RANGE)):
+    for ask, rng, want in ((True, None, NEIGHBOR_BATCH_RANGE), (None, RANGE, RANGE)):
         t = study.ask()
-        study_mod.suggest(t, w, props, 128, rng, 2)
+        study_mod.suggest(t, w, props, 128, study_mod.batch_search(w, ask, rng), 2)
         d = t.distributions["batch_size"]
         assert (d.low, d.high, d.log) == (*want, True)
-    wd = study_mod.workload_dict(w, 128, None)
+    t = study.ask()
+    assert study_mod.batch_search(w, None, None) is None
+    assert study_mod.suggest(t, w, props, 1000, None, 2)["batch_size"] == 1000
+    assert "batch_size" not in t.distributions
+    wd = study_mod.workload_dict(w, 1000, None)
+    assert wd["batch_size"] == 1000 and "batch_range" not in wd
+    wd = study_mod.workload_dict(w, 128, NEIGHBOR_BATCH_RANGE)
     assert wd["batch_range"] == list(NEIGHBOR_BATCH_RANGE) and wd["default_batch_size"] == 128
 
 
@@ -138,6 +145,9 @@ def test_tune_writes_a_profile_that_the_loader_applies(tmp_path):
     profiles.validate(doc)
     assert doc["workload"]["kind"] == "neighbor" and doc["workload"]["fanout"] == [4, 3]
     assert doc["workload"]["batch_range"] == list(RANGE)
+    rule = doc["batch_size_rule"]
+    assert rule["tuned"] and rule["range"] == list(RANGE) and rule["lr_scaling"] == "sqrt"
+    assert rule["batch_size"] == doc["settings"]["batch_size"]
     assert doc["throughput"]["unit"] == "seeds/s" and doc["throughput"]["tuned"] > 0
     assert doc["throughput"]["default"] > 0
     s = doc["settings"]
