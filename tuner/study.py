@@ -15,7 +15,7 @@
   the profile's ``batch_size_rule`` says whether it was tuned and the learning-rate rescaling
   that goes with it, :func:`batch_size_rule`), pool size
   (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
-  kernel knobs (``chunks_per_thread`` and ``prefetch_distance`` on CPU; lanes per row and items per group on CUDA) and
+  kernel knobs (``chunks_per_thread`` and ``prefetch_distance`` on CPU; lanes per row, rows per block and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
   A data-parallel neighbor workload (``Workload(ranks=N)``, N > 1: each trial is N gloo rank
   processes, :func:`tuner.workloads.measure`) searches threads per rank, up to CPUs / N, and
@@ -184,8 +184,10 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
     if w.compiled:
         if cuda:
             lanes = trial.suggest_categorical("lanes_per_row", [0, 4, 8, 16, 32])
+            # lane groups per block (0: the launch rule's, block = min(256, threads per SM / 4))
+            rows = trial.suggest_categorical("rows_per_block", [0, 2, 4, 8, 16])
             items = trial.suggest_categorical("items_per_group", [0, 64, 256, 1024])
-            s["knobs"] = [lanes, 0, 0, items]
+            s["knobs"] = [lanes, rows, 0, items]
         else:
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16]),
                           trial.suggest_categorical("prefetch_distance", [2, 4, 8, 16])]
@@ -447,6 +449,11 @@ def _machine_loaded(report) -> bool:
     return _noise.loaded(report)
 
 
+def _keeps_load_sensitive(settings: Dict[str, Any], defaults: Dict[str, Any]) -> bool:
+    """Whether ``settings`` keep every ``LOAD_SENSITIVE`` setting at the defaults' value."""
+    return all(settings.get(k) == defaults.get(k) for k in LOAD_SENSITIVE)
+
+
 def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, device, result: dict,
              guard: Optional[_guard.RunGuard] = None, trial_s: Optional[float] = None, callbacks=()):
     """Re-measures the defaults and the candidates in turn, the defaults first, ``rounds`` times,
@@ -485,8 +492,7 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
         return {n: _noise.ratio_interval(v, default_runs) for n, v in runs.items() if v}
 
     def eligible(n: int, loaded: bool) -> bool:
-        s = _settings_of(by_number[n])
-        return not loaded or all(s.get(k) == defaults.get(k) for k in LOAD_SENSITIVE)
+        return not loaded or _keeps_load_sensitive(_settings_of(by_number[n]), defaults)
 
     def leader(ivs, loaded: bool) -> Optional[int]:
         ok = [n for n, iv in ivs.items() if iv is not None and eligible(n, loaded)]
@@ -572,7 +578,11 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
             chosen = "defaults (faster than every trial in this run)"
             s = dict(defaults)
         elif not _noise.faster_with_confidence(iv):
-            if iv is None:
+            excluded = (result.get("noise") or {}).get("excluded")
+            if iv is None and excluded:
+                why = (f"the machine was loaded and every candidate re-measured (trials {excluded}) "
+                       "changed the thread count, which a busy core biases")
+            elif iv is None:
                 why = "no candidate was re-measured against them before the timeout"
             else:
                 why = (f"no candidate was faster than them with 95% confidence: ratio {iv['ratio']:.3f}, "
@@ -841,7 +851,14 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
     defaults = None
     if measure_defaults:
         defaults = default_settings(w, props, batch_size=int(batch_size or 128))
-        best = _confirm(w, _candidates(ranked, confirm_top), defaults, confirm_rounds, device, result,
+        pool = ranked
+        if result["noise"]["loaded"]:
+            # the trials ran on a loaded machine: the candidates re-measured are the best trials
+            # that keep the load-sensitive settings at the defaults' (a busy core makes fewer
+            # threads look faster), so that a gain from the other settings can still be shown
+            pool = [t for t in ranked if _keeps_load_sensitive(_settings_of(t), defaults)]
+            result["noise"]["skipped_trials"] = [t.number for t in ranked if t not in pool][:confirm_top]
+        best = _confirm(w, _candidates(pool, confirm_top), defaults, confirm_rounds, device, result,
                         guard, trial_s, callbacks) or best
         if result.get("no_profile"):
             warnings.warn(f"gnncompile tune: {result['no_profile']}", NoProfileWarning)

@@ -257,6 +257,19 @@ def test_suggest_respects_fixed_and_ranged_batch_size():
                                                                     "threads": 1}), w, props, 64, None, 2)
 
 
+def test_suggest_cuda_searches_lanes_rows_and_items():
+    wc = _tiny()
+    wc.compiled = True
+    props = {"type": "cuda", "host_logical_cpus": 8, "capability": [9, 0]}
+    t = optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 1, "persistent_workers": True,
+                                 "pin_memory": True, "lanes_per_row": 8, "rows_per_block": 4,
+                                 "items_per_group": 256, "inner": "inductor"})
+    s = study_mod.suggest(t, wc, props, 64, None, 2)
+    assert s["knobs"] == [8, 4, 0, 256] and s["pin_memory"] and s["threads"] is None
+    _, notes = profiles.check_settings(s, props, device_type="cuda")
+    assert notes == []  # within the ranges a profile may hold
+
+
 def test_batch_size_searched_only_when_asked():
     w = _tiny()
     assert study_mod.batch_search(w, None, None) is None
