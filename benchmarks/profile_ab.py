@@ -184,8 +184,10 @@ def main(argv=None) -> int:
     ap.add_argument("profiles", nargs="*", help="profile files, or folders (this device's profiles in them)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds (each: one process per side)")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per measurement (default: the profile's workload's)")
-    ap.add_argument("--warmup", type=int, default=None, help="steps before timing (default: the workload's)")
+    ap.add_argument("--steps", default=None,
+                    help="timed steps per measurement: N, or per workload kind (graphs=600,neighbor=600,"
+                         "fullgraph=100); default: the profile's workload's")
+    ap.add_argument("--warmup", default=None, help="steps before timing: N or per kind (default: the workload's)")
     ap.add_argument("--target", type=float, default=None, help="the ratio each profile should reach")
     ap.add_argument("--targets", default=None,
                     help="per workload kind, e.g. graphs=1.15,neighbor=1.15,fullgraph=1.1 (overrides --target)")
@@ -201,11 +203,9 @@ def main(argv=None) -> int:
         ap.error("name at least one profile file or folder")
     if args.rounds < 2:
         ap.error("--rounds must be >= 2 (an interval needs two pairs)")
-    targets: Dict[str, float] = {}
-    if args.targets:
-        for part in args.targets.split(","):
-            k, _, v = part.partition("=")
-            targets[k.strip()] = float(v)
+    targets = _per_kind(ap, "--targets", args.targets, float)
+    steps = _per_kind(ap, "--steps", args.steps, int)
+    warmup = _per_kind(ap, "--warmup", args.warmup, int)
 
     from gnncompile import profiles
     from gnncompile.hardware import device
@@ -220,7 +220,8 @@ def main(argv=None) -> int:
         kind = (doc.get("workload") or {}).get("kind", "?")
         target = targets.get(kind, args.target)
         print(f"{path.name} ({kind}, target {target}):", flush=True)
-        res = ab(doc, args.rounds, args.steps, args.warmup, args.allow_tuned_batch, args.timeout)
+        res = ab(doc, args.rounds, steps.get(kind, steps.get("*")), warmup.get(kind, warmup.get("*")),
+                 args.allow_tuned_batch, args.timeout)
         res.update(profile_path=str(path), kind=kind, target=target, verdict=verdict(res, target),
                    tuned_ratio=(doc.get("study") or {}).get("ratio"),
                    chosen=(doc.get("study") or {}).get("chosen"))
@@ -236,6 +237,23 @@ def main(argv=None) -> int:
     report["loadavg_before_after"].append(_common.loadavg())
     _common.write_results(Path(args.out), args.name, report, _markdown, _plot, json_default=str)
     return 0
+
+
+def _per_kind(ap, flag: str, text: Optional[str], cast) -> Dict[str, Any]:
+    """``N`` (every kind: key "*") or ``kind=N,kind=N`` as a dict; a usage error otherwise."""
+    if not text:
+        return {}
+    out: Dict[str, Any] = {}
+    try:
+        for part in text.split(","):
+            k, sep, v = part.partition("=")
+            out[k.strip() if sep else "*"] = cast(v if sep else k)
+    except ValueError:
+        ap.error(f"{flag}: expected N or KIND=N,KIND=N, got {text!r}")
+    bad = set(out) - {"*", "graphs", "neighbor", "fullgraph"}
+    if bad:
+        ap.error(f"{flag}: unknown workload kind(s) {sorted(bad)}")
+    return out
 
 
 def _diff(res: Dict[str, Any]) -> str:

@@ -74,3 +74,15 @@ def test_a_tiny_run_measures_both_sides_in_child_processes(tmp_path):
     assert [c["threads"] for c in res["children"]["profile"]] == [1, 1]
     md = (tmp_path / "profile_ab.md").read_text()
     assert "p.json" in md and "loader 'pyg' -> 'pooled'" in md
+
+
+def test_per_kind_options():
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    assert profile_ab._per_kind(ap, "--steps", "200", int) == {"*": 200}
+    assert profile_ab._per_kind(ap, "--steps", "graphs=600,fullgraph=100", int) == {"graphs": 600, "fullgraph": 100}
+    assert profile_ab._per_kind(ap, "--steps", None, int) == {}
+    for bad in ("graphs=x", "molecules=3"):
+        with pytest.raises(SystemExit):
+            profile_ab._per_kind(ap, "--steps", bad, int)
