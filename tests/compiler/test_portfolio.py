@@ -24,7 +24,7 @@ NATIVE = pytest.mark.skipif(not gnncompile.info()["native"], reason="needs the n
 def _graph(N=300, E=2400, seed=0):
     g = torch.Generator().manual_seed(seed)
     ei = torch.randint(0, N, (2, E), generator=g)
-    ei[:, :50] = ei[:, :1]  # repeated edges; the random ends leave isolated nodes and empty rows
+    ei[:, :min(50, E // 4)] = ei[:, :1]  # repeated edges; the random ends leave isolated nodes and empty rows
     return ei, g
 
 
@@ -79,10 +79,10 @@ def _both_on(csr, csc, w, x):
 
 @NATIVE
 def test_torch_sparse_second_derivative_and_gradcheck():
-    ei, g = _graph(N=20, E=60, seed=2)
-    s = S.build(ei, 20)
-    x = torch.randn(20, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    w = torch.rand(60, generator=g, dtype=torch.float64, requires_grad=True)
+    ei, g = _graph(N=6, E=12, seed=2)
+    s = S.build(ei, 6)
+    x = torch.randn(6, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(12, generator=g, dtype=torch.float64, requires_grad=True)
     f = lambda x, w: vendor.spmm_sparse(s.rowptr, s.col, s.perm, w, x, "mean", [])  # noqa: E731
     assert torch.autograd.gradcheck(f, (x, w))
     assert torch.autograd.gradgradcheck(f, (x, w))
