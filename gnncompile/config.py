@@ -48,6 +48,7 @@ class Config:
     guard: str = "time"
     huge_pages: str = "auto"
     cuda_unverified: str = ""
+    spmm_impl: str = "auto"
     disable_native: bool = False
     cache_dir: Optional[Path] = None  # None: $XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile
     xdg_cache_home: Optional[Path] = None
@@ -74,6 +75,7 @@ def _inner(name: str, raw: str) -> Optional[str]:
 PROGRAM_MODES = ("auto", "always", "never")
 GUARD_MODES = ("time", "off")
 HUGE_PAGE_MODES = ("auto", "off")
+SPMM_IMPLS = ("auto", "native", "torch_sparse")
 
 
 def _one_of(modes: Tuple[str, ...]) -> Callable[[str, str], str]:
@@ -158,6 +160,10 @@ VARIABLES: Tuple[Variable, ...] = (
              "transparent huge pages for torch's CPU allocations of >= 2 MiB, turned on process-wide "
              "by compile() where the kernel's THP mode is madvise (gnncompile.hardware.memory); "
              "off: torch's CPU allocator is left as it is"),
+    Variable("GNNCOMPILE_SPMM_IMPL", "spmm_impl", _one_of(SPMM_IMPLS), "auto (default), native, torch_sparse",
+             "the fused spmm's implementation: auto runs the faster of gnncompile's kernel and torch.sparse.mm "
+             "on a CSR tensor, measured once per device and size class (at most 2 s, cached in the profile "
+             "folder); either runs only where it gives the native kernel's bits (gnncompile.compiler.portfolio)"),
     Variable("GNNCOMPILE_CUDA_UNVERIFIED", "cuda_unverified", cuda_unverified,
              "attention_v2, attention_dot (comma-separated), all, none (default)",
              "fuse these ops' chains on CUDA too: their CUDA kernels are built but have not yet been run on "
@@ -305,5 +311,5 @@ def table() -> str:
 
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
            "Launch", "LAUNCHER_VARIABLES", "launcher", "child_environment",
-           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES",
+           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES", "SPMM_IMPLS",
            "HUGE_PAGE_MODES"]

@@ -50,7 +50,8 @@ a ProfileWarning saying what was changed:
   native/cuda/knobs.h applies to explicit knobs, read from the native extension (without it
   the CUDA knobs are only checked to be ints >= 0: no kernel reads them then).
 * ``pin_memory``, ``persistent_workers``: true or false; ``inner``: one of
-  :data:`gnncompile.compiler.backend.INNERS`.
+  :data:`gnncompile.compiler.backend.INNERS`; ``spmm_impl``: one of :data:`SPMM_IMPLS`, the fused
+  spmm's implementation (``Settings.choices['spmm_impl']``, :mod:`gnncompile.compiler.portfolio`).
 """
 from __future__ import annotations
 
@@ -77,7 +78,9 @@ from .hardware import device as _device
 FORMAT = "gnncompile-profile"
 SCHEMA_VERSION = 1
 SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "pin_memory",
-                "persistent_workers", "inner")
+                "persistent_workers", "inner", "spmm_impl")
+#: what settings.spmm_impl may hold besides null
+SPMM_IMPLS = _config.SPMM_IMPLS
 
 
 #: The CPU kernels' cap on knobs[0] (chunks per thread): kMaxChunksPerThread in native/cpu/glue.h.
@@ -189,7 +192,8 @@ def default_profile(props: Optional[Dict[str, Any]] = None) -> Profile:
 
 
 def _complete(settings: Mapping[str, Any], props: Mapping[str, Any]) -> Dict[str, Any]:
-    out = dict(_device.default_settings(dict(props)))
+    out: Dict[str, Any] = dict.fromkeys(SETTING_KEYS)  # (None: unset; spmm_impl has no device default)
+    out.update(_device.default_settings(dict(props)))
     out.update({k: v for k, v in settings.items() if k in SETTING_KEYS})
     return out
 
@@ -341,6 +345,9 @@ def check_settings(settings: Mapping[str, Any], props: Optional[Mapping[str, Any
             raise ProfileError(f"corrupt: settings.{k} must be true or false, got {out[k]!r}")
     if out.get("inner") is not None and out["inner"] not in INNERS:
         raise ProfileError(f"corrupt: settings.inner must be one of {INNERS} or null, got {out['inner']!r}")
+    if out.get("spmm_impl") is not None and out["spmm_impl"] not in SPMM_IMPLS:
+        raise ProfileError(f"corrupt: settings.spmm_impl must be one of {SPMM_IMPLS} or null, "
+                           f"got {out['spmm_impl']!r}")
     return out, notes
 
 

@@ -40,7 +40,12 @@ Fields:
   (``$GNNCOMPILE_HUGE_PAGES``). ``cuda_unverified``: the ops of
   :data:`gnncompile.config.CUDA_UNVERIFIED_OPS` whose chains are fused on CUDA too although their
   CUDA kernels have not yet been run on a GPU, comma-separated ('all', or '' for none, the
-  default; ``$GNNCOMPILE_CUDA_UNVERIFIED``).
+  default; ``$GNNCOMPILE_CUDA_UNVERIFIED``). ``spmm_impl``: the implementation each fused spmm
+  runs (:mod:`gnncompile.compiler.portfolio`), 'auto' (default: the faster of gnncompile's kernel
+  and torch.sparse.mm on a CSR tensor, measured at the first compile that needs it on the device,
+  at most 2 s, cached in the profile folder), 'native' (gnncompile's kernel) or 'torch_sparse'
+  (the vendor library; either candidate runs only where it gives the native kernel's bits, or
+  with ``reassociate``; ``$GNNCOMPILE_SPMM_IMPL``).
 * ``profile``: where the profile's settings came from (a path, or "(defaults)").
 """
 from __future__ import annotations
@@ -54,6 +59,8 @@ from . import config as _config
 #: the ops a knob list may be given for in ``op_knobs``
 OPS = ("spmm", "edge_softmax", "message", "gather", "attention")
 ATTENTION_MODES = ("fused", "chain")
+#: what choices['spmm_impl'] may hold (gnncompile.compiler.portfolio)
+SPMM_IMPLS = _config.SPMM_IMPLS
 DEVICE_TYPES = ("cpu", "cuda")
 _LOADER_KEYS = ("batch_size", "pool_size", "num_workers", "pin_memory", "persistent_workers")
 
@@ -152,10 +159,14 @@ class Settings:
             else:
                 del choices["cuda_unverified"]
             object.__setattr__(self, "choices", tuple(sorted(choices.items())))
-        unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages", "cuda_unverified"}
+        impl = dict(self.choices).get("spmm_impl", "auto")
+        if impl not in SPMM_IMPLS:
+            raise ValueError(f"gnncompile settings: choices['spmm_impl'] must be one of {SPMM_IMPLS}, got {impl!r}")
+        unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages", "cuda_unverified",
+                                             "spmm_impl"}
         if unknown:
             raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
-                             "'programs', 'guard', 'attention', 'huge_pages' and 'cuda_unverified'")
+                             "'programs', 'guard', 'attention', 'huge_pages', 'cuda_unverified' and 'spmm_impl'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -192,6 +203,11 @@ class Settings:
         by default)."""
         v = dict(self.choices).get("cuda_unverified", "")
         return tuple(v.split(",")) if v else ()
+
+    @property
+    def spmm_impl(self) -> str:
+        """The fused spmm's implementation: 'auto' (default), 'native' or 'torch_sparse'."""
+        return dict(self.choices).get("spmm_impl", "auto")
 
     @property
     def guard(self) -> str:
@@ -250,6 +266,7 @@ class Settings:
         choices = ((("programs", cfg.programs),) if cfg.programs != "auto" else ()) + \
                   ((("guard", cfg.guard),) if cfg.guard != "time" else ()) + \
                   ((("huge_pages", cfg.huge_pages),) if cfg.huge_pages != "auto" else ()) + \
+                  ((("spmm_impl", cfg.spmm_impl),) if cfg.spmm_impl != "auto" else ()) + \
                   ((("cuda_unverified", cfg.cuda_unverified),) if cfg.cuda_unverified else ())
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
                    structure_check=check, choices=choices)
@@ -266,6 +283,8 @@ class Settings:
                     "profile": profile.path or "(defaults)"}
             if profile.inner:
                 prof["inner"] = profile.inner
+            if profile.settings.get("spmm_impl"):
+                prof["choices"] = {**dict(s.choices), "spmm_impl": profile.settings["spmm_impl"]}
             s = s.replace(**prof)
         given = {k: v for k, v in explicit.items() if v is not None and not (k == "inner" and v == "auto")}
         return s.replace(**given) if given else s
@@ -285,4 +304,4 @@ def _normalise(changes: Mapping[str, Any]) -> Dict[str, Any]:
 
 DEFAULT = Settings()
 
-__all__ = ["Settings", "DEFAULT", "OPS"]
+__all__ = ["Settings", "DEFAULT", "OPS", "SPMM_IMPLS"]

@@ -195,6 +195,9 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
         # graph sizes (benchmarks/results/inner_rule.md; earlier measurements in
         # benchmarks/results/HISTORY.md, "Inner compiler")
         s["inner"] = trial.suggest_categorical("inner", list(INNERS))
+        # the fused spmm's implementation (gnncompile.compiler.portfolio): ours or the vendor
+        # library's; on CUDA only ours is admitted
+        s["spmm_impl"] = None if cuda else trial.suggest_categorical("spmm_impl", ["native", "torch_sparse"])
     else:
         s["knobs"] = default_knobs
     return s

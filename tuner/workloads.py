@@ -213,7 +213,7 @@ def default_settings(w: Workload, device_props: Optional[dict] = None, batch_siz
             "batch_size": batch_size if w.kind in ("graphs", "neighbor") else None,
             "pool_size": None, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
             "threads": threads, "knobs": _device.default_settings(p)["knobs"],
-            "inner": None}
+            "inner": None, "spmm_impl": None}
 
 
 class MemoryBudgetExceeded(RuntimeError):
@@ -360,7 +360,8 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     settings: ``loader`` ('pooled' or 'pyg', graphs only; a neighbor workload always uses
     :class:`gnncompile.data.NeighborLoader`), ``batch_size``, ``pool_size``,
     ``num_workers``, ``pin_memory``, ``persistent_workers``, ``threads``, ``knobs``, ``inner``
-    (the inner compiler; None: the default), ``compiled`` (overrides ``w.compiled``: a
+    (the inner compiler; None: the default), ``spmm_impl`` (the fused spmm's implementation,
+    ``Settings.choices['spmm_impl']``; None: 'auto'), ``compiled`` (overrides ``w.compiled``: a
     baseline of PyG's own eager model on a compiled workload).
     Peak memory: on CUDA the peak allocated bytes; on CPU the growth of this process's
     resident set over the run (workers not included). Raises MemoryBudgetExceeded when it
@@ -465,6 +466,8 @@ def _compile_with(model, settings, dev):
     torch._dynamo.reset()
     knobs = settings.get("knobs")
     chosen = {"choices": {"guard": "off"}}
+    if settings.get("spmm_impl"):
+        chosen["choices"]["spmm_impl"] = settings["spmm_impl"]
     if knobs is not None:
         chosen["knobs"] = {dev.type: list(knobs)}
     return gnncompile.compile(model, profile=None, inner=settings.get("inner") or "auto", settings=chosen)

@@ -38,6 +38,7 @@ from ..passes.report import one_line
 from ..settings import Settings
 from ..ops import hoisted, loops
 from .._log import get_logger, log_fusions
+from . import portfolio as _portfolio
 from .guard import SpeedGuard, unrewritten_copy
 
 _log = get_logger(__name__)
@@ -257,7 +258,7 @@ class Backend:
         inner = choose_inner(example_inputs) if self.inner == "auto" else self.inner
         plain = unrewritten_copy(gm) if self.rewrite and self.settings.guard != "off" else None
         report = (passes.run(gm, self.settings, copy_structures=(inner == "inductor"), hoist=True,
-                             fast_dropout=(inner != "inductor")) if self.rewrite
+                             fast_dropout=(inner != "inductor"), portfolio=_portfolio.decide) if self.rewrite
                   else passes.PassReport())
         report.inner = inner
         report.settings = self.settings

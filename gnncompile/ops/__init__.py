@@ -11,12 +11,14 @@
 * :mod:`.functional`: the public functions :func:`spmm` and :func:`edge_softmax` (their
   ``knobs`` argument: the launch knobs, default the kernels' own rule), and the loader's
   collation ops.
+* :mod:`.vendor`: ``gnncompile::spmm_sparse``, the vendor library's spmm (``torch.sparse.mm``
+  on a CSR tensor), the spmm portfolio's second candidate.
 * :mod:`.targets`: the op overloads that the passes insert and export translates.
 """
 from __future__ import annotations
 
 from . import reference, schemas  # noqa: F401  (schemas first: it defines the ops)
-from . import autograd, loops, message, program, structure, targets  # noqa: F401
+from . import autograd, loops, message, program, structure, targets, vendor  # noqa: F401
 from .functional import REDUCES, collate_rows, edge_softmax, segment_ids, spmm
 from .structure import (cache_info, clear_cache, set_structure_check, structure_check, transpose_structure,
                         validation_count, validations_since)

@@ -8,10 +8,12 @@ from . import autograd  # noqa: F401  (the ops carry their autograd formulas whe
 from . import hoisted as _hoisted  # noqa: F401  (defines gnncompile::hoisted)
 from . import message as _message  # noqa: F401  (message programs: reference, fake, autograd)
 from . import structure  # noqa: F401  (defines the structure ops)
+from . import vendor  # noqa: F401  (defines gnncompile::spmm_sparse, the spmm portfolio's vendor candidate)
 from .schemas import ops
 
 BUILD_CSR = ops.build_csr.default
 SPMM = ops.spmm.default
+SPMM_SPARSE = ops.spmm_sparse.default  # the vendor library's spmm (ops/vendor.py)
 EDGE_SOFTMAX = ops.edge_softmax.default
 ATTENTION = ops.attention.default
 ATTENTION_V2 = ops.attention_v2.default
@@ -29,6 +31,6 @@ MESSAGE_EDGES = ops.message_edges.default
 NEIGHBOR_SAMPLE = ops.neighbor_sample.default  # called by gnncompile.data.neighbor
 HETERO_NEIGHBOR_SAMPLE = ops.hetero_neighbor_sample.default
 
-__all__ = ["BUILD_CSR", "SPMM", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
+__all__ = ["BUILD_CSR", "SPMM", "SPMM_SPARSE", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
            "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES",
            "NEIGHBOR_SAMPLE", "HETERO_NEIGHBOR_SAMPLE"]

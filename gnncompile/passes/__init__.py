@@ -11,7 +11,8 @@ module per phase, typed records between them. :func:`run` runs six phases, in th
 4. :mod:`.plan`: the graph structures the chains share (:class:`~.plan.SharedStructure`).
 5. :mod:`.rewrite`: structure ops and fused ops inserted, replaced nodes removed, then the
    per-edge gathers left in the graph turned into ``gnncompile::gather``, and each attention
-   chain turned into one ``gnncompile::attention`` (:mod:`.attention`).
+   chain turned into one ``gnncompile::attention`` (:mod:`.attention`); last, each remaining
+   spmm given the implementation the portfolio chooses (:mod:`.portfolio`).
 6. :mod:`.hoist` (``hoist=True``): the work that depends only on the graph moved into one
    cached region (``gnncompile::hoisted``), computed once per graph instead of once per call.
 
@@ -20,7 +21,7 @@ the ops of :mod:`gnncompile.ops`, which run with the graph.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from torch.fx import GraphModule
 
@@ -36,7 +37,8 @@ from ..settings import DEFAULT, Settings
 
 
 def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: bool = False,
-        hoist: bool = False, fast_dropout: bool = False, programs: bool = True) -> PassReport:
+        hoist: bool = False, fast_dropout: bool = False, programs: bool = True,
+        portfolio: Optional[Callable] = None) -> PassReport:
     """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
 
     ``settings`` (:class:`gnncompile.settings.Settings`; default: the defaults, no knobs): the
@@ -50,7 +52,9 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     :func:`.canonical.fast_dropout` (compiled graphs whose inner compiler is not inductor).
     ``programs``: :func:`.algebra.push_linear_to_nodes`, message programs (:mod:`.messages`) and
     the fused attention (:mod:`.attention`); export turns them off (its graphs keep the messages
-    as standard ops)."""
+    as standard ops). ``portfolio``: the implementation decision of each fused spmm
+    (:func:`gnncompile.compiler.portfolio.decide`, which compiled graphs get from the backend;
+    None: every spmm runs the native op, as in export)."""
     settings = DEFAULT if settings is None else settings
     graph = gm.graph
     drop_identity_dropout(graph)
@@ -61,7 +65,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     report = rewrite(graph, plan(match(graph, order, programs, settings.programs,
                                         attention=programs and settings.attention == "fused",
                                         attention_cuda="attention_dot" in settings.cuda_unverified), order), order,
-                     copy_structures, settings, attention=programs)
+                     copy_structures, settings, attention=programs, portfolio=portfolio)
     report.notes += list(dict.fromkeys(notes))
     report.linear_moved = moved
     report.dropouts = dropouts
@@ -74,7 +78,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
+FUSED_OPS = ("spmm", "spmm_sparse", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
              "attention_dot")
 
 

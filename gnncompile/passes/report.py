@@ -25,6 +25,8 @@ class Fused:
     # what of the chain is not fused ('segment': the message computed beforehand, as written):
     # said here, so that each chain is in one list of the report
     note: str = ""
+    # spmm: the implementation that runs and why (passes/portfolio.py), '' where none was chosen
+    impl: str = ""
 
     def __str__(self) -> str:
         what = self.kind if self.kind != "spmm" else \
@@ -33,7 +35,8 @@ class Fused:
             what = f"{self.kind}[{self.detail}]" if self.detail else self.kind
         if self.kind in ("message", "segment", "edges"):
             what = f"{self.kind}[{self.reduce}: {self.detail}]"
-        return f"{what:<26} in {self.layer}  (at {self.node})" + (f"; {self.note}" if self.note else "")
+        return (f"{what:<26} in {self.layer}  (at {self.node})" + (f"; {self.note}" if self.note else "")
+                + (f"; {self.impl}" if self.impl and self.kind == "spmm" else ""))
 
 
 @dataclass
@@ -70,6 +73,7 @@ class PassReport(Fusions):
     inner: str = ""  # the inner compiler the backend handed the piece to
     dropouts: int = 0  # F.dropout calls replaced by gnncompile::dropout
     linear_moved: int = 0  # linear maps of gathered rows moved to the nodes (passes.algebra)
+    vendor: int = 0  # fused spmm calls that run the vendor implementation (passes.portfolio)
     # why Dynamo ended the piece where it did, when that was a graph break: its reason (without
     # Dynamo's hints) and the user's line it broke at ('file.py:12 (forward)')
     graph_break: str = ""

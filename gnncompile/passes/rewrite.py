@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.fx import Node
@@ -29,6 +29,7 @@ from ..ops import program as P
 from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
 from .messages import EdgeProgram, Program
 from .plan import Plan, SharedStructure
+from .portfolio import choose_implementations
 from .semantics import Writes, written_args
 from .report import Fused, PassReport, Unfused
 from ..settings import DEFAULT, Settings
@@ -299,11 +300,13 @@ def drop_dead(graph, claimed=()) -> None:
 
 
 def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = False,
-            settings: Optional[Settings] = None, attention: bool = False) -> PassReport:
+            settings: Optional[Settings] = None, attention: bool = False,
+            portfolio: Optional[Callable] = None) -> PassReport:
     """Applies plan ``p`` to ``graph``; returns what was fused and what was left, with reasons.
     The kernel knobs of ``settings`` (default: none, the kernels' defaults) go into the fused
     calls as arguments. ``attention``: attention chains become one ``gnncompile::attention``
-    (:mod:`.attention`) where ``settings.attention`` is 'fused'."""
+    (:mod:`.attention`) where ``settings.attention`` is 'fused'. ``portfolio``: the decision of
+    each remaining spmm's implementation (:mod:`.portfolio`; None: native)."""
     settings = DEFAULT if settings is None else settings
     report = PassReport()
     writes = Writes(graph)
@@ -330,19 +333,21 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
         report.unfused.append(Unfused(opname(n), layer_of(n), why, n.name))
     drop_dead(graph, p.claimed)
     report.gathers = rewrite_edge_gathers(graph, built, settings)
-    if attention and settings.attention == "fused":
-        from .attention import _call_of, fuse_attention
+    from .attention import _call_of
 
+    lines = {_call_of(out): line for (_, out), line in zip(outs, report.fused)}
+    if attention and settings.attention == "fused":
+        from .attention import fuse_attention
         from .attention_dot import fuse_attention_dot
         from .attention_v2 import fuse_attention_v2
 
-        lines = {_call_of(out): line for (_, out), line in zip(outs, report.fused)}
         if fuse_attention(graph, built, settings, lines, report.fused):
             drop_dead(graph)
         if fuse_attention_v2(graph, built, settings, lines, report.fused):
             drop_dead(graph)
         if fuse_attention_dot(graph, built, settings, lines, report.fused, report, copy_structures):
             drop_dead(graph)
+    report.vendor = choose_implementations(graph, lines, settings, portfolio)
     return report
 
 

@@ -75,6 +75,8 @@ def random_setting(rng: random.Random, key: str):
         return rng.choice([True, False, None])
     if key == "inner":
         return rng.choice([*INNERS, None])
+    if key == "spmm_impl":
+        return rng.choice([*profiles.SPMM_IMPLS, None, "mkl", ""])
     return rng.choice([v for v in INTS if v >= 0] + [1, 2, 3, 4, 5, 6, 8, 64, 128, None])
 
 
@@ -101,6 +103,8 @@ def expected_settings(settings, device_type, props):
             return None
     if settings.get("inner") is not None and settings["inner"] not in INNERS:
         return None
+    if settings.get("spmm_impl") is not None and settings["spmm_impl"] not in profiles.SPMM_IMPLS:
+        return None
     return out, clamped
 
 
@@ -114,6 +118,7 @@ def assert_within_ranges(prof, props):
     for key in ("pin_memory", "persistent_workers"):
         assert s[key] is None or isinstance(s[key], bool)
     assert s["inner"] is None or s["inner"] in INNERS
+    assert s["spmm_impl"] is None or s["spmm_impl"] in profiles.SPMM_IMPLS
 
 
 TOP_FIELDS = ["format", "schema_version", "gnncompile_version", "torch_version", "device", "device_key",
@@ -124,7 +129,8 @@ def random_doc(rng: random.Random, props):
     """A valid profile with 1-3 settings replaced by random values and, one time in five, a
     top-level field replaced or removed. Returns (doc, only_settings_changed)."""
     base = {"knobs": [4] if props["type"] == "cpu" else [0, 0, 0, 0], "threads": 1, "batch_size": 64,
-            "pool_size": 3, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "inner": None}
+            "pool_size": 3, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "inner": None,
+            "spmm_impl": None}
     doc = profiles.make(props, {"kind": "graphs", "model": "gin", "num_graphs": 100}, base,
                         tuned=2.0, default=1.0, unit="graphs/s")
     for key in rng.sample(list(profiles.SETTING_KEYS), rng.randint(1, 3)):
