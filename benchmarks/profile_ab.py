@@ -39,7 +39,7 @@ from . import _common  # noqa: E402
 
 #: a child's settings come from the profile (these keys) or from the defaults
 _SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "pin_memory",
-                 "persistent_workers", "inner")
+                 "persistent_workers", "inner", "spmm_impl")
 
 
 def _child(spec_path: str) -> int:
