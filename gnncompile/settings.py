@@ -41,7 +41,9 @@ Fields:
   :data:`gnncompile.config.CUDA_UNVERIFIED_OPS` whose chains are fused on CUDA too although their
   CUDA kernels have not yet been run on a GPU, comma-separated ('all', or '' for none, the
   default; ``$GNNCOMPILE_CUDA_UNVERIFIED``).
-* ``profile``: where the profile's settings came from (a path, or "(defaults)").
+* ``profile``: where the profile's settings came from (:attr:`gnncompile.profiles.Profile.label`:
+  a path, "(defaults)", or a transfer: "<path> (transferred from <device key>, checked: 1.07x
+  the defaults [0.98, 1.15])", "(defaults; transfer from <key> rejected: <reason>)").
 """
 from __future__ import annotations
 
@@ -263,7 +265,7 @@ class Settings:
             dtype = str(profile.device.get("type", "cpu"))
             prof = {"knobs": {dtype: profile.knobs}, "threads": profile.settings.get("threads"),
                     "loader": profile.loader_kwargs(),
-                    "profile": profile.path or "(defaults)"}
+                    "profile": getattr(profile, "label", None) or profile.path or "(defaults)"}
             if profile.inner:
                 prof["inner"] = profile.inner
             s = s.replace(**prof)

@@ -26,6 +26,10 @@ os.environ.setdefault("GNNCOMPILE_PROGRAMS", "always")
 # model's first calls and keep whichever was faster, which tests of the fused ops cannot
 # predict; tests/compiler/test_guard.py tests the guard.
 os.environ.setdefault("GNNCOMPILE_GUARD", "off")
+# No A/B check of a transferred profile at compile time (a child process training for up to two
+# minutes): a profile of another device in the cache is used only with a cached verdict;
+# tests/profiles/test_transfer.py tests the check.
+os.environ.setdefault("GNNCOMPILE_TRANSFER", "cached")
 
 import shutil
 import subprocess
