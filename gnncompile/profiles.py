@@ -51,6 +51,25 @@ a ProfileWarning saying what was changed:
   the CUDA knobs are only checked to be ints >= 0: no kernel reads them then).
 * ``pin_memory``, ``persistent_workers``: true or false; ``inner``: one of
   :data:`gnncompile.compiler.backend.INNERS`.
+
+Transfer. When no usable profile has this device's key, :func:`find` offers the profile of the
+nearest other device (:func:`gnncompile.hardware.class_distance`: a CPU's only from a CPU, a
+CUDA device's only from a CUDA device; ISA class, caches, vendor, cores; compute capability,
+SMs, memory), the nearest workload among that device's profiles, then the newest file, with its
+settings adapted to this machine (:func:`adapt_settings`: threads rescaled by the cores, loader
+workers by the CPUs, then the ranges above) as a Profile with ``source == 'transfer'``.
+:func:`resolve` uses it only when a **verdict** says it is not slower than this device's
+defaults (:func:`gate`): a short interleaved A/B on the profile's own workload
+(:mod:`gnncompile.transfer`), cached as JSON in ``cache_dir()/transfer/<this key>__<source
+key>__<workload signature>.json`` (format ``gnncompile-transfer-verdict``; ``accepted``,
+``ratio`` (the median of the rounds' ratios transferred / defaults), ``interval``, ``runs``,
+``reason``, and ``judged``: the source's ``created`` and settings, the adapted settings, the
+versions; a verdict judging something else is stale). ``$GNNCOMPILE_TRANSFER``: ``check``
+(default: with no verdict, the check runs at first use in a child process bounded by
+``$GNNCOMPILE_TRANSFER_CHECK_S``), ``cached`` (verdicts already cached only), ``off``. A
+rejected or unchecked transfer gives the defaults with the ``transfer`` record saying why;
+:attr:`Profile.label` (the compiled model's ``Settings.profile``) says which. Profiles of other
+devices that cannot be read or are stale are passed over silently.
 """
 from __future__ import annotations
 

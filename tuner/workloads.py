@@ -15,6 +15,9 @@ Three kinds:
 :func:`measure` runs ``warmup`` steps (compilation, allocator, worker start-up), then times
 ``steps`` steps in ``chunks`` pieces, calling ``report(step, throughput_so_far)`` after each
 (the tuner prunes on it), and returns the throughput and the peak memory of the run.
+:func:`interleaved` is a short A/B: several settings, each compiled and warmed once, then
+trained a few steps each in turn for some rounds (the check of a transferred profile,
+:mod:`gnncompile.transfer`).
 
 A data-parallel trial (``Workload(kind="neighbor", ranks=N)``, N > 1): :func:`measure` runs the
 trial as N gloo rank processes on this host (``MASTER_ADDR=127.0.0.1``, a free port per trial),
