@@ -49,6 +49,8 @@ class Config:
     huge_pages: str = "auto"
     cuda_unverified: str = ""
     spmm_impl: str = "auto"
+    transfer: str = "check"
+    transfer_check_s: float = 120.0
     disable_native: bool = False
     cache_dir: Optional[Path] = None  # None: $XDG_CACHE_HOME/gnncompile, else ~/.cache/gnncompile
     xdg_cache_home: Optional[Path] = None
@@ -76,6 +78,10 @@ PROGRAM_MODES = ("auto", "always", "never")
 GUARD_MODES = ("time", "off")
 HUGE_PAGE_MODES = ("auto", "off")
 SPMM_IMPLS = ("auto", "native", "torch_sparse")
+#: what compile(profile='auto') does with the profile of the nearest tuned device when this one has
+#: none (gnncompile.transfer): check it by a short A/B at first use, use only verdicts already
+#: cached, or never transfer
+TRANSFER_MODES = ("check", "cached", "off")
 
 
 def _one_of(modes: Tuple[str, ...]) -> Callable[[str, str], str]:
@@ -107,6 +113,16 @@ def cuda_unverified(name: str, raw: str) -> str:
         raise ConfigError(f"{name}={raw!r}: expected op names among {', '.join(CUDA_UNVERIFIED_OPS)} "
                           "(comma-separated), all or none")
     return ",".join(o for o in CUDA_UNVERIFIED_OPS if o in names)
+
+
+def _seconds(name: str, raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise ConfigError(f"{name}={raw!r}: expected a number of seconds > 0")
+    return v
 
 
 def _check(name: str, raw: str) -> str:
@@ -169,6 +185,14 @@ VARIABLES: Tuple[Variable, ...] = (
              "fuse these ops' chains on CUDA too: their CUDA kernels are built but have not yet been run on "
              "a GPU, so by default GATv2's and TransformerConv's attention stay unfused chains there (for "
              "checking the kernels on a GPU, tests/gpu)"),
+    Variable("GNNCOMPILE_TRANSFER", "transfer", _one_of(TRANSFER_MODES), "check (default), cached, off",
+             "a device with no profile of its own and a profile of a device of its class: check "
+             "that profile against the defaults by a short A/B at first use (cached per device, "
+             "source and workload; the faster is used), use only verdicts already cached (else "
+             "the defaults), or never transfer"),
+    Variable("GNNCOMPILE_TRANSFER_CHECK_S", "transfer_check_s", _seconds, "seconds > 0 (default 120)",
+             "the time the first-use A/B check of a transferred profile may take (a child process, "
+             "killed past it; the defaults are used then and the timeout is cached as the verdict)"),
     Variable("GNNCOMPILE_STRUCTURE_CHECK", "structure_check", _check, "0/off, 1/cpu (default), 2/all",
              "when a structure found by the identity of its edge_index is confirmed by a "
              "content fingerprint"),
@@ -312,4 +336,4 @@ def table() -> str:
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
            "Launch", "LAUNCHER_VARIABLES", "launcher", "child_environment",
            "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES", "SPMM_IMPLS",
-           "HUGE_PAGE_MODES"]
+           "HUGE_PAGE_MODES", "TRANSFER_MODES"]

@@ -52,16 +52,40 @@ a ProfileWarning saying what was changed:
 * ``pin_memory``, ``persistent_workers``: true or false; ``inner``: one of
   :data:`gnncompile.compiler.backend.INNERS`; ``spmm_impl``: one of :data:`SPMM_IMPLS`, the fused
   spmm's implementation (``Settings.choices['spmm_impl']``, :mod:`gnncompile.compiler.portfolio`).
+
+Transfer. When no usable profile has this device's key, :func:`find` offers the profile of the
+nearest other device (:func:`gnncompile.hardware.class_distance`: a CPU's only from a CPU, a
+CUDA device's only from a CUDA device; ISA class, caches, vendor, cores; compute capability,
+SMs, memory), the nearest workload among that device's profiles, then the newest file, with its
+settings adapted to this machine (:func:`adapt_settings`: threads rescaled by the cores, loader
+workers by the CPUs, then the ranges above) as a Profile with ``source == 'transfer'``.
+:func:`resolve` uses it only when a **verdict** says it is not slower than this device's
+defaults (:func:`gate`): a short interleaved A/B on the profile's own workload
+(:mod:`gnncompile.transfer`), cached as JSON in ``cache_dir()/transfer/<this key>__<source
+key>__<workload signature>.json`` (format ``gnncompile-transfer-verdict``; ``accepted``,
+``ratio`` (the median of the rounds' ratios transferred / defaults), ``interval``, ``runs``,
+``reason``, and ``judged``: the source's ``created`` and settings, the adapted settings, the
+versions; a verdict judging something else is stale). ``$GNNCOMPILE_TRANSFER``: ``check``
+(default: with no verdict, the check runs at first use in a child process bounded by
+``$GNNCOMPILE_TRANSFER_CHECK_S``), ``cached`` (verdicts already cached only), ``off``. A
+rejected or unchecked transfer gives the defaults with the ``transfer`` record saying why;
+:attr:`Profile.label` (the compiled model's ``Settings.profile``) says which. Profiles of other
+devices that cannot be read or are stale are passed over silently.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import math
 import os
 import re
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,13 +94,19 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import torch
 
 from . import __version__
+from . import _log as _logmod
 from . import config as _config
 from .config import INNERS  # what settings.inner may hold (None: the default)
 from .hardware import cuda_knobs as _cuda_knobs
 from .hardware import device as _device
 
+_log = _logmod.get_logger(__name__)
+
 FORMAT = "gnncompile-profile"
 SCHEMA_VERSION = 1
+#: the format of a cached transfer verdict (section "Transfer" of the module docstring)
+VERDICT_FORMAT = "gnncompile-transfer-verdict"
+VERDICT_VERSION = 1
 SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "pin_memory",
                 "persistent_workers", "inner", "spmm_impl")
 #: what settings.spmm_impl may hold besides null
@@ -151,12 +181,37 @@ class Profile:
     workload: Dict[str, Any] = field(default_factory=dict)
     throughput: Dict[str, Any] = field(default_factory=dict)
     path: Optional[str] = None
-    source: str = "default"  # 'file' or 'default'
+    source: str = "default"  # 'file', 'transfer' (another device's profile, adapted) or 'default'
     raw: Dict[str, Any] = field(default_factory=dict)
+    #: a transfer (module docstring, "Transfer"): ``from`` (the source's device key), ``path``,
+    #: ``distance``, ``notes`` (what was adapted) and, once checked, ``verdict`` ('accepted',
+    #: 'rejected' or 'unchecked'), ``ratio``, ``interval``, ``reason``; {} otherwise. A default
+    #: profile keeps the record of a transfer that was rejected or not checked.
+    transfer: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_default(self) -> bool:
         return self.source == "default"
+
+    @property
+    def transferred_from(self) -> Optional[str]:
+        """The device key of the profile these settings were transferred from (None: not a
+        transfer, or one that was not used)."""
+        return self.transfer.get("from") if self.source == "transfer" else None
+
+    @property
+    def label(self) -> str:
+        """Where the settings came from, for :attr:`gnncompile.settings.Settings.profile` and
+        explain(): the file, "<file> (transferred from <key>, checked: ...)", "(defaults)", or
+        "(defaults; transfer from <key> rejected/unchecked: <reason>)"."""
+        t = self.transfer
+        if self.source == "transfer":
+            return f"{self.path} (transferred from {t.get('from')}, {_verdict_text(t)})"
+        if self.source == "default":
+            if t.get("from"):
+                return f"(defaults; transfer from {t['from']} {t.get('verdict', 'unchecked')}: {t.get('reason', '')})"
+            return "(defaults)"
+        return self.path or "(given as a document)"
 
     @property
     def knobs(self) -> List[int]:
@@ -183,6 +238,16 @@ class Profile:
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _verdict_text(t: Mapping[str, Any]) -> str:
+    """'checked: 1.07x the defaults [0.98, 1.15]' or 'unchecked'."""
+    if t.get("verdict") in ("accepted", "rejected") and _is_number(t.get("ratio")):
+        iv = t.get("interval") or {}
+        span = (f" [{iv['low']:.2f}, {iv['high']:.2f}]" if _is_number(iv.get("low")) and _is_number(iv.get("high"))
+                else "")
+        return f"checked: {t['ratio']:.2f}x the defaults{span}"
+    return str(t.get("verdict") or "unchecked")
 
 
 def default_profile(props: Optional[Dict[str, Any]] = None) -> Profile:
@@ -459,10 +524,24 @@ def list_profiles(directory: Union[str, os.PathLike, None] = None) -> List[Path]
     return sorted(p for p in d.glob("*.json") if not p.name.startswith("."))
 
 
+def _workload_gap(workload: Optional[Mapping[str, Any]], doc: Mapping[str, Any]) -> float:
+    """-1 for the exact signature, else :func:`workload_distance` (0 when no workload is asked)."""
+    if workload is None:
+        return 0.0
+    if doc.get("workload_signature") == workload_signature(workload):
+        return -1.0
+    wl = doc.get("workload")
+    return workload_distance(dict(workload), wl if isinstance(wl, dict) else {})
+
+
 def find(workload: Optional[Mapping[str, Any]] = None, device_props: Optional[Mapping[str, Any]] = None,
-         directory: Union[str, os.PathLike, None] = None) -> Optional[Profile]:
+         directory: Union[str, os.PathLike, None] = None, transfer: bool = True) -> Optional[Profile]:
     """The usable profile for this device whose workload is nearest to ``workload`` (an exact
-    signature wins; ties go to the newest file). Unusable files are skipped with a warning."""
+    signature wins; ties go to the newest file). Unusable files are skipped with a warning.
+
+    With no usable profile for this device key and ``transfer``, the nearest device class's
+    profile (:func:`transfer_candidate`): a Profile with ``source == 'transfer'``, not yet
+    checked (:func:`resolve` decides whether it is used)."""
     props = _device.detect() if device_props is None else dict(device_props)
     key = _device.device_key(props)
     best, best_d = None, None
@@ -475,26 +554,297 @@ def find(workload: Optional[Mapping[str, Any]] = None, device_props: Optional[Ma
         except ProfileError as e:
             warnings.warn(f"gnncompile: skipping profile {path}: {e}", ProfileWarning, stacklevel=2)
             continue
-        wl = doc.get("workload") or {}
-        if workload is None:
-            d = 0.0
-        elif doc.get("workload_signature") == workload_signature(workload):
-            d = -1.0
-        else:
-            d = workload_distance(dict(workload), wl)
+        d = _workload_gap(workload, doc)
         mtime = path.stat().st_mtime
         if best is None or d < best_d[0] or (d == best_d[0] and mtime > best_d[1]):
             best, best_d = (doc, path), (d, mtime)
     if best is None:
-        return None
+        return transfer_candidate(workload, props, directory) if transfer else None
     return _from_doc(best[0], str(best[1]), props)
 
 
+# ------------------------------------------------------------------------------ transfer
+def _count(props: Mapping[str, Any], *keys: str) -> Optional[int]:
+    for k in keys:
+        v = props.get(k)
+        if _is_int(v) and v >= 1:
+            return v
+    return None
+
+
+def adapt_settings(settings: Mapping[str, Any], source_props: Mapping[str, Any],
+                   props: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """Another device's profile settings made fit for this device (``props``); returns the
+    settings and a note per change:
+
+    * ``threads`` rescaled by the physical cores (this / source: a profile that used every core
+      uses every core here; the host CPUs for a CUDA device), ``num_workers`` by the logical CPUs,
+      ``pool_size`` keeps its slots beyond the workers (``pool - workers + new workers``);
+      ``persistent_workers`` off without workers;
+    * ``knobs`` kept only when the source is the same device type (their layout is per type;
+      else the defaults'); extra entries dropped;
+    * then every value clamped to this machine's ranges (:func:`check_settings`).
+
+    Raises :class:`ProfileError` for settings :func:`check_settings` rejects."""
+    out, notes = dict(settings), []
+    dtype = str(props.get("type", "cpu"))
+    if str(source_props.get("type", "cpu")) != dtype and out.get("knobs") is not None:
+        notes.append(f"knobs {out['knobs']} are for {source_props.get('type')}; dropped (the defaults')")
+        out["knobs"] = None
+    src_cores = _count(source_props, "physical_cores", "logical_cpus", "host_logical_cpus")
+    dst_cores = _count(props, "physical_cores", "logical_cpus", "host_logical_cpus")
+    t = out.get("threads")
+    if _is_int(t) and t >= 1 and src_cores and dst_cores and src_cores != dst_cores:
+        new = max(1, round(t * dst_cores / src_cores))
+        if new != t:
+            notes.append(f"threads {t} of {src_cores} cores -> {new} of {dst_cores}")
+            out["threads"] = new
+    src_cpus = _count(source_props, "logical_cpus", "host_logical_cpus")
+    dst_cpus = _count(props, "logical_cpus", "host_logical_cpus")
+    w = out.get("num_workers")
+    if _is_int(w) and w >= 0 and src_cpus and dst_cpus and src_cpus != dst_cpus:
+        new = round(w * dst_cpus / src_cpus)
+        if new != w:
+            notes.append(f"num_workers {w} of {src_cpus} CPUs -> {new} of {dst_cpus}")
+            out["num_workers"] = new
+            pool = out.get("pool_size")
+            if _is_int(pool) and pool >= 1:
+                out["pool_size"] = max(1, pool - w + new)
+                if out["pool_size"] != pool:
+                    notes.append(f"pool_size {pool} -> {out['pool_size']} (as many slots beyond the workers)")
+            if new == 0 and out.get("persistent_workers"):
+                out["persistent_workers"] = False
+    out, clamped = check_settings(out, props, dtype)
+    return out, notes + clamped
+
+
+def transfer_candidate(workload: Optional[Mapping[str, Any]] = None,
+                       device_props: Optional[Mapping[str, Any]] = None,
+                       directory: Union[str, os.PathLike, None] = None) -> Optional[Profile]:
+    """The profile of the nearest other device class (:func:`gnncompile.hardware.class_distance`;
+    another device type is never taken), among those the nearest workload (then the newest file),
+    adapted to this device (:func:`adapt_settings`); None when there is none. Profiles of other
+    devices that cannot be read, are stale (another gnncompile or torch version) or cannot be
+    adapted are passed over without a warning (they were never meant for this device)."""
+    props = _device.detect() if device_props is None else dict(device_props)
+    key = _device.device_key(props)
+    best = None
+    for path in list_profiles(directory):
+        if path.name.startswith(key + "__"):
+            continue
+        try:
+            doc = read(path)
+            if isinstance(doc, dict) and doc.get("device_key") == key:
+                continue  # this device's own, under another name: find() deals with those
+            prof = transfer_profile(doc, str(path), props)
+        except ProfileError as e:
+            _log.debug("transfer: passing over %s: %s", path, e)
+            continue
+        rank = (prof.transfer["distance"], _workload_gap(workload, doc), -path.stat().st_mtime)
+        if best is None or rank < best[0]:
+            best = (rank, prof)
+    return None if best is None else best[1]
+
+
+def transfer_profile(doc: Any, path: Optional[str], device_props: Optional[Mapping[str, Any]] = None) -> Profile:
+    """Another device's profile document as a transfer candidate for this device (settings
+    adapted, ``transfer`` recorded, verdict 'unchecked'). Raises :class:`ProfileError` when it
+    cannot be: corrupt or stale, or a device of another type (:func:`class_distance` None)."""
+    from .hardware import classes as _classes
+
+    props = _device.detect() if device_props is None else dict(device_props)
+    validate(doc, props, check_device=False)
+    dist = _classes.class_distance(props, doc["device"])
+    if dist is None:
+        raise ProfileError(f"foreign: profile for a {doc['device'].get('type', '?')} device "
+                           f"({doc['device_key']}), this is a {props.get('type', 'cpu')} device: never transferred")
+    try:
+        settings, notes = adapt_settings(doc["settings"], doc["device"], props)
+    except ProfileError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ProfileError(f"corrupt: cannot adapt its settings: {e}") from None
+    return Profile(settings=_complete(settings, props), device=props, device_key=_device.device_key(props),
+                   workload=dict(doc.get("workload") or {}), throughput=dict(doc.get("throughput") or {}),
+                   path=path, source="transfer", raw=doc,
+                   transfer={"from": doc["device_key"], "path": path, "distance": round(dist, 3),
+                             "workload_signature": doc.get("workload_signature"), "notes": notes,
+                             "verdict": "unchecked"})
+
+
+# ------------------------------------------------------------------------------ transfer verdicts
+# (gnncompile.transfer measures them; what resolve() needs to use them lives here)
+def verdict_dir() -> Path:
+    return cache_dir() / "transfer"
+
+
+def verdict_path(candidate: Profile) -> Path:
+    """Where the verdict on ``candidate`` (a transfer candidate) is cached."""
+    t = candidate.transfer
+    sig = t.get("workload_signature") or workload_signature(candidate.workload)
+    return verdict_dir() / f"{candidate.device_key}__{t['from']}__{sig}.json"
+
+
+def _torch_minor() -> str:
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def judged(candidate: Profile) -> Dict[str, Any]:
+    """What a verdict on ``candidate`` is about; a cached verdict with other values is stale."""
+    raw = candidate.raw or {}
+    return {"source_created": raw.get("created"), "source_settings": raw.get("settings"),
+            "settings": {k: candidate.settings.get(k) for k in SETTING_KEYS},
+            "gnncompile_version": __version__, "torch": _torch_minor()}
+
+
+def read_verdict(candidate: Profile) -> Optional[Dict[str, Any]]:
+    """The cached verdict on ``candidate``; None when there is none, it is stale (module
+    docstring) or the file is corrupt (with a ProfileWarning: it is measured again)."""
+    path = verdict_path(candidate)
+    if not path.exists():
+        return None
+    try:
+        doc = read(path)
+        if not (isinstance(doc, dict) and doc.get("format") == VERDICT_FORMAT
+                and doc.get("version") == VERDICT_VERSION and isinstance(doc.get("accepted"), bool)
+                and isinstance(doc.get("judged"), dict) and isinstance(doc.get("reason"), str)):
+            raise ProfileError("corrupt: not a transfer verdict")
+        ratio = doc.get("ratio")
+        if ratio is not None and not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool)):
+            raise ProfileError("corrupt: 'ratio' is not a number")
+    except ProfileError as e:
+        warnings.warn(f"gnncompile: ignoring the transfer verdict {path}: {e}; checking again",
+                      ProfileWarning, stacklevel=3)
+        return None
+    if doc["judged"] != json.loads(json.dumps(judged(candidate))):
+        _log.info("transfer: the verdict %s is stale (the profile, its adaptation or the versions "
+                  "changed); checking again", path)
+        return None
+    return doc
+
+
+def write_verdict(candidate: Profile, verdict: Mapping[str, Any]) -> Path:
+    path = verdict_path(candidate)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = (json.dumps(dict(verdict), indent=2) + "\n").encode()
+    atomic_write(path, lambda f: f.write(blob))
+    return path
+
+
+def _verdict(candidate: Profile, accepted: bool, reason: str, **extra: Any) -> Dict[str, Any]:
+    return {"format": VERDICT_FORMAT, "version": VERDICT_VERSION,
+            "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "device_key": candidate.device_key, "source_key": candidate.transfer["from"],
+            "source_path": candidate.transfer.get("path"), "accepted": accepted, "reason": reason,
+            "ratio": extra.pop("ratio", None), "judged": judged(candidate), **extra}
+
+
+@contextlib.contextmanager
+def _locked(candidate: Profile) -> Iterator[None]:
+    """An exclusive lock on the verdict's ``.lock`` file (where fcntl exists)."""
+    path = verdict_path(candidate).with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on Linux
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run_child(candidate: Profile, props: Mapping[str, Any], limit_s: float) -> Optional[Dict[str, Any]]:
+    """Runs the check in a child process (``gnncompile profile check-transfer --source``),
+    killed (its whole process group) after ``limit_s`` seconds; the verdict it cached, or one
+    saying why there is none (cached too, unless another process cached one meanwhile)."""
+    cmd = [sys.executable, "-m", "gnncompile.cli", "profile", "check-transfer", "--source",
+           str(candidate.transfer["path"]), "--device", str(props.get("type", "cpu"))]
+    env = _config.child_environment(GNNCOMPILE_TRANSFER="off")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=limit_s)
+        last = ((err or b"").decode(errors="replace").strip().splitlines() or [""])[-1]
+        why = None if proc.returncode == 0 else f"the check process failed (exit {proc.returncode}): {last}"
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        why = f"the check did not finish within {limit_s:g} s (GNNCOMPILE_TRANSFER_CHECK_S)"
+    v = read_verdict(candidate)
+    if v is not None:
+        return v
+    v = _verdict(candidate, False, why or "the check process wrote no verdict",
+                 seconds=round(time.monotonic() - t0, 2))
+    write_verdict(candidate, v)
+    return v
+
+
+def apply_verdict(candidate: Profile, verdict: Optional[Mapping[str, Any]],
+          props: Mapping[str, Any], reason: Optional[str] = None) -> Profile:
+    """The candidate when ``verdict`` accepts it, else the defaults with the transfer record
+    (verdict 'rejected', or 'unchecked' with ``reason`` when there is no verdict)."""
+    t = dict(candidate.transfer)
+    if verdict is None:
+        t.update(verdict="unchecked", reason=reason or "no verdict")
+    else:
+        t.update(verdict="accepted" if verdict["accepted"] else "rejected", reason=verdict["reason"],
+                 ratio=verdict.get("ratio"), interval=verdict.get("interval"),
+                 verdict_path=str(verdict_path(candidate)))
+    if verdict is not None and verdict["accepted"]:
+        return Profile(settings=candidate.settings, device=candidate.device,
+                                 device_key=candidate.device_key, workload=candidate.workload,
+                                 throughput=candidate.throughput, path=candidate.path, source="transfer",
+                                 raw=candidate.raw, transfer=t)
+    d = default_profile(dict(props))
+    d.transfer = t
+    return d
+
+
+def gate(candidate: Profile, props: Mapping[str, Any], mode: Optional[str] = None) -> Profile:
+    """What :func:`resolve` uses for a transfer candidate: per ``mode``
+    (:data:`gnncompile.config.TRANSFER_MODES`; None: ``$GNNCOMPILE_TRANSFER``), the cached
+    verdict, else the check run now in a child process ('check'), else the defaults."""
+    cfg = _config.current()
+    mode = cfg.transfer if mode is None else mode
+    if mode not in _config.TRANSFER_MODES:
+        raise ValueError(f"gnncompile: transfer check mode must be one of {_config.TRANSFER_MODES}, got {mode!r}")
+    if mode == "off":
+        return apply_verdict(candidate, None, props, "transfers are off (GNNCOMPILE_TRANSFER=off)")
+    verdict = read_verdict(candidate)
+    if verdict is None and mode == "check":
+        _log.info("transfer: no verdict on %s from %s; checking it (at most %g s)", candidate.path,
+                  candidate.transfer["from"], cfg.transfer_check_s)
+        verdict = _run_child(candidate, props, cfg.transfer_check_s)
+    if verdict is None:
+        return apply_verdict(candidate, None, props, "not checked yet (GNNCOMPILE_TRANSFER=cached); run "
+                                             "`gnncompile profile check-transfer`")
+    out = apply_verdict(candidate, verdict, props)
+    _log.info("transfer: %s", out.label)
+    return out
+
+
+def _checked(found: Profile, props: Mapping[str, Any], check: Optional[str]) -> Profile:
+    """``found`` itself, or for a transfer candidate what its verdict says (:func:`gate`)."""
+    return gate(found, props, mode=check) if found.source == "transfer" else found
+
+
 def resolve(profile: Any = "auto", workload: Optional[Mapping[str, Any]] = None,
-            device: Any = None, directory: Union[str, os.PathLike, None] = None) -> Profile:
+            device: Any = None, directory: Union[str, os.PathLike, None] = None,
+            check: Optional[str] = None) -> Profile:
     """What ``compile(profile=...)`` uses: 'auto' (the nearest profile for the detected device,
-    else the defaults), a path, a :class:`Profile`, a profile document (dict) or None (the
-    defaults). Never raises for a bad profile: warns and returns the defaults."""
+    else the profile of the nearest device class when its check allows it, else the defaults),
+    a path, a :class:`Profile`, a profile document (dict) or None (the defaults). Never raises
+    for a bad profile: warns and returns the defaults.
+
+    ``check``: what to do with a transfer candidate that has no cached verdict, one of
+    :data:`gnncompile.config.TRANSFER_MODES` (None: ``$GNNCOMPILE_TRANSFER``, default 'check':
+    run the short A/B now, :func:`gnncompile.transfer.gate`)."""
     try:
         props = _device.detect(device)
     except Exception as e:  # pragma: no cover - detection must not break compile
@@ -514,7 +864,7 @@ def resolve(profile: Any = "auto", workload: Optional[Mapping[str, Any]] = None,
             return default_profile(props)
     if isinstance(profile, str) and profile == "auto":
         found = find(workload, props, directory)
-        return found if found is not None else default_profile(props)
+        return _checked(found, props, check) if found is not None else default_profile(props)
     if isinstance(profile, (str, os.PathLike)):
         p = Path(profile)
         if p.is_dir():
@@ -523,14 +873,15 @@ def resolve(profile: Any = "auto", workload: Optional[Mapping[str, Any]] = None,
                 warnings.warn(f"gnncompile: no usable profile for {_device.device_key(props)} in {p}; "
                               "using the defaults", ProfileWarning, stacklevel=2)
                 return default_profile(props)
-            return found
+            return _checked(found, props, check)
         return load_file(p, props)
     raise TypeError(f"gnncompile: profile must be 'auto', a path, a Profile, a dict or None; got "
                     f"{type(profile).__name__}")
 
 
 __all__ = ["Profile", "ProfileWarning", "ProfileError", "cache_dir", "profile_dir", "make", "save",
-           "read", "validate", "load_file", "find", "resolve", "list_profiles", "default_profile",
+           "read", "validate", "load_file", "find", "resolve", "transfer_candidate", "transfer_profile", "adapt_settings", "gate", "apply_verdict",
+           "read_verdict", "write_verdict", "verdict_path", "verdict_dir", "list_profiles", "default_profile",
            "workload_signature", "workload_distance", "SCHEMA_VERSION", "SETTING_KEYS", "check_settings",
            "setting_ranges", "knob_ranges", "machine_cpus", "CPU_MAX_CHUNKS_PER_THREAD", "CPU_MAX_PREFETCH_DISTANCE",
            "MAX_BATCH_SIZE",

@@ -30,6 +30,10 @@ os.environ.setdefault("GNNCOMPILE_GUARD", "off")
 # first compile of each size class and cache the result in the user's profile folder, and which
 # one wins depends on the machine; tests/compiler/test_portfolio.py tests 'auto'.
 os.environ.setdefault("GNNCOMPILE_SPMM_IMPL", "native")
+# No A/B check of a transferred profile at compile time (a child process training for up to two
+# minutes): a profile of another device in the cache is used only with a cached verdict;
+# tests/profiles/test_transfer.py tests the check.
+os.environ.setdefault("GNNCOMPILE_TRANSFER", "cached")
 
 import shutil
 import subprocess

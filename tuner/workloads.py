@@ -15,6 +15,9 @@ Three kinds:
 :func:`measure` runs ``warmup`` steps (compilation, allocator, worker start-up), then times
 ``steps`` steps in ``chunks`` pieces, calling ``report(step, throughput_so_far)`` after each
 (the tuner prunes on it), and returns the throughput and the peak memory of the run.
+:func:`interleaved` is a short A/B: several settings, each compiled and warmed once, then
+trained a few steps each in turn for some rounds (the check of a transferred profile,
+:mod:`gnncompile.transfer`).
 
 A data-parallel trial (``Workload(kind="neighbor", ranks=N)``, N > 1): :func:`measure` runs the
 trial as N gloo rank processes on this host (``MASTER_ADDR=127.0.0.1``, a free port per trial),
@@ -432,6 +435,97 @@ def _train(w: Workload, settings: Dict[str, Any], report, device, memory_budget,
         torch.set_num_threads(old_threads)
 
 
+class _Arm:
+    """One side of :func:`interleaved`: the model compiled with ``settings``, its optimizer,
+    loader and batches, built once and trained a chunk of steps at a time."""
+
+    def __init__(self, w: Workload, settings: Dict[str, Any], dev: torch.device) -> None:
+        self.w, self.settings, self.dev = w, settings, dev
+        self.threads = int(settings["threads"]) if settings.get("threads") else None
+        self.loader = self.it = None
+        torch.manual_seed(w.seed)
+        model = build_model(w).to(dev)
+        self.fwd = _compile_with(model, settings, dev) if settings.get("compiled", w.compiled) else model
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        if w.kind == "graphs":
+            self.ds, self.bs = dataset_for(w), int(settings["batch_size"])
+            self.loader = _graph_loader(self.ds, self.bs, settings, dev)
+        elif w.kind == "neighbor":
+            self.loader = _neighbor_loader(w, settings, dev)
+        self.it = _inputs(w, self.loader, dev)
+
+    def step(self, inp) -> None:
+        xx, ee, bb, yy, k = inp
+        self.opt.zero_grad(set_to_none=True)
+        out = self.fwd(xx, ee) if bb is None else self.fwd(xx, ee, bb)
+        torch.nn.functional.cross_entropy(out if k is None else out[:k], yy).backward()
+        self.opt.step()
+
+    def warm(self) -> None:
+        w = self.w
+        warmup = max(w.warmup, 2) if w.kind == "neighbor" else max(w.warmup, 1)
+        for _ in range(warmup):
+            checkpoint()
+            self.step(next(self.it)[1])
+        if w.kind == "graphs":
+            self.step(_odd_batch(self.ds, self.bs, self.dev))  # the epoch's last, smaller batch
+
+    def run(self, steps: int) -> float:
+        """Throughput over ``steps`` steps."""
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        units, t0 = 0, time.perf_counter()
+        for _ in range(steps):
+            checkpoint()
+            n, inp = next(self.it)
+            self.step(inp)
+            units += n
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        return units / (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        _close(self.it, self.loader)
+
+
+def interleaved(w: Workload, arms: List[Dict[str, Any]], rounds: int, steps: int,
+                device: Optional[str] = None) -> List[List[float]]:
+    """A short A/B (A/B/C...): each arm's model is compiled and warmed once (``w.warmup`` steps),
+    then the arms train ``steps`` steps each in turn, ``rounds`` times, the order reversed every
+    other round (A B, B A, ...: a drift of the machine's speed falls on both); returns each arm's
+    throughputs (``w.unit``), one per round, the i-th of each measured side by side (pairs for
+    :func:`tuner.noise.ratio_interval`). Each arm runs with its own ``threads`` (torch's thread
+    count is restored at the end). Unlike :func:`measure`, nothing is compiled between rounds,
+    so a round costs only its steps. One process only (``w.ranks`` must be 1)."""
+    if w.ranks != 1:
+        raise ValueError("interleaved: a data-parallel workload (ranks > 1) is measured with measure()")
+    if rounds < 1 or steps < 1 or not arms:
+        raise ValueError(f"interleaved: needs arms, rounds >= 1 and steps >= 1; got {len(arms)} arm(s), "
+                         f"rounds={rounds}, steps={steps}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    old_threads = torch.get_num_threads()
+    built: List[_Arm] = []
+    try:
+        for s in arms:  # every arm compiled (lazily) before any runs: each compile resets dynamo
+            built.append(_Arm(w, s, dev))
+        for a in built:
+            torch.set_num_threads(a.threads or old_threads)
+            a.warm()
+        out: List[List[float]] = [[] for _ in built]
+        for r in range(rounds):
+            order = list(range(len(built)))
+            if r % 2:
+                order.reverse()
+            for i in order:
+                torch.set_num_threads(built[i].threads or old_threads)
+                out[i].append(built[i].run(steps))
+        return out
+    finally:
+        for a in built:
+            a.close()
+        torch.set_num_threads(old_threads)
+
+
 def _close(it, loader) -> None:
     """Ends the run's batches now: the PooledLoader's close(); for a torch DataLoader (the
     NeighborLoader), its worker processes are shut down here, not whenever the garbage collector
@@ -727,6 +821,6 @@ def workload_from_dict(d: Dict[str, Any]) -> Workload:
     return Workload(**{k: v for k, v in d.items() if k in fields})
 
 
-__all__ = ["Workload", "measure", "prepare", "build_model", "default_settings", "dataset_for",
+__all__ = ["Workload", "measure", "interleaved", "prepare", "build_model", "default_settings", "dataset_for",
            "neighbor_data", "MODELS", "KINDS", "NEIGHBOR_BATCH_RANGE", "DDP_TIMEOUT_S",
            "MemoryBudgetExceeded", "RankFailed", "workload_from_dict"]

@@ -7,6 +7,7 @@ and ``run(args) -> exit status``.
     gnncompile explain MODEL -i ...      what fuses, what does not and why, graph breaks
     gnncompile tune ...                  an Optuna study, written as a device profile
     gnncompile profile list|show         the device profiles
+    gnncompile profile check-transfer    A/B the nearest device class's profile on this device
     gnncompile train ...                 a compiled GraphSAGE on sampled batches (one process or torchrun)
 """
 from __future__ import annotations

@@ -4,6 +4,7 @@ profile <- the call's arguments), which the model carries."""
 from __future__ import annotations
 
 import functools
+import os
 import itertools
 import warnings
 from typing import Any, Mapping, Optional
@@ -223,6 +224,8 @@ def _portable_profile(request: Any, prof) -> Any:
     (validated again there: a foreign one warns and gives the defaults)."""
     if request is None or (isinstance(request, str) and request == "auto"):
         return request
+    if prof.source == "transfer" or prof.transfer:  # another device's profile: found again there
+        return str(request) if isinstance(request, (str, os.PathLike)) else None
     return dict(prof.raw) if prof.raw else None
 
 

@@ -2,6 +2,8 @@
 
 * :mod:`.device`: device detection (:func:`detect`), a stable device key, and the default
   settings of a device that has no profile (:func:`default_settings`).
+* :mod:`.classes`: device classes and the distance between two devices
+  (:func:`class_distance`), which picks the profile a never-tuned device starts from.
 * :mod:`.cuda_knobs`: the CUDA kernels' launch knobs and their default rule, read from the
   native extension (the rule lives in ``native/cuda/knobs.h``; every build binds it, so it
   needs no GPU).
@@ -14,6 +16,9 @@ The settings a tuning run chose for a device (device profiles) are data, in
 from __future__ import annotations
 
 from . import cuda_knobs, memory  # noqa: F401
+from . import classes  # noqa: F401
+from .classes import class_distance
 from .device import cpu_isa, default_settings, describe, detect, device_key
 
-__all__ = ["detect", "device_key", "describe", "cpu_isa", "default_settings", "cuda_knobs", "memory"]
+__all__ = ["detect", "device_key", "describe", "cpu_isa", "default_settings", "class_distance", "classes",
+           "cuda_knobs", "memory"]
