@@ -22,11 +22,13 @@ batch). Both yield the wrapped loader's batches and measure, per step:
 * **memory**: ``memory='cuda'``: ``torch.cuda.max_memory_allocated`` (peak reset at each step's
   start) against the allocated bytes at that start. ``memory='rss'`` (Linux): the process's
   peak resident set (``VmHWM``, reset at each step's start by writing 5 to
-  ``/proc/self/clear_refs``; ``malloc_trim(0)`` first, so that freed heap the allocator kept
-  does not hide the step's own growth) against its resident set at the start. The RSS counts
-  the whole process (model, dataset, Python, the compiler's caches), which is what the
-  operating system kills for; it is coarse (pages, not tensors) and the allocator may keep
-  memory a step freed, so it errs high. ``memory=callable``: any ``() -> bytes`` (the step's
+  ``/proc/self/clear_refs``) against its resident set at the start; every 8th step starts
+  with ``malloc_trim(0)`` (freed heap pages handed back), so that its growth is the step's own
+  and the memory model learns from it (:class:`RssMemory`; trimming every step would make
+  every step fault its memory in again). The RSS counts the whole process (model, dataset,
+  Python, the compiler's caches), which is what the operating system kills for; it is coarse
+  (pages, not tensors), and between trims the allocator keeps what a step freed, so the
+  budget check on the measured peak errs high. ``memory=callable``: any ``() -> bytes`` (the step's
   peak), e.g. in tests. ``'auto'``: ``'cuda'`` when ``device`` is a CUDA device, else ``'rss'``
   where ``/proc/self/clear_refs`` exists, else no memory measure (then ``memory_budget`` must
   be None).
@@ -111,12 +113,14 @@ class Setting:
 
 class MemoryProbe:
     """Measures a step's peak memory: ``start()`` before the step, ``peak()`` after it;
-    ``base`` is the reading at the start. Bytes."""
+    ``base`` is the reading at the start. Bytes. ``clean``: whether ``peak - base`` of this
+    step is its own growth (what the memory model learns from)."""
 
     name = "none"
 
     def __init__(self) -> None:
         self.base = 0
+        self.clean = True
 
     def start(self) -> None:
         self.base = 0
@@ -152,12 +156,20 @@ def _status_kib(field: str) -> int:
 
 class RssMemory(MemoryProbe):
     """The process's peak resident set (Linux ``VmHWM``, reset at each step's start through
-    ``/proc/self/clear_refs``), after ``malloc_trim(0)``; ``base`` is ``VmRSS`` at the start."""
+    ``/proc/self/clear_refs``); ``base`` is ``VmRSS`` at the start. Every ``trim_every``-th
+    step starts with ``malloc_trim(0)``, which hands the heap's freed pages back, so that this
+    step's ``peak - base`` is its own growth (a clean reading); in between the allocator reuses
+    what it kept (no reading to learn from, but the peak is still the process's). Trimming
+    every step would make each step fault its memory in again (slow)."""
 
     name = "rss"
 
-    def __init__(self) -> None:
+    def __init__(self, trim_every: int = 8) -> None:
         super().__init__()
+        if isinstance(trim_every, bool) or not isinstance(trim_every, numbers.Integral) or trim_every < 1:
+            raise ValueError(f"RssMemory: trim_every must be an integer >= 1, got {trim_every!r}")
+        self.trim_every = int(trim_every)
+        self._n = 0
         if not self.available():
             raise RuntimeError("memory='rss' needs Linux's /proc/self/clear_refs and /proc/self/status")
         try:
@@ -170,7 +182,9 @@ class RssMemory(MemoryProbe):
         return os.path.exists("/proc/self/clear_refs") and os.path.exists("/proc/self/status")
 
     def start(self) -> None:
-        if self._trim is not None:
+        self.clean = self._trim is not None and self._n % self.trim_every == 0
+        self._n += 1
+        if self.clean:
             self._trim(0)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -344,14 +358,17 @@ class Policy:
 
     # -- after a step
     def observe(self, seconds: float, work: int, base: int, peak: Optional[int],
-                grown: Optional[int] = None) -> Optional[Dict[str, Any]]:
+                grown: Optional[int] = None, learn: bool = True) -> Optional[Dict[str, Any]]:
         """One step's measurements: wall seconds, work (nodes + edges), the memory at its
         start and its peak (None without a probe); ``grown`` (default ``peak - base``) is what
-        the memory model learns from. Returns a log entry when the setting changes or a trial
-        is kept."""
-        self.base = base
-        if peak is not None:
+        the memory model learns from, when ``learn`` (a clean reading; predictions start from
+        the base of the last one). Returns a log entry when the setting changes or a trial is
+        kept."""
+        if learn or self.model.per_work is None:
+            self.base = base
+        if peak is not None and learn:
             self.model.observe(work, peak - base if grown is None else grown)
+        if peak is not None:
             if self.budget is not None and peak > self.budget:
                 return self._shrunk(f"measured peak {peak / 2**20:.1f} MiB over the budget "
                                     f"{self.budget / 2**20:.1f} MiB")
@@ -502,6 +519,7 @@ class _Adaptive:
         if self.probe is not None:
             self.probe.start()
         info["base"] = self.probe.base if self.probe is not None else 0
+        info["clean"] = self.probe.clean if self.probe is not None else True
         self._pending = info
 
     def step_done(self, loss: Any = None) -> None:
@@ -528,10 +546,12 @@ class _Adaptive:
         grown = None
         dist = _dist()
         if dist is not None:
-            peak, base, grown = self._reduce_memory(dist, work, base, peak)
+            peak, base, grown, clean = self._reduce_memory(dist, work, base, peak, info["clean"])
+        else:
+            clean = info["clean"]
         entry = None
         if dist is None or dist.get_rank() == 0:  # under DDP only rank 0's policy decides
-            entry = self.policy.observe(seconds, work, base, peak, grown)
+            entry = self.policy.observe(seconds, work, base, peak, grown, clean)
             if entry is None:
                 entry = self.policy.before_step() if self._more_to_come() else None
         if dist is not None:
@@ -551,17 +571,20 @@ class _Adaptive:
         if entry is not None:
             self._record(entry)
 
-    def _reduce_memory(self, dist, work: int, base: int, peak: Optional[int]):
-        """(peak, base, grown) over the ranks: the largest peak and base, and what the memory
-        model learns: the largest bytes per unit of work of any rank, times this step's work."""
-        ratio = -1.0 if peak is None or work <= 0 else max(0, peak - base) / work
-        t = torch.tensor([ratio, float(-1 if peak is None else peak), float(base)], dtype=torch.float64,
-                         device=self._dist_device(dist))
+    def _reduce_memory(self, dist, work: int, base: int, peak: Optional[int], clean: bool):
+        """(peak, base, grown, clean) over the ranks: the largest peak and base, what the memory
+        model learns (the largest bytes per unit of work of a clean reading on any rank, times
+        this step's work) and whether any rank's reading was clean."""
+        ratio = -1.0 if peak is None or work <= 0 or not clean else max(0, peak - base) / work
+        t = torch.tensor([ratio, float(-1 if peak is None else peak), float(base) if clean else -1.0],
+                         dtype=torch.float64, device=self._dist_device(dist))
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         ratio, peak_all, base_all = (float(v) for v in t.cpu())
         if peak is None:
-            return None, int(base_all), None
-        return int(peak_all), int(base_all), int(ratio * work)
+            return None, int(base), None, False
+        if ratio < 0:  # no clean reading on any rank
+            return int(peak_all), int(base), None, False
+        return int(peak_all), int(base_all), int(ratio * work), True
 
     @staticmethod
     def _dist_device(dist) -> torch.device:
