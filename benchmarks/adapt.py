@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--sizes", default="8,16,32,64,128")
     ap.add_argument("--budget-mib", type=int, default=150)
-    ap.add_argument("--window", type=int, default=4)
+    ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--lr-scaling", default="sqrt", choices=["none", "linear", "sqrt"],
                     help="the adaptive run's learning-rate rescaling (default sqrt)")
     ap.add_argument("--threads", type=int, default=2)

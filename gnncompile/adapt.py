@@ -48,8 +48,9 @@ The policy (:class:`Policy`, deterministic given the measurements):
 * Memory: a model of bytes per unit of work (the largest ratio of a step's peak above its start
   to its nodes + edges among the last observations, a conservative linear model) predicts each
   candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
-  for neighbor batches from the observed work per seed); a candidate predicted above
-  ``memory_budget * (1 - margin)`` is never tried. Before each step, when the next batch under
+  for neighbor batches from the observed work per seed); a candidate predicted above the
+  budget less ``margin`` of the headroom (the budget less the memory at the first step's
+  start) is never tried. Before each step, when the next batch under
   the current setting is predicted over that line, the size shrinks at once (to the largest
   that fits); when a step's measured peak exceeds the budget anyway, it shrinks at once too.
 * Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
@@ -278,6 +279,7 @@ class Policy:
         self.work_ahead = work_ahead
         self.model = MemoryModel()
         self.base = 0  # the memory at the last step's start
+        self.floor: Optional[int] = None  # the memory at the first step's start
         self.rates: Dict[Setting, float] = {}
         self.trial: Optional[Tuple[Setting, float]] = None  # (setting we came from, its rate)
         self.backoff: Dict[Tuple[Setting, Setting], Tuple[int, int]] = {}  # -> (retry at window no, wait)
@@ -294,8 +296,12 @@ class Policy:
 
     @property
     def line(self) -> Optional[float]:
-        """The most a prediction may reach: budget * (1 - margin)."""
-        return None if self.budget is None else self.budget * (1.0 - self.margin)
+        """The most a prediction may reach: the budget less ``margin`` of the headroom above the
+        memory at the first step's start (budget * (1 - margin) when that was 0)."""
+        if self.budget is None:
+            return None
+        floor = min(self.floor or 0, self.budget)
+        return self.budget - self.margin * (self.budget - floor)
 
     def predict(self, setting: Setting) -> Optional[int]:
         work = self.work_ahead(setting, self.window)
@@ -364,6 +370,8 @@ class Policy:
         the memory model learns from, when ``learn`` (a clean reading; predictions start from
         the base of the last one). Returns a log entry when the setting changes or a trial is
         kept."""
+        if self.floor is None:
+            self.floor = base
         if learn or self.model.per_work is None:
             self.base = base
         if peak is not None and learn:
@@ -655,7 +663,8 @@ class AdaptiveLoader(_Adaptive):
             when shuffled; the same on every rank).
         memory_budget: bytes the measured peak must stay under (None: no budget).
         memory: ``'auto'``, ``'cuda'``, ``'rss'``, None or a callable (see the module docstring).
-        margin: predictions must stay under ``memory_budget * (1 - margin)`` (default 0.1).
+        margin: predictions must stay under the budget less this share of the headroom above
+            the memory at the first step's start (default 0.1).
         min_gain: the measured gain a switch needs (default 0.05: 5%).
         window: steps per measurement (default 8).
         optimizer, lr_scaling: ``None`` / ``'linear'`` / ``'sqrt'`` learning-rate rescaling at
