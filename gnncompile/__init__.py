@@ -7,7 +7,8 @@
 The fused kernels are in :mod:`gnncompile.ops`, the settings a compiled model carries in
 :mod:`gnncompile.settings`, the environment variables in :mod:`gnncompile.config`, device
 detection in :mod:`gnncompile.hardware`, device profiles in :mod:`gnncompile.profiles`,
-loaders in :mod:`gnncompile.data`, the optional Optuna tuner in :mod:`gnncompile.tuner` (never
+loaders in :mod:`gnncompile.data` (and, adapting their batch size while training, in
+:mod:`gnncompile.adapt`), the optional Optuna tuner in :mod:`gnncompile.tuner` (never
 imported here), the command line in :mod:`gnncompile.cli`.
 """
 from __future__ import annotations

@@ -223,6 +223,33 @@ class _Store:
         self.node_capacity = _top_sum(self.num_nodes, batch_size)
         self.batch_size = batch_size
 
+    def batch_totals(self, batches: Sequence[Sequence[int]]) -> Dict[str, int]:
+        """The largest total per column (and of nodes, and of graphs) over ``batches``: the
+        capacity a slot needs to hold every one of them."""
+        lens = torch.tensor([len(b) for b in batches], dtype=torch.long)
+        flat = torch.tensor([i for b in batches for i in b], dtype=torch.long)
+        ends = torch.cumsum(lens, 0)
+
+        def most(sizes: torch.Tensor) -> int:
+            cs = torch.cat([sizes.new_zeros(1), torch.cumsum(sizes[flat], 0)])
+            return int((cs[ends] - cs[ends - lens]).max()) if lens.numel() else 0
+
+        out = {c.key: most(c.sizes) for c in self.columns}
+        out["_num_nodes"] = most(self.num_nodes)
+        out["_graphs"] = int(lens.max()) if lens.numel() else 0
+        return out
+
+    def fits(self, totals: Dict[str, int]) -> bool:
+        return (totals["_graphs"] <= self.batch_size and totals["_num_nodes"] <= self.node_capacity
+                and all(totals[c.key] <= c.capacity for c in self.columns))
+
+    def grow_capacity(self, totals: Dict[str, int]) -> None:
+        """Capacities at least ``totals`` (``batch_totals``), never smaller than now."""
+        for c in self.columns:
+            c.capacity = max(c.capacity, totals[c.key])
+        self.node_capacity = max(self.node_capacity, totals["_num_nodes"])
+        self.batch_size = max(self.batch_size, totals["_graphs"])
+
     def slot_bytes(self) -> int:
         """The size of one slot's buffers (``allocate``), after ``set_capacity``."""
         total = 0
@@ -540,7 +567,8 @@ class PooledLoader:
         self.device = torch.device(device) if device is not None else None
         self.cuda = self.device is not None and self.device.type == "cuda"
         self.pin_memory = bool(pin_memory) and self.cuda
-        self.persistent_workers = bool(persistent_workers) and self.num_workers > 0
+        self._persistent_asked = bool(persistent_workers)
+        self.persistent_workers = self._persistent_asked and self.num_workers > 0
         self.timeout = float(timeout)
         self._store: Optional[_Store] = None
         if len(dataset) > 0 and getattr(dataset, "transform", None) is None:
@@ -553,9 +581,9 @@ class PooledLoader:
             self.pool_size = self._pool_slots(self.pool_size)
             self._allocate_pool()
 
-    def _pool_slots(self, requested: int) -> int:
+    def _pool_slots(self, requested: int, clamp_to_epoch: bool = True) -> int:
         """``requested`` slots, less those an epoch never uses and those over the memory budget."""
-        slots = min(requested, max(1, len(self)))
+        slots = min(requested, max(1, len(self))) if clamp_to_epoch else requested
         per_slot = max(1, self._store.slot_bytes())
         fit = max(1, _pool_budget() // per_slot)
         if slots > fit:
@@ -566,6 +594,7 @@ class PooledLoader:
 
     def _allocate_pool(self) -> None:
         shared = self.num_workers > 0
+        self._shared_pool = shared
         self._host = []
         for _ in range(self.pool_size):
             bufs = self._store.allocate(pin=self.pin_memory and not shared)
@@ -680,6 +709,75 @@ class PooledLoader:
         it = _Pass(gen, self)
         self._pass = weakref.ref(it)
         return it
+
+    def iter_batches(self, batches: Sequence[Sequence[int]]) -> "_Pass":
+        """One pass over the given batches of graph ids, in that order, instead of an epoch of
+        ``batch_size`` batches: the hook of :class:`gnncompile.adapt.AdaptiveLoader`, which
+        chooses each batch itself (by graph count, or packed up to a node or edge budget).
+
+        Same slots, workers and delivery as ``iter()``, and the same one-pass-at-a-time rule
+        (it ends the live pass). Draws nothing from the RNG. When a batch needs more room than
+        the slots have (more graphs than ``batch_size``, or more nodes or edges than the
+        ``batch_size`` largest graphs), the slots grow to fit every batch given (a new pool:
+        workers, if any, restart at the next pass). Each batch must be a non-empty list of
+        graph ids in range; ValueError otherwise."""
+        self._end_pass()
+        n = len(self.dataset)
+        if isinstance(batches, (str, bytes)) or not hasattr(batches, "__iter__"):
+            raise ValueError(f"PooledLoader.iter_batches: batches must be a list of lists of graph ids, "
+                             f"got {type(batches).__name__}")
+        plan: List[List[int]] = []
+        for b in batches:
+            if isinstance(b, torch.Tensor):
+                b = b.tolist()
+            if isinstance(b, (str, bytes)) or not hasattr(b, "__iter__"):
+                raise ValueError(f"PooledLoader.iter_batches: a batch must be a list of graph ids, got {b!r}")
+            b = list(b)
+            if not b:
+                raise ValueError("PooledLoader.iter_batches: a batch is empty")
+            for i in b:
+                if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < n:
+                    raise ValueError(f"PooledLoader.iter_batches: graph id {i!r} is not an integer in "
+                                     f"[0, {n - 1}]")
+            plan.append([int(i) for i in b])
+        if self._store is None:
+            gen = self._iter_fallback(plan)
+        else:
+            if plan:
+                totals = self._store.batch_totals(plan)
+                if not self._store.fits(totals):
+                    self._resize_pool(totals=totals)
+            gen = self._iter_inline(plan) if self.num_workers == 0 else self._iter_workers(plan)
+        it = _Pass(gen, self)
+        self._pass = weakref.ref(it)
+        return it
+
+    def reconfigure(self, *, pool_size: Optional[int] = None, num_workers: Optional[int] = None) -> None:
+        """Changes the pool size and the number of workers of this loader between passes (it
+        ends the live pass): the dataset's store is kept, the slots are reallocated (a pool
+        size) and the workers stopped (they start again, as many as asked, at the next pass).
+        ValueError on a bad value, as in the constructor."""
+        pool = self.pool_size if pool_size is None else _count("pool_size", pool_size, 1)
+        workers = self.num_workers if num_workers is None else _clamp_workers(_count("num_workers", num_workers, 0))
+        self._end_pass()
+        if workers != self.num_workers:
+            if self._workers:
+                self._stop_workers()
+            self.num_workers = workers
+            self.persistent_workers = bool(self._persistent_asked) and workers > 0
+        if pool != self.pool_size or (self._store is not None and bool(workers) != self._shared_pool):
+            self.pool_size = pool
+            if self._store is not None:
+                self._resize_pool()
+
+    def _resize_pool(self, totals: Optional[Dict[str, int]] = None) -> None:
+        """New slots (grown to ``totals`` when given); workers stop (they hold the old slots)."""
+        if self._workers:
+            self._stop_workers()
+        if totals is not None:
+            self._store.grow_capacity(totals)
+        self.pool_size = self._pool_slots(self.pool_size, clamp_to_epoch=False)
+        self._allocate_pool()
 
     def _iter_fallback(self, batches):
         for b in batches:

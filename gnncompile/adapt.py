@@ -1,0 +1,933 @@
+"""Runtime adaptation: a loader that re-chooses its batch size, pool size and workers while it trains.
+
+    from gnncompile.adapt import AdaptiveLoader
+
+    loader = AdaptiveLoader(dataset, by="graphs", sizes=[16, 32, 64, 128],
+                            memory_budget=8 << 30, optimizer=opt, lr_scaling="sqrt")
+    for epoch in range(E):
+        for batch in loader:
+            loss = step(model, batch)
+            loader.step_done(loss)          # measures the step, may decide a switch
+    print(loader.log)                       # every switch: step, what changed, gain, memory
+
+:class:`AdaptiveLoader` wraps :class:`gnncompile.data.PooledLoader` (graph mini-batches);
+:class:`AdaptiveNeighborLoader` wraps :class:`gnncompile.data.NeighborLoader` (seed nodes per
+batch). Both yield the wrapped loader's batches and measure, per step:
+
+* **time**: from the previous ``step_done`` (or the epoch's start) to this one, so it covers
+  waiting for the batch and the training step. Throughput is compared per unit of work, nodes +
+  edges per second, so batches of other sizes (graphs sorted by size, a growing fanout) compare
+  fairly; the first step after a switch (the loader's restart, a recompile) is left out of the
+  rate (it still counts in any wall-clock figure).
+* **memory**: ``memory='cuda'``: ``torch.cuda.max_memory_allocated`` (peak reset at each step's
+  start) against the allocated bytes at that start. ``memory='rss'`` (Linux): the process's
+  peak resident set (``VmHWM``, reset at each step's start by writing 5 to
+  ``/proc/self/clear_refs``) against its resident set at the start; every 8th step starts
+  with ``malloc_trim(0)`` (freed heap pages handed back), so that its growth is the step's own
+  and the memory model learns from it (:class:`RssMemory`; trimming every step would make
+  every step fault its memory in again). The RSS counts the whole process (model, dataset,
+  Python, the compiler's caches), which is what the operating system kills for; it is coarse
+  (pages, not tensors), and between trims the allocator keeps what a step freed, so the
+  budget check on the measured peak errs high. ``memory=callable``: any ``() -> bytes`` (the step's
+  peak), e.g. in tests. ``'auto'``: ``'cuda'`` when ``device`` is a CUDA device, else ``'rss'``
+  where ``/proc/self/clear_refs`` exists, else no memory measure (then ``memory_budget`` must
+  be None).
+* **density**: graphs, nodes and edges of the batch (``adapter.history``, one dict per step).
+
+The policy (:class:`Policy`, deterministic given the measurements):
+
+* Settings are a size (graphs per batch; with ``by='nodes'`` / ``'edges'`` a budget: graphs are
+  packed in order until the next one would exceed it; seeds per batch for the neighbor
+  loader) from ``sizes``, a pool size from ``pool_sizes`` (batches in flight: the prefetch
+  depth) and a worker count from ``num_workers``.
+* It measures the current setting for ``window`` steps, then tries a neighbouring setting (the
+  next size up or down, the next pool size or worker count) for ``window`` steps, and keeps it
+  only when its work per second is at least ``1 + min_gain`` times the current one's (hysteresis,
+  default 5%); otherwise it goes back, and tries that neighbour again only after a back-off
+  (doubling per refusal).
+* Memory: a model of bytes per unit of work (the largest ratio of a step's peak above its start
+  to its nodes + edges among the last observations, a conservative linear model) predicts each
+  candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
+  for neighbor batches from the observed work per seed); a candidate predicted above the
+  budget less ``margin`` of the headroom (the budget less the memory at the first step's
+  start) is never tried. Before each step, when the next batch under
+  the current setting is predicted over that line, the size shrinks at once (to the largest
+  that fits); when a step's measured peak exceeds the budget anyway, it shrinks at once too.
+* Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
+  ``'sqrt'`` set each param group's lr to its initial value times (size / first size) or its
+  square root at every size switch.
+* Data-parallel: when ``torch.distributed`` is initialized, every rank measures, the ranks'
+  peaks and bytes per unit of work are reduced (max) each step, rank 0 decides and broadcasts
+  the decision (a small tensor), so every rank switches at the same step. Batches are planned
+  from the same global order on every rank (round-robin over the ranks), so the ranks take the
+  same number of steps; a last step with fewer graphs than ranks is padded by wrapping around
+  (as ``DistributedSampler`` pads).
+
+No sample is lost or repeated within an epoch across a switch (single process): a switch ends
+the wrapped loader's pass (batches it had prefetched are dropped, not counted) and the rest of
+the epoch's order is planned again from the first graph (seed) not yet yielded. Pool size and
+workers change through :meth:`PooledLoader.reconfigure` (the loader and its columnar store
+are kept; workers restart).
+
+Every switch is logged (logger ``gnncompile.adapt``, INFO) and appended to ``adapter.log``: a
+dict with ``step``, ``epoch``, ``kind`` (``'explore'``, ``'keep'``, ``'revert'``, ``'shrink'``),
+``from`` / ``to`` (settings as dicts), ``gain`` (measured ratio of work rates, None when not
+measured), ``predicted_bytes`` (the memory model's prediction for the new setting, None
+without one) and ``reason``.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import numbers
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from ._log import get_logger
+
+log = get_logger(__name__)
+
+_BY = ("graphs", "nodes", "edges")
+_LR = (None, "linear", "sqrt")
+_KINDS = ("explore", "keep", "revert", "shrink")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One loader setting: ``size`` (graphs per batch, or a node / edge budget, or seeds per
+    batch), ``pool_size`` (batches in flight), ``num_workers``."""
+
+    size: int
+    pool_size: int
+    num_workers: int
+
+    def as_dict(self) -> Dict[str, int]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------- memory
+
+
+class MemoryProbe:
+    """Measures a step's peak memory: ``start()`` before the step, ``peak()`` after it;
+    ``base`` is the reading at the start. Bytes. ``clean``: whether ``peak - base`` of this
+    step is its own growth (what the memory model learns from)."""
+
+    name = "none"
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.clean = True
+
+    def start(self) -> None:
+        self.base = 0
+
+    def peak(self) -> int:
+        return 0
+
+
+class CudaMemory(MemoryProbe):
+    """Peak allocated CUDA memory (reset at each step's start) and the allocated bytes at the start."""
+
+    name = "cuda"
+
+    def __init__(self, device=None) -> None:
+        super().__init__()
+        self.device = torch.device(device if device is not None else "cuda")
+
+    def start(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.base = int(torch.cuda.memory_allocated(self.device))
+
+    def peak(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+class RssMemory(MemoryProbe):
+    """The process's peak resident set (Linux ``VmHWM``, reset at each step's start through
+    ``/proc/self/clear_refs``); ``base`` is ``VmRSS`` at the start. Every ``trim_every``-th
+    step starts with ``malloc_trim(0)``, which hands the heap's freed pages back, so that this
+    step's ``peak - base`` is its own growth (a clean reading); in between the allocator reuses
+    what it kept (no reading to learn from, but the peak is still the process's). Trimming
+    every step would make each step fault its memory in again (slow)."""
+
+    name = "rss"
+
+    def __init__(self, trim_every: int = 8) -> None:
+        super().__init__()
+        if isinstance(trim_every, bool) or not isinstance(trim_every, numbers.Integral) or trim_every < 1:
+            raise ValueError(f"RssMemory: trim_every must be an integer >= 1, got {trim_every!r}")
+        self.trim_every = int(trim_every)
+        self._n = 0
+        if not self.available():
+            raise RuntimeError("memory='rss' needs Linux's /proc/self/clear_refs and /proc/self/status")
+        try:
+            self._trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            self._trim = None
+
+    @staticmethod
+    def available() -> bool:
+        return os.path.exists("/proc/self/clear_refs") and os.path.exists("/proc/self/status")
+
+    def start(self) -> None:
+        self.clean = self._trim is not None and self._n % self.trim_every == 0
+        self._n += 1
+        if self.clean:
+            self._trim(0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.base = _status_kib("VmRSS") * 1024
+
+    def peak(self) -> int:
+        return _status_kib("VmHWM") * 1024
+
+
+class FnMemory(MemoryProbe):
+    """A given ``() -> bytes`` read after each step (base 0)."""
+
+    name = "callable"
+
+    def __init__(self, fn: Callable[[], int]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def peak(self) -> int:
+        v = self.fn()
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0:
+            raise ValueError(f"AdaptiveLoader: the memory callable returned {v!r}, not a byte count >= 0")
+        return int(v)
+
+
+def _probe(memory, device) -> Optional[MemoryProbe]:
+    if isinstance(memory, MemoryProbe):
+        return memory
+    if callable(memory):
+        return FnMemory(memory)
+    if memory is None or memory == "none":
+        return None
+    if memory == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("AdaptiveLoader: memory='cuda' but CUDA is not available")
+        return CudaMemory(device if device is not None and torch.device(device).type == "cuda" else None)
+    if memory == "rss":
+        return RssMemory()
+    if memory == "auto":
+        if device is not None and torch.device(device).type == "cuda":
+            return CudaMemory(device)
+        return RssMemory() if RssMemory.available() else None
+    raise ValueError(f"AdaptiveLoader: memory must be 'auto', 'cuda', 'rss', None or a callable, got {memory!r}")
+
+
+class MemoryModel:
+    """Bytes per unit of work (nodes + edges) above a step's starting memory: the largest ratio
+    among the last ``keep`` steps (conservative). ``predict(work, base)`` = base + ratio * work."""
+
+    def __init__(self, keep: int = 32) -> None:
+        self.keep = keep
+        self.ratios: List[float] = []
+
+    @property
+    def per_work(self) -> Optional[float]:
+        return max(self.ratios) if self.ratios else None
+
+    def observe(self, work: int, grown: int) -> None:
+        if work > 0:
+            self.ratios.append(max(0, grown) / work)
+            del self.ratios[:-self.keep]
+
+    def predict(self, work: int, base: int) -> Optional[int]:
+        r = self.per_work
+        return None if r is None else int(base + r * work)
+
+
+# ---------------------------------------------------------------------------------- policy
+
+
+class Policy:
+    """The decisions, apart from any loader: fed one step at a time (``observe``), it answers
+    with the setting to run next and, when it changes, a log entry. Deterministic given the
+    measurements, so tests drive it with a fake clock and fake memory.
+
+    ``work_ahead(setting, steps)`` is given by the loader: the largest work (nodes + edges) of
+    this rank's next ``steps`` batches under ``setting`` (None when unknown)."""
+
+    MOVES = (("size", 1), ("size", -1), ("pool_size", 1), ("pool_size", -1), ("num_workers", 1),
+             ("num_workers", -1))
+
+    def __init__(self, sizes: Sequence[int], pool_sizes: Sequence[int], num_workers: Sequence[int], start: Setting,
+                 memory_budget: Optional[int], margin: float, min_gain: float, window: int,
+                 work_ahead: Callable[[Setting, int], Optional[int]]) -> None:
+        self.grid = {"size": list(sizes), "pool_size": list(pool_sizes), "num_workers": list(num_workers)}
+        self.current = start
+        self.budget = memory_budget
+        self.margin = margin
+        self.min_gain = min_gain
+        self.window = window
+        self.work_ahead = work_ahead
+        self.model = MemoryModel()
+        self.base = 0  # the memory at the last step's start
+        self.floor: Optional[int] = None  # the memory at the first step's start
+        self.rates: Dict[Setting, float] = {}
+        self.trial: Optional[Tuple[Setting, float]] = None  # (setting we came from, its rate)
+        self.backoff: Dict[Tuple[Setting, Setting], Tuple[int, int]] = {}  # -> (retry at window no, wait)
+        self.windows = 0
+        self.move_no = 0
+        self._reset_window(skip=0)
+
+    # -- measurement window
+    def _reset_window(self, skip: int = 1) -> None:
+        self.skip = skip  # steps left out of the rate (the first after a switch)
+        self.w_work = 0
+        self.w_time = 0.0
+        self.w_steps = 0
+
+    @property
+    def line(self) -> Optional[float]:
+        """The most a prediction may reach: the budget less ``margin`` of the headroom above the
+        memory at the first step's start (budget * (1 - margin) when that was 0)."""
+        if self.budget is None:
+            return None
+        floor = min(self.floor or 0, self.budget)
+        return self.budget - self.margin * (self.budget - floor)
+
+    def predict(self, setting: Setting) -> Optional[int]:
+        work = self.work_ahead(setting, self.window)
+        return None if work is None else self.model.predict(work, self.base)
+
+    def fits(self, setting: Setting) -> bool:
+        if self.budget is None:
+            return True
+        p = self.predict(setting)
+        return p is not None and p <= self.line
+
+    def _neighbour(self, dim: str, step: int) -> Optional[Setting]:
+        vals = self.grid[dim]
+        i = vals.index(getattr(self.current, dim)) + step
+        if not 0 <= i < len(vals):
+            return None
+        d = self.current.as_dict()
+        d[dim] = vals[i]
+        return Setting(**d)
+
+    def _entry(self, kind: str, new: Setting, gain: Optional[float], reason: str) -> Dict[str, Any]:
+        return {"kind": kind, "from": self.current.as_dict(), "to": new.as_dict(), "gain": gain,
+                "predicted_bytes": self.predict(new) if self.budget is not None or self.model.ratios else None,
+                "reason": reason}
+
+    def _switch(self, kind: str, new: Setting, gain: Optional[float], reason: str) -> Dict[str, Any]:
+        e = self._entry(kind, new, gain, reason)
+        self.current = new
+        self._reset_window()
+        return e
+
+    # -- the two checks before a step
+    def _shrunk(self, reason: str) -> Optional[Dict[str, Any]]:
+        """The largest smaller size that fits (or the smallest), as a 'shrink' entry."""
+        sizes = self.grid["size"]
+        i = sizes.index(self.current.size)
+        if i == 0:
+            return None
+        pick = sizes[0]
+        for s in reversed(sizes[:i]):
+            cand = Setting(s, self.current.pool_size, self.current.num_workers)
+            if self.fits(cand):
+                pick = s
+                break
+        self.trial = None
+        return self._switch("shrink", Setting(pick, self.current.pool_size, self.current.num_workers), None, reason)
+
+    def before_step(self) -> Optional[Dict[str, Any]]:
+        """Shrinks now when the next batches under the current setting are predicted over the line."""
+        if self.budget is None or self.model.per_work is None:
+            return None
+        work = self.work_ahead(self.current, 1)
+        if work is None:
+            return None
+        pred = self.model.predict(work, self.base)
+        if pred > self.line:
+            return self._shrunk(f"next batch predicted at {pred / 2**20:.1f} MiB, over "
+                                f"{self.line / 2**20:.1f} MiB (budget less margin)")
+        return None
+
+    # -- after a step
+    def observe(self, seconds: float, work: int, base: int, peak: Optional[int],
+                grown: Optional[int] = None, learn: bool = True) -> Optional[Dict[str, Any]]:
+        """One step's measurements: wall seconds, work (nodes + edges), the memory at its
+        start and its peak (None without a probe); ``grown`` (default ``peak - base``) is what
+        the memory model learns from, when ``learn`` (a clean reading; predictions start from
+        the base of the last one). Returns a log entry when the setting changes or a trial is
+        kept."""
+        if self.floor is None:
+            self.floor = base
+        if learn or self.model.per_work is None:
+            self.base = base
+        if peak is not None and learn:
+            self.model.observe(work, peak - base if grown is None else grown)
+        if peak is not None:
+            if self.budget is not None and peak > self.budget:
+                return self._shrunk(f"measured peak {peak / 2**20:.1f} MiB over the budget "
+                                    f"{self.budget / 2**20:.1f} MiB")
+        if self.skip > 0:
+            self.skip -= 1
+            return None
+        self.w_work += work
+        self.w_time += seconds
+        self.w_steps += 1
+        if self.w_steps < self.window:
+            return None
+        rate = self.w_work / max(self.w_time, 1e-12)
+        self.windows += 1
+        self._reset_window(skip=0)
+        if self.trial is not None:
+            prev, prev_rate = self.trial
+            self.trial = None
+            gain = rate / prev_rate if prev_rate > 0 else float("inf")
+            self.rates[self.current] = rate
+            if gain >= 1.0 + self.min_gain:
+                self.backoff.pop((prev, self.current), None)
+                e = self._entry("keep", self.current, gain, f"{(gain - 1) * 100:.1f}% more work per second "
+                                f"(>= {self.min_gain * 100:g}%)")
+                e["from"] = prev.as_dict()
+                return e
+            key = (prev, self.current)
+            wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
+            self.backoff[key] = (self.windows + wait, wait)
+            return self._switch("revert", prev, gain, f"{(gain - 1) * 100:+.1f}% work per second, under the "
+                                f"{self.min_gain * 100:g}% needed to switch")
+        self.rates[self.current] = rate
+        return self._explore(rate)
+
+    def _explore(self, rate: float) -> Optional[Dict[str, Any]]:
+        for k in range(len(self.MOVES)):
+            dim, step = self.MOVES[(self.move_no + k) % len(self.MOVES)]
+            cand = self._neighbour(dim, step)
+            if cand is None:
+                continue
+            retry = self.backoff.get((self.current, cand))
+            if retry is not None and self.windows < retry[0]:
+                continue
+            if dim == "size" and step > 0 and not self.fits(cand):
+                continue
+            if dim == "size" and step < 0 and self.budget is not None and not self.fits(cand):
+                continue
+            self.move_no = (self.move_no + k + 1) % len(self.MOVES)
+            self.trial = (self.current, rate)
+            return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
+                                f"{getattr(cand, dim)} for {self.window} steps")
+        return None
+
+
+# ---------------------------------------------------------------------------------- loaders
+
+
+def _check_grid(name: str, values, minimum: int) -> List[int]:
+    if isinstance(values, numbers.Integral) and not isinstance(values, bool):
+        values = [values]
+    try:
+        vals = list(values)
+    except TypeError:
+        raise ValueError(f"AdaptiveLoader: {name} must be an int or a list of ints, got {values!r}") from None
+    if not vals:
+        raise ValueError(f"AdaptiveLoader: {name} is empty")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+            raise ValueError(f"AdaptiveLoader: every entry of {name} must be an integer >= {minimum}, got {v!r}")
+    return sorted(set(int(v) for v in vals))
+
+
+def _dist():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+class _Adaptive:
+    """What both adaptive loaders share: arguments, measurement, the policy, DDP, the log."""
+
+    def __init__(self, *, sizes, pool_sizes, num_workers, start, memory_budget, memory, margin, min_gain,
+                 window, optimizer, lr_scaling, device, clock) -> None:
+        self.sizes = _check_grid("sizes", sizes, 1)
+        self.pool_sizes = _check_grid("pool_sizes", pool_sizes, 1)
+        self.worker_counts = _check_grid("num_workers", num_workers, 0)
+        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Real)
+                                          or not memory_budget > 0):
+            raise ValueError(f"AdaptiveLoader: memory_budget must be a number of bytes > 0 (or None), "
+                             f"got {memory_budget!r}")
+        if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not 0 <= margin < 1:
+            raise ValueError(f"AdaptiveLoader: margin must be in [0, 1), got {margin!r}")
+        if isinstance(min_gain, bool) or not isinstance(min_gain, numbers.Real) or not min_gain >= 0:
+            raise ValueError(f"AdaptiveLoader: min_gain must be a number >= 0, got {min_gain!r}")
+        if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+            raise ValueError(f"AdaptiveLoader: window must be an integer >= 1, got {window!r}")
+        if lr_scaling not in _LR:
+            raise ValueError(f"AdaptiveLoader: lr_scaling must be None, 'linear' or 'sqrt', got {lr_scaling!r}")
+        if lr_scaling is not None and (optimizer is None or not hasattr(optimizer, "param_groups")):
+            raise ValueError("AdaptiveLoader: lr_scaling needs the optimizer (optimizer=...) whose lr it scales")
+        if not callable(clock):
+            raise ValueError(f"AdaptiveLoader: clock must be a callable returning seconds, got {clock!r}")
+        self.probe = _probe(memory, device)
+        if memory_budget is not None and self.probe is None:
+            raise ValueError("AdaptiveLoader: a memory_budget needs a memory measure (memory='cuda', 'rss' or a "
+                             "callable); none is available here")
+        if start is None:
+            start = Setting(self.sizes[0], self.pool_sizes[0], self.worker_counts[0])
+        elif not isinstance(start, Setting):
+            raise ValueError(f"AdaptiveLoader: start must be a Setting, got {start!r}")
+        if start.size not in self.sizes or start.pool_size not in self.pool_sizes or \
+                start.num_workers not in self.worker_counts:
+            raise ValueError(f"AdaptiveLoader: start {start} is not in the grid (sizes {self.sizes}, pool_sizes "
+                             f"{self.pool_sizes}, num_workers {self.worker_counts})")
+        self.memory_budget = None if memory_budget is None else int(memory_budget)
+        self.optimizer = optimizer
+        self.lr_scaling = lr_scaling
+        self.first_size = start.size
+        self._base_lrs = [g["lr"] for g in optimizer.param_groups] if optimizer is not None and \
+            hasattr(optimizer, "param_groups") else []
+        self.clock = clock
+        self.device = device
+        self.policy = Policy(self.sizes, self.pool_sizes, self.worker_counts, start, self.memory_budget, float(margin),
+                             float(min_gain), int(window), self._work_ahead)
+        self.log: List[Dict[str, Any]] = []
+        self.history: List[Dict[str, Any]] = []
+        self.step = 0  # steps taken, all epochs
+        self.epoch = -1
+        self._pending: Optional[Dict[str, Any]] = None  # the yielded step not yet done
+        self._t_last = 0.0
+        self._replan = False
+
+    @property
+    def setting(self) -> Setting:
+        return self.policy.current
+
+    # -- hooks of a concrete loader
+    def _work_ahead(self, setting: Setting, steps: int) -> Optional[int]:
+        raise NotImplementedError
+
+    def _apply(self, old: Setting, new: Setting) -> None:
+        """Makes the loader deliver ``new`` from the next batch on (the generator re-plans)."""
+        self._replan = True
+
+    # -- the step protocol
+    def _begin(self, info: Dict[str, Any]) -> None:
+        if self.probe is not None:
+            self.probe.start()
+        info["base"] = self.probe.base if self.probe is not None else 0
+        info["clean"] = self.probe.clean if self.probe is not None else True
+        self._pending = info
+
+    def step_done(self, loss: Any = None) -> None:
+        """Ends the step of the last batch yielded: records its time (since the previous
+        step's end), memory, density and ``loss`` (a float or a 0-d tensor; ``.item()`` is
+        called, so it syncs a CUDA device), and lets the policy decide. Calling it is optional:
+        the loader ends a step itself when the next batch is asked for (without the loss)."""
+        info = self._pending
+        if info is None:
+            return
+        self._pending = None
+        now = self.clock()
+        peak = self.probe.peak() if self.probe is not None else None
+        seconds = now - self._t_last
+        self._t_last = now
+        if loss is not None:
+            loss = float(loss.detach().item()) if isinstance(loss, torch.Tensor) else float(loss)
+        rec = dict(step=self.step, epoch=self.epoch, **self.setting.as_dict(), graphs=info["graphs"],
+                   nodes=info["nodes"], edges=info["edges"], seconds=seconds, base=info["base"], peak=peak, loss=loss)
+        self.history.append(rec)
+        self.step += 1
+        work = info["nodes"] + info["edges"]
+        base = info["base"]
+        grown = None
+        dist = _dist()
+        if dist is not None:
+            peak, base, grown, clean = self._reduce_memory(dist, work, base, peak, info["clean"])
+        else:
+            clean = info["clean"]
+        entry = None
+        if dist is None or dist.get_rank() == 0:  # under DDP only rank 0's policy decides
+            entry = self.policy.observe(seconds, work, base, peak, grown, clean)
+            if entry is None:
+                entry = self.policy.before_step() if self._more_to_come() else None
+        if dist is not None:
+            entry = self._broadcast(dist, entry)
+        if entry is not None:
+            self._record(entry)
+
+    def _more_to_come(self) -> bool:
+        return True
+
+    def _check_ahead(self) -> None:
+        """At an epoch's start: shrink now if its first batch is predicted over the budget."""
+        dist = _dist()
+        entry = self.policy.before_step() if dist is None or dist.get_rank() == 0 else None
+        if dist is not None:
+            entry = self._broadcast(dist, entry)
+        if entry is not None:
+            self._record(entry)
+
+    def _reduce_memory(self, dist, work: int, base: int, peak: Optional[int], clean: bool):
+        """(peak, base, grown, clean) over the ranks: the largest peak and base, what the memory
+        model learns (the largest bytes per unit of work of a clean reading on any rank, times
+        this step's work) and whether any rank's reading was clean."""
+        ratio = -1.0 if peak is None or work <= 0 or not clean else max(0, peak - base) / work
+        t = torch.tensor([ratio, float(-1 if peak is None else peak), float(base) if clean else -1.0],
+                         dtype=torch.float64, device=self._dist_device(dist))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        ratio, peak_all, base_all = (float(v) for v in t.cpu())
+        if peak is None:
+            return None, int(base), None, False
+        if ratio < 0:  # no clean reading on any rank
+            return int(peak_all), int(base), None, False
+        return int(peak_all), int(base_all), int(ratio * work), True
+
+    @staticmethod
+    def _dist_device(dist) -> torch.device:
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _broadcast(self, dist, entry: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        """Rank 0's decision to every rank: [changed, kind, size, pool, workers, gain, predicted]."""
+        rank = dist.get_rank()
+        before = self.setting
+        t = torch.zeros(7, dtype=torch.float64, device=self._dist_device(dist))
+        if rank == 0 and entry is not None:
+            to = entry["to"]
+            t[0] = 1
+            t[1] = _KINDS.index(entry["kind"])
+            t[2], t[3], t[4] = to["size"], to["pool_size"], to["num_workers"]
+            t[5] = -1 if entry["gain"] is None else entry["gain"]
+            t[6] = -1 if entry["predicted_bytes"] is None else entry["predicted_bytes"]
+        dist.broadcast(t, src=0)
+        v = t.cpu().tolist()
+        if rank == 0:
+            return entry
+        if v[0] == 0:
+            return None
+        new = Setting(int(v[2]), int(v[3]), int(v[4]))
+        entry = {"kind": _KINDS[int(v[1])], "from": before.as_dict(), "to": new.as_dict(),
+                 "gain": None if v[5] < 0 else v[5], "predicted_bytes": None if v[6] < 0 else int(v[6]),
+                 "reason": "decided on rank 0"}
+        self.policy.current = new
+        return entry
+
+    def _record(self, entry: Dict[str, Any]) -> None:
+        old, new = Setting(**entry["from"]), Setting(**entry["to"])
+        entry = dict(entry, step=self.step, epoch=self.epoch)
+        if entry["kind"] == "keep":  # the trial's setting runs on: nothing to change
+            self.log.append(entry)
+            log.info("adapt: step %d keeps %s over %s (gain %.3f): %s", self.step, new, old, entry["gain"],
+                     entry["reason"])
+            return
+        if self.lr_scaling is not None and old.size != new.size:
+            f = new.size / self.first_size
+            f = f if self.lr_scaling == "linear" else math.sqrt(f)
+            lrs = []
+            for g, lr0 in zip(self.optimizer.param_groups, self._base_lrs):
+                g["lr"] = lr0 * f
+                lrs.append(g["lr"])
+            entry["lr"] = lrs
+        self.log.append(entry)
+        log.info("adapt: step %d %s %s -> %s (gain %s, predicted %s bytes): %s", self.step, entry["kind"], old, new,
+                 "n/a" if entry["gain"] is None else f"{entry['gain']:.3f}", entry["predicted_bytes"], entry["reason"])
+        self._apply(old, new)
+
+
+class AdaptiveLoader(_Adaptive):
+    """Graph mini-batches (a :class:`gnncompile.data.PooledLoader` inside) whose batch size,
+    pool size and workers are re-chosen while training; see the module's docstring.
+
+    Args:
+        dataset: a sequence of ``Data`` graphs (as for ``PooledLoader``).
+        by: ``'graphs'`` (``sizes`` are graphs per batch), ``'nodes'`` or ``'edges'`` (``sizes``
+            are budgets: graphs are taken in order until the next would exceed the budget; a
+            graph larger than the budget makes a batch of its own).
+        sizes: the candidate sizes (ints >= 1).
+        pool_sizes, num_workers: candidate pool sizes (>= 1) and worker counts (>= 0).
+        start: the first :class:`Setting` (default: the smallest of each grid).
+        shuffle, seed: the epoch's order of graphs (a permutation from ``seed`` and the epoch
+            when shuffled; the same on every rank).
+        memory_budget: bytes the measured peak must stay under (None: no budget).
+        memory: ``'auto'``, ``'cuda'``, ``'rss'``, None or a callable (see the module docstring).
+        margin: predictions must stay under the budget less this share of the headroom above
+            the memory at the first step's start (default 0.1).
+        min_gain: the measured gain a switch needs (default 0.05: 5%).
+        window: steps per measurement (default 8).
+        optimizer, lr_scaling: ``None`` / ``'linear'`` / ``'sqrt'`` learning-rate rescaling at
+            size switches (opt-in).
+        device: where batches go (as ``PooledLoader``'s ``device``).
+        clock: seconds (``time.perf_counter``; tests give a fake one).
+        loader_kwargs: further ``PooledLoader`` keywords (follow_batch, exclude_keys, pin_memory,
+            persistent_workers, timeout).
+
+    ValueError on a bad argument.
+    """
+
+    def __init__(self, dataset: Sequence, *, by: str = "graphs", sizes: Sequence[int] = (16, 32, 64, 128),
+                 pool_sizes: Sequence[int] = (2,), num_workers: Sequence[int] = (0,), start: Optional[Setting] = None,
+                 shuffle: bool = False, seed: int = 0, memory_budget: Optional[int] = None, memory: Any = "auto",
+                 margin: float = 0.1, min_gain: float = 0.05, window: int = 8, optimizer: Any = None,
+                 lr_scaling: Optional[str] = None, device=None, clock: Callable[[], float] = time.perf_counter,
+                 **loader_kwargs) -> None:
+        if by not in _BY:
+            raise ValueError(f"AdaptiveLoader: by must be one of {_BY}, got {by!r}")
+        for k in ("batch_size", "pool_size", "shuffle", "drop_last", "generator"):
+            if k in loader_kwargs:
+                raise ValueError(f"AdaptiveLoader chooses {k} itself; give sizes / pool_sizes / shuffle, seed")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ValueError(f"AdaptiveLoader: seed must be an int, got {seed!r}")
+        super().__init__(sizes=sizes, pool_sizes=pool_sizes, num_workers=num_workers, start=start,
+                         memory_budget=memory_budget, memory=memory, margin=margin, min_gain=min_gain, window=window,
+                         optimizer=optimizer, lr_scaling=lr_scaling, device=device, clock=clock)
+        from .data import PooledLoader
+
+        if not hasattr(dataset, "__len__") or len(dataset) == 0:
+            raise ValueError("AdaptiveLoader: dataset must be a non-empty sequence of graphs")
+        self.by = by
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.dataset = dataset
+        self.nodes = torch.tensor([int(d.num_nodes) for d in dataset], dtype=torch.long)
+        self.edges = torch.tensor([int(d.num_edges) for d in dataset], dtype=torch.long)
+        s = self.setting
+        self.loader = PooledLoader(dataset, batch_size=1 if by != "graphs" else s.size, pool_size=s.pool_size,
+                                   num_workers=s.num_workers, device=device, **loader_kwargs)
+        dist = _dist()
+        self.world = dist.get_world_size() if dist is not None else 1
+        self.rank = dist.get_rank() if dist is not None else 0
+        self._order: List[int] = []
+        self._pos = 0
+        self._plan_cache: Dict[Tuple[Setting, int], List[List[List[int]]]] = {}
+
+    # -- planning
+    def _epoch_order(self, epoch: int) -> List[int]:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        g = torch.Generator().manual_seed((self.seed * 1000003 + epoch) % (2**63))
+        return torch.randperm(n, generator=g).tolist()
+
+    def _measure(self, gid: int) -> int:
+        return 1 if self.by == "graphs" else int(self.nodes[gid] if self.by == "nodes" else self.edges[gid])
+
+    def plan(self, size: int, start: int, steps: Optional[int] = None) -> List[List[List[int]]]:
+        """The steps from position ``start`` of this epoch's order under ``size``: per step, one
+        batch (list of graph ids) per rank. Graphs go round-robin to the ranks; a step ends when
+        each rank's batch holds ``size`` graphs (by='graphs') or when the next graph would push
+        a rank's batch over the budget. A last step with fewer graphs than ranks is padded by
+        wrapping around to the order's start."""
+        order, R = self._order, self.world
+        out: List[List[List[int]]] = []
+        i, n = start, len(order)
+        while i < n and (steps is None or len(out) < steps):
+            bins: List[List[int]] = [[] for _ in range(R)]
+            load = [0] * R
+            k = 0
+            while i < n:
+                r = k % R
+                m = self._measure(order[i])
+                if self.by == "graphs":
+                    if load[r] >= size:
+                        break
+                elif bins[r] and load[r] + m > size:
+                    break
+                bins[r].append(order[i])
+                load[r] += m
+                i += 1
+                k += 1
+            j = 0
+            for r in range(R):  # the epoch's tail: fewer graphs than ranks
+                if not bins[r]:
+                    bins[r].append(order[j % n])
+                    j += 1
+            out.append(bins)
+        return out
+
+    def _work(self, batch: List[int]) -> int:
+        idx = torch.tensor(batch, dtype=torch.long)
+        return int(self.nodes[idx].sum() + self.edges[idx].sum())
+
+    def _work_ahead(self, setting: Setting, steps: int) -> Optional[int]:
+        """The largest work of this rank's next ``steps`` batches under ``setting``; past the
+        epoch's end, the first batches of this epoch's order stand for the next epoch's."""
+        plan = self.plan(setting.size, self._pos, steps)
+        if len(plan) < steps and self._order:
+            plan += self.plan(setting.size, 0, steps - len(plan))
+        if not plan:
+            return None
+        return max(self._work(bins[r]) for bins in plan for r in range(self.world))
+
+    def _more_to_come(self) -> bool:
+        return self._pos < len(self._order)
+
+    def _apply(self, old: Setting, new: Setting) -> None:
+        self._replan = True
+        if (old.pool_size, old.num_workers) != (new.pool_size, new.num_workers):
+            self.loader.reconfigure(pool_size=new.pool_size, num_workers=new.num_workers)
+
+    def __len__(self) -> int:
+        """Steps of an epoch under the current setting."""
+        saved = self._order
+        if not saved:
+            self._order = self._epoch_order(max(self.epoch, 0))
+        try:
+            return len(self.plan(self.setting.size, 0))
+        finally:
+            self._order = saved
+
+    def __iter__(self) -> Iterator:
+        self.step_done()  # a step left open by the previous epoch
+        self.epoch += 1
+        self._order = self._epoch_order(self.epoch)
+        self._pos = 0
+        self._check_ahead()
+        self._t_last = self.clock()
+        n = len(self._order)
+        while self._pos < n:
+            self._replan = False
+            steps = self.plan(self.setting.size, self._pos)
+            it = self.loader.iter_batches([bins[self.rank] for bins in steps])
+            for bins in steps:
+                batch = next(it)
+                mine = bins[self.rank]
+                self._begin({"graphs": len(mine), "nodes": int(self.nodes[mine].sum()),
+                             "edges": int(self.edges[mine].sum()), "ids": mine})
+                self._pos += min(sum(len(b) for b in bins), n - self._pos)
+                yield batch
+                self.step_done()
+                if self._replan:
+                    break
+            it.close()
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+class AdaptiveNeighborLoader(_Adaptive):
+    """Neighbor-sampled mini-batches (a :class:`gnncompile.data.NeighborLoader` per plan) whose
+    seeds per batch, prefetch depth (``pool_sizes``) and workers are re-chosen while training.
+
+    ``sizes`` are seed counts per batch. The epoch's order of input nodes is drawn from
+    ``seed`` and the epoch (shuffled) or kept; under data-parallel training each rank takes
+    every world-size-th seed of it (padded by wrapping around to equal shares), so the ranks
+    take the same steps. At a switch the rest of this rank's share is sampled by a new
+    ``NeighborLoader`` (the sampler's CSC is the structure cache's, built once). The work of a
+    batch (its nodes + edges) is known only once sampled: candidates are predicted from the
+    largest observed work per seed. Other arguments as :class:`AdaptiveLoader`;
+    ``loader_kwargs`` go to ``NeighborLoader`` (replace, directed, disjoint, ...)."""
+
+    def __init__(self, data: Any, num_neighbors: Any, *, input_nodes: Any = None, sizes: Sequence[int] = (256, 512, 1024),
+                 pool_sizes: Sequence[int] = (2,), num_workers: Sequence[int] = (0,), start: Optional[Setting] = None,
+                 shuffle: bool = False, seed: int = 0, memory_budget: Optional[int] = None, memory: Any = "auto",
+                 margin: float = 0.1, min_gain: float = 0.05, window: int = 8, optimizer: Any = None,
+                 lr_scaling: Optional[str] = None, device=None, clock: Callable[[], float] = time.perf_counter,
+                 **loader_kwargs) -> None:
+        for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "distributed", "num_replicas", "rank"):
+            if k in loader_kwargs:
+                raise ValueError(f"AdaptiveNeighborLoader chooses {k} itself")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ValueError(f"AdaptiveNeighborLoader: seed must be an int, got {seed!r}")
+        super().__init__(sizes=sizes, pool_sizes=pool_sizes, num_workers=num_workers, start=start,
+                         memory_budget=memory_budget, memory=memory, margin=margin, min_gain=min_gain, window=window,
+                         optimizer=optimizer, lr_scaling=lr_scaling, device=device, clock=clock)
+        self.data = data
+        self.num_neighbors = num_neighbors
+        if input_nodes is None:
+            self.inputs = torch.arange(int(data.num_nodes))
+        else:
+            t = torch.as_tensor(input_nodes)
+            self.inputs = t.nonzero().view(-1) if t.dtype == torch.bool else t.long().view(-1)
+        if self.inputs.numel() == 0:
+            raise ValueError("AdaptiveNeighborLoader: no input nodes")
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.loader_kwargs = loader_kwargs
+        dist = _dist()
+        self.world = dist.get_world_size() if dist is not None else 1
+        self.rank = dist.get_rank() if dist is not None else 0
+        self._share = torch.empty(0, dtype=torch.long)
+        self._pos = 0
+        self._per_seed: List[float] = []
+
+    def _epoch_share(self, epoch: int) -> torch.Tensor:
+        n = self.inputs.numel()
+        if self.shuffle:
+            g = torch.Generator().manual_seed((self.seed * 1000003 + epoch) % (2**63))
+            order = self.inputs[torch.randperm(n, generator=g)]
+        else:
+            order = self.inputs
+        R = self.world
+        if R == 1:
+            return order
+        total = -(-n // R) * R
+        if total > n:
+            order = order.repeat(-(-total // n))[:total]
+        return order[self.rank:total:R]
+
+    def _work_ahead(self, setting: Setting, steps: int) -> Optional[int]:
+        if not self._per_seed:
+            return None
+        seeds = min(setting.size, max(1, self._share.numel() - self._pos))
+        return int(math.ceil(max(self._per_seed[-32:]) * seeds))
+
+    def _more_to_come(self) -> bool:
+        return self._pos < self._share.numel()
+
+    def _loader(self, seeds: torch.Tensor):
+        from .data import NeighborLoader
+
+        s = self.setting
+        kw = dict(self.loader_kwargs)
+        if s.num_workers > 0:
+            kw.setdefault("prefetch_factor", max(1, math.ceil(s.pool_size / s.num_workers)))
+        return NeighborLoader(self.data, self.num_neighbors, input_nodes=seeds, batch_size=s.size, shuffle=False,
+                              num_workers=s.num_workers, seed=(self.seed * 7919 + self.epoch * 104729 + self._pos)
+                              % (2**62), **kw)
+
+    def __len__(self) -> int:
+        n = -(-self.inputs.numel() // self.world)
+        return -(-n // self.setting.size)
+
+    def __iter__(self) -> Iterator:
+        self.step_done()
+        self.epoch += 1
+        self._share = self._epoch_share(self.epoch)
+        self._pos = 0
+        self._check_ahead()
+        self._t_last = self.clock()
+        n = self._share.numel()
+        while self._pos < n:
+            self._replan = False
+            loader = self._loader(self._share[self._pos:])
+            for batch in loader:
+                seeds = int(batch.batch_size)
+                nodes, edges = int(batch.num_nodes), int(batch.edge_index.size(1))
+                self._per_seed.append((nodes + edges) / max(1, seeds))
+                del self._per_seed[:-64]
+                if self.device is not None:
+                    batch = batch.to(self.device, non_blocking=True)
+                self._begin({"graphs": seeds, "nodes": nodes, "edges": edges})
+                self._pos += seeds
+                yield batch
+                self.step_done()
+                if self._replan:
+                    break
+            del loader
+
+
+__all__ = ["AdaptiveLoader", "AdaptiveNeighborLoader", "Setting", "Policy", "MemoryModel", "MemoryProbe",
+           "CudaMemory", "RssMemory", "FnMemory"]
