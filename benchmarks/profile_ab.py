@@ -37,9 +37,7 @@ warnings.simplefilter("ignore")
 
 from . import _common  # noqa: E402
 
-#: a child's settings come from the profile (these keys) or from the defaults
-_SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "pin_memory",
-                 "persistent_workers", "inner", "spmm_impl")
+from gnncompile.profiles import SETTING_KEYS as _SETTING_KEYS  # noqa: E402  (a profile's settings)
 
 
 def _child(spec_path: str) -> int:
