@@ -29,6 +29,32 @@ def module_command(name: str) -> List[str]:
     return [sys.executable, "-m", f"{__package__ or 'benchmarks'}.{name}"]
 
 
+#: The speed guard (gnncompile.compiler.guard) times both forms of each piece, then the whole
+#: compiled model against the model as written, over its first ~25 training calls: a benchmark
+#: steps until the model-level decision is made (at most this many steps) and times what it kept.
+GUARD_STEPS = 60
+
+
+def guard_decided(run) -> bool:
+    """Whether the speed guard has decided for the whole model, training (gradients on)."""
+    return any(d.piece.startswith("the whole model") and d.grad for d in run.guard_decisions())
+
+
+def step_past_guard(run, step: Callable[[], object], limit: int = GUARD_STEPS) -> int:
+    """Calls ``step`` until the speed guard of ``run`` (a compiled model) has decided for the
+    whole model, at most ``limit`` times; returns how many steps it took. 0 at once for an
+    uncompiled model or one compiled with the guard off (there is nothing to wait for: until
+    2026-12-03 such runs stepped ``limit`` times for nothing)."""
+    settings = getattr(run, "gnncompile_settings", None)
+    if not hasattr(run, "guard_decisions") or settings is None or getattr(settings, "guard", "off") == "off":
+        return 0
+    n = 0
+    while n < limit and not guard_decided(run):
+        step()
+        n += 1
+    return n
+
+
 def timeit(fn: Callable[[], object], repeats: int, warmup: int = 1) -> Dict[str, float]:
     """Median, min and max wall time in seconds over `repeats` calls after `warmup` calls."""
     for _ in range(warmup):

@@ -209,17 +209,6 @@ def _compile_counts(variant: str, run, counters, stats0: dict) -> dict:
     return r
 
 
-# The speed guard races each rewritten piece against its unrewritten form, then the whole compiled
-# model against the model as written, over its first ~25 training calls: node-level runs step
-# until the model-level decision is made (at most this many steps) before measuring. (Until
-# 2026-12-03 they did not, and the timed steps of PNA included the races.)
-GUARD_STEPS = 60
-
-
-def _model_decided(run) -> bool:
-    return any(d.piece.startswith("the whole model") and d.grad for d in run.guard_decisions())
-
-
 def _node_run(args, counters, stats0) -> dict:
     x, ei, ea, y, C = node_graph(args.nodes, args.features, args.edge_dim)
     N = x.size(0)
@@ -249,10 +238,7 @@ def _node_run(args, counters, stats0) -> dict:
     del out, loss, expect
     for _ in range(args.warmup):
         step()
-    guard_steps = 0  # past the speed guard's races (gnncompile.compiler.guard): time the form it kept
-    while hasattr(run, "guard_decisions") and not _model_decided(run) and guard_steps < GUARD_STEPS:
-        step()
-        guard_steps += 1
+    guard_steps = _common.step_past_guard(run, step)  # past the speed guard's races: time the form it kept
     peak = _common.read_peak_rss_delta(step) if args.measure in ("peak", "both") else None
     if args.measure == "peak":
         return {"peak_bytes": peak}

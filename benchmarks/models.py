@@ -203,11 +203,7 @@ def child(args) -> dict:
         raise AssertionError(f"{args.variant} disagrees with eager: relative error {err:.2e}")
     for _ in range(args.warmup):
         step()
-    guard_steps = 0
-    if hasattr(run, "guard_decisions"):  # past the speed guard's races: time the form it kept
-        while not _model_decided(run) and guard_steps < GUARD_STEPS:
-            step()
-            guard_steps += 1
+    guard_steps = _common.step_past_guard(run, step)  # past the speed guard's races: time the form it kept
     if args.measure == "peak":  # a child of its own, under MALLOC_MMAP_THRESHOLD_=65536
         return {"peak_bytes": _common.read_peak_rss_delta(step), "guard_steps": guard_steps}
     t = _common.timeit(step, args.repeats, warmup=0)
@@ -215,16 +211,6 @@ def child(args) -> dict:
     return {"median_s": t["median"], "min_s": t["min"], "first_step_s": first,
             "rel_err": err, "N": N, "E": int(ei.size(1)), "guard_steps": guard_steps,
             "guard": kept}
-
-
-# The speed guard times both forms of each piece, then the whole compiled model against the model
-# as written, over its first ~25 training calls (gnncompile.compiler.guard): the benchmark steps
-# until the model-level decision is made (at most this many steps) and times what it kept.
-GUARD_STEPS = 60
-
-
-def _model_decided(run) -> bool:
-    return any(d.piece.startswith("the whole model") and d.grad for d in run.guard_decisions())
 
 
 # ----------------------------------------------------------------------------- driver

@@ -30,7 +30,6 @@ from . import _common
 
 MODELS = ("GCN", "GraphSAGE", "GIN")
 SETTINGS = ("off", "auto")
-GUARD_STEPS = 60
 
 
 def child(model_name: str, nodes: int, huge: str, repeats: int, threads: int) -> dict:
@@ -57,10 +56,7 @@ def child(model_name: str, nodes: int, huge: str, repeats: int, threads: int) ->
         return loss.detach()
 
     first_loss = float(step())
-    for _ in range(GUARD_STEPS):  # until the speed guard has decided (the whole model, training)
-        if any(d.piece.startswith("the whole model") and d.grad for d in run.guard_decisions()):
-            break
-        step()
+    _common.step_past_guard(run, step)  # until the speed guard has decided (the whole model, training)
     rows = []
     for _ in range(repeats):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
