@@ -6,7 +6,7 @@ A profile is a versioned JSON file::
       "format": "gnncompile-profile", "schema_version": 1,
       "gnncompile_version": "0.1.0", "torch_version": "2.13.0",
       "created": "2026-...Z",
-      "device_key": "cpu-amd-epyc-2c-avx512bf16",
+      "device_key": "cpu-amd-epyc-2c-avx512bf16-l2-1m-l3-32m",
       "device": {... gnncompile.hardware.detect() ...},
       "workload": {"kind": "graphs", "model": "gin", ...},
       "workload_signature": "graphs-gin-3f2a9c1d",

@@ -141,10 +141,26 @@ def _slug(s: str, limit: int = 48) -> str:
     return s[:limit].strip("-") or "unknown"
 
 
+def _size_tag(n: int) -> str:
+    """A cache size for a key: '512k', '16m', '1p5m' (1.5 MiB)."""
+    if n >= 1 << 20:
+        mib = n / (1 << 20)
+        return f"{mib:g}m".replace(".", "p")
+    return f"{max(1, n >> 10)}k"
+
+
 def device_key(props: Optional[Dict[str, Any]] = None) -> str:
     """A stable, file-name-safe key for a device, from :func:`detect`'s properties.
 
-    ``cpu-<model>-<logical cpus>c-<widest isa>`` or ``cuda-<name>-sm<cc>-<SMs>sm-<GiB>g``.
+    ``cpu-<model>-<logical cpus>c-<widest isa>[-l2-<size>][-l3-<size>]`` (the caches where the
+    properties know them, e.g. ``cpu-amd-epyc-2c-avx2-l2-512k-l3-16m``) or
+    ``cuda-<name>-sm<cc>-<SMs>sm-<GiB>g``.
+
+    The caches are part of a CPU's key because a virtual machine's model name often hides the
+    generation: two AMD EPYC generations both read "AMD EPYC", with the same core count and ISA,
+    and differ in their caches, which is what the gather-reduce kernels' best settings follow
+    (a profile, or a portfolio measurement, tuned on one is not the other's own; it can still be
+    lent through a checked transfer, :mod:`gnncompile.hardware.classes`).
     """
     p = detect() if props is None else props
     if p.get("type") == "cuda":
@@ -152,7 +168,12 @@ def device_key(props: Optional[Dict[str, Any]] = None) -> str:
         gib = int(round(p.get("memory_bytes", 0) / (1 << 30)))
         return f"cuda-{_slug(p.get('name', ''))}-sm{cc[0]}{cc[1]}-{p.get('sm_count', 0)}sm-{gib}g"
     isa = p.get("isa") or ["scalar"]
-    return f"cpu-{_slug(p.get('model', ''))}-{p.get('logical_cpus', 0)}c-{isa[0].replace('_', '')}"
+    key = f"cpu-{_slug(p.get('model', ''))}-{p.get('logical_cpus', 0)}c-{isa[0].replace('_', '')}"
+    for level in (2, 3):
+        size = p.get(f"l{level}_bytes")
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            key += f"-l{level}-{_size_tag(size)}"
+    return key
 
 
 def describe(device: torch.device | str | None = None) -> str:

@@ -51,6 +51,18 @@ def test_device_key_stable_and_safe():
     assert device.device_key({**p, "logical_cpus": p["logical_cpus"] + 1}) != k
 
 
+def test_cpu_key_names_the_caches():
+    """Two CPUs a virtual machine names alike (model, cores, ISA) but with other caches (e.g. two
+    EPYC generations) get other keys; caches the properties do not know are left out."""
+    base = {"type": "cpu", "model": "AMD EPYC", "logical_cpus": 2, "isa": ["avx2", "fma"]}
+    zen2 = device.device_key({**base, "l2_bytes": 512 << 10, "l3_bytes": 16 << 20})
+    zen3 = device.device_key({**base, "l2_bytes": 512 << 10, "l3_bytes": 32 << 20})
+    assert zen2 == "cpu-amd-epyc-2c-avx2-l2-512k-l3-16m"
+    assert zen3 == "cpu-amd-epyc-2c-avx2-l2-512k-l3-32m"
+    assert device.device_key({**base, "l2_bytes": 0, "l3_bytes": 0}) == "cpu-amd-epyc-2c-avx2"
+    assert device.device_key({**base, "l2_bytes": 3 << 19}) == "cpu-amd-epyc-2c-avx2-l2-1p5m"
+
+
 def test_cuda_key_from_properties():
     props = {"type": "cuda", "name": "NVIDIA A100-SXM4-40GB", "capability": [8, 0], "sm_count": 108,
              "memory_bytes": 40 << 30, "l2_bytes": 40 << 20, "host_logical_cpus": 16}

@@ -125,6 +125,26 @@ def test_find_takes_the_nearest_class_and_never_a_gpu_profile(tmp_path):
     assert own.source == "file" and own.knobs == [7]
 
 
+def test_another_generation_named_alike_is_a_transfer_not_own(tmp_path):
+    """A profile tuned on a CPU a virtual machine names like this one (model, cores, ISA) but with
+    half the L3 (two EPYC generations) is not taken as this device's own: it is a transfer
+    candidate (checked before use), its cache difference the distance."""
+    zen3 = cpu(isa=("avx2", "fma"), model="AMD EPYC", l2=512 << 10, l3=32 << 20)
+    zen2 = cpu(isa=("avx2", "fma"), model="AMD EPYC", l2=512 << 10, l3=16 << 20)
+    d = tmp_path / "profiles"
+    path, _ = save_source(zen3, {"knobs": [6, 2]}, directory=d)
+    assert path.name.startswith(device.device_key(zen3) + "__")
+    found = profiles.find(WL, zen2, d)
+    assert found.source == "transfer" and found.transfer["from"] == device.device_key(zen3)
+    assert found.transfer["distance"] == pytest.approx(5.0)  # one doubling of the L3
+    assert found.transfer["verdict"] == "unchecked"
+    assert profiles.find(WL, zen3, d).source == "file"  # its own device still takes it as its own
+    # a profile written on zen2 goes to its own file: zen3's is not replaced
+    path2, _ = save_source(zen2, {"knobs": [2, 2]}, directory=d)
+    assert path2 != path and path.exists()
+    assert profiles.find(WL, zen2, d).knobs == [2, 2] and profiles.find(WL, zen3, d).knobs == [6, 2]
+
+
 def test_nearest_workload_among_the_nearest_class(tmp_path):
     me = cpu(isa=("avx2", "fma"))
     src = cpu()
@@ -159,7 +179,7 @@ def test_resolve_uses_an_accepted_transfer_and_caches_the_verdict(tmp_path, fake
     assert prof.source == "transfer" and prof.transferred_from == device.device_key(cpu(cores=4))
     assert prof.settings["threads"] == 2 and prof.knobs == [6, 4]
     assert prof.transfer["verdict"] == "accepted" and prof.transfer["ratio"] == pytest.approx(1.25)
-    assert "transferred from cpu-amd-epyc-9b14-4c-avx512f, checked: 1.25x the defaults" in prof.label
+    assert "transferred from cpu-amd-epyc-9b14-4c-avx512f-l2-1m-l3-32m, checked: 1.25x the defaults" in prof.label
     vfile = transfer.verdict_path(prof)
     assert vfile.parent == profiles.cache_dir() / "transfer" and vfile.exists()
     v = json.loads(vfile.read_text())
@@ -182,7 +202,7 @@ def test_slower_transfer_rejected_with_the_reason(fake, resolve_as):
     assert prof.is_default and prof.transferred_from is None
     assert prof.settings == profiles.default_profile(me).settings
     assert prof.transfer["verdict"] == "rejected" and "slower than the defaults" in prof.transfer["reason"]
-    assert prof.label.startswith("(defaults; transfer from cpu-amd-epyc-9b14-2c-avx512f rejected: median ratio 0.800")
+    assert prof.label.startswith("(defaults; transfer from cpu-amd-epyc-9b14-2c-avx512f-l2-1m-l3-32m rejected: median ratio 0.800")
 
 
 def test_corrupt_verdict_is_ignored_and_measured_again(fake):
