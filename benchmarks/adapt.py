@@ -2,6 +2,7 @@
 
     python -m benchmarks adapt                     # the default run (~5 min on 2 quiet cores)
     python -m benchmarks adapt --quick             # a smaller dataset, for a smoke test
+    python -m benchmarks adapt --rounds 5          # then 4 more rounds of best fixed vs adaptive, interleaved
 
 Data: ``gnncompile.data.synthetic.graph_dataset(--graphs, --min-nodes, --max-nodes, 16
 features, average degree 4)``, sorted by node count, ascending, not shuffled: every epoch's
@@ -23,8 +24,14 @@ loss); the adaptive loader over the same sizes (``by='graphs'``, start at the sm
 ``--window`` steps per measurement, 5% hysteresis, 10% margin, learning rate rescaled by the
 square root of the batch size ratio, ``--lr-scaling``: it takes fewer, larger steps). Throughput: graphs per second
 over the ``--epochs`` epochs, everything included (loading, measuring, adapting). Loss: the mean
-loss per graph of the last epoch, and the loss curve against graphs seen. Writes
-benchmarks/results/adapt[_quick].{json,md,png}.
+loss per graph of the last epoch, and the loss curve against graphs seen.
+
+``--rounds R`` (R > 1): after that first round, R - 1 more rounds of the best fixed size (the
+first round's, seed 0) and the adaptive run, each a fresh process, their order alternating from
+round to round (interleaved: both sides see the same stretches of machine noise). The ratio
+adaptive / best fixed is then the geometric mean of the R paired ratios with its 95% Student's t
+interval (gnncompile.tuner.noise.ratio_interval), and the budget check covers every adaptive run.
+Writes benchmarks/results/adapt[_quick].{json,md,png}.
 """
 from __future__ import annotations
 
@@ -165,6 +172,28 @@ def markdown(p: dict) -> str:
                   f"{s['fixed_loss_seed0']:.4f}, seed 1 {s['fixed_loss_seed1']:.4f}: |adaptive - fixed| = "
                   f"{s['loss_gap']:.4f} against run-to-run noise |seed 1 - seed 0| = {s['loss_noise']:.4f} "
                   f"({'within' if s['loss_within_noise'] else 'outside'} the noise)."]
+    rd = p.get("rounds")
+    if rd:
+        iv = rd["interval"] or {}
+        low, high = iv.get("low"), iv.get("high")
+        span = f"[{low:.2f}, {high:.2f}]" if low is not None else "(one pair: no interval)"
+        lines += ["", f"## Interleaved rounds: best fixed ({s['best_fixed_size']} graphs) vs adaptive", "",
+                  "| round | order | fixed graphs/s | adaptive graphs/s | ratio | adaptive peak above base MiB | "
+                  "adaptive last-epoch loss |", "|---|---|---|---|---|---|---|"]
+        for r in rd["pairs"]:
+            if r["fixed_error"] or r["adaptive_error"]:
+                lines.append(f"| {r['round']} | {r['order']} | error: {(r['fixed_error'] or r['adaptive_error'])[:60]} "
+                             f"| | | | |")
+                continue
+            lines.append(f"| {r['round']} | {r['order']} | {r['fixed_graphs_per_s']:.0f} | "
+                         f"{r['adaptive_graphs_per_s']:.0f} | {r['adaptive_graphs_per_s'] / r['fixed_graphs_per_s']:.2f} | "
+                         f"{r['adaptive_peak_above_base_mib']:.0f} | {r['adaptive_last_epoch_loss']:.4f} |")
+        if iv:
+            lines += ["", f"**Adaptive / best fixed over {iv['pairs']} interleaved rounds: {iv['ratio']:.2f}x "
+                      f"(geometric mean), 95% interval {span}; median {rd['median_ratio']:.2f}x.** Adaptive runs over "
+                      f"the {a['budget_mib']} MiB budget: {rd['adaptive_over_budget']} of {rd['adaptive_runs']} "
+                      f"(largest peak {rd['adaptive_max_peak_above_base_mib']:.0f} MiB above base); the fixed size's "
+                      f"runs over it: {rd['fixed_over_budget']}."]
     ad = p["adaptive"]
     if "log" in ad:
         lines += ["", "## The adaptive run's switches", "", "| step | epoch | kind | from | to | gain | predicted MiB "
@@ -178,6 +207,40 @@ def markdown(p: dict) -> str:
               "compilation and warm-up excluded, the same in every run). A fixed size whose measured peak exceeds "
               "the budget is reported and excluded from 'best fixed'. The adaptive run's sizes are the fixed grid."]
     return "\n".join(lines) + "\n"
+
+
+def _rounds(base: dict, best: dict, adaptive: dict, rounds: int, timeout: float) -> dict:
+    """Rounds 2..R of best fixed vs adaptive (fresh processes, order alternating); round 1 is the
+    first pass's pair. The paired ratios' geometric mean and 95% interval, every adaptive run's
+    peak against the budget."""
+    from gnncompile.tuner import noise
+
+    pairs = [{"round": 1, "order": "fixed first", "fixed": best, "adaptive": adaptive}]
+    for k in range(2, rounds + 1):
+        order = ["adaptive", "fixed"] if k % 2 == 0 else ["fixed", "adaptive"]
+        got = {}
+        for side in order:
+            spec = dict(base, mode=side, seed=0, **({"size": best["size"]} if side == "fixed" else {}))
+            got[side] = _run(spec, timeout)
+        print(f"round {k}: fixed {got['fixed'].get('graphs_per_s', got['fixed'].get('error'))}, adaptive "
+              f"{got['adaptive'].get('graphs_per_s', got['adaptive'].get('error'))} graphs/s", file=sys.stderr)
+        pairs.append({"round": k, "order": f"{order[0]} first", **got})
+    ok = [p for p in pairs if "error" not in p["fixed"] and "error" not in p["adaptive"]]
+    iv = noise.ratio_interval([p["adaptive"]["graphs_per_s"] for p in ok], [p["fixed"]["graphs_per_s"] for p in ok])
+    ads = [p["adaptive"] for p in ok]
+    return {
+        "pairs": [{"round": p["round"], "order": p["order"],
+                   **{f"{side}_{k}": p[side].get(k) for side in ("fixed", "adaptive")
+                      for k in ("graphs_per_s", "peak_above_base_mib", "last_epoch_loss", "error")}}
+                  for p in pairs],
+        "interval": iv,
+        "median_ratio": statistics.median(p["adaptive"]["graphs_per_s"] / p["fixed"]["graphs_per_s"] for p in ok)
+        if ok else None,
+        "adaptive_max_peak_above_base_mib": max((a["peak_above_base_mib"] for a in ads), default=None),
+        "adaptive_over_budget": sum(a["peak_rss"] > a["budget_rss"] for a in ads),
+        "adaptive_runs": len(ads),
+        "fixed_over_budget": sum(p["fixed"]["peak_rss"] > p["fixed"]["budget_rss"] for p in ok),
+    }
 
 
 def plot(p: dict, path: Path) -> None:
@@ -233,12 +296,17 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of best fixed vs adaptive (the first runs every fixed size), interleaved")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--results-dir", type=Path, default=_common.RESULTS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(json.loads(args.child))))
         return 0
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.quick:
         args.graphs, args.max_nodes, args.epochs = 300, 200, 1
     sizes = sorted(int(s) for s in args.sizes.split(","))
@@ -278,8 +346,10 @@ def main(argv=None) -> int:
             "fixed_loss_seed1": repeats[0]["last_epoch_loss"], "loss_gap": gap, "loss_noise": noise,
             "loss_within_noise": gap <= noise,
         }
+        if args.rounds > 1:
+            payload["rounds"] = _rounds(base, best, adaptive, args.rounds, args.timeout)
     name = args.out or ("adapt_quick" if args.quick else "adapt")
-    _common.write_results(_common.RESULTS, name, payload, markdown, plot)
+    _common.write_results(args.results_dir, name, payload, markdown, plot)
     return 0
 
 

@@ -50,7 +50,10 @@ The policy (:class:`Policy`, deterministic given the measurements):
   candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
   for neighbor batches from the observed work per seed); a candidate predicted above the
   budget less ``margin`` of the headroom (the budget less the memory at the first step's
-  start) is never tried. Before each step, when the next batch under
+  start) is never tried. Each step's measured peak is compared with its prediction, and the
+  largest recent excess (``Policy.excess``) is added to every later prediction: what the
+  linear model missed once (a fixed cost per step, the allocator's growth) it does not miss
+  again. Before each step, when the next batch under
   the current setting is predicted over that line, the size shrinks at once (to the largest
   that fits); when a step's measured peak exceeds the budget anyway, it shrinks at once too.
 * Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
@@ -278,6 +281,8 @@ class Policy:
         self.window = window
         self.work_ahead = work_ahead
         self.model = MemoryModel()
+        self.misses: List[int] = []  # by how much measured peaks exceeded their prediction (>= 0)
+        self._expected: Optional[int] = None  # the prediction for the step now running
         self.base = 0  # the memory at the last step's start
         self.floor: Optional[int] = None  # the memory at the first step's start
         self.rates: Dict[Setting, float] = {}
@@ -303,9 +308,20 @@ class Policy:
         floor = min(self.floor or 0, self.budget)
         return self.budget - self.margin * (self.budget - floor)
 
+    @property
+    def excess(self) -> int:
+        """The largest amount by which a measured peak exceeded its prediction among the last
+        ``model.keep`` predicted steps (0 while none did): added to every prediction, so that
+        what the linear model misses (a fixed cost per step, the allocator's growth) once is
+        not missed again."""
+        return max(self.misses) if self.misses else 0
+
+    def _predict_work(self, work: Optional[int]) -> Optional[int]:
+        p = None if work is None else self.model.predict(work, self.base)
+        return None if p is None else p + self.excess
+
     def predict(self, setting: Setting) -> Optional[int]:
-        work = self.work_ahead(setting, self.window)
-        return None if work is None else self.model.predict(work, self.base)
+        return self._predict_work(self.work_ahead(setting, self.window))
 
     def fits(self, setting: Setting) -> bool:
         if self.budget is None:
@@ -351,16 +367,19 @@ class Policy:
 
     def before_step(self) -> Optional[Dict[str, Any]]:
         """Shrinks now when the next batches under the current setting are predicted over the line."""
+        self._expected = None
         if self.budget is None or self.model.per_work is None:
             return None
-        work = self.work_ahead(self.current, 1)
-        if work is None:
+        pred = self._predict_work(self.work_ahead(self.current, 1))
+        if pred is None:
             return None
-        pred = self.model.predict(work, self.base)
+        entry = None
         if pred > self.line:
-            return self._shrunk(f"next batch predicted at {pred / 2**20:.1f} MiB, over "
-                                f"{self.line / 2**20:.1f} MiB (budget less margin)")
-        return None
+            entry = self._shrunk(f"next batch predicted at {pred / 2**20:.1f} MiB, over "
+                                 f"{self.line / 2**20:.1f} MiB (budget less margin)")
+            pred = self._predict_work(self.work_ahead(self.current, 1))
+        self._expected = pred  # compared with the step's measured peak (observe)
+        return entry
 
     # -- after a step
     def observe(self, seconds: float, work: int, base: int, peak: Optional[int],
@@ -372,6 +391,10 @@ class Policy:
         kept."""
         if self.floor is None:
             self.floor = base
+        if peak is not None and self._expected is not None:
+            self.misses.append(max(0, peak - self._expected))
+            del self.misses[:-self.model.keep]
+        self._expected = None
         if learn or self.model.per_work is None:
             self.base = base
         if peak is not None and learn:
