@@ -187,8 +187,8 @@ VARIABLES: Tuple[Variable, ...] = (
              "folder); either runs only where it gives the native kernel's bits (gnncompile.compiler.portfolio)"),
     Variable("GNNCOMPILE_PRECISION", "precision", _one_of(PRECISIONS), "fp32 (default), bf16",
              "bf16 (opt-in, lower precision): each fused sum / mean spmm on float32 CPU features gathers them "
-             "in bfloat16 (cast once before the op, accumulated in float32 in the kernel, the output cast "
-             "back to float32; relative error about 2^-8 per element); fp32: the graph as written "
+             "in bfloat16 (cast once before the op, accumulated in float32 in the kernel, float32 out; "
+             "relative error about 2^-8 per element); fp32: the graph as written "
              "(gnncompile.passes.precision)"),
     Variable("GNNCOMPILE_CUDA_UNVERIFIED", "cuda_unverified", cuda_unverified,
              "attention_v2, attention_dot (comma-separated), all, none (default)",

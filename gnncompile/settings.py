@@ -48,7 +48,7 @@ Fields:
   with ``reassociate``; ``$GNNCOMPILE_SPMM_IMPL``). ``precision``: 'fp32' (default: every graph
   as written) or 'bf16', an opt-in lower precision (``$GNNCOMPILE_PRECISION``): each fused sum /
   mean spmm on float32 CPU features that runs gnncompile's kernel gathers them in bfloat16 (cast
-  once before the op, accumulated in float32 inside the kernel, the output cast back to float32;
+  once before the op, accumulated in float32 inside the kernel, float32 out, ``gnncompile::spmm_bf16``;
   :mod:`gnncompile.passes.precision`); explain says per op whether it does and why not.
 * ``profile``: where the profile's settings came from (:attr:`gnncompile.profiles.Profile.label`:
   a path, "(defaults)", or a transfer: "<path> (transferred from <device key>, checked: 1.07x

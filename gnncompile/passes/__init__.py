@@ -79,7 +79,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "spmm_sparse", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
+FUSED_OPS = ("spmm", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
              "attention_dot")
 
 

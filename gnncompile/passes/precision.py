@@ -7,18 +7,18 @@ With 'bf16', each ``gnncompile::spmm`` left in the graph after the portfolio
 on the CPU becomes::
 
     xb = x.to(torch.bfloat16)            # once, before the op (the weight too, when there is one)
-    out = gnncompile::spmm(..., wb, xb, ...)[0]   # gathers 2-byte rows, accumulates in float32
-    y = out.to(torch.float32)            # what the rest of the graph reads, as before
+    y = gnncompile::spmm_bf16(..., wb, x, xb, ...)   # gathers 2-byte rows of xb, float32 out
 
-The native CPU kernels read 16-bit features, accumulate in float32 and round once per output
-element (native/common/dtype.h), so each output carries the rounding of its inputs to bfloat16
-(8 significant bits, rounded to nearest: a relative error up to 2^-8 each; the edge weight's too)
-and of the output itself (2^-8 again): at most 2 x 2^-8 (3 x 2^-8 weighted) of the sum of the
-|terms| per output element.
-The backward goes through the casts: the output gradient reaches the op in bfloat16, the
-transposed spmm gathers it in bfloat16 with float32 accumulation, and ``x``'s gradient comes out
-float32 (the cast's backward). The output is cast after the op rather than written in float32 by
-the kernel: benchmarks/bf16.py measures what that cast costs.
+``gnncompile::spmm_bf16``'s CPU kernel (native/cpu/spmm.cpp) reads the bfloat16 rows, accumulates
+in float32 and writes float32: the output is not rounded again, and no cast follows the op
+(benchmarks/bf16.py measured that cast, ``.to(float32)`` of a bfloat16 output, at 20-45% of the
+bf16 op's forward on this project's CPU). Each output element carries the rounding of its inputs
+to bfloat16 (8 significant bits, rounded to nearest: a relative error up to 2^-8; the edge
+weight's too): at most 2^-8 (2 x 2^-8 weighted) of the sum of the |terms| it adds. The op is
+differentiated with respect to float32 ``x``: x's gradient is the transposed ``spmm_bf16`` of the
+output gradient (cast to bfloat16, gathered, float32 out), so it comes out float32 with no cast;
+an edge weight's is ``edge_dot`` of float32 x and the gradient. Without the native module the op
+runs spmm over ``xb`` and casts its output (one rounding more).
 
 Left in float32, each with its reason in the chain's report line (:attr:`.report.Fused.precision`,
 printed by :func:`gnncompile.explain`): float64 (or already 16-bit) features, a device other than
@@ -41,7 +41,7 @@ from .portfolio import _meta
 from .report import Fused
 
 #: the report line of a call that gathers bfloat16
-GATHERS = "gathers bf16 (opt-in choices['precision']='bf16': fp32 accumulation, output cast to float32)"
+GATHERS = "gathers bf16 (opt-in choices['precision']='bf16': fp32 accumulation, float32 output)"
 COVERED_REDUCES = ("sum", "mean")
 
 
@@ -67,6 +67,8 @@ def _why_not(n: Node) -> str:
         return _fp32(f"its edge weight is {str(_meta(w)[1]).replace('torch.', '')}")
     if not all(u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0 for u in n.users):
         return _fp32("the call's second output is read")
+    if len(n.args) > 10 and n.args[10]:
+        return _fp32("its input is marked as a relu's output (relu_input)")
     return ""
 
 
@@ -94,18 +96,20 @@ def gather_bf16(graph, lines: Dict[Node, Fused], settings: Settings, fused: List
                 line.precision = why
             continue
         x, w = n.args[4], n.args[3]
+        t = tuple(n.args[7:10])
         with graph.inserting_before(n):
             xb = _cast(graph, x, torch.bfloat16)
             wb = _cast(graph, w, torch.bfloat16) if w is not None else None
-        args = list(n.args)
-        args[3], args[4] = wb, xb
-        n.args = tuple(args)
-        for u in list(n.users):
-            with graph.inserting_after(u):
-                y = _cast(graph, u, torch.float32)
-            u.replace_all_uses_with(y, delete_user_cb=lambda user: user is not y)
-            if "val" in u.meta:  # the float32 value the graph recorded is now the cast's
-                y.meta["val"] = u.meta.pop("val")
+            new = graph.call_function(targets.SPMM_BF16, (n.args[0], n.args[1], n.args[2], wb, x, xb,
+                                                          n.args[5], n.args[6], *t))
+        for u in list(n.users):  # getitem(n, 0): the float32 output, now the new call's
+            if "val" in u.meta:
+                new.meta["val"] = u.meta["val"]
+            u.replace_all_uses_with(new)
+            graph.erase_node(u)
+        graph.erase_node(n)
+        if line is not None:
+            lines[new] = line
         if line is not None:
             line.precision = GATHERS
         done += 1

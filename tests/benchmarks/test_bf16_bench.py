@@ -28,10 +28,12 @@ def test_a_tiny_run_writes_consistent_results(tmp_path):
     assert p["machine"]["threads"] >= 1 and len(p["loadavg_before_after"]) == 2
     (r,) = p["ops"]
     assert (r["N"], r["E"], r["F"]) == (3000, 30000, 8)
-    for k in ("fwd_fp32_s", "fwd_bf16_s", "fb_fp32_s", "fb_bf16_s", "op_bf16_s", "cast_in_s", "cast_out_s"):
+    for k in ("fwd_fp32_s", "fwd_bf16_s", "fwd_cast_s", "fb_fp32_s", "fb_bf16_s", "fb_cast_s", "op_bf16_s",
+              "cast_in_s", "cast_out_s"):
         assert r[k] > 0
     assert r["fwd_speedup"] == pytest.approx(r["fwd_fp32_s"] / r["fwd_bf16_s"])
     assert r["fb_speedup"] == pytest.approx(r["fb_fp32_s"] / r["fb_bf16_s"])
+    assert r["fb_speedup_cast_after"] == pytest.approx(r["fb_fp32_s"] / r["fb_cast_s"])
     assert 0 < r["max_rel_err_vs_abs_sum"] <= bf16.BOUND  # bf16 differs, within its rounding bound
     assert f"| 3,000 | 30,000 | 8 | {r['fwd_fp32_s'] * 1e3:.1f} |" in md
     gs = p["gcn_step"]
