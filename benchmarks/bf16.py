@@ -399,7 +399,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--cora-raw", type=Path, default=CORA_RAW)
-    ap.add_argument("--synthetic-nodes", type=int, default=20_000, help="the teacher task's graph (0: skip)")
+    ap.add_argument("--synthetic-nodes", type=int, default=10_000, help="the teacher task's graph (0: skip)")
     ap.add_argument("--out", type=Path, default=_common.RESULTS)
     args = ap.parse_args(argv)
     if not gnncompile.info()["native"]:
