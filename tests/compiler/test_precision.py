@@ -318,3 +318,13 @@ def test_the_op_refuses_bad_input():
     if gnncompile.info()["native"]:
         with pytest.raises(TypeError, match="xb must be bfloat16"):
             ops.spmm_bf16(*csr, None, x, x, "sum", [])
+
+
+def test_export_runs_fp32():
+    """An exported file has no bf16 op: export drops the opt-in (its passes run fp32)."""
+    from gnncompile.export.capture import export_settings
+
+    s = Settings(choices=(("precision", "bf16"), ("guard", "off")))
+    for programs in (True, False):
+        out, _ = export_settings(s, programs)
+        assert out.precision == "fp32" and out.guard == "off"
