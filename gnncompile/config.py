@@ -49,6 +49,7 @@ class Config:
     huge_pages: str = "auto"
     cuda_unverified: str = ""
     spmm_impl: str = "auto"
+    precision: str = "fp32"
     transfer: str = "check"
     transfer_check_s: float = 120.0
     disable_native: bool = False
@@ -78,6 +79,10 @@ PROGRAM_MODES = ("auto", "always", "never")
 GUARD_MODES = ("time", "off")
 HUGE_PAGE_MODES = ("auto", "off")
 SPMM_IMPLS = ("auto", "native", "torch_sparse")
+#: the precision the fused spmm gathers float32 features in: fp32 (default, exact as written) or bf16
+#: (opt-in: features cast to bfloat16 before the op, fp32 accumulation, output back in float32;
+#: gnncompile.passes.precision)
+PRECISIONS = ("fp32", "bf16")
 #: what compile(profile='auto') does with the profile of the nearest tuned device when this one has
 #: none (gnncompile.transfer): check it by a short A/B at first use, use only verdicts already
 #: cached, or never transfer
@@ -180,6 +185,11 @@ VARIABLES: Tuple[Variable, ...] = (
              "the fused spmm's implementation: auto runs the faster of gnncompile's kernel and torch.sparse.mm "
              "on a CSR tensor, measured once per device and size class (at most 2 s, cached in the profile "
              "folder); either runs only where it gives the native kernel's bits (gnncompile.compiler.portfolio)"),
+    Variable("GNNCOMPILE_PRECISION", "precision", _one_of(PRECISIONS), "fp32 (default), bf16",
+             "bf16 (opt-in, lower precision): each fused sum / mean spmm on float32 CPU features gathers them "
+             "in bfloat16 (cast once before the op, accumulated in float32 in the kernel, float32 out; "
+             "relative error about 2^-8 per element); fp32: the graph as written "
+             "(gnncompile.passes.precision)"),
     Variable("GNNCOMPILE_CUDA_UNVERIFIED", "cuda_unverified", cuda_unverified,
              "attention_v2, attention_dot (comma-separated), all, none (default)",
              "fuse these ops' chains on CUDA too: their CUDA kernels are built but have not yet been run on "
@@ -335,5 +345,5 @@ def table() -> str:
 
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
            "Launch", "LAUNCHER_VARIABLES", "launcher", "child_environment",
-           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES", "SPMM_IMPLS",
+           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES", "SPMM_IMPLS", "PRECISIONS",
            "HUGE_PAGE_MODES", "TRANSFER_MODES"]

@@ -51,7 +51,10 @@ a ProfileWarning saying what was changed:
   the CUDA knobs are only checked to be ints >= 0: no kernel reads them then).
 * ``pin_memory``, ``persistent_workers``: true or false; ``inner``: one of
   :data:`gnncompile.compiler.backend.INNERS`; ``spmm_impl``: one of :data:`SPMM_IMPLS`, the fused
-  spmm's implementation (``Settings.choices['spmm_impl']``, :mod:`gnncompile.compiler.portfolio`).
+  spmm's implementation (``Settings.choices['spmm_impl']``, :mod:`gnncompile.compiler.portfolio`);
+  ``precision``: one of :data:`PRECISIONS`, the precision the fused spmm gathers in
+  (``Settings.choices['precision']``, :mod:`gnncompile.passes.precision`; 'bf16' is an opt-in
+  lower precision, which the tuner searches only with ``--allow-bf16``).
 
 Transfer. When no usable profile has this device's key, :func:`find` offers the profile of the
 nearest other device (:func:`gnncompile.hardware.class_distance`: a CPU's only from a CPU, a
@@ -108,9 +111,12 @@ SCHEMA_VERSION = 1
 VERDICT_FORMAT = "gnncompile-transfer-verdict"
 VERDICT_VERSION = 1
 SETTING_KEYS = ("knobs", "threads", "batch_size", "pool_size", "num_workers", "pin_memory",
-                "persistent_workers", "inner", "spmm_impl")
+                "persistent_workers", "inner", "spmm_impl", "precision")
 #: what settings.spmm_impl may hold besides null
 SPMM_IMPLS = _config.SPMM_IMPLS
+#: what settings.precision may hold besides null ('bf16' only where the tuner was allowed lower
+#: precision: tune --allow-bf16)
+PRECISIONS = _config.PRECISIONS
 
 
 #: The CPU kernels' cap on knobs[0] (chunks per thread): kMaxChunksPerThread in native/cpu/glue.h.
@@ -257,7 +263,7 @@ def default_profile(props: Optional[Dict[str, Any]] = None) -> Profile:
 
 
 def _complete(settings: Mapping[str, Any], props: Mapping[str, Any]) -> Dict[str, Any]:
-    out: Dict[str, Any] = dict.fromkeys(SETTING_KEYS)  # (None: unset; spmm_impl has no device default)
+    out: Dict[str, Any] = dict.fromkeys(SETTING_KEYS)  # (None: unset; spmm_impl, precision: no device default)
     out.update(_device.default_settings(dict(props)))
     out.update({k: v for k, v in settings.items() if k in SETTING_KEYS})
     return out
@@ -413,6 +419,9 @@ def check_settings(settings: Mapping[str, Any], props: Optional[Mapping[str, Any
     if out.get("spmm_impl") is not None and out["spmm_impl"] not in SPMM_IMPLS:
         raise ProfileError(f"corrupt: settings.spmm_impl must be one of {SPMM_IMPLS} or null, "
                            f"got {out['spmm_impl']!r}")
+    if out.get("precision") is not None and out["precision"] not in PRECISIONS:
+        raise ProfileError(f"corrupt: settings.precision must be one of {PRECISIONS} or null, "
+                           f"got {out['precision']!r}")
     return out, notes
 
 

@@ -45,7 +45,11 @@ Fields:
   and torch.sparse.mm on a CSR tensor, measured at the first compile that needs it on the device,
   at most 2 s, cached in the profile folder), 'native' (gnncompile's kernel) or 'torch_sparse'
   (the vendor library; either candidate runs only where it gives the native kernel's bits, or
-  with ``reassociate``; ``$GNNCOMPILE_SPMM_IMPL``).
+  with ``reassociate``; ``$GNNCOMPILE_SPMM_IMPL``). ``precision``: 'fp32' (default: every graph
+  as written) or 'bf16', an opt-in lower precision (``$GNNCOMPILE_PRECISION``): each fused sum /
+  mean spmm on float32 CPU features that runs gnncompile's kernel gathers them in bfloat16 (cast
+  once before the op, accumulated in float32 inside the kernel, float32 out, ``gnncompile::spmm_bf16``;
+  :mod:`gnncompile.passes.precision`); explain says per op whether it does and why not.
 * ``profile``: where the profile's settings came from (:attr:`gnncompile.profiles.Profile.label`:
   a path, "(defaults)", or a transfer: "<path> (transferred from <device key>, checked: 1.07x
   the defaults [0.98, 1.15])", "(defaults; transfer from <key> rejected: <reason>)").
@@ -63,6 +67,8 @@ OPS = ("spmm", "edge_softmax", "message", "gather", "attention")
 ATTENTION_MODES = ("fused", "chain")
 #: what choices['spmm_impl'] may hold (gnncompile.compiler.portfolio)
 SPMM_IMPLS = _config.SPMM_IMPLS
+#: what choices['precision'] may hold (gnncompile.passes.precision)
+PRECISIONS = _config.PRECISIONS
 DEVICE_TYPES = ("cpu", "cuda")
 _LOADER_KEYS = ("batch_size", "pool_size", "num_workers", "pin_memory", "persistent_workers")
 
@@ -164,11 +170,16 @@ class Settings:
         impl = dict(self.choices).get("spmm_impl", "auto")
         if impl not in SPMM_IMPLS:
             raise ValueError(f"gnncompile settings: choices['spmm_impl'] must be one of {SPMM_IMPLS}, got {impl!r}")
+        precision = dict(self.choices).get("precision", "fp32")
+        if precision not in PRECISIONS:
+            raise ValueError(f"gnncompile settings: choices['precision'] must be one of {PRECISIONS} "
+                             f"('bf16' is the opt-in lower precision), got {precision!r}")
         unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages", "cuda_unverified",
-                                             "spmm_impl"}
+                                             "spmm_impl", "precision"}
         if unknown:
             raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
-                             "'programs', 'guard', 'attention', 'huge_pages', 'cuda_unverified' and 'spmm_impl'")
+                             "'programs', 'guard', 'attention', 'huge_pages', 'cuda_unverified', 'spmm_impl' "
+                             "and 'precision'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -210,6 +221,12 @@ class Settings:
     def spmm_impl(self) -> str:
         """The fused spmm's implementation: 'auto' (default), 'native' or 'torch_sparse'."""
         return dict(self.choices).get("spmm_impl", "auto")
+
+    @property
+    def precision(self) -> str:
+        """The precision the fused spmm gathers float32 features in: 'fp32' (default) or 'bf16'
+        (opt-in)."""
+        return dict(self.choices).get("precision", "fp32")
 
     @property
     def guard(self) -> str:
@@ -269,6 +286,7 @@ class Settings:
                   ((("guard", cfg.guard),) if cfg.guard != "time" else ()) + \
                   ((("huge_pages", cfg.huge_pages),) if cfg.huge_pages != "auto" else ()) + \
                   ((("spmm_impl", cfg.spmm_impl),) if cfg.spmm_impl != "auto" else ()) + \
+                  ((("precision", cfg.precision),) if cfg.precision != "fp32" else ()) + \
                   ((("cuda_unverified", cfg.cuda_unverified),) if cfg.cuda_unverified else ())
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
                    structure_check=check, choices=choices)
@@ -285,8 +303,9 @@ class Settings:
                     "profile": getattr(profile, "label", None) or profile.path or "(defaults)"}
             if profile.inner:
                 prof["inner"] = profile.inner
-            if profile.settings.get("spmm_impl"):
-                prof["choices"] = {**dict(s.choices), "spmm_impl": profile.settings["spmm_impl"]}
+            chosen = {k: profile.settings[k] for k in ("spmm_impl", "precision") if profile.settings.get(k)}
+            if chosen:
+                prof["choices"] = {**dict(s.choices), **chosen}
             s = s.replace(**prof)
         given = {k: v for k, v in explicit.items() if v is not None and not (k == "inner" and v == "auto")}
         return s.replace(**given) if given else s

@@ -198,6 +198,10 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
         # the fused spmm's implementation (gnncompile.compiler.portfolio): ours or the vendor
         # library's; on CUDA only ours is admitted
         s["spmm_impl"] = None if cuda else trial.suggest_categorical("spmm_impl", ["native", "torch_sparse"])
+        # bf16 gathering lowers precision: searched only where the user allowed it (--allow-bf16;
+        # gnncompile.passes.precision gathers bf16 on the CPU only)
+        s["precision"] = (trial.suggest_categorical("precision", ["fp32", "bf16"])
+                          if w.allow_bf16 and not cuda else None)
     else:
         s["knobs"] = default_knobs
     return s

@@ -87,6 +87,9 @@ class Workload:
     train_fraction: float = 0.1
     # neighbor: data-parallel rank processes per trial (1: the trial runs in this process)
     ranks: int = 1
+    # the fused spmm may gather bfloat16 (choices['precision'] = 'bf16', an opt-in lower
+    # precision): only then does the tuner search the precision (--allow-bf16)
+    allow_bf16: bool = False
     # graphs
     num_graphs: int = 20000
     min_nodes: int = 10
@@ -104,6 +107,10 @@ class Workload:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
             raise ValueError(f"ranks must be an integer >= 1, got {self.ranks!r}")
+        if not isinstance(self.allow_bf16, bool):
+            raise ValueError(f"allow_bf16 must be True or False, got {self.allow_bf16!r}")
+        if self.allow_bf16 and not self.compiled:
+            raise ValueError("allow_bf16 needs a compiled workload (bf16 is a choice of the compiled model's fused spmm)")
         if self.ranks > 1 and self.kind != "neighbor":
             raise ValueError(f"ranks > 1 (a data-parallel trial) needs the neighbor workload, got "
                              f"kind={self.kind!r}")
@@ -132,6 +139,8 @@ class Workload:
                     d["ranks"] = self.ranks
         else:
             d.update(num_graphs=self.num_graphs, min_nodes=self.min_nodes, max_nodes=self.max_nodes)
+        if self.allow_bf16:  # absent unless allowed: the signatures of earlier studies hold
+            d["allow_bf16"] = True
         return d
 
     @property
@@ -216,7 +225,7 @@ def default_settings(w: Workload, device_props: Optional[dict] = None, batch_siz
             "batch_size": batch_size if w.kind in ("graphs", "neighbor") else None,
             "pool_size": None, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
             "threads": threads, "knobs": _device.default_settings(p)["knobs"],
-            "inner": None, "spmm_impl": None}
+            "inner": None, "spmm_impl": None, "precision": None}
 
 
 class MemoryBudgetExceeded(RuntimeError):
@@ -364,7 +373,8 @@ def measure(w: Workload, settings: Dict[str, Any], report: Optional[Callable[[in
     :class:`gnncompile.data.NeighborLoader`), ``batch_size``, ``pool_size``,
     ``num_workers``, ``pin_memory``, ``persistent_workers``, ``threads``, ``knobs``, ``inner``
     (the inner compiler; None: the default), ``spmm_impl`` (the fused spmm's implementation,
-    ``Settings.choices['spmm_impl']``; None: 'auto'), ``compiled`` (overrides ``w.compiled``: a
+    ``Settings.choices['spmm_impl']``; None: 'auto'), ``precision`` (``Settings.choices['precision']``,
+    'fp32' or 'bf16'; None: fp32), ``compiled`` (overrides ``w.compiled``: a
     baseline of PyG's own eager model on a compiled workload).
     Peak memory: on CUDA the peak allocated bytes; on CPU the growth of this process's
     resident set over the run (workers not included). Raises MemoryBudgetExceeded when it
@@ -562,6 +572,8 @@ def _compile_with(model, settings, dev):
     chosen = {"choices": {"guard": "off"}}
     if settings.get("spmm_impl"):
         chosen["choices"]["spmm_impl"] = settings["spmm_impl"]
+    if settings.get("precision"):
+        chosen["choices"]["precision"] = settings["precision"]
     if knobs is not None:
         chosen["knobs"] = {dev.type: list(knobs)}
     return gnncompile.compile(model, profile=None, inner=settings.get("inner") or "auto", settings=chosen)

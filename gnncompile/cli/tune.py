@@ -77,6 +77,9 @@ def add_parser(sub) -> None:
     t.add_argument("--memory-budget-mb", type=float, default=None, help="peak memory constraint")
     t.add_argument("--max-workers", type=int, default=None, help="largest num_workers tried")
     t.add_argument("--no-compile", action="store_true", help="train the eager model (no kernel knob)")
+    t.add_argument("--allow-bf16", action="store_true",
+                   help="also search choices['precision'] = 'bf16' (the fused spmm gathers bfloat16 "
+                        "features: an opt-in lower precision, CPU only; the profile may then carry it)")
     t.add_argument("--hidden", type=int, default=64)
     t.add_argument("--layers", type=int, default=None, help="default: one per hop for neighbor, else 3")
     t.add_argument("--num-features", type=int, default=16)
@@ -165,7 +168,8 @@ def _workload(Workload, args):
                     num_features=args.num_features, compiled=not args.no_compile, num_nodes=args.num_nodes,
                     num_edges=args.num_edges, num_graphs=args.num_graphs, min_nodes=args.min_nodes,
                     max_nodes=args.max_nodes, warmup=args.warmup, steps=args.steps,
-                    fanout=list(args.fanout), train_fraction=args.train_fraction, ranks=args.ranks)
+                    fanout=list(args.fanout), train_fraction=args.train_fraction, ranks=args.ranks,
+                    allow_bf16=bool(args.allow_bf16))
 
 
 def run(args) -> int:

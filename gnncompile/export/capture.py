@@ -190,8 +190,11 @@ def export_settings(settings: Settings, programs: bool = True) -> Tuple[Settings
     """What the passes of an export run with, and whether message programs are on: programs
     'always' unless ``programs`` is False or the settings say 'never' ('auto' is a rule on the
     speed of the CPU interpreter of compiled models; an exported file runs the programs' ONNX
-    functions or the op in another program)."""
+    functions or the op in another program). The opt-in bf16 precision is dropped: an exported
+    file runs the spmm in float32 (``gnncompile::spmm_bf16`` has no translation to standard ops)."""
     use = programs and settings.programs != "never"
+    if settings.precision != "fp32":
+        settings = settings.replace(choices={k: v for k, v in settings.choices if k != "precision"})
     if use:
         settings = settings.replace(choices={**dict(settings.choices), "programs": "always"})
     return settings, use

@@ -303,6 +303,36 @@ def _spmm_backward(ctx, grad_out, grad_arg):
 torch.library.register_autograd("gnncompile::spmm", _spmm_backward, setup_context=_spmm_setup)
 
 
+def _spmm_bf16_setup(ctx, inputs, output):
+    rowptr, col, perm, weight, x, xb, reduce, knobs, rowptr_t, col_t, perm_t = inputs
+    ctx.reduce, ctx.knobs, ctx.num_src = reduce, knobs, x.shape[0]
+    saved_x = x if ctx.needs_input_grad[3] else None
+    ctx.save_for_backward(rowptr, col, perm, weight, saved_x, rowptr_t, col_t, perm_t)
+
+
+def _spmm_bf16_backward(ctx, grad):
+    """x's gradient: the transposed spmm_bf16 of the (mean: degree-scaled) output gradient,
+    gathered in bfloat16 and returned in float32; the weight's: edge_dot of float32 x and the
+    gradient, in the weight's dtype. xb (a copy of x) gets none."""
+    rowptr, col, perm, weight, x, rowptr_t, col_t, perm_t = ctx.saved_tensors
+    g = grad.contiguous()
+    if ctx.reduce == "mean":
+        deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(g.dtype)
+        g = g / deg.view(-1, *([1] * (g.dim() - 1)))
+    gx = gw = None
+    if ctx.needs_input_grad[4]:
+        if rowptr_t is None:
+            rowptr_t, col_t, perm_t = transpose_structure(rowptr, col, perm, ctx.num_src)
+        gx = ops.spmm_bf16(rowptr_t, col_t, perm_t, weight, g, g.to(torch.bfloat16), "sum", ctx.knobs)
+    if ctx.needs_input_grad[3]:
+        heads = weight.shape[1] if weight.dim() == 2 else 1
+        gw = ops.edge_dot(rowptr, col, perm, x, g, heads, ctx.knobs).reshape(weight.shape).to(weight.dtype)
+    return None, None, None, gw, gx, None, None, None, None, None, None
+
+
+torch.library.register_autograd("gnncompile::spmm_bf16", _spmm_bf16_backward, setup_context=_spmm_bf16_setup)
+
+
 def _softmax_setup(ctx, inputs, output):
     rowptr, perm, scores, knobs = inputs
     ctx.knobs = knobs

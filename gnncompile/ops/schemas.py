@@ -29,6 +29,14 @@ _lib.define(
     "Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None, bool relu_input=False) "
     "-> (Tensor out, Tensor arg)"
 )
+# spmm's sum / mean over bfloat16 features xb (and a bfloat16 weight), accumulated in float32 and
+# returned as float32: what the opt-in choices['precision'] = 'bf16' runs (passes/precision.py).
+# x is the float32 tensor xb was cast from (xb = x.to(bfloat16)): the op is differentiated with
+# respect to x (ops/autograd.py: the transposed spmm_bf16 of the gradient, float32 out), never xb.
+_lib.define(
+    "spmm_bf16(Tensor rowptr, Tensor col, Tensor perm, Tensor? weight, Tensor x, Tensor xb, str reduce, "
+    "int[] knobs, Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None) -> Tensor"
+)
 _lib.define(
     "edge_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor g, int heads, int[] knobs) -> Tensor"
 )
@@ -199,6 +207,20 @@ def _gather_impl(x, index, rowptr, perm, knobs):
 # the E x * gradient. The forward is plain index_select on every backend.
 _lib.impl("gather", _gather_impl, "CompositeExplicitAutograd")
 
+
+def _spmm_bf16_impl(rowptr, col, perm, weight, x, xb, reduce, knobs, rowptr_t=None, col_t=None, perm_t=None):
+    """spmm_bf16 where no native kernel is registered: spmm over xb, then cast to float32 (the
+    output rounded to bfloat16 once more than the native kernel's)."""
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"gnncompile.spmm_bf16: reduce must be sum or mean, got '{reduce}'")
+    if x.shape != xb.shape:
+        raise ValueError(f"gnncompile.spmm_bf16: x and xb must have one shape, got {tuple(x.shape)} "
+                         f"and {tuple(xb.shape)}")
+    return ops.spmm(rowptr, col, perm, weight, xb, reduce, knobs, rowptr_t, col_t, perm_t)[0].to(torch.float32)
+
+
+_lib.impl("spmm_bf16", _spmm_bf16_impl, "CompositeExplicitAutograd")
+
 # ----------------------------------------------------------------------------- fake kernels
 @torch.library.register_fake("gnncompile::build_csr")
 def _build_csr_fake(dst, src, num_dst, num_src):
@@ -216,6 +238,11 @@ def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t
     else:
         arg = x.new_empty((0,), dtype=torch.long)
     return out, arg
+
+
+@torch.library.register_fake("gnncompile::spmm_bf16")
+def _spmm_bf16_fake(rowptr, col, perm, weight, x, xb, reduce, knobs, rowptr_t=None, col_t=None, perm_t=None):
+    return x.new_empty((rowptr.shape[0] - 1,) + tuple(x.shape[1:]), dtype=torch.float32)
 
 
 @torch.library.register_fake("gnncompile::clone_structure")

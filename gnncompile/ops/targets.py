@@ -14,6 +14,7 @@ from .schemas import ops
 BUILD_CSR = ops.build_csr.default
 SPMM = ops.spmm.default
 SPMM_SPARSE = ops.spmm_sparse.default  # the vendor library's spmm (ops/vendor.py)
+SPMM_BF16 = ops.spmm_bf16.default  # spmm gathering bfloat16, float32 out (opt-in, passes/precision.py)
 EDGE_SOFTMAX = ops.edge_softmax.default
 ATTENTION = ops.attention.default
 ATTENTION_V2 = ops.attention_v2.default
@@ -31,6 +32,6 @@ MESSAGE_EDGES = ops.message_edges.default
 NEIGHBOR_SAMPLE = ops.neighbor_sample.default  # called by gnncompile.data.neighbor
 HETERO_NEIGHBOR_SAMPLE = ops.hetero_neighbor_sample.default
 
-__all__ = ["BUILD_CSR", "SPMM", "SPMM_SPARSE", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
+__all__ = ["BUILD_CSR", "SPMM", "SPMM_SPARSE", "SPMM_BF16", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
            "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES",
            "NEIGHBOR_SAMPLE", "HETERO_NEIGHBOR_SAMPLE"]

@@ -12,7 +12,8 @@ module per phase, typed records between them. :func:`run` runs six phases, in th
 5. :mod:`.rewrite`: structure ops and fused ops inserted, replaced nodes removed, then the
    per-edge gathers left in the graph turned into ``gnncompile::gather``, and each attention
    chain turned into one ``gnncompile::attention`` (:mod:`.attention`); last, each remaining
-   spmm given the implementation the portfolio chooses (:mod:`.portfolio`).
+   spmm given the implementation the portfolio chooses (:mod:`.portfolio`) and, with the opt-in
+   ``choices['precision'] = 'bf16'``, bfloat16 features to gather (:mod:`.precision`).
 6. :mod:`.hoist` (``hoist=True``): the work that depends only on the graph moved into one
    cached region (``gnncompile::hoisted``), computed once per graph instead of once per call.
 
@@ -78,7 +79,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "spmm_sparse", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
+FUSED_OPS = ("spmm", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
              "attention_dot")
 
 

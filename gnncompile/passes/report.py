@@ -27,6 +27,9 @@ class Fused:
     note: str = ""
     # spmm: the implementation that runs and why (passes/portfolio.py), '' where none was chosen
     impl: str = ""
+    # the precision it gathers in when choices['precision'] is 'bf16' (passes/precision.py): that
+    # it gathers bf16, or why it stays fp32; '' with the default
+    precision: str = ""
 
     def __str__(self) -> str:
         what = self.kind if self.kind != "spmm" else \
@@ -36,7 +39,8 @@ class Fused:
         if self.kind in ("message", "segment", "edges"):
             what = f"{self.kind}[{self.reduce}: {self.detail}]"
         return (f"{what:<26} in {self.layer}  (at {self.node})" + (f"; {self.note}" if self.note else "")
-                + (f"; {self.impl}" if self.impl and self.kind == "spmm" else ""))
+                + (f"; {self.impl}" if self.impl and self.kind == "spmm" else "")
+                + (f"; {self.precision}" if self.precision else ""))
 
 
 @dataclass
@@ -74,6 +78,7 @@ class PassReport(Fusions):
     dropouts: int = 0  # F.dropout calls replaced by gnncompile::dropout
     linear_moved: int = 0  # linear maps of gathered rows moved to the nodes (passes.algebra)
     vendor: int = 0  # fused spmm calls that run the vendor implementation (passes.portfolio)
+    bf16: int = 0  # fused spmm calls that gather bfloat16 features (passes.precision, opt-in)
     # why Dynamo ended the piece where it did, when that was a graph break: its reason (without
     # Dynamo's hints) and the user's line it broke at ('file.py:12 (forward)')
     graph_break: str = ""

@@ -13,16 +13,16 @@ namespace {
 template <typename scalar_t> struct Tile { static constexpr int value = 128; };
 template <> struct Tile<double> { static constexpr int value = 64; };
 
-template <typename scalar_t, typename index_t, Reduce R, WeightMode W>
-Status run(const SpmmArgs<scalar_t, index_t>& a, int64_t M, c10::IntArrayRef knobs) {
+template <typename scalar_t, typename index_t, Reduce R, WeightMode W, typename out_t>
+Status run(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t M, c10::IntArrayRef knobs) {
   constexpr int TILE = Tile<scalar_t>::value;
   return parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
     return spmm_rows<scalar_t, index_t, R, W, TILE>(a, r0, r1);
   });
 }
 
-template <typename scalar_t, typename index_t, Reduce R>
-Status run_weight(const SpmmArgs<scalar_t, index_t>& a, int64_t M, WeightMode w,
+template <typename scalar_t, typename index_t, Reduce R, typename out_t>
+Status run_weight(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t M, WeightMode w,
                 c10::IntArrayRef knobs) {
   switch (w) {
     case WeightMode::None: return run<scalar_t, index_t, R, WeightMode::None>(a, M, knobs);
@@ -84,9 +84,66 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
   return {out, arg};
 }
 
+// gnncompile::spmm_bf16: the sum / mean of spmm over bfloat16 features `xb` (and a bfloat16 edge
+// weight), accumulated in float and written as float32, with no rounding of the output and no
+// cast after the op (passes/precision.py, the opt-in choices['precision'] = 'bf16'). `x` is the
+// float32 tensor `xb` was cast from: only its shape is read here (autograd differentiates the
+// op with respect to it, ops/autograd.py).
+at::Tensor spmm_bf16_cpu(
+    const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
+    const std::optional<at::Tensor>& weight_in, const at::Tensor& x_in, const at::Tensor& xb_in,
+    c10::string_view reduce_s, c10::IntArrayRef knobs, const std::optional<at::Tensor>& /*rowptr_t*/,
+    const std::optional<at::Tensor>& /*col_t*/, const std::optional<at::Tensor>& /*perm_t*/) {
+  const char* op = "gnncompile.spmm_bf16";
+  TORCH_CHECK_TYPE(xb_in.scalar_type() == at::kBFloat16, op, ": xb must be bfloat16, got ", xb_in.scalar_type());
+  TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat, op, ": x must be float32, got ", x_in.scalar_type());
+  TORCH_CHECK_VALUE(x_in.sizes() == xb_in.sizes(), op, ": x and xb must have one shape, got ", x_in.sizes(),
+                    " and ", xb_in.sizes());
+  check_cpu(x_in, op, "x");
+  const SpmmCall c = spmm_call(rowptr_in, col_in, perm_in, weight_in, xb_in, reduce_s, op,
+                               [&](const at::Tensor& t, const char* name) { check_cpu(t, op, name); });
+  TORCH_CHECK_VALUE(c.reduce == Reduce::Sum || c.reduce == Reduce::Mean, op,
+                    ": reduce must be sum or mean, got '", std::string(reduce_s), "'");
+  const at::Tensor &rowptr = c.rowptr, &col = c.col, &perm = c.perm, &xb = c.x, &weight = c.w.weight;
+  const int64_t M = c.M, E = c.E, Fx = c.F, H = c.w.heads;
+  check_rowptr(rowptr, E, op);
+  at::Tensor out = at::empty(c.o.out.sizes(), c.o.out.options().dtype(at::kFloat));
+  if (c.o.done) {
+    out.zero_();
+    check_unwalked_structure(col, perm, xb.size(0), op);
+    return out;
+  }
+  if (c.w.mode == WeightMode::None) check_unread_perm(perm, op);
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    SpmmArgs<bf16_t, index_t, float> a;
+    a.rowptr = rowptr.const_data_ptr<index_t>();
+    a.col = col.const_data_ptr<index_t>();
+    a.perm = perm.const_data_ptr<index_t>();
+    a.weight = weight.defined() ? core_ptr<at::BFloat16>(weight) : nullptr;
+    a.x = core_ptr<at::BFloat16>(xb);
+    a.out = out.data_ptr<float>();
+    a.arg = nullptr;
+    a.F = Fx;
+    a.H = H;
+    a.C = Fx / H;
+    a.prefetch = prefetch_distance(knobs);
+    a.num_src = xb.size(0);
+    a.num_edges = E;
+    a.zero_ties_free = false;
+    if (c.reduce == Reduce::Sum) st = run_weight<bf16_t, index_t, Reduce::Sum>(a, M, c.w.mode, knobs);
+    else st = run_weight<bf16_t, index_t, Reduce::Mean>(a, M, c.w.mode, knobs);
+  });
+  raise_status(st, op, xb.size(0), E);
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(gnncompile, CPU, m) { m.impl("spmm", &spmm_cpu); }
+TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
+  m.impl("spmm", &spmm_cpu);
+  m.impl("spmm_bf16", &spmm_bf16_cpu);
+}
 
 }  // namespace cpu
 }  // namespace gnncompile

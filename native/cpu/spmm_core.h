@@ -15,14 +15,16 @@
 namespace gnncompile {
 namespace cpu {
 
-template <typename scalar_t, typename index_t>
+// out_t: the output's storage type, scalar_t's unless asked (gnncompile::spmm_bf16 gathers bf16_t
+// and writes float: the accumulator, rounded once less).
+template <typename scalar_t, typename index_t, typename out_t = scalar_t>
 struct SpmmArgs {
   const index_t* rowptr;   // [M + 1]
   const index_t* col;      // [E] source node of CSR slot j
   const index_t* perm;     // [E] original edge id of CSR slot j (to read the weight)
   const scalar_t* weight;  // [E] or [E, H] in original edge order, or nullptr
   const scalar_t* x;       // [N, F]
-  scalar_t* out;           // [M, F]
+  out_t* out;              // [M, F]
   int64_t* arg;            // [M, F] CSR slot of the chosen edge (max/min only), -1 when empty
   int64_t F;               // features per node (all heads)
   int64_t H;               // heads (1 unless WeightMode::Head)
@@ -35,8 +37,8 @@ struct SpmmArgs {
 
 // One tile of one row: features [f0, f0 + n) with a single weight column `h`.
 // FULL means n == TILE, a compile-time bound the compiler can unroll and keep in registers.
-template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE, bool FULL>
-inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64_t h, int64_t f0,
+template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE, bool FULL, typename out_t>
+inline Status spmm_tile(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row, int64_t h, int64_t f0,
                       int n_rt) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int n = FULL ? TILE : n_rt;
@@ -103,14 +105,14 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t>& a, int64_t row, int64
 
   if (kArg && a.zero_ties_free)  // a tie at 0 of a relu's output needs no record: its backward drops it
     for (int t = 0; t < n; ++t) eq[t] = acc[t] == acc_t(0) ? acc_t(0) : eq[t];
-  store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, a.out + row * a.F + f0,
+  store_reduced<out_t, R>(acc, win, eq, begin, end - begin, n, a.out + row * a.F + f0,
                              kArg ? a.arg + row * a.F + f0 : nullptr);
   return Status::Ok;
 }
 
 // Rows [row_begin, row_end). Heads are walked outermost so one weight covers a whole tile.
-template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE>
-Status spmm_rows(const SpmmArgs<scalar_t, index_t>& a, int64_t row_begin, int64_t row_end) {
+template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE, typename out_t>
+Status spmm_rows(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row_begin, int64_t row_end) {
   for (int64_t row = row_begin; row < row_end; ++row) {
     if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
     for (int64_t h = 0; h < a.H; ++h) {

@@ -77,6 +77,8 @@ def random_setting(rng: random.Random, key: str):
         return rng.choice([*INNERS, None])
     if key == "spmm_impl":
         return rng.choice([*profiles.SPMM_IMPLS, None, "mkl", ""])
+    if key == "precision":
+        return rng.choice([*profiles.PRECISIONS, None, "fp16", ""])
     return rng.choice([v for v in INTS if v >= 0] + [1, 2, 3, 4, 5, 6, 8, 64, 128, None])
 
 
@@ -105,6 +107,8 @@ def expected_settings(settings, device_type, props):
         return None
     if settings.get("spmm_impl") is not None and settings["spmm_impl"] not in profiles.SPMM_IMPLS:
         return None
+    if settings.get("precision") is not None and settings["precision"] not in profiles.PRECISIONS:
+        return None
     return out, clamped
 
 
@@ -119,6 +123,7 @@ def assert_within_ranges(prof, props):
         assert s[key] is None or isinstance(s[key], bool)
     assert s["inner"] is None or s["inner"] in INNERS
     assert s["spmm_impl"] is None or s["spmm_impl"] in profiles.SPMM_IMPLS
+    assert s["precision"] is None or s["precision"] in profiles.PRECISIONS
 
 
 TOP_FIELDS = ["format", "schema_version", "gnncompile_version", "torch_version", "device", "device_key",
@@ -130,7 +135,7 @@ def random_doc(rng: random.Random, props):
     top-level field replaced or removed. Returns (doc, only_settings_changed)."""
     base = {"knobs": [4] if props["type"] == "cpu" else [0, 0, 0, 0], "threads": 1, "batch_size": 64,
             "pool_size": 3, "num_workers": 0, "pin_memory": False, "persistent_workers": False, "inner": None,
-            "spmm_impl": None}
+            "spmm_impl": None, "precision": None}
     doc = profiles.make(props, {"kind": "graphs", "model": "gin", "num_graphs": 100}, base,
                         tuned=2.0, default=1.0, unit="graphs/s")
     for key in rng.sample(list(profiles.SETTING_KEYS), rng.randint(1, 3)):
