@@ -304,6 +304,12 @@ class Settings:
             if profile.inner:
                 prof["inner"] = profile.inner
             chosen = {k: profile.settings[k] for k in ("spmm_impl", "precision") if profile.settings.get(k)}
+            if chosen.get("precision") == "bf16" and s.precision != "bf16":
+                # lower precision changes what the model computes: only the user opts in (the
+                # configuration here, or an explicit choice below), never a profile alone
+                del chosen["precision"]
+                prof["profile"] += (" (its precision 'bf16' not applied: lower precision is opt-in, "
+                                    "choices['precision'] = 'bf16' or GNNCOMPILE_PRECISION=bf16)")
             if chosen:
                 prof["choices"] = {**dict(s.choices), **chosen}
             s = s.replace(**prof)

@@ -259,7 +259,7 @@ def test_the_environment_opts_a_compiled_model_in(monkeypatch):
     assert seen.seen and set(seen.seen) == {torch.bfloat16}
 
 
-def test_a_profile_carries_the_precision(tmp_path):
+def test_a_profile_carries_the_precision(tmp_path, monkeypatch):
     with pytest.raises(profiles.ProfileError, match="settings.precision must be one of"):
         profiles.check_settings({"precision": "fp16"})
     assert profiles.check_settings({"precision": "bf16"})[0]["precision"] == "bf16"
@@ -267,8 +267,19 @@ def test_a_profile_carries_the_precision(tmp_path):
                         {"knobs": [4], "threads": 1, "precision": "bf16"})
     prof = profiles.load_file(profiles.save(doc, tmp_path))
     assert prof.settings["precision"] == "bf16"
-    assert Settings.build(prof).precision == "bf16"
+    # a profile alone never lowers the precision: the user opts in
+    monkeypatch.delenv("GNNCOMPILE_PRECISION", raising=False)
+    s = Settings.build(prof)
+    assert s.precision == "fp32" and "its precision 'bf16' not applied: lower precision is opt-in" in s.profile
+    assert Settings.build(prof, choices={"precision": "bf16"}).precision == "bf16"  # explicit opt-in
+    monkeypatch.setenv("GNNCOMPILE_PRECISION", "bf16")
+    assert Settings.build(prof).precision == "bf16"  # opted in through the environment: the profile's bf16 applies
     assert Settings.build(prof, choices={"precision": "fp32"}).precision == "fp32"  # explicit wins
+    tuned_fp32 = profiles.load_file(profiles.save(profiles.make(
+        gnncompile.hardware.detect(), {"kind": "graphs", "model": "gin"}, {"knobs": [4], "precision": "fp32"}),
+        tmp_path / "f"))
+    assert Settings.build(tuned_fp32).precision == "fp32"  # opted in, but the tuner found fp32 faster
+    monkeypatch.delenv("GNNCOMPILE_PRECISION")
     plain = profiles.make(gnncompile.hardware.detect(), {"kind": "graphs", "model": "gin"}, {"knobs": [4]})
     assert Settings.build(profiles.load_file(profiles.save(plain, tmp_path / "p"))).precision == "fp32"
 
