@@ -87,6 +87,22 @@ def _summary(times: Dict[str, List[float]], base: str) -> Dict[str, dict]:
     return out
 
 
+def cpu_detail() -> str:
+    """The CPU's model name, family / model numbers and vector ISA (/proc/cpuinfo)."""
+    info = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            k, _, v = line.partition(":")
+            k = k.strip()
+            if k in ("cpu family", "model", "flags") and k not in info:
+                info[k] = v.strip()
+    except OSError:
+        pass
+    flags = info.get("flags", "").split()
+    isa = "avx512f" if "avx512f" in flags else ("avx2" if "avx2" in flags else "no avx2")
+    return f"{_common.cpu_model()} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {isa})"
+
+
 def build_costs() -> dict:
     """First use in a fresh process with an empty cache, then a second fresh process (disk cache)."""
     with tempfile.TemporaryDirectory(prefix="gnncompile-codegen-bench-") as cache:
@@ -222,7 +238,7 @@ def main(argv=None) -> int:
     load0 = _common.loadavg()
     costs = build_costs()
     res = run(N, 128, rounds, max(3, rounds // 3))
-    payload = {"command": _common.command("codegen", argv), "cpu": _common.cpu_model(), "threads": args.threads,
+    payload = {"command": _common.command("codegen", argv), "cpu": cpu_detail(), "threads": args.threads,
                "machine": _common.machine(), "compiler": build._compiler_identity(build.compiler()),
                "flags": build.module_flags() + list(build.BASE_FLAGS), "build": costs, "result": res,
                "loadavg_before_after": [load0, _common.loadavg()]}
