@@ -228,7 +228,11 @@ def _prepare_generated(m: Program, sides: List[int], b: Built) -> None:
     from .. import codegen
     if not codegen.enabled():
         return
-    leaf, index = fake_tensor(m.leaves[0].node), fake_tensor(b.csr[0])
+    # the structure ops' index dtype is their index input's (cached_csr / pair_csr)
+    index = fake_tensor(b.csr[0])
+    if index is None:
+        index = fake_tensor(b.shared.edge_index if b.shared.edge_index is not None else b.shared.dst.tensor)
+    leaf = fake_tensor(m.leaves[0].node)
     if leaf is None or index is None or leaf.device.type != "cpu" or leaf.dtype not in (torch.float32, torch.float64):
         return
     spec = codegen.make_spec(m.code, m.consts, sides, [lf.width for lf in m.leaves], m.width, m.reduce, leaf.dtype,
