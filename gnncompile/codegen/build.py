@@ -61,11 +61,13 @@ def compiler() -> str:
 
 def _compiler_identity(cxx: str) -> str:
     """The first line of ``cxx --version`` (raises BuildError when it does not run)."""
-    if cxx in _compiler_id:
-        return _compiler_id[cxx]
     argv = shlex.split(cxx)
-    if not argv or shutil.which(argv[0]) is None:
+    exe = shutil.which(argv[0]) if argv else None
+    if exe is None:
         raise BuildError(f"no C++ compiler: {cxx!r} is not on the PATH")
+    memo = "\0".join([exe] + argv[1:])  # the compiler the PATH gives now
+    if memo in _compiler_id:
+        return _compiler_id[memo]
     try:
         r = subprocess.run(argv + ["--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -73,7 +75,7 @@ def _compiler_identity(cxx: str) -> str:
     if r.returncode != 0:
         raise BuildError(f"the C++ compiler {cxx!r} does not run: {r.stderr.strip()[:200]}")
     ident = (r.stdout.splitlines() or [""])[0].strip()
-    _compiler_id[cxx] = ident
+    _compiler_id[memo] = ident
     return ident
 
 

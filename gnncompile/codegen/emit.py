@@ -23,7 +23,6 @@ sign a sum of two NaNs keeps is the instruction's operand order, the compiler's 
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import struct
 from dataclasses import dataclass
@@ -55,9 +54,6 @@ class Spec:
         ins = ",".join(f"{s}{k}" for s, k in zip(self.sides, self.kinds))
         return (f"v{ABI}|r{self.reduce}|{'f64' if self.dtype == 'float64' else 'f32'}|"
                 f"{'i64' if self.index == 'int64' else 'i32'}|c{','.join(str(c) for c in self.code)}|k{ks}|i{ins}")
-
-    def digest(self) -> str:
-        return hashlib.sha256(self.key().encode()).hexdigest()[:16]
 
 
 def width_kind(width: int, F: int) -> str:
@@ -162,7 +158,6 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         pc = _lit(consts[c]) if P.OPS[op][2] == 2 else ""
         if name == "in":
             k = a
-            rhs = f"i{k}(f)" if kinds[k] == "g" else f"i{k}"
             if kinds[k] == "f":
                 rhs = f"acc_t(p{k}[f])"
             elif kinds[k] == "s":

@@ -262,7 +262,7 @@ def test_mode_off_builds_nothing(cache):
 
 
 # ----------------------------------------------------------------------------- fallback
-def _fallback_case(cxx: str, cache: Path, tmp_path: Path):
+def _fallback_case(cxx, cache: Path, tmp_path: Path, hide=None):
     """With compiler ``cxx``: one warning for two programs, and the interpreter's numbers equal
     the generated kernels' (built before with the real compiler)."""
     rowptr, col, perm = _structure()
@@ -276,7 +276,10 @@ def _fallback_case(cxx: str, cache: Path, tmp_path: Path):
             assert codegen.prepare(ins, SIDES, code, consts, F, "sum")
             generated.append(ops.message_reduce(rowptr, col, perm, ins, SIDES, code, consts, F, "sum", [], [], None))
     codegen.reset()
+    if hide is not None:
+        hide()
     with config.override(codegen="auto", cache_dir=tmp_path / "empty", cxx=cxx):
+        assert build.compiler() == (cxx or "c++")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for expr, gen_out in zip(progs, generated):
@@ -353,6 +356,14 @@ def test_new_process_loads_from_the_disk_cache(tmp_path):
     assert second["ok"] and second["calls"] == 1
     assert second["stats"]["builds"] == 0 and second["stats"]["disk_hits"] == 1
     assert second["bits"] == first["bits"]
+
+
+def test_no_compiler_on_the_path(cache, tmp_path, monkeypatch):
+    """PATH without a compiler (GNNCOMPILE_CXX unset: c++ from the PATH): the interpreter, one
+    warning, the generated kernels' numbers."""
+    monkeypatch.delenv("GNNCOMPILE_CXX", raising=False)
+    msg = _fallback_case(None, cache, tmp_path, hide=lambda: monkeypatch.setenv("PATH", str(tmp_path / "empty-bin")))
+    assert "'c++' is not on the PATH" in msg
 
 
 def test_two_processes_building_one_key(tmp_path):
