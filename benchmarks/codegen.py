@@ -66,12 +66,15 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def _rounds(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[str, List[float]]:
-    for fn in fns.values():  # warm-up
+def _rounds(fns: Dict[str, tuple], rounds: int) -> Dict[str, List[float]]:
+    """``fns``: name -> (setup, call); only the call is timed."""
+    for setup, fn in fns.values():  # warm-up
+        setup()
         fn()
     times: Dict[str, List[float]] = {k: [] for k in fns}
     for _ in range(rounds):
-        for k, fn in fns.items():
+        for k, (setup, fn) in fns.items():
+            setup()
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
@@ -160,19 +163,13 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int) -> dict:
         raise RuntimeError(f"codegen benchmark: results differ {agreement}")
 
     def interp(fn):
-        def call():
-            codegen.reset()
-            return fn()
-        return call
+        return codegen.reset, fn
 
-    def generated(fn, i, s, cc):
-        def call():
-            codegen.prepare(i, s, *cc, F, "sum", rowptr.dtype, force=True)  # registers the loaded kernel again
-            return fn()
-        return call
+    def generated(fn, i, s, cc):  # registers the loaded kernel again before the timed call
+        return (lambda: codegen.prepare(i, s, *cc, F, "sum", rowptr.dtype, force=True)), fn
 
-    # every call sets its own path (reset / prepare: a registry update, microseconds)
-    t_xj = _rounds({"spmm": run_spmm, "interpreter": interp(run_xj),
+    # every variant sets its path before its timed call (reset / prepare: a registry update)
+    t_xj = _rounds({"spmm": (codegen.reset, run_spmm), "interpreter": interp(run_xj),
                     "generated": generated(run_xj, [x], [P.COL], xj)}, rounds)
     t_relu = _rounds({"interpreter": interp(run_relu),
                       "generated": generated(run_relu, [x, e], [P.COL, P.EDGE], relu)}, rounds)
@@ -189,7 +186,9 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int) -> dict:
 
     # forward + backward: equal gradients first
     grads = {}
-    for name, fn in (("interpreter", interp(step)), ("generated", generated(step, [x, e], [P.COL, P.EDGE], relu))):
+    for name, (setup, fn) in (("interpreter", interp(step)),
+                              ("generated", generated(step, [x, e], [P.COL, P.EDGE], relu))):
+        setup()
         fn()
         grads[name] = (xr.grad.clone(), er.grad.clone())
     agreement["relu_fwd_bwd_grads_bitwise"] = all(_bits_equal(a, b) for a, b in zip(grads["interpreter"],

@@ -37,6 +37,7 @@ from .emit import Spec, emit, make_spec
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _failed: Dict[str, str] = {}  # key -> why (not retried in this process)
+_addresses: Dict[str, int] = {}  # key -> the loaded kernel's address (libraries are never unloaded)
 _warned = False
 
 
@@ -78,9 +79,11 @@ def prepare_spec(spec: Spec, force: bool = False) -> bool:
         if key in _failed:
             return False
         try:
-            source = emit(spec)
-            address = build.load_kernel(source)
+            address = _addresses.get(key)
+            if address is None:
+                address = build.load_kernel(emit(spec))
             _native().register(key, address)
+            _addresses[key] = address
         except (BuildError, OSError) as exc:
             _failed[key] = str(exc)
             _warn_once(str(exc).splitlines()[0][:300])
@@ -105,6 +108,7 @@ def reset() -> None:
     global _warned
     with _lock:
         _failed.clear()
+        _addresses.clear()  # the next prepare finds its library again through build (in memory or on disk)
         _warned = False
         try:
             _native().unregister_all()
