@@ -50,6 +50,9 @@ class Config:
     cuda_unverified: str = ""
     spmm_impl: str = "auto"
     precision: str = "fp32"
+    codegen: str = "off"
+    cxx: Optional[str] = None  # None: c++ on the PATH
+    codegen_cache_mb: float = 256.0
     transfer: str = "check"
     transfer_check_s: float = 120.0
     disable_native: bool = False
@@ -87,6 +90,33 @@ PRECISIONS = ("fp32", "bf16")
 #: none (gnncompile.transfer): check it by a short A/B at first use, use only verdicts already
 #: cached, or never transfer
 TRANSFER_MODES = ("check", "cached", "off")
+#: generated message kernels (gnncompile.codegen): off (the interpreter; 'interpreter' says the same)
+#: or auto (a kernel generated and compiled per program where a C++ compiler works)
+CODEGEN_MODES = ("off", "auto")
+
+
+def _codegen(name: str, raw: str) -> str:
+    v = raw.strip().lower()
+    v = "off" if v == "interpreter" else v
+    if v not in CODEGEN_MODES:
+        raise ConfigError(f"{name}={raw!r}: expected one of off (interpreter), auto")
+    return v
+
+
+def _megabytes(name: str, raw: str) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise ConfigError(f"{name}={raw!r}: expected a size in MB > 0")
+    return v
+
+
+def _command(name: str, raw: str) -> Optional[str]:
+    if "\0" in raw:
+        raise ConfigError(f"{name}={raw!r}: a command cannot hold a NUL character")
+    return raw.strip() or None
 
 
 def _one_of(modes: Tuple[str, ...]) -> Callable[[str, str], str]:
@@ -190,6 +220,15 @@ VARIABLES: Tuple[Variable, ...] = (
              "in bfloat16 (cast once before the op, accumulated in float32 in the kernel, float32 out; "
              "relative error about 2^-8 per element); fp32: the graph as written "
              "(gnncompile.passes.precision)"),
+    Variable("GNNCOMPILE_CODEGEN", "codegen", _codegen, "off / interpreter (default), auto",
+             "message_reduce of a message program on the CPU: off runs the interpreter; auto generates a "
+             "kernel per program, compiles it with the system C++ compiler at first use and caches it on "
+             "disk (gnncompile.codegen; the interpreter, with one warning, where no compiler works)"),
+    Variable("GNNCOMPILE_CXX", "cxx", _command, "a compiler command (default c++)",
+             "the C++ compiler of the generated message kernels"),
+    Variable("GNNCOMPILE_CODEGEN_CACHE_MB", "codegen_cache_mb", _megabytes, "MB > 0 (default 256)",
+             "the size bound of the generated kernels' disk cache (<cache folder>/kernels; the least "
+             "recently used go first)"),
     Variable("GNNCOMPILE_CUDA_UNVERIFIED", "cuda_unverified", cuda_unverified,
              "attention_v2, attention_dot (comma-separated), all, none (default)",
              "fuse these ops' chains on CUDA too: their CUDA kernels are built but have not yet been run on "
@@ -346,4 +385,4 @@ def table() -> str:
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
            "Launch", "LAUNCHER_VARIABLES", "launcher", "child_environment",
            "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES", "SPMM_IMPLS", "PRECISIONS",
-           "HUGE_PAGE_MODES", "TRANSFER_MODES"]
+           "HUGE_PAGE_MODES", "TRANSFER_MODES", "CODEGEN_MODES"]

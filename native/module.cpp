@@ -1,7 +1,8 @@
 // The Python extension gnncompile._C. Loading it runs the TORCH_LIBRARY_IMPL registrations of
 // every kernel file linked into it; the module itself reports how it was built and holds the
 // submodules launch_rule, the CUDA kernels' launch rule (common/launch_rule.cpp), and huge_pages,
-// transparent huge pages for torch's large CPU allocations (common/huge_pages.cpp).
+// transparent huge pages for torch's large CPU allocations (common/huge_pages.cpp), and codegen,
+// the registry of generated message kernels (cpu/message_codegen.cpp).
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 namespace gnncompile {
 void bind_launch_rule(pybind11::module_& m);
 void bind_huge_pages(pybind11::module_& m);  // common/huge_pages.cpp
+void bind_codegen(pybind11::module_& m);  // cpu/message_codegen.cpp
 int64_t structure_validations();  // common/trust.h
 }
 
@@ -38,4 +40,5 @@ PYBIND11_MODULE(_C, m) {
         "Structure validations run by the native code in this process (common/trust.h)");
   gnncompile::bind_launch_rule(m);
   gnncompile::bind_huge_pages(m);
+  gnncompile::bind_codegen(m);
 }

@@ -222,6 +222,25 @@ def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     return out
 
 
+def _prepare_generated(m: Program, sides: List[int], b: Built) -> None:
+    """With $GNNCOMPILE_CODEGEN=auto, the generated kernel of a CPU message_reduce is built (or
+    loaded from the disk cache) and registered now, at compile time (gnncompile.codegen); the
+    graph calls the same op either way."""
+    from .. import codegen
+    if not codegen.enabled():
+        return
+    # the structure ops' index dtype is their index input's (cached_csr / pair_csr)
+    index = fake_tensor(b.csr[0])
+    if index is None:
+        index = fake_tensor(b.shared.edge_index if b.shared.edge_index is not None else b.shared.dst.tensor)
+    leaf = fake_tensor(m.leaves[0].node)
+    if leaf is None or index is None or leaf.device.type != "cpu" or leaf.dtype not in (torch.float32, torch.float64):
+        return
+    spec = codegen.make_spec(m.code, m.consts, sides, [lf.width for lf in m.leaves], m.width, m.reduce, leaf.dtype,
+                             index.dtype)
+    codegen.prepare_spec(spec)
+
+
 def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool = False) -> Node:
     ins, sides = [], []
     for lf in m.leaves:
@@ -240,6 +259,7 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool =
         out = graph.call_function(targets.MESSAGE_EDGES, (*b.csr, ins, sides, list(m.code), list(m.consts),
                                                           m.width, m.width, by_slot, knobs, csc, None))
         return graph.call_method("reshape", (out, (-1, *m.shape)))
+    _prepare_generated(m, sides, b)
     call = graph.call_function(targets.MESSAGE_REDUCE, (*b.csr, ins, sides, list(m.code),
                                                         list(m.consts), m.width, m.reduce, knobs, csc, None))
     out = graph.call_function(operator.getitem, (call, 0))

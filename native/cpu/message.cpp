@@ -1,5 +1,6 @@
 // gnncompile::message_reduce and gnncompile::message_edges on the CPU: message programs
-// (gnncompile/ops/program.py) run by the interpreter of message_core.h.
+// (gnncompile/ops/program.py) run by the interpreter of message_core.h, or for message_reduce by
+// a generated kernel of the program when gnncompile/codegen registered one (message_codegen.h).
 #include <torch/library.h>
 
 #include <string>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "glue.h"
+#include "message_codegen.h"
 #include "message_core.h"
 
 namespace gnncompile {
@@ -221,6 +223,49 @@ void run(const Call& c, c10::IntArrayRef sides, c10::ArrayRef<double> consts, in
   raise_status(st, c.op, c.in.num_src, c.E);
 }
 
+// A generated kernel of this call's program (message_codegen.h), run after every check of the
+// interpreter's and over the same row split; false when none is registered for its key.
+bool run_generated(const Call& c, c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts,
+                   int64_t F, Reduce reduce, c10::IntArrayRef knobs, at::Tensor& out, at::Tensor& arg) {
+  const auto dtype = c.in.tensors[0].scalar_type();
+  const auto itype = c.rowptr.scalar_type();
+  std::vector<int64_t> widths, divs;
+  std::vector<const void*> ptrs;
+  for (const at::Tensor& t : c.in.tensors) {
+    widths.push_back(t.size(1));
+    divs.push_back(F / t.size(1));
+    ptrs.push_back(t.const_data_ptr());
+  }
+  const GenRowsFn fn = find_generated(codegen_key(static_cast<int>(reduce), dtype == at::kDouble,
+                                                  itype == at::kLong, code, consts, sides, widths, F));
+  if (fn == nullptr) return false;
+  count_generated_call();
+  GenArgs g;
+  g.rowptr = c.rowptr.const_data_ptr();
+  g.col = c.col.const_data_ptr();
+  g.perm = c.perm.const_data_ptr();
+  g.slot = c.slot.defined() ? c.slot.const_data_ptr() : nullptr;
+  g.inputs = ptrs.data();
+  g.widths = widths.data();
+  g.divs = divs.data();
+  g.n_inputs = static_cast<int64_t>(ptrs.size());
+  g.F = F;
+  g.num_src = c.in.num_src;
+  g.num_edges = c.E;
+  g.prefetch = prefetch_distance(knobs);
+  g.out = out.data_ptr();
+  g.arg = arg.numel() > 0 ? arg.data_ptr<int64_t>() : nullptr;
+  Status st = Status::Ok;
+  if (F > 0) {
+    GNN_DISPATCH_INDEX(itype, c.op, [&] {
+      st = parallel_rows(c.rowptr.const_data_ptr<index_t>(), c.M, knobs,
+                         [&](int64_t r0, int64_t r1) { return static_cast<Status>(fn(&g, r0, r1)); });
+    });
+  }
+  raise_status(st, c.op, c.in.num_src, c.E);
+  return true;
+}
+
 std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
     const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in, at::TensorList inputs,
     c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts, int64_t F,
@@ -233,6 +278,7 @@ std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
   const auto opts = c.in.tensors[0].options();
   at::Tensor out = at::empty({c.M, F}, opts);
   at::Tensor arg = at::empty(need_arg ? std::vector<int64_t>{c.M, F} : std::vector<int64_t>{0}, opts.dtype(at::kLong));
+  if (any_generated() && run_generated(c, sides, code, consts, F, reduce, knobs, out, arg)) return {out, arg};
   run(c, sides, consts, F, [&](auto& a, auto tile) {
     using A = std::decay_t<decltype(a)>;
     using S = typename A::scalar_type;

@@ -1,0 +1,136 @@
+"""Generated message kernels (issue 25, CPU target): a message program's ``message_reduce`` as a
+C++ kernel of its own, emitted (:mod:`.emit`), compiled at first use and cached on disk
+(:mod:`.build`), run by the native glue inside its checks and balanced row split.
+
+How a generated kernel is called, and why: the native glue of ``gnncompile::message_reduce``
+(native/cpu/message.cpp) keeps a registry from the key of a call (program, constants, input sides
+and width classes, dtypes, reduction: :meth:`.emit.Spec.key`) to the address of a C ABI function
+(native/cpu/codegen_abi.h). :func:`prepare` builds or loads a kernel and registers its address;
+from then on every ``message_reduce`` call of that key, eager or inside a compiled graph, runs it
+instead of the interpreter, after the same checks and over the same row split on torch's thread
+pool, once per chunk. The op, its schema, its autograd and what it saves for backward are the
+interpreter's, unchanged: the backward (the derivative programs through ``message_sum_multi`` /
+``message_edges`` / ``message_reduce``) keeps running the interpreter unless those programs are
+prepared too. Calling the kernel from Python through :mod:`ctypes` inside a custom op was the
+other route; it would need a row split of its own outside torch's pool and a second op (schema,
+fake kernel, autograd) for every message op, for nothing the registry does not give.
+
+The choice: ``$GNNCOMPILE_CODEGEN`` (:mod:`gnncompile.config`): ``off`` (also ``interpreter``,
+the default this session) or ``auto``. The compiler (``$GNNCOMPILE_CXX``, else ``c++``) missing
+or a build failing gives one warning per process and the interpreter, which computes the same
+numbers (tests/codegen check both bit for bit).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from typing import Dict, Optional, Sequence
+
+import torch
+
+from .. import config as _config
+from . import build
+from .build import BuildError
+from .emit import Spec, emit, make_spec
+
+_log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_failed: Dict[str, str] = {}  # key -> why (not retried in this process)
+_addresses: Dict[str, int] = {}  # key -> the loaded kernel's address (libraries are never unloaded)
+_warned = False
+
+
+def mode() -> str:
+    """``$GNNCOMPILE_CODEGEN``: 'off' or 'auto'."""
+    return _config.current().codegen
+
+
+def enabled() -> bool:
+    return mode() == "auto"
+
+
+def _native():
+    from ..ops import _native as n
+    if n._C is None:
+        raise BuildError(f"the native module is not loaded ({n.LOAD_ERROR})")
+    return n._C.codegen
+
+
+def _warn_once(why: str) -> None:
+    global _warned
+    if _warned:
+        _log.info("generated message kernel unavailable: %s", why)
+        return
+    _warned = True
+    warnings.warn(f"gnncompile.codegen: generated message kernels are unavailable ({why}); message programs "
+                  "run the interpreter (the same numbers, slower)", RuntimeWarning, stacklevel=3)
+
+
+def prepare_spec(spec: Spec, force: bool = False) -> bool:
+    """Builds or loads the kernel of ``spec`` and registers it with the native glue. Returns
+    whether ``message_reduce`` calls of this key now run it; False (the interpreter, with one
+    warning per process) when no compiler works or the build fails. Does nothing and returns
+    False while the mode is off, unless ``force``."""
+    if not (force or enabled()):
+        return False
+    key = spec.key()
+    with _lock:
+        if key in _failed:
+            return False
+        try:
+            address = _addresses.get(key)
+            if address is None:
+                address = build.load_kernel(emit(spec))
+            _native().register(key, address)
+            _addresses[key] = address
+        except (BuildError, OSError) as exc:
+            _failed[key] = str(exc)
+            _warn_once(str(exc).splitlines()[0][:300])
+            return False
+    return True
+
+
+def prepare(inputs: Sequence[torch.Tensor], sides: Sequence[int], code: Sequence[int], consts: Sequence[float],
+            width: int, reduce: str, index_dtype=torch.int64, force: bool = False) -> bool:
+    """:func:`prepare_spec` for the ``message_reduce`` call over ``inputs`` (tensors or anything
+    with ``dtype`` and ``shape``: fake tensors at compile time) with a structure of ``index_dtype``."""
+    if not inputs:
+        raise ValueError("gnncompile.codegen.prepare: a message program needs at least one input")
+    spec = make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], int(width), reduce, inputs[0].dtype,
+                     index_dtype)
+    return prepare_spec(spec, force=force)
+
+
+def reset() -> None:
+    """Every message_reduce call runs the interpreter again (kernels stay loaded); failures are
+    forgotten and the warning may come again (for tests)."""
+    global _warned
+    with _lock:
+        _failed.clear()
+        _addresses.clear()  # the next prepare finds its library again through build (in memory or on disk)
+        _warned = False
+        try:
+            _native().unregister_all()
+        except BuildError:
+            pass
+
+
+def registered() -> Sequence[str]:
+    """The keys of the registered kernels (none without the native module)."""
+    try:
+        return list(_native().keys())
+    except BuildError:
+        return []
+
+
+def calls() -> int:
+    """message_reduce calls of this process that ran a generated kernel."""
+    try:
+        return int(_native().calls())
+    except BuildError:
+        return 0
+
+
+__all__ = ["Spec", "make_spec", "emit", "prepare", "prepare_spec", "reset", "registered", "calls", "mode",
+           "enabled", "BuildError", "build"]

@@ -1,0 +1,392 @@
+"""The emitter: a message program (:mod:`gnncompile.ops.program`) as the C++ source of one
+``message_reduce`` kernel, for the CPU.
+
+What the interpreter (native/cpu/message_core.h) decides per edge and per instruction at run
+time is fixed here at generation time: the instruction list, its constants (written as exact
+hexadecimal literals), every input's side and width class, the dtypes, the reduction and the
+feature tile. The expression becomes one statement per instruction over locals (SSA values, one
+per instruction), inside one loop over the tile's features, so values stay in registers and no
+tile makes a round trip through memory. Everything else is the interpreter's own code, included
+from the torch-free headers: the row walk's checks (``row_ok``, ``in_range``), ``fold_extreme``
+for max / min, ``store_reduced`` for the mean's scale and the arg record. The glue runs the
+kernel per chunk of its balanced row split (native/cpu/codegen_abi.h).
+
+Numerics: every operator is the interpreter's expression, in the same type and the same order,
+and the kernel is compiled with ``-ffp-contract=off``, so that no product of one instruction is
+fused with a sum of another into one multiply-add (the interpreter's instructions pass through
+memory, which cannot fuse; the one multiply-add inside an interpreter instruction, ``gelu_grad``'s
+``cdf + v * pdf``, is not contracted by the native module's build either: tests/codegen checks it).
+Transcendental operators call the same scalar functions (``std::exp``, ``std::erf``, ...) as the
+interpreter: equal bit for bit, not faster (vectorized math is not done yet). Generated and
+interpreted results are compared bit for bit in tests/codegen (NaN compared as NaN: which NaN's
+sign a sum of two NaNs keeps is the instruction's operand order, the compiler's choice).
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
+
+from ..ops import program as P
+
+ABI = 1  # native/cpu/codegen_abi.h, kCodegenAbi
+REDUCES = {"sum": 0, "add": 0, "mean": 1, "max": 2, "amax": 2, "min": 3, "amin": 3}
+_REDUCE_NAMES = {0: "Sum", 1: "Mean", 2: "Max", 3: "Min"}
+TILE = {"float32": 128, "float64": 64}  # features per tile: as the interpreter and the tuned spmm
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one generated kernel is specialised on: the key of native/cpu/message_codegen.h."""
+
+    code: Tuple[int, ...]
+    consts: Tuple[float, ...]
+    sides: Tuple[int, ...]
+    kinds: Tuple[str, ...]  # per input: 'f' (width F), 's' (width 1), 'g' (another divisor of F)
+    reduce: int  # 0 sum, 1 mean, 2 max, 3 min
+    dtype: str  # float32 / float64
+    index: str  # int32 / int64
+
+    def key(self) -> str:
+        """The registry key, byte for byte as codegen_key (native/cpu/message_codegen.cpp) writes it."""
+        ks = ",".join(f"{struct.unpack('<Q', struct.pack('<d', float(c)))[0]:016x}" for c in self.consts)
+        ins = ",".join(f"{s}{k}" for s, k in zip(self.sides, self.kinds))
+        return (f"v{ABI}|r{self.reduce}|{'f64' if self.dtype == 'float64' else 'f32'}|"
+                f"{'i64' if self.index == 'int64' else 'i32'}|c{','.join(str(c) for c in self.code)}|k{ks}|i{ins}")
+
+
+def width_kind(width: int, F: int) -> str:
+    return "f" if width == F else ("s" if width == 1 else "g")
+
+
+def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int], widths: Sequence[int], F: int,
+              reduce: str, dtype, index_dtype) -> Spec:
+    """The :class:`Spec` of a ``message_reduce`` call (dtypes as torch dtypes or their names)."""
+    if reduce not in REDUCES:
+        raise ValueError(f"gnncompile.codegen: unknown reduce {reduce!r}")
+    dt = str(dtype).replace("torch.", "")
+    it = str(index_dtype).replace("torch.", "")
+    if dt not in TILE:
+        raise TypeError(f"gnncompile.codegen: generated kernels take float32 or float64 inputs, got {dt}")
+    if it not in ("int32", "int64"):
+        raise TypeError(f"gnncompile.codegen: index dtype must be int32 or int64, got {it}")
+    if len(sides) != len(widths):
+        raise ValueError(f"gnncompile.codegen: {len(sides)} sides for {len(widths)} inputs")
+    check_program(code, consts, len(sides))
+    return Spec(tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
+                tuple(width_kind(int(w), int(F)) for w in widths), REDUCES[reduce], dt, it)
+
+
+def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -> None:
+    """The checks of native/cpu/message.cpp's check_program, as ValueError."""
+    if len(code) == 0 or len(code) % P.INSTR:
+        raise ValueError("gnncompile.codegen: code must hold whole 5-int instructions")
+    written = set()
+    for i in range(0, len(code), P.INSTR):
+        op, dst, a, b, c = (int(v) for v in code[i:i + P.INSTR])
+        if op not in P.OPS or not 0 <= dst < P.MAX_SLOTS:
+            raise ValueError(f"gnncompile.codegen: bad instruction {list(code[i:i + P.INSTR])}")
+        name, ar, npar = P.OPS[op]
+        if name == "in":
+            if not 0 <= a < n_inputs:
+                raise ValueError(f"gnncompile.codegen: instruction {i // P.INSTR} reads input {a} of {n_inputs}")
+        elif name == "const":
+            if not 0 <= a < len(consts):
+                raise ValueError(f"gnncompile.codegen: instruction {i // P.INSTR} reads constant {a}")
+        else:
+            if a not in written or (ar == 2 and b not in written):
+                raise ValueError(f"gnncompile.codegen: instruction {i // P.INSTR} reads a slot before it is written")
+            if (npar >= 1 and not 0 <= b < len(consts)) or (npar == 2 and not 0 <= c < len(consts)):
+                raise ValueError(f"gnncompile.codegen: instruction {i // P.INSTR} reads a missing constant")
+        written.add(dst)
+
+
+def _lit(v: float) -> str:
+    """A double literal equal to ``v`` bit for bit, as ``acc_t``."""
+    if math.isnan(v):
+        bits = struct.unpack("<Q", struct.pack("<d", v))[0]
+        return f"acc_t(__builtin_bit_cast(double, uint64_t(0x{bits:016x}ull)))"
+    if math.isinf(v):
+        return f"acc_t({'-' if v < 0 else ''}std::numeric_limits<double>::infinity())"
+    return f"acc_t({float(v).hex()})"
+
+
+def _as_acc(v: float, dtype: str) -> float:
+    """``v`` converted to the compute type (what the interpreter compares its constants as)."""
+    if dtype == "float64" or math.isnan(v) or math.isinf(v):
+        return v
+    try:
+        return struct.unpack("<f", struct.pack("<f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def _pow_number(x: str, c: float, dtype: str) -> str:
+    """pow_number (message_core.h) with its branch taken here: the same special cases, tested on
+    the constant in the compute type."""
+    ca = _as_acc(c, dtype)
+    if ca == 2.0:
+        return f"{x} * {x}"
+    if ca == 3.0:
+        return f"{x} * {x} * {x}"
+    if ca == 0.5:
+        return f"std::sqrt({x})"
+    if ca == -0.5:
+        return f"acc_t(1) / std::sqrt({x})"
+    if ca == -1.0:
+        return f"acc_t(1) / {x}"
+    if ca == -2.0:
+        return f"acc_t(1) / ({x} * {x})"
+    return f"std::pow({x}, {_lit(c)})"
+
+
+def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[str], dtype: str
+                ) -> Tuple[List[str], str]:
+    """The per-feature statements of the program (feature ``f``, tile offset ``t``) and the name of
+    its result. Input k's value at ``f`` is ``i<k>`` (set up by the caller per kind)."""
+    lines: List[str] = []
+    reg = {}
+    res = ""
+    for i in range(0, len(code), P.INSTR):
+        op, dst, a, b, c = (int(v) for v in code[i:i + P.INSTR])
+        name = P.OPS[op][0]
+        v = f"v{i // P.INSTR}"
+        x = reg.get(a, "")
+        y = reg.get(b, "")
+        pb = _lit(consts[b]) if name not in ("in", "const") and P.OPS[op][2] >= 1 else ""
+        pc = _lit(consts[c]) if P.OPS[op][2] == 2 else ""
+        if name == "in":
+            k = a
+            if kinds[k] == "f":
+                rhs = f"acc_t(p{k}[f])"
+            elif kinds[k] == "s":
+                rhs = f"s{k}"
+            else:
+                rhs = f"acc_t(p{k}[f / div{k}])"
+        elif name == "const":
+            rhs = _lit(consts[a])
+        elif name in ("add", "sub", "mul", "div"):
+            rhs = f"{x} {dict(add='+', sub='-', mul='*', div='/')[name]} {y}"
+        elif name == "neg":
+            rhs = f"-{x}"
+        elif name == "relu":
+            rhs = f"{x} < acc_t(0) ? acc_t(0) : {x}"
+        elif name == "leaky_relu":
+            rhs = f"{x} > acc_t(0) ? {x} : {x} * {pb}"
+        elif name == "elu":
+            rhs = f"{x} > acc_t(0) ? {x} : {pb} * std::expm1({x})"
+        elif name == "gelu":
+            rhs = f"{x} * acc_t(0.5) * (acc_t(1) + std::erf({x} * acc_t(0.70710678118654752440)))"
+        elif name == "sigmoid":
+            rhs = f"acc_t(1) / (acc_t(1) + std::exp(-{x}))"
+        elif name == "tanh":
+            rhs = f"std::tanh({x})"
+        elif name == "softplus":
+            rhs = f"{x} * {pb} > {pc} ? {x} : std::log1p(std::exp({x} * {pb})) / {pb}"
+        elif name == "exp":
+            rhs = f"std::exp({x})"
+        elif name == "log":
+            rhs = f"std::log({x})"
+        elif name == "clamp":
+            lines.append(f"const acc_t {v}c = {x} < {pb} ? {pb} : {x};")
+            rhs = f"{x} != {x} ? {x} : ({v}c > {pc} ? {pc} : {v}c)"
+        elif name == "pow":
+            rhs = f"std::pow({x}, {y})"
+        elif name == "sqrt":
+            rhs = f"std::sqrt({x})"
+        elif name == "abs":
+            rhs = f"std::abs({x})"
+        elif name == "sign":
+            rhs = f"{x} > acc_t(0) ? acc_t(1) : ({x} < acc_t(0) ? acc_t(-1) : acc_t(0))"
+        elif name == "step":
+            rhs = f"{x} <= acc_t(0) ? acc_t(0) : acc_t(1)"
+        elif name == "leaky_relu_grad":
+            rhs = f"{x} > acc_t(0) ? acc_t(1) : {pb}"
+        elif name == "elu_grad":
+            rhs = f"{x} > acc_t(0) ? acc_t(1) : {pb} * std::exp({x})"
+        elif name == "gelu_grad":
+            lines.append(f"const acc_t {v}c = acc_t(0.5) * (acc_t(1) + std::erf({x} * acc_t(0.70710678118654752440)));")
+            lines.append(f"const acc_t {v}p = std::exp(acc_t(-0.5) * {x} * {x}) * acc_t(0.39894228040143267794);")
+            rhs = f"{v}c + {x} * {v}p"
+        elif name == "softplus_grad":
+            lines.append(f"const acc_t {v}z = std::exp({x} * {pb});")
+            rhs = f"{x} * {pb} > {pc} ? acc_t(1) : {v}z / ({v}z + acc_t(1))"
+        elif name == "clamp_grad":
+            rhs = f"({x} >= {pb} && {x} <= {pc}) ? acc_t(1) : acc_t(0)"
+        elif name == "pow_exp_grad":
+            rhs = f"({x} == acc_t(0) && {y} >= acc_t(0)) ? acc_t(0) : std::pow({x}, {y}) * std::log({x})"
+        elif name == "powc":
+            rhs = _pow_number(x, consts[b], dtype)
+        elif name == "gate":
+            rhs = f"{y} != acc_t(0) ? {x} : acc_t(0)"
+        elif name == "eq":
+            rhs = f"{x} == {y} ? acc_t(1) : acc_t(0)"
+        else:  # pragma: no cover - check_program refuses unknown opcodes
+            raise ValueError(f"gnncompile.codegen: no emitter for '{name}'")
+        lines.append(f"const acc_t {v} = {rhs};")
+        reg[dst] = v
+        res = v
+    return lines, res
+
+
+_HEAD = """\
+// Generated by gnncompile.codegen (gnncompile/codegen/emit.py): one message_reduce kernel.
+// key: {key}
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "common/dtype.h"
+#include "common/macros.h"
+#include "cpu/codegen_abi.h"
+#include "cpu/reduce_core.h"
+#include "cpu/rows_core.h"
+
+namespace {{
+using namespace gnncompile;
+using namespace gnncompile::cpu;
+using scalar_t = {scalar};
+using acc_t = {scalar};
+using index_t = {index};
+constexpr Reduce R = Reduce::{reduce};
+constexpr bool kArg = R == Reduce::Max || R == Reduce::Min;
+constexpr int TILE = {tile};
+
+// Prefetches what CSR slot j reads through col / perm (as the interpreter's prefetch_slot).
+inline void prefetch_slot(const GenArgs& a, int64_t j, int64_t f0, int n) {{
+{prefetch}}}
+
+// One tile [f0, f0 + n) of row `row`; FULL: n == TILE, a bound known at compile time.
+template <bool FULL>
+inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64_t f0, int n_rt) {{
+  const int n = FULL ? TILE : n_rt;
+  const int64_t F = a.F;
+  const index_t* col = static_cast<const index_t*>(a.col);
+  const index_t* perm = static_cast<const index_t*>(a.perm);
+  const index_t* slot = static_cast<const index_t*>(a.slot);
+  (void)col; (void)perm; (void)slot;
+{setup}
+  alignas(64) acc_t acc[TILE];
+  int32_t win[kArg ? TILE : 1];
+  acc_t eq[kArg ? TILE : 1];
+  for (int t = 0; t < n; ++t) acc[t] = reduce_init<R, acc_t>();
+  if (kArg)
+    for (int t = 0; t < n; ++t) {{ win[t] = -1; eq[t] = acc_t(0); }}
+  for (int64_t j = begin; j < end; ++j) {{
+    {{  // the prefetch of the interpreter's prefetch_ahead: past the row's end too
+      const int64_t ahead = j + a.prefetch;
+      if (ahead < end) {{
+        prefetch_slot(a, ahead, f0, n);
+      }} else if (f0 + n < F) {{
+        const int64_t wrap = begin + (ahead - end);
+        if (wrap < end) prefetch_slot(a, wrap, f0 + n, static_cast<int>(F - f0 - n < TILE ? F - f0 - n : TILE));
+      }} else if (ahead < a.num_edges) {{
+        prefetch_slot(a, ahead, 0, static_cast<int>(F < TILE ? F : TILE));
+      }}
+    }}
+{edge}
+    for (int t = 0; t < n; ++t) {{
+      const int64_t f = f0 + t;
+      (void)f;
+{body}
+      {fold}
+    }}
+  }}
+  store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, static_cast<scalar_t*>(a.out) + row * F + f0,
+                             kArg ? a.arg + row * F + f0 : nullptr);
+  return static_cast<int>(Status::Ok);
+}}
+}}  // namespace
+
+extern "C" int gnncompile_codegen_abi() {{ return kCodegenAbi; }}
+
+extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {{
+  const GenArgs& a = *ap;
+  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  for (int64_t row = row_begin; row < row_end; ++row) {{
+    if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+    const int64_t begin = static_cast<int64_t>(rowptr[row]), end = static_cast<int64_t>(rowptr[row + 1]);
+    int64_t f0 = 0;
+    int st = 0;
+    for (; f0 + TILE <= a.F; f0 += TILE)
+      if ((st = tile<true>(a, row, begin, end, f0, TILE)) != 0) return st;
+    if (f0 < a.F)
+      if ((st = tile<false>(a, row, begin, end, f0, static_cast<int>(a.F - f0))) != 0) return st;
+  }}
+  return 0;
+}}
+"""
+
+
+def emit(spec: Spec) -> str:
+    """The C++ source of ``spec``'s kernel."""
+    sides, kinds = spec.sides, spec.kinds
+    reads_col = P.COL in sides
+    reads_perm = P.EDGE in sides
+    reads_slot = P.SLOT in sides
+    scalar = "double" if spec.dtype == "float64" else "float"
+    setup, edge, prefetch = [], [], []
+    # the pointers of every input: rows fixed for the tile (row / const sides) set up once
+    for k, (s, kind) in enumerate(zip(sides, kinds)):
+        setup.append(f"  const scalar_t* in{k} = static_cast<const scalar_t*>(a.inputs[{k}]);")
+        setup.append(f"  const int64_t w{k} = a.widths[{k}];")
+        setup.append(f"  (void)w{k};")
+        if kind == "g":
+            setup.append(f"  const int64_t div{k} = a.divs[{k}];")
+        if s in (P.ROW, P.CONST):
+            r = "row" if s == P.ROW else "0"
+            setup.append(f"  const scalar_t* p{k} = in{k} + {r} * w{k};")
+            if kind == "s":
+                setup.append(f"  const acc_t s{k} = acc_t(p{k}[0]);")
+    # per edge: its neighbour, id and CSR slot, checked as the interpreter's edge_of checks them
+    if reads_col:
+        edge.append("    const int64_t src = static_cast<int64_t>(col[j]);")
+        edge.append("    if (!in_range(src, a.num_src)) return static_cast<int>(Status::BadCol);")
+    if reads_perm:
+        edge.append("    const int64_t e = static_cast<int64_t>(perm[j]);")
+        edge.append("    if (!in_range(e, a.num_edges)) return static_cast<int>(Status::BadPerm);")
+    if reads_slot:
+        edge.append("    int64_t sl = j;")
+        edge.append("    if (slot != nullptr) {")
+        edge.append("      sl = static_cast<int64_t>(slot[j]);")
+        edge.append("      if (!in_range(sl, a.num_edges)) return static_cast<int>(Status::BadPerm);")
+        edge.append("    }")
+    for k, (s, kind) in enumerate(zip(sides, kinds)):
+        if s in (P.ROW, P.CONST):
+            continue
+        r = {P.COL: "src", P.EDGE: "e", P.SLOT: "sl"}[s]
+        edge.append(f"    const scalar_t* p{k} = in{k} + {r} * w{k};")
+        if kind == "s":
+            edge.append(f"    const acc_t s{k} = acc_t(p{k}[0]);")
+    # prefetch: the rows read through col and perm (the interpreter's prefetch_slot)
+    if reads_col:
+        prefetch.append("  const int64_t src = static_cast<int64_t>(static_cast<const index_t*>(a.col)[j]);")
+        prefetch.append("  if (!in_range(src, a.num_src)) return;")
+    if reads_perm:
+        prefetch.append("  const int64_t e = static_cast<int64_t>(static_cast<const index_t*>(a.perm)[j]);")
+        prefetch.append("  if (!in_range(e, a.num_edges)) return;")
+    for k, (s, kind) in enumerate(zip(sides, kinds)):
+        if s not in (P.COL, P.EDGE):
+            continue
+        r = "src" if s == P.COL else "e"
+        # the tile's bytes of the row (a prefetch only warms the cache: results do not depend on it)
+        first, size = {"f": ("f0", "n"), "s": ("0", "1")}.get(kind, (f"f0 / a.divs[{k}]", f"(n / a.divs[{k}] + 1)"))
+        prefetch.append(f"  {{ const char* p = reinterpret_cast<const char*>(static_cast<const scalar_t*>("
+                        f"a.inputs[{k}]) + {r} * a.widths[{k}] + {first});")
+        prefetch.append(f"    const int bytes = static_cast<int>({size} * sizeof(scalar_t));")
+        prefetch.append("    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0); }")
+    if not prefetch:
+        prefetch.append("  (void)a; (void)j; (void)f0; (void)n;")
+    lines, res = _statements(spec.code, spec.consts, kinds, spec.dtype)
+    body = "\n".join("      " + ln for ln in lines)
+    if spec.reduce in (2, 3):
+        fold = (f"fold_extreme(R == Reduce::Min, {res}, static_cast<int32_t>(j - begin), acc[t], win[t], eq[t]);")
+    else:
+        fold = f"acc[t] += {res};"
+    return _HEAD.format(key=spec.key(), scalar=scalar, index="int64_t" if spec.index == "int64" else "int32_t",
+                        reduce=_REDUCE_NAMES[spec.reduce], tile=TILE[spec.dtype], prefetch="\n".join(prefetch) + "\n",
+                        setup="\n".join(setup), edge="\n".join(edge), body=body, fold=fold)
+
+
+__all__ = ["Spec", "make_spec", "emit", "width_kind", "check_program", "TILE", "REDUCES", "ABI"]

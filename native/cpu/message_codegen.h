@@ -1,0 +1,29 @@
+// The registry of generated message kernels (gnncompile/codegen): Python compiles a kernel for
+// one message program, loads it and registers its address under the program's key; the CPU glue
+// of gnncompile::message_reduce (message.cpp) looks the key of every call up and, when a kernel
+// is registered, runs it inside its own checks and row split instead of the interpreter.
+#pragma once
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codegen_abi.h"
+
+namespace gnncompile {
+namespace cpu {
+
+// The key of a message_reduce call, as gnncompile/codegen/emit.py's kernel_key writes it:
+// "v<abi>|r<reduce>|<f32|f64>|<i32|i64>|c<code,...>|k<const bits in hex,...>|i<side><kind>,..."
+// with kind f (W == F), s (W == 1) or g (any other divisor of F).
+std::string codegen_key(int reduce, bool f64, bool i64, c10::IntArrayRef code, c10::ArrayRef<double> consts,
+                        c10::IntArrayRef sides, const std::vector<int64_t>& widths, int64_t F);
+
+// The kernel registered under key, or nullptr. Costs one atomic load while none is registered.
+GenRowsFn find_generated(const std::string& key);
+bool any_generated();
+void count_generated_call();
+
+}  // namespace cpu
+}  // namespace gnncompile
