@@ -62,18 +62,31 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row
   const int64_t next_f = last_tile ? 0 : f0 + n;       // the features of the next visit
   const int64_t next_h = last_tile ? 0 : next_f / a.C;  // and its head
   const int64_t limit = last_tile ? a.num_edges : end;
+  // Only the cache lines of the tile that will be read are prefetched: this tile's n features,
+  // or the next visit's tile (at most TILE features, to the end of its head). A row narrower
+  // than TILE (F < 128 floats) would otherwise pull its neighbours' rows from memory too.
+  const int64_t bytes_here = static_cast<int64_t>(n) * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t bytes_next =
+      std::min<int64_t>(TILE, (next_h + 1) * a.C - next_f) * static_cast<int64_t>(sizeof(scalar_t));
+  constexpr int64_t kTileBytes = TILE * static_cast<int64_t>(sizeof(scalar_t));
+  const bool whole = bytes_here == kTileBytes && bytes_next == kTileBytes;  // every prefetch a whole tile
   for (int64_t j = begin; j < end; ++j) {
-    int64_t ahead = j + a.prefetch, pf = f0, ph = h;
+    int64_t ahead = j + a.prefetch, pf = f0, ph = h, bytes = bytes_here;
     if (ahead >= end) {  // past the row: its next tile's first edges, or the next rows' first tile
       if (!last_tile) ahead = begin + (ahead - end);
       pf = next_f;
       ph = next_h;
+      bytes = bytes_next;
     }
     if (ahead < limit) {
-      const char* p = reinterpret_cast<const char*>(
-          a.x + pf + static_cast<int64_t>(a.col[ahead]) * a.F);
-      for (int b = 0; b < static_cast<int>(TILE * sizeof(scalar_t)); b += 64)
-        __builtin_prefetch(p + b, 0, 0);
+      const char* p = reinterpret_cast<const char*>(a.x + pf + static_cast<int64_t>(a.col[ahead]) * a.F);
+      if (whole) {  // a fixed count the compiler unrolls
+        for (int64_t b = 0; b < kTileBytes; b += 64) __builtin_prefetch(p + b, 0, 0);
+      } else {  // a narrower one: every line it touches, from the line holding its first byte
+        const uintptr_t first = reinterpret_cast<uintptr_t>(p);
+        for (uintptr_t line = first & ~uintptr_t(63); line < first + static_cast<uintptr_t>(bytes); line += 64)
+          __builtin_prefetch(reinterpret_cast<const char*>(line), 0, 0);
+      }
       if (W != WeightMode::None) {  // the edge's weight: read through perm, a random access
         const int64_t e = static_cast<int64_t>(a.perm[ahead]);
         __builtin_prefetch(a.weight + (W == WeightMode::Head ? e * a.H + ph : e), 0, 0);
