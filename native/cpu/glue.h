@@ -111,6 +111,18 @@ inline int64_t prefetch_distance(c10::IntArrayRef knobs) {
   if (knobs.size() < 2 || knobs[1] <= 0) return kPrefetchDistance;
   return std::min<int64_t>(knobs[1], kMaxPrefetchDistance);
 }
+// The spmm's default for a row of `row_bytes` gathered bytes: a row narrower than 512 bytes (F <
+// 128 float32) brings fewer bytes per edge into flight, so the walk reads further ahead
+// (kNarrowPrefetchDistance edges) to keep as many cache misses outstanding. Measured on a 2-core
+// AMD EPYC (Zen 2), forward, power-law graphs of degree 10, against 4 edges ahead: F 32 1.45-1.80x
+// at 100k-1M nodes, F 64 1.10-1.17x; at F 128 farther was 0.91-1.03x, so whole-tile rows keep
+// kPrefetchDistance (benchmarks/results/HISTORY.md, section 25). An explicit knobs[1] wins.
+constexpr int64_t kNarrowPrefetchDistance = 32;
+constexpr int64_t kNarrowRowBytes = 512;
+inline int64_t prefetch_distance(c10::IntArrayRef knobs, int64_t row_bytes) {
+  if (knobs.size() >= 2 && knobs[1] > 0) return std::min<int64_t>(knobs[1], kMaxPrefetchDistance);
+  return row_bytes < kNarrowRowBytes ? kNarrowPrefetchDistance : kPrefetchDistance;
+}
 constexpr int64_t kMaxChunksPerThread = 4096;
 inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
   if (knobs.size() == 0 || knobs[0] <= 0) return kDefaultChunksPerThread;

@@ -68,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
       a.F = Fx;
       a.H = H;
       a.C = Fx / H;
-      a.prefetch = prefetch_distance(knobs);
+      a.prefetch = prefetch_distance(knobs, Fx * static_cast<int64_t>(sizeof(core_t)));
       a.num_src = x.size(0);
       a.num_edges = E;
       a.zero_ties_free = relu_input && !weight.defined();
@@ -127,7 +127,7 @@ at::Tensor spmm_bf16_cpu(
     a.F = Fx;
     a.H = H;
     a.C = Fx / H;
-    a.prefetch = prefetch_distance(knobs);
+    a.prefetch = prefetch_distance(knobs, Fx * static_cast<int64_t>(sizeof(bf16_t)));
     a.num_src = xb.size(0);
     a.num_edges = E;
     a.zero_ties_free = false;
