@@ -184,10 +184,16 @@ def machine() -> dict:
     }
 
 
+#: AMD core generations by x86 family (and model, for family 23), for the tables' CPU line
+def _amd_generation(family: int, model: int) -> str:
+    return {23: "Zen 2" if model >= 0x30 else "Zen / Zen+", 25: "Zen 3 / Zen 4", 26: "Zen 5"}.get(family, "")
+
+
 def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), for the tables: ratios hold per CPU model. On x86 the
-    family and model numbers follow the name (a virtual machine's name, e.g. 'AMD EPYC', often
-    hides the generation: family 23 is Zen 1/2, 25 Zen 3/4, 26 Zen 5), and the L3 size."""
+    """The CPU for the tables (ratios hold per CPU model): the model name (/proc/cpuinfo), then on
+    x86 the family and model numbers, the core generation where it is known (AMD), the widest
+    vector ISA and the L3 size. A virtual machine's name, e.g. 'AMD EPYC', often hides the
+    generation; e.g. 'AMD EPYC (family 23 model 49, Zen 2, avx2, L3 16 MiB)'."""
     fields = {}
     try:
         for line in open("/proc/cpuinfo"):
@@ -203,8 +209,17 @@ def cpu_model() -> str:
 
         return platform.processor() or "unknown"
     extra = []
-    if fields.get("cpu family") and fields.get("model"):
-        extra.append(f"family {fields['cpu family']} model {fields['model']}")
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+        extra.append(f"family {family} model {model}")
+        if fields.get("vendor_id") == "AuthenticAMD" and _amd_generation(family, model):
+            extra.append(_amd_generation(family, model))
+    except (KeyError, ValueError):
+        pass
+    flags = fields.get("flags", "").split()
+    isa = next((f for f in ("avx512f", "avx2") if f in flags), None)
+    if isa:
+        extra.append(isa)
     try:
         from gnncompile.hardware import device
 

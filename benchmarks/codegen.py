@@ -91,19 +91,8 @@ def _summary(times: Dict[str, List[float]], base: str) -> Dict[str, dict]:
 
 
 def cpu_detail() -> str:
-    """The CPU's model name, family / model numbers and vector ISA (/proc/cpuinfo)."""
-    info = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            k, _, v = line.partition(":")
-            k = k.strip()
-            if k in ("cpu family", "model", "flags") and k not in info:
-                info[k] = v.strip()
-    except OSError:
-        pass
-    flags = info.get("flags", "").split()
-    isa = "avx512f" if "avx512f" in flags else ("avx2" if "avx2" in flags else "no avx2")
-    return f"{_common.cpu_model()} (family {info.get('cpu family', '?')} model {info.get('model', '?')}, {isa})"
+    """The CPU as the tables name it (:func:`benchmarks._common.cpu_model`)."""
+    return _common.cpu_model()
 
 
 def build_costs() -> dict:

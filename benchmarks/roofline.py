@@ -59,7 +59,6 @@ import gnncompile
 from gnncompile import config as _config
 from gnncompile.compiler import portfolio
 from gnncompile.data.synthetic import power_law_graph
-from gnncompile.hardware import device as _device
 from gnncompile.ops import structure as S
 
 from . import _common
@@ -73,32 +72,8 @@ MUST_SHOW = {"N": 100_000, "F": 128, "pass": "fwd", "within": 3.0}  # issue 26's
 
 # --------------------------------------------------------------------------- the machine
 def cpu_description() -> str:
-    """The CPU as the tables name it: the model name with its family / model numbers, the core
-    generation where it is known (AMD), and the widest vector ISA (lscpu's "Model name" alone is
-    "AMD EPYC" on some machines)."""
-    name, family, model, vendor = _common.cpu_model(), None, None, ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, val = line.partition(":")
-            key, val = key.strip(), val.strip()
-            if key == "cpu family" and family is None:
-                family = int(val)
-            elif key == "model" and model is None:
-                model = int(val)
-            elif key == "vendor_id" and not vendor:
-                vendor = val
-    except (OSError, ValueError):
-        pass
-    parts = [name]
-    if family is not None and model is not None:
-        parts.append(f"family {family} model {model}")
-        gen = {23: "Zen 2" if model >= 0x30 else "Zen / Zen+", 25: "Zen 3 / Zen 4", 26: "Zen 5"}.get(family)
-        if vendor == "AuthenticAMD" and gen:
-            parts.append(gen)
-    isa = [f for f in _device.cpu_isa() if f in ("avx512f", "avx2")]
-    if isa:
-        parts.append(isa[0])
-    return ", ".join(parts)
+    """The CPU as the tables name it (:func:`benchmarks._common.cpu_model`)."""
+    return _common.cpu_model()
 
 
 # --------------------------------------------------------------------------- traffic
