@@ -191,7 +191,8 @@ def default_settings(props: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Settings for a device that has no profile: a small cost model over its properties.
 
     CPU (``knobs = [chunks_per_thread]``; ``prefetch_distance``, the second CPU knob, keeps the
-    kernels' default of 4 edges: benchmarks/results/HISTORY.md, section 21):
+    kernels' default: 4 edges ahead, 32 for the spmm's rows under 512 bytes, e.g. F < 128 float32:
+    benchmarks/results/HISTORY.md, sections 21 and 25):
 
     * ``threads`` = physical cores (hyper-threads share the vector units the gather-reduce
       kernels saturate, so a second thread per core mostly adds contention).
