@@ -103,16 +103,6 @@ def _codegen(name: str, raw: str) -> str:
     return v
 
 
-def _megabytes(name: str, raw: str) -> float:
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if not v > 0 or v == float("inf"):
-        raise ConfigError(f"{name}={raw!r}: expected a size in MB > 0")
-    return v
-
-
 def _command(name: str, raw: str) -> Optional[str]:
     if "\0" in raw:
         raise ConfigError(f"{name}={raw!r}: a command cannot hold a NUL character")
@@ -150,14 +140,21 @@ def cuda_unverified(name: str, raw: str) -> str:
     return ",".join(o for o in CUDA_UNVERIFIED_OPS if o in names)
 
 
-def _seconds(name: str, raw: str) -> float:
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if not v > 0 or v == float("inf"):
-        raise ConfigError(f"{name}={raw!r}: expected a number of seconds > 0")
-    return v
+def _positive(what: str) -> Callable[[str, str], float]:
+    """A parser taking a finite number > 0 (``what`` names it in the error)."""
+    def parse(name: str, raw: str) -> float:
+        try:
+            v = float(raw)
+        except ValueError:
+            v = float("nan")
+        if not v > 0 or v == float("inf"):
+            raise ConfigError(f"{name}={raw!r}: expected {what} > 0")
+        return v
+    return parse
+
+
+_seconds = _positive("a number of seconds")
+_megabytes = _positive("a size in MB")
 
 
 def _check(name: str, raw: str) -> str:
