@@ -126,26 +126,37 @@ print(json.dumps(res))
 @needs_native
 @needs_madvise
 def test_compile_turns_it_on_for_a_cpu_model_and_the_setting_leaves_it_off():
+    """In one process: a model compiled with the setting 'off' leaves the allocator alone, the
+    next one compiled with the default turns it on; with GNNCOMPILE_HUGE_PAGES=off (another
+    process) neither gnncompile.compile nor the registered backend turns it on."""
     code = r"""
 import json, torch, gnncompile
 from gnncompile.hardware import memory
 from torch_geometric.nn.models import GCN
-m = GCN(8, 8, 2, 4)
-c = gnncompile.compile(m, settings={"choices": {"huge_pages": "off"}} if "{OFF}" == "1" else None)
 x, ei = torch.randn(30, 8), torch.randint(0, 30, (2, 90))
-same = bool(torch.allclose(c(x, ei), m(x, ei), atol=1e-5))
-rep = gnncompile.explain(c, x, ei)
-print(json.dumps(dict(line=c.gnncompile_huge_pages, installed=memory.status()['installed'], same=same,
-                      explain=[l for l in str(rep).splitlines() if l.startswith('huge pages:')],
-                      as_dict=rep.as_dict()['huge_pages'])))
+def run(settings):
+    m = GCN(8, 8, 2, 4)
+    c = gnncompile.compile(m, settings=settings)
+    same = bool(torch.allclose(c(x, ei), m(x, ei), atol=1e-5))
+    rep = gnncompile.explain(c, x, ei)
+    return dict(line=c.gnncompile_huge_pages, installed=memory.status()['installed'], same=same,
+                explain=[l for l in str(rep).splitlines() if l.startswith('huge pages:')],
+                as_dict=rep.as_dict()['huge_pages'])
+off = run({"choices": {"huge_pages": "off"}})
+on = run(None)
+m = GCN(8, 8, 2, 4)
+backend_same = bool(torch.allclose(torch.compile(m, backend="gnncompile")(x, ei), m(x, ei), atol=1e-5))
+print(json.dumps(dict(off=off, on=on, backend_same=backend_same, installed=memory.status()['installed'])))
 """
-    on = _run(code.replace("{OFF}", "0"))
+    first = _run(code)
+    off, on = first["off"], first["on"]
+    assert not off["installed"] and off["line"].startswith("off") and off["same"], off
     assert on["installed"] and on["line"].startswith("on ("), on
     assert on["explain"] == [f"huge pages: {on['line']}"] and on["as_dict"] == on["line"] and on["same"], on
-    off = _run(code.replace("{OFF}", "1"))
-    assert not off["installed"] and off["line"].startswith("off"), off
-    env_off = _run(code.replace("{OFF}", "0"), GNNCOMPILE_HUGE_PAGES="off")
-    assert not env_off["installed"] and env_off["line"].startswith("off"), env_off
+    env_off = _run(code, GNNCOMPILE_HUGE_PAGES="off")
+    for r in (env_off["off"], env_off["on"]):
+        assert not r["installed"] and r["line"].startswith("off") and r["same"], env_off
+    assert env_off["backend_same"] and not env_off["installed"], env_off  # the backend too
 
 
 def test_apply_leaves_a_model_off_the_cpu_and_kernels_without_madvise_alone(monkeypatch):
@@ -190,7 +201,5 @@ x, ei = torch.randn(30, 8), torch.randint(0, 30, (2, 90))
 same = bool(torch.allclose(c(x, ei), m(x, ei), atol=1e-5))
 print(json.dumps(dict(before=before, after=memory.status()['installed'], same=same)))
 """
-    on = _run(code)
+    on = _run(code)  # (with GNNCOMPILE_HUGE_PAGES=off it stays off: the test above)
     assert on == {"before": False, "after": True, "same": True}, on
-    off = _run(code, GNNCOMPILE_HUGE_PAGES="off")
-    assert off == {"before": False, "after": False, "same": True}, off
