@@ -16,7 +16,9 @@ outputs compared in eval mode (1e-4; a mismatch is reported and the entry gets n
 compiled model warmed up until its speed guards have decided (the pieces', then the whole
 model's against eager: 25 calls); then
 ``--steps`` training steps of each, interleaved (eager, compiled, compiled, eager, ...), a step
-being forward, the mean square of every output, backward; medians. Also recorded: what the
+being forward, the mean square of every output, backward; medians, and the 95% interval of the
+ratio over the pairs of back-to-back steps (:func:`verdict`: faster, slower, or no difference
+measured where the interval holds 1). Also recorded: what the
 speed guard kept and why, and ``gnncompile.explain``'s counts (fused chains, graph pieces,
 graph breaks), checked against the gnncompile ops a compiled forward runs (torch.profiler).
 Writes benchmarks/results/zoo[_quick].{json,md,png}. A shared machine is noisy: the ratio is
@@ -276,7 +278,22 @@ def child(name: str, nodes: int, degree: int, steps: int, guard_mode: str = "tim
     out["eager_ms"] = statistics.median(times["eager"]) * 1e3
     out["gnncompile_ms"] = statistics.median(times["gnncompile"]) * 1e3
     out["speedup"] = out["eager_ms"] / out["gnncompile_ms"]
+    # the i-th eager and compiled steps ran back to back: a pair. The interval of their ratio says
+    # whether a ratio near 1 is a difference at all on a noisy machine.
+    from gnncompile.tuner import noise
+
+    iv = noise.ratio_interval([1 / t for t in times["gnncompile"]], [1 / t for t in times["eager"]])
+    out["interval"] = [iv["low"], iv["high"]] if iv and iv["low"] is not None else None
     return out
+
+
+def verdict(r: dict) -> str:
+    """'faster' / 'slower' where the paired steps' 95% interval of eager / gnncompile lies above /
+    below 1, else 'no difference measured' (also where there is no interval)."""
+    iv = r.get("interval")
+    if not iv:
+        return "no difference measured"
+    return "faster" if iv[0] > 1.0 else "slower" if iv[1] < 1.0 else "no difference measured"
 
 
 # ----------------------------------------------------------------------------- report
@@ -292,21 +309,27 @@ def _kept(r: dict) -> str:
 def markdown(p: dict) -> str:
     rows = p["rows"]
     ok = [r for r in rows if "speedup" in r and r.get("agree")]
+    slower = [r["name"] for r in ok if verdict(r) == "slower"]
     lines = [f"{len(ok)} of {len(rows)} entries measured; gnncompile >= 1.0x eager in "
              f"{sum(r['speedup'] >= 1.0 for r in ok)} of them (median step, steps interleaved in one process; "
-             "> 1 is faster).", "",
-             "| entry | eager ms | gnncompile ms | vs eager | speed guard kept (training) | fused chains | "
-             "pieces | breaks | gnncompile ops / forward |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "> 1 is faster). By the 95% interval of the paired steps' ratio: faster in "
+             f"{sum(verdict(r) == 'faster' for r in ok)}, no difference measured in "
+             f"{sum(verdict(r) == 'no difference measured' for r in ok)}, slower in {len(slower)}"
+             + (f" ({', '.join(slower)})." if slower else "."), "",
+             "| entry | eager ms | gnncompile ms | vs eager | 95% interval | speed guard kept (training) | "
+             "fused chains | pieces | breaks | gnncompile ops / forward |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['name']} | | | not run: {r['error'][:160]} | | | | | |")
+            lines.append(f"| {r['name']} | | | not run: {r['error'][:160]} | | | | | | |")
             continue
         if not r.get("agree"):
-            lines.append(f"| {r['name']} | | | outputs differ (max rel err {r['max_rel_err']:.2e}) | | | | | |")
+            lines.append(f"| {r['name']} | | | outputs differ (max rel err {r['max_rel_err']:.2e}) | | | | | | |")
             continue
+        iv = r.get("interval")
+        span = f"[{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "-"
         lines.append(f"| {r['name']} | {r['eager_ms']:.2f} | {r['gnncompile_ms']:.2f} | {r['speedup']:.2f}x | "
-                     f"{_kept(r)} | {r['fused']} | {r['pieces']} | {r['breaks']} | {r['fused_op_calls']} |")
+                     f"{span} | {_kept(r)} | {r['fused']} | {r['pieces']} | {r['breaks']} | {r['fused_op_calls']} |")
     kept = [(r["name"], d) for r in rows for d in r.get("guard", [])
             if d["kept"] in ("unrewritten", "eager") and d["grad"]]
     lines += ["", "Where the speed guard kept the unrewritten form of a piece, or the model as written "

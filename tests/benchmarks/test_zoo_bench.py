@@ -1,0 +1,30 @@
+"""benchmarks.zoo's report: the paired steps' interval decides faster / slower / no difference,
+and the markdown counts and names them (no model is run here)."""
+from __future__ import annotations
+
+from benchmarks import zoo
+
+
+def _row(name, speedup, interval):
+    return {"name": name, "agree": True, "eager_ms": speedup, "gnncompile_ms": 1.0, "speedup": speedup,
+            "interval": interval, "guard": [], "fused": 1, "pieces": 1, "breaks": 0, "fused_op_calls": 2}
+
+
+def test_verdict_follows_the_interval():
+    assert zoo.verdict(_row("a", 1.3, [1.1, 1.5])) == "faster"
+    assert zoo.verdict(_row("b", 0.97, [0.93, 1.01])) == "no difference measured"
+    assert zoo.verdict(_row("c", 0.9, [0.85, 0.95])) == "slower"
+    assert zoo.verdict(_row("d", 1.0, None)) == "no difference measured"
+
+
+def test_markdown_counts_and_names_the_slower_entries():
+    rows = [_row("A", 1.3, [1.1, 1.5]), _row("B", 0.97, [0.93, 1.01]), _row("C", 0.9, [0.85, 0.95]),
+            {"name": "D", "error": "rc 1: boom"}]
+    p = {"rows": rows, "machine": {"torch": "x"}, "nodes": 10, "degree": 2, "steps": 4, "threads": 1,
+         "cpu": "cpu", "loadavg_before_after": [[0.1, 0.1, 0.1], [0.2, 0.2, 0.2]], "command": "cmd"}
+    md = zoo.markdown(p)
+    assert "faster in 1, no difference measured in 1, slower in 1 (C)." in md
+    assert "| C | 0.90 | 1.00 | 0.90x | [0.85, 0.95] |" in md
+    header, rule = [ln for ln in md.splitlines() if ln.startswith("|")][:2]
+    assert all(ln.count("|") == header.count("|") for ln in md.splitlines() if ln.startswith("| "))
+    assert rule.count("|") == header.count("|")
