@@ -3,6 +3,7 @@
     python -m benchmarks zoo                      # every entry below that constructs here
     python -m benchmarks zoo --only GATConv,HGTConv
     python -m benchmarks zoo --quick              # a handful of entries, fewer steps
+    python -m benchmarks zoo --resume             # go on with an interrupted run (same options)
 
 Every PyG convolution and ``torch_geometric.nn.models`` model that constructs here with the
 arguments of :data:`ENTRIES`, homogeneous and heterogeneous, as a PyG user builds it (the
@@ -341,6 +342,10 @@ def markdown(p: dict) -> str:
               f"(speed guard: {p.get('guard', 'time')}); "
               f"{p['threads']} threads, torch {m['torch']}, CPU {p['cpu']}. "
               f"{_common.load_text(p['loadavg_before_after'])} (a shared machine). Command: `{p['command']}`"]
+    if len(p.get("sessions", [])) > 1:
+        lines += ["", f"Measured in {len(p['sessions'])} sessions (`--resume` kept the entries measured before):"]
+        lines += [f"- `{s['command']}`: load average (1 min) {s['loadavg_before'][0]:.1f} / "
+                  f"{s.get('loadavg_after', s['loadavg_before'])[0]:.1f}" for s in p["sessions"]]
     return "\n".join(lines) + "\n"
 
 
@@ -375,6 +380,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--timeout", type=int, default=600, help="seconds per entry")
     ap.add_argument("--out", default=None)
     ap.add_argument("--results-dir", default=str(_common.RESULTS))
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the entries an interrupted run with the same options already measured "
+                         "(<out>.partial.json, written after every entry) and run the rest")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -392,9 +400,19 @@ def main(argv=None) -> dict:
         names = wanted
     elif opts.quick:
         names = list(QUICK)
-    load_before = _common.loadavg()
+    name_out = opts.out or ("zoo_quick" if opts.quick else "zoo")
+    results = Path(opts.results_dir)
+    partial_path = results / f"{name_out}.partial.json"
+    options = {"nodes": opts.nodes, "degree": opts.degree, "steps": steps, "threads": opts.threads,
+               "guard": opts.guard}
+    done, sessions = _resumed(partial_path, options, names) if opts.resume else ({}, [])
+    sessions.append({"command": _common.command("zoo", argv), "loadavg_before": _common.loadavg()})
     rows = []
     for name in names:
+        if name in done:
+            rows.append(done[name])
+            print(f"{name}: kept from the interrupted run", flush=True)
+            continue
         cmd = _common.module_command("zoo") + ["--child", name, "--nodes", str(opts.nodes), "--degree",
                                                str(opts.degree), "--steps", str(steps), "--threads", str(opts.threads),
                                                "--guard", opts.guard]
@@ -404,12 +422,33 @@ def main(argv=None) -> dict:
         print(f"{name}: " + (r["error"] if "error" in r else
                              f"eager {r['eager_ms']:.2f} ms, gnncompile {r['gnncompile_ms']:.2f} ms "
                              f"({r['speedup']:.2f}x), kept {_kept(r)}, agree {r['agree']}"), flush=True)
+        sessions[-1]["loadavg_after"] = _common.loadavg()
+        _common.write_json(partial_path, {"options": options, "rows": rows, "sessions": sessions})
     payload = {"machine": _common.machine(), "cpu": _common.cpu_model(), "threads": opts.threads,
                "nodes": opts.nodes, "degree": opts.degree, "steps": steps, "guard": opts.guard, "rows": rows,
-               "loadavg_before_after": [load_before, _common.loadavg()], "command": _common.command("zoo", argv)}
-    name = opts.out or ("zoo_quick" if opts.quick else "zoo")
-    _common.write_results(Path(opts.results_dir), name, payload, markdown, plot)
+               "loadavg_before_after": [sessions[0]["loadavg_before"], _common.loadavg()],
+               "command": _common.command("zoo", argv), "sessions": sessions}
+    _common.write_results(results, name_out, payload, markdown, plot)
+    partial_path.unlink(missing_ok=True)
     return payload
+
+
+def _resumed(path: Path, options: dict, names) -> Tuple[dict, list]:
+    """The rows an interrupted run measured ({name: row}) and its sessions, when ``path`` holds a
+    run with the same ``options``; entries that failed run again. Nothing (and a message) when
+    the options differ."""
+    if not path.exists():
+        return {}, []
+    try:
+        old = json.loads(path.read_text())
+        rows, sessions = old["rows"], old["sessions"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"zoo --resume: {path} is not a partial run ({e}); remove it to start over")
+    if old.get("options") != options:
+        raise SystemExit(f"zoo --resume: {path} was run with {old.get('options')}, not {options}; "
+                         "rerun with those options or remove it")
+    done = {r["name"]: r for r in rows if "error" not in r and r.get("name") in names}
+    return done, list(sessions)
 
 
 if __name__ == "__main__":

@@ -28,3 +28,23 @@ def test_markdown_counts_and_names_the_slower_entries():
     header, rule = [ln for ln in md.splitlines() if ln.startswith("|")][:2]
     assert all(ln.count("|") == header.count("|") for ln in md.splitlines() if ln.startswith("| "))
     assert rule.count("|") == header.count("|")
+
+
+def test_resume_keeps_measured_entries_of_the_same_options_only(tmp_path):
+    import json
+
+    import pytest
+
+    opts = {"nodes": 10, "degree": 2, "steps": 4, "threads": 1, "guard": "time"}
+    path = tmp_path / "z.partial.json"
+    assert zoo._resumed(path, opts, ["A"]) == ({}, [])
+    rows = [_row("A", 1.3, [1.1, 1.5]), {"name": "B", "error": "timeout"}, _row("C", 1.0, None)]
+    sessions = [{"command": "c1", "loadavg_before": [0.5, 0.5, 0.5]}]
+    path.write_text(json.dumps({"options": opts, "rows": rows, "sessions": sessions}))
+    done, got_sessions = zoo._resumed(path, opts, ["A", "B"])
+    assert list(done) == ["A"] and got_sessions == sessions  # B failed: runs again; C not asked for
+    with pytest.raises(SystemExit, match="was run with"):
+        zoo._resumed(path, {**opts, "steps": 60}, ["A"])
+    path.write_text("{not json")
+    with pytest.raises(SystemExit, match="not a partial run"):
+        zoo._resumed(path, opts, ["A"])
