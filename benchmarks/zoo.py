@@ -4,6 +4,7 @@
     python -m benchmarks zoo --only GATConv,HGTConv
     python -m benchmarks zoo --quick              # a handful of entries, fewer steps
     python -m benchmarks zoo --resume             # go on with an interrupted run (same options)
+    python -m benchmarks zoo --resume --stop-after 900   # in pieces: stop starting entries after 15 min
 
 Every PyG convolution and ``torch_geometric.nn.models`` model that constructs here with the
 arguments of :data:`ENTRIES`, homogeneous and heterogeneous, as a PyG user builds it (the
@@ -383,6 +384,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--resume", action="store_true",
                     help="keep the entries an interrupted run with the same options already measured "
                          "(<out>.partial.json, written after every entry) and run the rest")
+    ap.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                    help="start no entry after this many seconds: the run stops with its partial result "
+                         "kept for --resume (exit status 3)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -408,7 +412,13 @@ def main(argv=None) -> dict:
     done, sessions = _resumed(partial_path, options, names) if opts.resume else ({}, [])
     sessions.append({"command": _common.command("zoo", argv), "loadavg_before": _common.loadavg()})
     rows = []
+    started = time.monotonic()
     for name in names:
+        if opts.stop_after is not None and name not in done and time.monotonic() - started > opts.stop_after:
+            left = len(names) - len(rows)
+            print(f"zoo: stopped after {opts.stop_after:g} s with {left} of {len(names)} entries left; "
+                  f"the {len(rows)} measured are in {partial_path}: rerun with --resume", flush=True)
+            raise SystemExit(3)
         if name in done:
             rows.append(done[name])
             print(f"{name}: kept from the interrupted run", flush=True)

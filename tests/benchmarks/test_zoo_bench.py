@@ -48,3 +48,20 @@ def test_resume_keeps_measured_entries_of_the_same_options_only(tmp_path):
     path.write_text("{not json")
     with pytest.raises(SystemExit, match="not a partial run"):
         zoo._resumed(path, opts, ["A"])
+
+
+def test_stop_after_leaves_the_partial_result_for_resume(tmp_path):
+    import json
+
+    import pytest
+
+    opts = {"nodes": 2000, "degree": 8, "steps": 60, "threads": 2, "guard": "time"}
+    partial = tmp_path / "z.partial.json"
+    partial.write_text(json.dumps({"options": opts, "rows": [_row("GCNConv", 1.3, [1.1, 1.5])],
+                                   "sessions": [{"command": "c1", "loadavg_before": [0.5, 0.5, 0.5]}]}))
+    with pytest.raises(SystemExit) as stop:  # GCNConv kept; SGConv not started (no child runs)
+        zoo.main(["--only", "GCNConv,SGConv", "--results-dir", str(tmp_path), "--out", "z", "--resume",
+                  "--stop-after", "0"])
+    assert stop.value.code == 3
+    kept = json.loads(partial.read_text())
+    assert [r["name"] for r in kept["rows"]] == ["GCNConv"] and not (tmp_path / "z.md").exists()
