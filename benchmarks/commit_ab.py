@@ -113,10 +113,15 @@ def describe(sha: str, root: Path = _common.ROOT) -> Dict[str, str]:
 
 
 def head_info(root: Path = _common.ROOT) -> Dict[str, Any]:
-    """This checkout: its commit and whether the working tree differs from it."""
+    """This checkout: its commit, the tracked files that differ from it and a digest of the
+    difference (``git diff HEAD``)."""
+    import hashlib
+
     sha = _git("rev-parse", "HEAD", cwd=root).stdout.strip()
     dirty = _git("status", "--porcelain", "--untracked-files=no", cwd=root).stdout.split("\n")
-    return {**describe(sha, root), "dirty": [ln for ln in dirty if ln.strip()]}
+    diff = _git("diff", "HEAD", cwd=root).stdout
+    return {**describe(sha, root), "dirty": [ln for ln in dirty if ln.strip()],
+            "diff_digest": hashlib.blake2b(diff.encode(), digest_size=8).hexdigest() if diff else ""}
 
 
 def checkout(sha: str, cache: Path, root: Path = _common.ROOT, log: Callable[[str], None] = print) -> Path:
@@ -241,13 +246,14 @@ def _run_child(tree: Optional[Path], model: str, variant: str, opts) -> Dict[str
 # ----------------------------------------------------------------------------- rounds and summary
 def run_rounds(models: Sequence[str], rounds: int, measure: Callable[[str, str, int], Dict[str, Any]],
                peers: Sequence[str] = (), peer_model: Optional[str] = None,
-               log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
+               log: Callable[[str], None] = print, start: int = 0) -> List[Dict[str, Any]]:
     """The interleaved runs: per round, per model, base and head back to back (the order
     alternating with the round and the model), then each peer of ``peer_model`` once.
     ``measure(side, model, round)`` runs one child (side: 'base', 'head' or a peer variant).
+    Rounds are numbered from ``start`` (a run appended to earlier ones continues their order).
     Returns every run as {"round", "model", "side", "order", **result}."""
     runs = []
-    for r in range(rounds):
+    for r in range(start, start + rounds):
         for i, model in enumerate(models):
             order = ("base", "head") if (r + i) % 2 == 0 else ("head", "base")
             for side in order:
@@ -340,6 +346,28 @@ def summarise(runs: List[Dict[str, Any]], models: Sequence[str], target: float, 
     return out
 
 
+#: the options that must match for a run's rounds to be added to an earlier result's (--append)
+SAME_OPTIONS = ("nodes", "features", "threads", "repeats", "warmup", "models", "peers", "peer_model")
+
+
+def earlier(path: Path, base_sha: str, head: Dict[str, Any], opts) -> Dict[str, Any]:
+    """The result at ``path`` that --append adds to; CommitABError unless it measured the same
+    base, the same head (commit and working-tree difference) with the same options."""
+    if not path.exists():
+        raise CommitABError(f"--append: no earlier result at {path}")
+    p = json.loads(path.read_text())
+    o = p.get("options", {})
+    diff = [f"{k} {o.get(k)!r} there, {getattr(opts, k)!r} now" for k in SAME_OPTIONS if o.get(k) != getattr(opts, k)]
+    if p.get("base", {}).get("sha") != base_sha:
+        diff.append(f"base {p.get('base', {}).get('short')} there")
+    if (p.get("head", {}).get("sha"), p.get("head", {}).get("diff_digest")) != (head["sha"], head["diff_digest"]):
+        diff.append(f"head {p.get('head', {}).get('short')} (working-tree digest "
+                    f"{p.get('head', {}).get('diff_digest')!r}) there, {head['short']} ({head['diff_digest']!r}) now")
+    if diff:
+        raise CommitABError(f"--append: {path} measured something else: {'; '.join(diff)}")
+    return p
+
+
 # ----------------------------------------------------------------------------- report
 def _iv_text(iv: Optional[Dict[str, Any]]) -> str:
     if not iv:
@@ -352,6 +380,10 @@ def _ms(v: Optional[float]) -> str:
     return "n/a" if v is None else f"{v:.1f}"
 
 
+def _subject(text: str, width: int = 100) -> str:
+    return text if len(text) <= width else text[:width].rsplit(" ", 1)[0] + " ..."
+
+
 def markdown(p: Dict[str, Any]) -> str:
     s, base, head = p["summary"], p["base"], p["head"]
     o = p["options"]
@@ -360,8 +392,8 @@ def markdown(p: Dict[str, Any]) -> str:
              f"{o['nodes']} nodes, {10 * o['nodes']} edges, F = {o['features']}, hidden 128, 2 layers, 16 classes; "
              f"one step = forward, cross-entropy, backward, Adam. {o['rounds']} rounds, each child the median of "
              f"{o['repeats']} steps after {o['warmup']} warm-up steps and the speed guard's decision.", "",
-             f"- base: `{base['short']}` {base['subject']} ({base['date']})",
-             f"- head: `{head['short']}` {head['subject']} ({head['date']})"
+             f"- base: `{base['short']}` {_subject(base['subject'])} ({base['date'][:10]})",
+             f"- head: `{head['short']}` {_subject(head['subject'])} ({head['date'][:10]})"
              + (f", **working tree edited** ({len(head['dirty'])} files)" if head["dirty"] else ""), "",
              "| model | base ms | head ms | speed-up base / head [95% interval] | pairs | target | verdict | "
              "first loss base / head | loss spread |",
@@ -394,12 +426,16 @@ def markdown(p: Dict[str, Any]) -> str:
                   "computation.**"]
     if s["errors"]:
         lines += ["", "Errors:"] + [f"- {e}" for e in s["errors"]]
-    lines += ["", f"Base built in {p['base_build'].get('seconds', 0):.0f} s (cached builds report the first): "
-              f"`{p['base_build']['commands'][0]}`" if p.get("base_build", {}).get("commands") else "",
-              _common.load_text(p["loadavg_before_after"])
-              + (f"; other processes' CPU use during the run: {p['load']['others_cores']:.2f} cores"
-                 if (p.get("load") or {}).get("others_cores") is not None else "") + ".",
-              f"Command: `{p['command']}` ({p['wall_s'] / 60:.1f} min)."]
+    build = p.get("base_build") or {}
+    lines.append("")
+    if build.get("commands"):
+        lines.append(f"- Base tree {p['base_tree']}, its native module built in {build.get('seconds', 0):.0f} s: "
+                     + "; ".join(f"`{c}`" for c in build["commands"]) + ".")
+    for i, x in enumerate(p.get("sessions") or [p]):
+        others = (x.get("load") or {}).get("others_cores")
+        lines.append(f"- Run {i + 1} (rounds {', '.join(map(str, x['rounds']))}): `{x['command']}`, "
+                     f"{x['wall_s'] / 60:.1f} min; {_common.load_text(x['loadavg_before_after']).lower()}"
+                     + ("" if others is None else f"; other processes' CPU use {others:.2f} cores") + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -479,6 +515,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rebuild", action="store_true", help="build the base's native module again")
     ap.add_argument("--prepare-only", action="store_true", help="check out and build the base, then stop")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--append", action="store_true",
+                    help="add this run's rounds to the earlier result of the same name (same base, head and "
+                         "options; refused otherwise): several shorter runs make one result")
     ap.add_argument("--name", default="commit_ab")
     ap.add_argument("--results-dir", type=Path, default=_common.RESULTS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -512,6 +551,8 @@ def main(argv: Optional[List[str]] = None,
             prep = prepare(opts.base, opts.cache_dir, opts.jobs, opts.rebuild)
         else:  # a stand-in for the children: no checkout, no build
             prep = {"commit": describe(resolve(opts.base)), "tree": None, "build": {}}
+        before = earlier(opts.results_dir / f"{opts.name}.json", prep["commit"]["sha"], head, opts) \
+            if opts.append else {}
     except CommitABError as e:
         print(f"python -m benchmarks commit_ab: {e}", file=sys.stderr)
         return 2
@@ -529,16 +570,27 @@ def main(argv: Optional[List[str]] = None,
 
     from gnncompile.tuner import noise
 
+    runs = list(before.get("runs", []))
+    start = max((r["round"] for r in runs), default=-1) + 1
     load0 = _common.loadavg()
     with noise.LoadProbe() as probe:
-        runs = run_rounds(models, opts.rounds, measure, peers, opts.peer_model)
+        runs += run_rounds(models, opts.rounds, measure, peers, opts.peer_model, start=start)
     summary = summarise(runs, models, opts.target, opts.loss_rtol, peers, opts.peer_model, opts.peer_targets)
-    payload = {"command": _common.command("commit_ab", argv), "cpu": _common.cpu_model(),
-               "machine": _common.machine(), "base": prep["commit"], "head": head, "base_tree": prep["tree"],
-               "base_build": prep["build"], "options": {k: (str(v) if isinstance(v, Path) else v)
-                                                        for k, v in vars(opts).items() if k not in ("child", "tree", "model", "variant")},
-               "runs": runs, "summary": summary, "load": probe.report,
-               "loadavg_before_after": [load0, _common.loadavg()], "wall_s": time.perf_counter() - t0}
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()
+               if k not in ("child", "tree", "model", "variant")}
+    session = {"command": _common.command("commit_ab", argv), "rounds": list(range(start, start + opts.rounds)),
+               "load": probe.report, "loadavg_before_after": [load0, _common.loadavg()],
+               "wall_s": time.perf_counter() - t0}
+    sessions = before.get("sessions", []) + [session]
+    cpu = _common.cpu_model()
+    if before and before.get("cpu") != cpu:
+        print(f"python -m benchmarks commit_ab: --append: the earlier rounds ran on {before.get('cpu')}, "
+              f"these on {cpu}", file=sys.stderr)
+        return 2
+    payload = {**session, "cpu": cpu, "machine": _common.machine(), "base": prep["commit"], "head": head,
+               "base_tree": prep["tree"], "base_build": before.get("base_build") or prep["build"],
+               "options": dict(options, rounds=len({r["round"] for r in runs})), "runs": runs, "summary": summary,
+               "sessions": sessions}
     _common.write_results(opts.results_dir, opts.name, payload, markdown, plot)
     return 0 if summary["agree"] and not summary["errors"] else 1
 

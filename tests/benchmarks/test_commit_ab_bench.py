@@ -141,6 +141,29 @@ def test_real_children_time_this_checkout_and_refuse_an_unbuilt_tree():
     assert "error" in res and "did not load" in res["error"], res
 
 
+def test_append_adds_rounds_to_the_same_measurement_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(commit_ab, "plot", lambda p, path: None)
+
+    def measure(side, model, r):
+        return {"median_s": 0.2 if side == "base" else 0.1, "first_loss": 1.0, "graph": "g", "rel_err": 0.0}
+
+    argv = ["--base", "HEAD", "--models", "GIN", "--peers", "", "--results-dir", str(tmp_path)]
+    assert commit_ab.main(argv + ["--append"], measure=measure) == 2  # nothing to add to
+    assert "no earlier result" in capsys.readouterr().err
+    assert commit_ab.main(argv + ["--rounds", "2"], measure=measure) == 0
+    assert commit_ab.main(argv + ["--rounds", "1", "--append"], measure=measure) == 0
+    p = json.loads((tmp_path / "commit_ab.json").read_text())
+    assert sorted({r["round"] for r in p["runs"]}) == [0, 1, 2] and p["options"]["rounds"] == 3
+    assert [r["order"] for r in p["runs"] if r["side"] == "base"] == ["base then head", "head then base",
+                                                                      "base then head"]
+    assert len(p["sessions"]) == 2 and p["summary"]["models"]["GIN"]["pairs"] == 3
+    assert "Run 2 (rounds 2)" in (tmp_path / "commit_ab.md").read_text()
+    assert commit_ab.main(argv + ["--repeats", "3", "--append"], measure=measure) == 2
+    assert "repeats 7 there, 3 now" in capsys.readouterr().err
+    assert commit_ab.main(argv + ["--base", "HEAD~1", "--append"], measure=measure) == 2
+    assert "base" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_plot_draws_every_speed_up(tmp_path):
     pytest.importorskip("matplotlib")
