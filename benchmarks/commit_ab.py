@@ -60,17 +60,16 @@ MODELS = ("GCN", "GraphSAGE", "GIN")
 DEFAULT_CACHE = _common.ROOT / "build" / "commit_ab"
 BUILD_STAMP = "commit_ab_build.json"  # in the base tree's build folder, written after an install
 
-#: How a child starts (python -c BOOT HEAD_ROOT TREE ARGS...): gnncompile from TREE (the
-#: editable install's finder removed, the working directory off sys.path) or, with TREE empty,
-#: as installed; the benchmarks package always from HEAD_ROOT, loaded by path.
+#: How a child starts (python -c BOOT HEAD_ROOT TREE ARGS..., in TREE's folder when TREE is
+#: given): gnncompile found first in the working directory, TREE, with the editable install's
+#: finder removed; with TREE empty, as installed (from HEAD_ROOT). The benchmarks package is
+#: always HEAD_ROOT's, loaded by its path.
 BOOT = r"""
 import importlib.util, os, sys
 head, tree = sys.argv[1], sys.argv[2]
 del sys.argv[1:3]
 if tree:
     sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable_")]
-    sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
-    sys.path.insert(0, tree)
 spec = importlib.util.spec_from_file_location(
     "benchmarks", os.path.join(head, "benchmarks", "__init__.py"),
     submodule_search_locations=[os.path.join(head, "benchmarks")])
@@ -240,7 +239,8 @@ def child_command(tree: Optional[Path], model: str, variant: str, opts) -> List[
 
 
 def _run_child(tree: Optional[Path], model: str, variant: str, opts) -> Dict[str, Any]:
-    return _common.run_child(child_command(tree, model, variant, opts), _common.timing_env(), opts.timeout)
+    return _common.run_child(child_command(tree, model, variant, opts), _common.timing_env(), opts.timeout,
+                             cwd=tree)
 
 
 # ----------------------------------------------------------------------------- rounds and summary
