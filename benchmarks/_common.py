@@ -116,13 +116,14 @@ def timing_env(threads: Optional[int] = None) -> dict:
     return env
 
 
-def run_child(cmd: list, env: dict, timeout: float, tail_chars: int = 500) -> dict:
-    """Runs a benchmark child process (in ROOT, see module_command); its last ``RESULT {json}``
-    line, or {"error": ...} with the command (a timeout, a non-zero exit or no result line)."""
+def run_child(cmd: list, env: dict, timeout: float, tail_chars: int = 500, cwd: Optional[Path] = None) -> dict:
+    """Runs a benchmark child process (in ``cwd``, default ROOT: see module_command); its last
+    ``RESULT {json}`` line, or {"error": ...} with the command (a timeout, a non-zero exit or no
+    result line)."""
     import subprocess
 
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd or ROOT)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s", "command": " ".join(cmd)}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]

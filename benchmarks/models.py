@@ -134,6 +134,17 @@ def _csr_adj(name: str, ei, N: int):
     return adj
 
 
+def graph_fingerprint(x, ei, y) -> str:
+    """A short digest of a run's inputs (edge_index, features, labels): two processes that
+    report the same one trained on the same generated graph."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=8)
+    for t in (ei, x, y):
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def train_step(run, model, x, graph_arg, y):
     """One training step (forward, cross-entropy, backward, Adam step) as a closure -> (out, loss)."""
     import torch
@@ -210,7 +221,7 @@ def child(args) -> dict:
     kept = [str(d) for d in run.guard_decisions()] if hasattr(run, "guard_decisions") else []
     return {"median_s": t["median"], "min_s": t["min"], "first_step_s": first,
             "rel_err": err, "N": N, "E": int(ei.size(1)), "guard_steps": guard_steps,
-            "guard": kept}
+            "guard": kept, "first_loss": float(loss), "graph": graph_fingerprint(x, ei, y)}
 
 
 # ----------------------------------------------------------------------------- driver
