@@ -217,7 +217,7 @@ def plain_reason(reason) -> str:
 def _changed(report) -> bool:
     """Whether the passes changed anything a call runs (fused ops, hoisted regions, dropouts)."""
     return bool(report.fused or report.hoisted or report.dropouts or report.gathers
-                or report.structures or report.linear_moved)
+                or report.structures or report.linear_moved or report.aggregated_first)
 
 
 def _summary(report) -> str:

@@ -77,6 +77,7 @@ class PassReport(Fusions):
     inner: str = ""  # the inner compiler the backend handed the piece to
     dropouts: int = 0  # F.dropout calls replaced by gnncompile::dropout
     linear_moved: int = 0  # linear maps of gathered rows moved to the nodes (passes.algebra)
+    aggregated_first: int = 0  # fused sums moved before their linear map, (A x) W (passes.order, reassociate)
     vendor: int = 0  # fused spmm calls that run the vendor implementation (passes.portfolio)
     bf16: int = 0  # fused spmm calls that gather bfloat16 features (passes.precision, opt-in)
     # why Dynamo ended the piece where it did, when that was a graph break: its reason (without

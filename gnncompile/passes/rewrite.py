@@ -30,6 +30,7 @@ from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
 from .messages import EdgeProgram, Program
 from .plan import Plan, SharedStructure
 from .portfolio import choose_implementations
+from .order import aggregate_first
 from .precision import gather_bf16
 from .semantics import Writes, written_args
 from .report import Fused, PassReport, Unfused
@@ -368,6 +369,7 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
             drop_dead(graph)
         if fuse_attention_dot(graph, built, settings, lines, report.fused, report, copy_structures):
             drop_dead(graph)
+    report.aggregated_first = aggregate_first(graph, lines, settings.reassociate, report.notes)
     report.vendor = choose_implementations(graph, lines, settings, portfolio)
     report.bf16 = gather_bf16(graph, lines, settings, report.fused)
     return report
