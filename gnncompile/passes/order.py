@@ -54,7 +54,8 @@ def _linear_map(h: Node) -> Optional[Tuple[Node, Node, str]]:
         if b is not None:
             return None
         form = "linear"
-    elif name in ("mm", "matmul") and len(h.args) == 2 and not h.kwargs:
+    elif (name in ("mm", "matmul") or h.op == "call_function" and h.target is operator.matmul) \
+            and len(h.args) == 2 and not h.kwargs:
         x, w = h.args
         form = "mm"
     else:
