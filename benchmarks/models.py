@@ -25,6 +25,9 @@ Variants:
                separate fused ops (edge_softmax, spmm) instead of one gnncompile::attention
   gnncompile-4k  gnncompile.compile(model) with settings={'choices': {'huge_pages': 'off'}}:
                torch's CPU allocator left as it is (4 KB pages; gnncompile.hardware.memory)
+  gnncompile-reassoc  gnncompile.compile(model, reassociate=True): the opt-in inexact algebra
+               (GCN's first layer aggregated before its linear map, (A X) W: gnncompile.passes.order;
+               the spmm portfolio may pick a candidate that differs in the last bits)
 Every variant runs in two subprocesses: one timed under the default allocator (as a user's process
 runs: glibc's mmap threshold grows with the blocks freed, up to 32 MB), one measuring the peak
 memory of one step after warm-up with _common.read_peak_rss_delta under
@@ -194,9 +197,9 @@ def child(args) -> dict:
         inner = args.variant.split(":", 1)[1] if ":" in args.variant else "auto"
         base = args.variant.split(":", 1)[0]
         choices = {"gnncompile-chain": {"attention": "chain"}, "gnncompile-4k": {"huge_pages": "off"}}
-        if base != "gnncompile" and base not in choices:
+        if base not in ("gnncompile", "gnncompile-reassoc") and base not in choices:
             raise ValueError(args.variant)
-        graph_arg, run = ei, gnncompile.compile(model, inner=inner,
+        graph_arg, run = ei, gnncompile.compile(model, inner=inner, reassociate=base == "gnncompile-reassoc",
                                                 settings={"choices": choices[base]} if base in choices else None)
     else:
         raise ValueError(args.variant)
