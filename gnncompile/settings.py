@@ -17,8 +17,9 @@ Fields:
   over ``knobs`` for that op (ops: :data:`OPS`).
 * ``inner``: the inner compiler ('auto': chosen per graph piece by its size, see
   :func:`gnncompile.compiler.backend.choose_inner`).
-* ``reassociate``: distribute linear maps over sums and differences of gathered rows (not exact,
-  off by default; see :mod:`gnncompile.passes.algebra`).
+* ``reassociate``: distribute linear maps over sums and differences of gathered rows, and
+  aggregate a graph input that needs no gradient before its linear map (``A (x W) -> (A x) W``)
+  (not exact, off by default; see :mod:`gnncompile.passes.algebra` and :mod:`gnncompile.passes.order`).
 * ``slot_order``, ``capture_dynamic``: rewrite and capture switches (``gnncompile.config``).
 * ``structure_check``: when the structure cache and the hoisted results confirm a hit by a
   content fingerprint (see :func:`gnncompile.ops.set_structure_check`); baked into the

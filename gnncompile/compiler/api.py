@@ -284,7 +284,10 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
             (``W (x_j - x_i) -> (W x)_j - (W x)_i``: the GEMM runs over the nodes instead of the
             edges). Off by default, because it is not exact: ``W a - W b`` cancels where
             ``a - b`` does not (coordinates sharing a large offset lose every digit of their
-            difference in float32). Turn it on for features without such offsets.
+            difference in float32). Turn it on for features without such offsets. It also
+            sums a graph input that needs no gradient over the edges before its linear map
+            (GCNConv's ``A (X W) -> (A X) W`` where X is at most as wide as the output: no spmm
+            in the backward; the products are added in another order).
         settings: a dict of settings applied last (``{"knobs": {"cpu": [4]}, "inner":
             "eager"}``; see :class:`gnncompile.settings.Settings`), or a ``Settings`` used as
             it is (the profile is then only recorded).

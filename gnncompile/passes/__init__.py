@@ -11,8 +11,9 @@ module per phase, typed records between them. :func:`run` runs six phases, in th
 4. :mod:`.plan`: the graph structures the chains share (:class:`~.plan.SharedStructure`).
 5. :mod:`.rewrite`: structure ops and fused ops inserted, replaced nodes removed, then the
    per-edge gathers left in the graph turned into ``gnncompile::gather``, and each attention
-   chain turned into one ``gnncompile::attention`` (:mod:`.attention`); last, each remaining
-   spmm given the implementation the portfolio chooses (:mod:`.portfolio`) and, with the opt-in
+   chain turned into one ``gnncompile::attention`` (:mod:`.attention`); with ``reassociate``, a
+   sum spmm over a linear map of a graph input that needs no gradient aggregates the input first
+   (:mod:`.order`); last, each remaining spmm given the implementation the portfolio chooses (:mod:`.portfolio`) and, with the opt-in
    ``choices['precision'] = 'bf16'``, bfloat16 features to gather (:mod:`.precision`).
 6. :mod:`.hoist` (``hoist=True``): the work that depends only on the graph moved into one
    cached region (``gnncompile::hoisted``), computed once per graph instead of once per call.
@@ -46,7 +47,8 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     kernel knobs baked into the fused calls as op arguments (``settings.knobs_for(device, op)``),
     ``settings.slot_order`` and ``settings.reassociate`` (linear maps are also distributed over
     sums and differences of gathered rows (:mod:`.algebra`: faster, but ``W a - W b`` cancels
-    where ``a - b`` does not)). Nothing else is read: the rewritten graph reads no process-wide
+    where ``a - b`` does not), and inputs that need no gradient are aggregated before their
+    linear map (:mod:`.order`)). Nothing else is read: the rewritten graph reads no process-wide
     setting. ``copy_structures``: the cached graph structure is handed out as copies (for inner
     compilers that recycle buffers). ``hoist``: run :func:`.hoist.hoist`
     (compiled graphs do; export does not, its graphs must hold standard ops). ``fast_dropout``:
