@@ -91,7 +91,9 @@ def markdown(p: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[List[str]] = None, measure=None) -> int:
+    """``measure(side, model, round)``: one child's result (default: a fresh process running
+    benchmarks/models.py's child; tests pass a stand-in)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="GCN")
     ap.add_argument("--nodes", type=int, default=100000)
@@ -106,28 +108,30 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--append", action="store_true", help="add the rounds to the last result of the same options")
     ap.add_argument("--name", default="reassoc_ab")
+    ap.add_argument("--results-dir", default=str(_common.RESULTS))
     opts = ap.parse_args(argv)
     models = [m for m in opts.models.split(",") if m]
     peers = [p for p in opts.peers.split(",") if p]
     same = {"models": models, "peers": peers, "peer_model": opts.peer_model, "nodes": opts.nodes,
             "features": opts.features, "threads": opts.threads, "repeats": opts.repeats, "warmup": opts.warmup}
-    path = _common.RESULTS / f"{opts.name}.json"
+    folder = Path(opts.results_dir)
+    path = folder / f"{opts.name}.json"
     runs: List[Dict[str, Any]] = []
     sessions: List[Dict[str, Any]] = []
     if opts.append:
         if not path.exists():
-            raise SystemExit(f"--append: no earlier result at {path}")
+            ap.error(f"--append: no earlier result at {path}")
         old = json.loads(path.read_text())
         diff = [k for k, v in same.items() if old["options"].get(k) != v]
         head = commit_ab.head_info()
         if (old["head"]["sha"], old["head"]["diff_digest"]) != (head["sha"], head["diff_digest"]):
             diff.append("the checkout (commit or working tree)")
         if diff:
-            raise SystemExit(f"--append: {path} was measured with other options ({', '.join(diff)})")
+            ap.error(f"--append: {path} was measured with other options ({', '.join(diff)})")
         runs, sessions = old["runs"], old["sessions"]
     start = 1 + max((r["round"] for r in runs), default=-1)
     load0, t0 = _common.loadavg(), time.perf_counter()
-    runs += commit_ab.run_rounds(models, opts.rounds, _measure(opts), peers, opts.peer_model, start=start)
+    runs += commit_ab.run_rounds(models, opts.rounds, measure or _measure(opts), peers, opts.peer_model, start=start)
     sessions.append({"command": _common.command("reassoc_ab", argv), "rounds": list(range(start, start + opts.rounds)),
                      "wall_s": time.perf_counter() - t0, "loadavg_before_after": [load0, _common.loadavg()]})
     summary = commit_ab.summarise(runs, models, 0.0, opts.loss_rtol, peers, opts.peer_model)
@@ -135,7 +139,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     payload = {"machine": _common.machine(), "cpu": _common.cpu_model(), "head": head,
                "options": {**same, "loss_rtol": opts.loss_rtol}, "rounds": sorted({r["round"] for r in runs}),
                "runs": runs, "sessions": sessions, "summary": summary}
-    _common.write_results(_common.RESULTS, opts.name, payload, markdown, None)
+    _common.write_results(folder, opts.name, payload, markdown, None)
     return 0 if summary["agree"] and not summary["errors"] else 1
 
 
