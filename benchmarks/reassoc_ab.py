@@ -81,8 +81,12 @@ def markdown(p: Dict[str, Any]) -> str:
               f"{'yes' if s['agree'] else '**no**'}. Graph digests: "
               f"{'all equal' if len(s['graphs']) == 1 else s['graphs']}."]
     for model, m in s["models"].items():
-        if m["guard"]:
-            lines.append(f"- {model}, speed guard (reassociate side): " + "; ".join(m["guard"]))
+        pairs = [f"{b * 1e3:.0f} / {h * 1e3:.0f}" for b, h in zip(*commit_ab._paired(p["runs"], model, "base", "head"))]
+        lines.append(f"- {model}, per round, default / reassociate ms: {', '.join(pairs)}.")
+        kept = [r.get("guard", []) for r in p["runs"] if r["model"] == model and r["side"] == "head" and "median_s" in r]
+        rewritten = sum(1 for g in kept if g and all("kept rewritten" in d or "kept compiled" in d for d in g))
+        lines.append(f"- {model}, speed guard on the reassociate side: the rewritten, compiled form kept in "
+                     f"{rewritten} of {len(kept)} children (their decisions are in the JSON).")
     if s["errors"]:
         lines += ["", "Errors:"] + [f"- {e}" for e in s["errors"]]
     for i, x in enumerate(p["sessions"]):

@@ -139,12 +139,11 @@ def aggregate_first(graph, lines: Dict[Node, Fused], reassociate: bool, notes: L
         line = lines.get(n)
         layer = line.layer if line is not None and line.layer else layer_of(h)
         name = _input_name(x)
-        why = _needs_no_grad(x)
-        if why is not None:
+        if _needs_no_grad(x) is not None:
             continue  # the model's order is the cheaper one where x needs a gradient
         if fin > fout:
             if reassociate:
-                notes.append(f"{layer}: Â (x W) kept in the model's order: aggregating x first would make the "
+                notes.append(f"{layer}: Â (x W) kept in the model's order: aggregating '{name}' first would make the "
                              f"spmm wider ({fin} > {fout} features)")
             continue
         if writes is None:

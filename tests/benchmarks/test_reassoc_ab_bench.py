@@ -24,7 +24,7 @@ def test_stand_in_run_writes_the_report_and_appends(tmp_path, monkeypatch):
     gcn = p["summary"]["models"]["GCN"]
     assert gcn["pairs"] == 2 and 1.19 < gcn["speedup"]["ratio"] < 1.21  # 300 / 250
     md = (tmp_path / "ab.md").read_text()
-    assert "| GCN | 300.5 | 250.5 | 1.20x" in md and "| eager |" in md and "| csr |" in md
+    assert "| GCN | 300.5 | 250.5 | 1.20x" in md and "default / reassociate ms: 300 / 250, 301 / 251" in md and "| eager |" in md and "| csr |" in md
     assert reassoc_ab.main(argv[:1] + ["1", "--append"] + argv[2:], measure=_measure) == 0
     p = json.loads((tmp_path / "ab.json").read_text())
     assert p["rounds"] == [0, 1, 2] and len(p["sessions"]) == 2
