@@ -92,14 +92,50 @@ def prepare_spec(spec: Spec, force: bool = False) -> bool:
 
 
 def prepare(inputs: Sequence[torch.Tensor], sides: Sequence[int], code: Sequence[int], consts: Sequence[float],
-            width: int, reduce: str, index_dtype=torch.int64, force: bool = False) -> bool:
-    """:func:`prepare_spec` for the ``message_reduce`` call over ``inputs`` (tensors or anything
-    with ``dtype`` and ``shape``: fake tensors at compile time) with a structure of ``index_dtype``."""
+            width: int, reduce: str = "sum", index_dtype=torch.int64, force: bool = False, *, op: str = "reduce",
+            results: Sequence[int] = (), out_width: Optional[int] = None, by_slot: bool = False) -> bool:
+    """:func:`prepare_spec` for the call over ``inputs`` (tensors or anything with ``dtype`` and
+    ``shape``: fake tensors at compile time) with a structure of ``index_dtype``: of
+    ``message_reduce`` (``reduce``), or with ``op='multi'`` of ``message_sum_multi`` (``results``),
+    with ``op='edges'`` of ``message_edges`` (``out_width``, ``by_slot``)."""
     if not inputs:
         raise ValueError("gnncompile.codegen.prepare: a message program needs at least one input")
     spec = make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], int(width), reduce, inputs[0].dtype,
-                     index_dtype)
+                     index_dtype, op=op, results=results, out_width=out_width, by_slot=by_slot)
     return prepare_spec(spec, force=force)
+
+
+_seen: Dict[tuple, bool] = {}  # what prepare_call answered, per call shape (cleared by reset)
+
+
+def prepare_call(op: str, index: torch.Tensor, inputs: Sequence[torch.Tensor], sides: Sequence[int],
+                 code: Sequence[int], consts: Sequence[float], width: int, reduce: str = "sum",
+                 results: Sequence[int] = (), out_width: Optional[int] = None, by_slot: bool = False) -> bool:
+    """The hook of the message ops' callers (the backward of ops/message.py): with the mode
+    'auto', the kernel of this CPU float32 / float64 call prepared at its first use (at trace time
+    when the backward is traced, with fake tensors), then a dictionary look-up. Anything else
+    (mode off, another device or dtype, a program the op will refuse with its own message):
+    False, the interpreter or the reference runs."""
+    if not enabled() or not inputs:
+        return False
+    x = inputs[0]
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return False
+    memo = (op, tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
+            tuple(int(t.shape[1]) for t in inputs), int(width), reduce, x.dtype, index.dtype,
+            tuple(int(r) for r in results), out_width, bool(by_slot))
+    hit = _seen.get(memo)
+    if hit is not None:
+        return hit
+    try:
+        spec = make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], int(width), reduce, x.dtype,
+                         index.dtype, op=op, results=results, out_width=out_width, by_slot=by_slot)
+    except (ValueError, TypeError):  # the op itself raises its own error for this call
+        return False
+    ok = prepare_spec(spec)
+    with _lock:
+        _seen[memo] = ok
+    return ok
 
 
 def reset() -> None:
@@ -108,12 +144,32 @@ def reset() -> None:
     global _warned
     with _lock:
         _failed.clear()
+        _seen.clear()
         _addresses.clear()  # the next prepare finds its library again through build (in memory or on disk)
         _warned = False
         try:
             _native().unregister_all()
         except BuildError:
             pass
+
+
+def suspend() -> None:
+    """Every message op call runs the interpreter until :func:`resume`; the kernels stay loaded
+    and prepared (for side-by-side timing: tests and benchmarks/codegen.py switch a compiled model
+    between the two without recompiling). Meant with the mode off, so that the backward's
+    prepare_call does not take its cached answer for a registered kernel."""
+    with _lock:
+        try:
+            _native().unregister_all()
+        except BuildError:
+            pass
+
+
+def resume() -> None:
+    """Registers every kernel prepared in this process again (after :func:`suspend`)."""
+    with _lock:
+        for key, address in _addresses.items():
+            _native().register(key, address)
 
 
 def registered() -> Sequence[str]:
@@ -125,12 +181,13 @@ def registered() -> Sequence[str]:
 
 
 def calls() -> int:
-    """message_reduce calls of this process that ran a generated kernel."""
+    """message op calls (message_reduce, message_sum_multi, message_edges) of this process that
+    ran a generated kernel."""
     try:
         return int(_native().calls())
     except BuildError:
         return 0
 
 
-__all__ = ["Spec", "make_spec", "emit", "prepare", "prepare_spec", "reset", "registered", "calls", "mode",
+__all__ = ["Spec", "make_spec", "emit", "prepare", "prepare_spec", "prepare_call", "reset", "suspend", "resume", "registered", "calls", "mode",
            "enabled", "BuildError", "build"]

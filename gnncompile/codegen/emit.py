@@ -26,33 +26,53 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ..ops import program as P
 
-ABI = 1  # native/cpu/codegen_abi.h, kCodegenAbi
+ABI = 2  # native/cpu/codegen_abi.h, kCodegenAbi
 REDUCES = {"sum": 0, "add": 0, "mean": 1, "max": 2, "amax": 2, "min": 3, "amin": 3}
 _REDUCE_NAMES = {0: "Sum", 1: "Mean", 2: "Max", 3: "Min"}
 TILE = {"float32": 128, "float64": 64}  # features per tile: as the interpreter and the tuned spmm
 
 
+KINDS = ("reduce", "multi", "edges")
+MAX_RESULTS = 16  # kMaxResults (native/cpu/message_core.h)
+
+
 @dataclass(frozen=True)
 class Spec:
-    """What one generated kernel is specialised on: the key of native/cpu/message_codegen.h."""
+    """What one generated kernel is specialised on: the key of native/cpu/message_codegen.h.
+
+    ``op`` is the native op the kernel stands in for: 'reduce' (``message_reduce``, its
+    ``reduce``), 'multi' (``message_sum_multi``, the program's ``results`` slots each summed over
+    the row) or 'edges' (``message_edges``: written per edge at ``perm[j]``, or at ``j`` with
+    ``by_slot``; ``out`` 'f' for an output of width F, 'g' for group sums of F / out_width)."""
 
     code: Tuple[int, ...]
     consts: Tuple[float, ...]
     sides: Tuple[int, ...]
     kinds: Tuple[str, ...]  # per input: 'f' (width F), 's' (width 1), 'g' (another divisor of F)
-    reduce: int  # 0 sum, 1 mean, 2 max, 3 min
+    reduce: int  # 0 sum, 1 mean, 2 max, 3 min (reduce only)
     dtype: str  # float32 / float64
     index: str  # int32 / int64
+    op: str = "reduce"
+    results: Tuple[int, ...] = ()
+    by_slot: bool = False
+    out: str = "f"
+
+    def op_key(self) -> str:
+        if self.op == "reduce":
+            return f"r{self.reduce}"
+        if self.op == "multi":
+            return "m" + ".".join(str(r) for r in self.results)
+        return f"e{int(self.by_slot)}{self.out}"
 
     def key(self) -> str:
         """The registry key, byte for byte as codegen_key (native/cpu/message_codegen.cpp) writes it."""
         ks = ",".join(f"{struct.unpack('<Q', struct.pack('<d', float(c)))[0]:016x}" for c in self.consts)
         ins = ",".join(f"{s}{k}" for s, k in zip(self.sides, self.kinds))
-        return (f"v{ABI}|r{self.reduce}|{'f64' if self.dtype == 'float64' else 'f32'}|"
+        return (f"v{ABI}|{self.op_key()}|{'f64' if self.dtype == 'float64' else 'f32'}|"
                 f"{'i64' if self.index == 'int64' else 'i32'}|c{','.join(str(c) for c in self.code)}|k{ks}|i{ins}")
 
 
@@ -61,10 +81,17 @@ def width_kind(width: int, F: int) -> str:
 
 
 def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int], widths: Sequence[int], F: int,
-              reduce: str, dtype, index_dtype) -> Spec:
-    """The :class:`Spec` of a ``message_reduce`` call (dtypes as torch dtypes or their names)."""
+              reduce: str, dtype, index_dtype, *, op: str = "reduce", results: Sequence[int] = (),
+              out_width: Optional[int] = None, by_slot: bool = False) -> Spec:
+    """The :class:`Spec` of a ``message_reduce`` call (dtypes as torch dtypes or their names); with
+    ``op='multi'`` of a ``message_sum_multi`` call (``results``; ``reduce`` must be 'sum'), with
+    ``op='edges'`` of a ``message_edges`` call (``out_width``, ``by_slot``; ``reduce`` 'sum')."""
+    if op not in KINDS:
+        raise ValueError(f"gnncompile.codegen: unknown op {op!r} (one of {', '.join(KINDS)})")
     if reduce not in REDUCES:
         raise ValueError(f"gnncompile.codegen: unknown reduce {reduce!r}")
+    if op != "reduce" and REDUCES[reduce] != 0:
+        raise ValueError(f"gnncompile.codegen: a '{op}' kernel sums (reduce 'sum'), got {reduce!r}")
     dt = str(dtype).replace("torch.", "")
     it = str(index_dtype).replace("torch.", "")
     if dt not in TILE:
@@ -73,13 +100,28 @@ def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int]
         raise TypeError(f"gnncompile.codegen: index dtype must be int32 or int64, got {it}")
     if len(sides) != len(widths):
         raise ValueError(f"gnncompile.codegen: {len(sides)} sides for {len(widths)} inputs")
-    check_program(code, consts, len(sides))
+    written = check_program(code, consts, len(sides))
+    res: Tuple[int, ...] = ()
+    out = "f"
+    if op == "multi":
+        res = tuple(int(r) for r in results)
+        if not 1 <= len(res) <= MAX_RESULTS:
+            raise ValueError(f"gnncompile.codegen: 1 to {MAX_RESULTS} results, got {len(res)}")
+        if any(r not in written for r in res):
+            raise ValueError(f"gnncompile.codegen: results {list(res)} name a slot that no instruction writes")
+    elif op == "edges":
+        if out_width is None or int(out_width) < 1 or int(F) % int(out_width):
+            raise ValueError(f"gnncompile.codegen: out_width {out_width} does not divide the message width {F}")
+        out = "f" if int(out_width) == int(F) else "g"
+    elif results or out_width is not None or by_slot:
+        raise ValueError("gnncompile.codegen: results / out_width / by_slot belong to 'multi' and 'edges' kernels")
     return Spec(tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
-                tuple(width_kind(int(w), int(F)) for w in widths), REDUCES[reduce], dt, it)
+                tuple(width_kind(int(w), int(F)) for w in widths), REDUCES[reduce], dt, it, op, res,
+                bool(by_slot) if op == "edges" else False, out)
 
 
-def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -> None:
-    """The checks of native/cpu/message.cpp's check_program, as ValueError."""
+def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -> set:
+    """The checks of native/cpu/message.cpp's check_program, as ValueError; returns the slots written."""
     if len(code) == 0 or len(code) % P.INSTR:
         raise ValueError("gnncompile.codegen: code must hold whole 5-int instructions")
     written = set()
@@ -100,6 +142,7 @@ def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -
             if (npar >= 1 and not 0 <= b < len(consts)) or (npar == 2 and not 0 <= c < len(consts)):
                 raise ValueError(f"gnncompile.codegen: instruction {i // P.INSTR} reads a missing constant")
         written.add(dst)
+    return written
 
 
 def _lit(v: float) -> str:
@@ -142,9 +185,11 @@ def _pow_number(x: str, c: float, dtype: str) -> str:
 
 
 def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[str], dtype: str
-                ) -> Tuple[List[str], str]:
-    """The per-feature statements of the program (feature ``f``, tile offset ``t``) and the name of
-    its result. Input k's value at ``f`` is ``i<k>`` (set up by the caller per kind)."""
+                ) -> Tuple[List[str], str, dict]:
+    """The per-feature statements of the program (feature ``f``, tile offset ``t``), the name of
+    its result and the local holding each slot's last value (what the interpreter's registers
+    hold after the program: message_sum_multi's results). Input k's value at ``f`` is read from
+    ``p<k>`` (width F or a divisor of F) or ``s<k>`` (width 1), set up by the caller."""
     lines: List[str] = []
     reg = {}
     res = ""
@@ -227,11 +272,11 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         lines.append(f"const acc_t {v} = {rhs};")
         reg[dst] = v
         res = v
-    return lines, res
+    return lines, res, dict(reg)
 
 
 _HEAD = """\
-// Generated by gnncompile.codegen (gnncompile/codegen/emit.py): one message_reduce kernel.
+// Generated by gnncompile.codegen (gnncompile/codegen/emit.py): one {what} kernel.
 // key: {key}
 #include <cmath>
 #include <cstdint>
@@ -249,13 +294,18 @@ using namespace gnncompile::cpu;
 using scalar_t = {scalar};
 using acc_t = {scalar};
 using index_t = {index};
-constexpr Reduce R = Reduce::{reduce};
-constexpr bool kArg = R == Reduce::Max || R == Reduce::Min;
 constexpr int TILE = {tile};
 
 // Prefetches what CSR slot j reads through col / perm (as the interpreter's prefetch_slot).
 inline void prefetch_slot(const GenArgs& a, int64_t j, int64_t f0, int n) {{
 {prefetch}}}
+"""
+
+# message_reduce and message_sum_multi: the interpreter's reduce_rows / sum_rows_multi, one tile
+# of one row at a time, the prefetch of its prefetch_ahead
+_TILE = """
+constexpr Reduce R = Reduce::{reduce};
+constexpr bool kArg = R == Reduce::Max || R == Reduce::Min;
 
 // One tile [f0, f0 + n) of row `row`; FULL: n == TILE, a bound known at compile time.
 template <bool FULL>
@@ -267,12 +317,7 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
   const index_t* slot = static_cast<const index_t*>(a.slot);
   (void)col; (void)perm; (void)slot;
 {setup}
-  alignas(64) acc_t acc[TILE];
-  int32_t win[kArg ? TILE : 1];
-  acc_t eq[kArg ? TILE : 1];
-  for (int t = 0; t < n; ++t) acc[t] = reduce_init<R, acc_t>();
-  if (kArg)
-    for (int t = 0; t < n; ++t) {{ win[t] = -1; eq[t] = acc_t(0); }}
+{acc}
   for (int64_t j = begin; j < end; ++j) {{
     {{  // the prefetch of the interpreter's prefetch_ahead: past the row's end too
       const int64_t ahead = j + a.prefetch;
@@ -290,11 +335,10 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
       const int64_t f = f0 + t;
       (void)f;
 {body}
-      {fold}
+{fold}
     }}
   }}
-  store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, static_cast<scalar_t*>(a.out) + row * F + f0,
-                             kArg ? a.arg + row * F + f0 : nullptr);
+{store}
   return static_cast<int>(Status::Ok);
 }}
 }}  // namespace
@@ -318,12 +362,63 @@ extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int
 }}
 """
 
+# message_edges: the interpreter's edge_rows (every edge's message written, in the user's edge
+# order or by CSR slot; grouped sums added feature by feature in order, as there)
+_EDGES = """
+constexpr bool kBySlot = {by_slot};
+
+inline int row_edges(const GenArgs& a, int64_t row, int64_t begin, int64_t end) {{
+  const int64_t F = a.F;
+  const index_t* col = static_cast<const index_t*>(a.col);
+  const index_t* perm = static_cast<const index_t*>(a.perm);
+  const index_t* slot = static_cast<const index_t*>(a.slot);
+  (void)col; (void)slot;
+  scalar_t* out = static_cast<scalar_t*>(a.out);
+  const int64_t out_width = a.out_width;
+  const int64_t div_o = F / out_width;
+  (void)div_o;
+{setup}
+  for (int64_t j = begin; j < end; ++j) {{
+    if (j + a.prefetch < a.num_edges) {{  // past the row's end too
+      prefetch_slot(a, j + a.prefetch, 0, static_cast<int>(F < TILE ? F : TILE));
+      const int64_t ea = kBySlot ? j + a.prefetch : static_cast<int64_t>(perm[j + a.prefetch]);
+      if (in_range(ea, a.num_edges)) prefetch_bytes<1, 0>(out + ea * out_width, out_width * sizeof(scalar_t));
+    }}
+{edge}
+    scalar_t* o = out + (kBySlot ? j : e) * out_width;
+    for (int64_t f = 0; f < F; ++f) {{
+{body}
+{store}
+    }}
+  }}
+  return static_cast<int>(Status::Ok);
+}}
+}}  // namespace
+
+extern "C" int gnncompile_codegen_abi() {{ return kCodegenAbi; }}
+
+extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {{
+  const GenArgs& a = *ap;
+  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  for (int64_t row = row_begin; row < row_end; ++row) {{
+    if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+    const int64_t begin = static_cast<int64_t>(rowptr[row]), end = static_cast<int64_t>(rowptr[row + 1]);
+    const int st = row_edges(a, row, begin, end);
+    if (st != 0) return st;
+  }}
+  return 0;
+}}
+"""
+
+_WHAT = {"reduce": "message_reduce", "multi": "message_sum_multi", "edges": "message_edges"}
+
 
 def emit(spec: Spec) -> str:
     """The C++ source of ``spec``'s kernel."""
     sides, kinds = spec.sides, spec.kinds
+    edges = spec.op == "edges"
     reads_col = P.COL in sides
-    reads_perm = P.EDGE in sides
+    reads_perm = P.EDGE in sides or edges  # message_edges writes at perm[j]: read and checked always
     reads_slot = P.SLOT in sides
     scalar = "double" if spec.dtype == "float64" else "float"
     setup, edge, prefetch = [], [], []
@@ -363,7 +458,7 @@ def emit(spec: Spec) -> str:
     if reads_col:
         prefetch.append("  const int64_t src = static_cast<int64_t>(static_cast<const index_t*>(a.col)[j]);")
         prefetch.append("  if (!in_range(src, a.num_src)) return;")
-    if reads_perm:
+    if P.EDGE in sides:
         prefetch.append("  const int64_t e = static_cast<int64_t>(static_cast<const index_t*>(a.perm)[j]);")
         prefetch.append("  if (!in_range(e, a.num_edges)) return;")
     for k, (s, kind) in enumerate(zip(sides, kinds)):
@@ -378,15 +473,39 @@ def emit(spec: Spec) -> str:
         prefetch.append("    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0); }")
     if not prefetch:
         prefetch.append("  (void)a; (void)j; (void)f0; (void)n;")
-    lines, res = _statements(spec.code, spec.consts, kinds, spec.dtype)
+    lines, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype)
+    head = _HEAD.format(what=_WHAT[spec.op], key=spec.key(), scalar=scalar,
+                        index="int64_t" if spec.index == "int64" else "int32_t", tile=TILE[spec.dtype],
+                        prefetch="\n".join(prefetch) + "\n")
+    if edges:
+        body = "\n".join("      " + ln for ln in lines)
+        store = (f"      o[f] = {res};" if spec.out == "f" else
+                 f"      {{ scalar_t& d = o[f / div_o]; d = from_acc<scalar_t>(to_float(d) + {res}); }}")
+        return head + _EDGES.format(by_slot="true" if spec.by_slot else "false", setup="\n".join(setup),
+                                    edge="\n".join(edge), body=body, store=store)
     body = "\n".join("      " + ln for ln in lines)
-    if spec.reduce in (2, 3):
-        fold = (f"fold_extreme(R == Reduce::Min, {res}, static_cast<int32_t>(j - begin), acc[t], win[t], eq[t]);")
+    if spec.op == "multi":
+        acc = [f"  alignas(64) acc_t acc{k}[TILE];" for k in range(len(spec.results))]
+        acc += [f"  for (int t = 0; t < n; ++t) acc{k}[t] = acc_t(0);" for k in range(len(spec.results))]
+        fold = [f"      acc{k}[t] += {reg[r]};" for k, r in enumerate(spec.results)]
+        store = [f"  {{ scalar_t* o = static_cast<scalar_t*>(a.out) + ({k} * a.M + row) * F + f0;\n"
+                 f"    for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc{k}[t]); }}"
+                 for k in range(len(spec.results))]
+        reduce = "Sum"
     else:
-        fold = f"acc[t] += {res};"
-    return _HEAD.format(key=spec.key(), scalar=scalar, index="int64_t" if spec.index == "int64" else "int32_t",
-                        reduce=_REDUCE_NAMES[spec.reduce], tile=TILE[spec.dtype], prefetch="\n".join(prefetch) + "\n",
-                        setup="\n".join(setup), edge="\n".join(edge), body=body, fold=fold)
+        acc = ["  alignas(64) acc_t acc[TILE];", "  int32_t win[kArg ? TILE : 1];", "  acc_t eq[kArg ? TILE : 1];",
+               "  for (int t = 0; t < n; ++t) acc[t] = reduce_init<R, acc_t>();",
+               "  if (kArg)", "    for (int t = 0; t < n; ++t) { win[t] = -1; eq[t] = acc_t(0); }"]
+        if spec.reduce in (2, 3):
+            fold = [f"      fold_extreme(R == Reduce::Min, {res}, static_cast<int32_t>(j - begin), acc[t], win[t], eq[t]);"]
+        else:
+            fold = [f"      acc[t] += {res};"]
+        store = ["  store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, static_cast<scalar_t*>(a.out) + "
+                 "row * F + f0,", "                             kArg ? a.arg + row * F + f0 : nullptr);"]
+        reduce = _REDUCE_NAMES[spec.reduce]
+    return head + _TILE.format(reduce=reduce, setup="\n".join(setup), acc="\n".join(acc), edge="\n".join(edge),
+                               body=body, fold="\n".join(fold), store="\n".join(store))
 
 
-__all__ = ["Spec", "make_spec", "emit", "width_kind", "check_program", "TILE", "REDUCES", "ABI"]
+__all__ = ["Spec", "make_spec", "emit", "width_kind", "check_program", "TILE", "REDUCES", "ABI", "KINDS",
+           "MAX_RESULTS"]
