@@ -15,6 +15,9 @@ precomputed edge projection, read per edge through perm), float32, N(0, 1). Prog
                     also forward + backward (x and e need gradients): the generated variant runs
                     generated kernels for the backward's derivative programs too (message_sum_multi
                     over the CSC for x, message_edges for e), prepared at their first use
+  gelu(x_j + e)     the same with gelu (std::erf per feature: scalar libm calls in both) in place
+                    of relu, generated vs interpreter, and the generated relu kernel beside it:
+                    what the transcendental operators, not vectorized, cost
   GINE step         a compiled GINEConv (nn = Linear(F, F), edge_dim = 16) training step: forward,
                     backward, Adam; one compiled model, its message ops switched between the
                     generated kernels and the interpreter (codegen.suspend / resume) per call
@@ -127,6 +130,7 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int, gine_rounds: int = 0) -> d
     knobs: List[int] = []
     xj = P.encode(P.inp(0))
     relu = P.encode(P.node("relu", P.node("add", P.inp(0), P.inp(1))))
+    gelu = P.encode(P.node("gelu", P.node("add", P.inp(0), P.inp(1))))
 
     def reduce_of(code_consts, ins, sides):
         code, consts = code_consts
@@ -134,25 +138,27 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int, gine_rounds: int = 0) -> d
 
     run_xj = reduce_of(xj, [x], [P.COL])
     run_relu = reduce_of(relu, [x, e], [P.COL, P.EDGE])
+    run_gelu = reduce_of(gelu, [x, e], [P.COL, P.EDGE])
     run_spmm = lambda: ops.spmm(rowptr, col, perm, None, x, "sum", knobs)[0]  # noqa: E731
 
     # the interpreter's results, then the generated kernels' (prepared now: not timed here)
     codegen.reset()
-    ref_xj, ref_relu = run_xj(), run_relu()
+    ref_xj, ref_relu, ref_gelu = run_xj(), run_relu(), run_gelu()
     t0 = time.perf_counter()
     ok = [codegen.prepare(i, s, *cc, F, "sum", rowptr.dtype, force=True)
-          for i, s, cc in (([x], [P.COL], xj), ([x, e], [P.COL, P.EDGE], relu))]
+          for i, s, cc in (([x], [P.COL], xj), ([x, e], [P.COL, P.EDGE], relu), ([x, e], [P.COL, P.EDGE], gelu))]
     prepare_s = time.perf_counter() - t0
     if not all(ok):
         raise RuntimeError("codegen benchmark: no generated kernel (no C++ compiler?)")
     calls = codegen.calls()
-    gen_xj, gen_relu = run_xj(), run_relu()
-    assert codegen.calls() == calls + 2, "the generated kernels did not run"
+    gen_xj, gen_relu, gen_gelu = run_xj(), run_relu(), run_gelu()
+    assert codegen.calls() == calls + 3, "the generated kernels did not run"
     spmm_xj = run_spmm()
     agreement = {"xj_generated_vs_interpreter_bitwise": _bits_equal(gen_xj, ref_xj),
                  "xj_generated_vs_spmm_bitwise": _bits_equal(gen_xj, spmm_xj),
-                 "relu_generated_vs_interpreter_bitwise": _bits_equal(gen_relu, ref_relu)}
-    if not (agreement["xj_generated_vs_interpreter_bitwise"] and agreement["relu_generated_vs_interpreter_bitwise"]):
+                 "relu_generated_vs_interpreter_bitwise": _bits_equal(gen_relu, ref_relu),
+                 "gelu_generated_vs_interpreter_bitwise": _bits_equal(gen_gelu, ref_gelu)}
+    if not all(v for k, v in agreement.items() if "interpreter" in k):
         raise RuntimeError(f"codegen benchmark: results differ {agreement}")
 
     def interp(fn):
@@ -164,6 +170,10 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int, gine_rounds: int = 0) -> d
     # every variant sets its path before its timed call (reset / prepare: a registry update)
     t_xj = _rounds({"spmm": (codegen.reset, run_spmm), "interpreter": interp(run_xj),
                     "generated": generated(run_xj, [x], [P.COL], xj)}, rounds)
+    # the same message with gelu (erf, a scalar libm call per feature, in both) in place of relu:
+    # what the transcendental operators cost the generated kernels
+    t_gelu = _rounds({"interpreter": interp(run_gelu), "generated": generated(run_gelu, [x, e], [P.COL, P.EDGE], gelu),
+                      "generated_relu": generated(run_relu, [x, e], [P.COL, P.EDGE], relu)}, max(3, rounds // 3))
     t_relu = _rounds({"interpreter": interp(run_relu),
                       "generated": generated(run_relu, [x, e], [P.COL, P.EDGE], relu)}, rounds)
 
@@ -205,7 +215,7 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int, gine_rounds: int = 0) -> d
     result = {"N": N, "E": E, "F": F, "dtype": "float32", "prepare_in_process_s": prepare_s,
               "agreement": agreement, "generated_calls_per_fwd_bwd_step": bwd_calls,
               "xj_sum": _summary(t_xj, "spmm"), "relu_xj_e": _summary(t_relu, "interpreter"),
-              "relu_xj_e_fwd_bwd": _summary(t_bwd, "interpreter")}
+              "gelu_xj_e": _summary(t_gelu, "interpreter"), "relu_xj_e_fwd_bwd": _summary(t_bwd, "interpreter")}
     del xr, er, grads
     if gine_rounds:
         result["gine_step"], agreement["gine_step_bitwise"] = gine_step(ei, x, F, gine_rounds)
@@ -270,7 +280,8 @@ def markdown(p: dict) -> str:
              f"{_common.load_text(p['loadavg_before_after'])}.", "",
              "Agreement (checked before timing): " + ", ".join(f"{k} = {v}" for k, v in r["agreement"].items()) + ".",
              "", "| program | variant | median ms | min ms | ratio (median of rounds) |", "|---|---|---|---|---|"]
-    for prog, base in (("xj_sum", "spmm"), ("relu_xj_e", "interpreter"), ("relu_xj_e_fwd_bwd", "interpreter"),
+    for prog, base in (("xj_sum", "spmm"), ("relu_xj_e", "interpreter"), ("gelu_xj_e", "interpreter"),
+                       ("relu_xj_e_fwd_bwd", "interpreter"),
                        ("gine_step", "interpreter")):
         for k, v in r.get(prog, {}).items():
             if not isinstance(v, dict):

@@ -1,24 +1,28 @@
-"""Generated message kernels (issue 25, CPU target): a message program's ``message_reduce`` as a
-C++ kernel of its own, emitted (:mod:`.emit`), compiled at first use and cached on disk
+"""Generated message kernels (issue 25, CPU target): every message op a training step runs on a
+message program (``message_reduce``, the backward's ``message_sum_multi`` and ``message_edges``)
+as a C++ kernel of its own, emitted (:mod:`.emit`), compiled at first use and cached on disk
 (:mod:`.build`), run by the native glue inside its checks and balanced row split.
 
-How a generated kernel is called, and why: the native glue of ``gnncompile::message_reduce``
-(native/cpu/message.cpp) keeps a registry from the key of a call (program, constants, input sides
-and width classes, dtypes, reduction: :meth:`.emit.Spec.key`) to the address of a C ABI function
-(native/cpu/codegen_abi.h). :func:`prepare` builds or loads a kernel and registers its address;
-from then on every ``message_reduce`` call of that key, eager or inside a compiled graph, runs it
-instead of the interpreter, after the same checks and over the same row split on torch's thread
-pool, once per chunk. The op, its schema, its autograd and what it saves for backward are the
-interpreter's, unchanged: the backward (the derivative programs through ``message_sum_multi`` /
-``message_edges`` / ``message_reduce``) keeps running the interpreter unless those programs are
-prepared too. Calling the kernel from Python through :mod:`ctypes` inside a custom op was the
-other route; it would need a row split of its own outside torch's pool and a second op (schema,
-fake kernel, autograd) for every message op, for nothing the registry does not give.
+How a generated kernel is called, and why: the native glue of the message ops
+(native/cpu/message.cpp) keeps a registry from the key of a call (op, program, constants, input
+sides and width classes, dtypes; the reduction, the result slots or the output order and width
+class: :meth:`.emit.Spec.key`) to the address of a C ABI function (native/cpu/codegen_abi.h).
+:func:`prepare` builds or loads a kernel and registers its address; from then on every call of
+that key, eager or inside a compiled graph, runs it instead of the interpreter, after the same
+checks and over the same row split on torch's thread pool, once per chunk. The ops, their
+schemas, their autograd and what they save for backward are the interpreter's, unchanged. Who
+prepares: the rewrite pass, at compile time, the forward's ``message_reduce`` / ``message_edges``;
+the autograd of the message ops (ops/message.py), through :func:`prepare_call`, each derivative
+program's kernel at its first use, which is at trace time when the backward is traced (so a
+compiled training step has them all before its first run). Calling the kernel from Python
+through :mod:`ctypes` inside a custom op was the other route; it would need a row split of its
+own outside torch's pool and a second op (schema, fake kernel, autograd) for every message op,
+for nothing the registry does not give.
 
-The choice: ``$GNNCOMPILE_CODEGEN`` (:mod:`gnncompile.config`): ``off`` (also ``interpreter``,
-the default this session) or ``auto``. The compiler (``$GNNCOMPILE_CXX``, else ``c++``) missing
-or a build failing gives one warning per process and the interpreter, which computes the same
-numbers (tests/codegen check both bit for bit).
+The choice: ``$GNNCOMPILE_CODEGEN`` (:mod:`gnncompile.config`): ``off`` (also ``interpreter``)
+or ``auto``. The compiler (``$GNNCOMPILE_CXX``, else ``c++``) missing or a build failing gives one
+warning per process and the interpreter, which computes the same numbers (tests/codegen check
+both bit for bit).
 """
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The emitter: a message program (:mod:`gnncompile.ops.program`) as the C++ source of one
-``message_reduce`` kernel, for the CPU.
+kernel of a message op for the CPU: ``message_reduce`` (a reduction), ``message_sum_multi``
+(several result slots, each summed over the row: the backward's derivative programs) or
+``message_edges`` (every edge's message, written per edge or per CSR slot, optionally as group
+sums).
 
 What the interpreter (native/cpu/message_core.h) decides per edge and per instruction at run
 time is fixed here at generation time: the instruction list, its constants (written as exact
@@ -8,8 +11,10 @@ feature tile. The expression becomes one statement per instruction over locals (
 per instruction), inside one loop over the tile's features, so values stay in registers and no
 tile makes a round trip through memory. Everything else is the interpreter's own code, included
 from the torch-free headers: the row walk's checks (``row_ok``, ``in_range``), ``fold_extreme``
-for max / min, ``store_reduced`` for the mean's scale and the arg record. The glue runs the
-kernel per chunk of its balanced row split (native/cpu/codegen_abi.h).
+for max / min, ``store_reduced`` for the mean's scale and the arg record; the walk of each op is
+the interpreter's (reduce_rows, sum_rows_multi, edge_rows in message_core.h), with its checks in
+the same order and its prefetch. The glue runs the kernel per chunk of its balanced row split
+(native/cpu/codegen_abi.h).
 
 Numerics: every operator is the interpreter's expression, in the same type and the same order,
 and the kernel is compiled with ``-ffp-contract=off``, so that no product of one instruction is
@@ -184,13 +189,19 @@ def _pow_number(x: str, c: float, dtype: str) -> str:
     return f"std::pow({x}, {_lit(c)})"
 
 
+_CALLS = ("std::exp", "std::expm1", "std::erf", "std::tanh", "std::log", "std::log1p", "std::pow")
+
+
 def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[str], dtype: str
-                ) -> Tuple[List[str], str, dict]:
-    """The per-feature statements of the program (feature ``f``, tile offset ``t``), the name of
+                ) -> Tuple[List[tuple], str, dict]:
+    """The per-feature statements of the program (feature ``f``, tile offset ``t``), per
+    instruction (its local, its lines, the locals it reads, whether it calls libm, whether it only
+    reads an input or a constant), the name of
     its result and the local holding each slot's last value (what the interpreter's registers
     hold after the program: message_sum_multi's results). Input k's value at ``f`` is read from
     ``p<k>`` (width F or a divisor of F) or ``s<k>`` (width 1), set up by the caller."""
     lines: List[str] = []
+    instrs: List[tuple] = []
     reg = {}
     res = ""
     for i in range(0, len(code), P.INSTR):
@@ -199,6 +210,9 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         v = f"v{i // P.INSTR}"
         x = reg.get(a, "")
         y = reg.get(b, "")
+        start = len(lines)
+        arity = P.OPS[op][1] if name not in ("in", "const") else 0
+        deps = [x, y][:arity]
         pb = _lit(consts[b]) if name not in ("in", "const") and P.OPS[op][2] >= 1 else ""
         pc = _lit(consts[c]) if P.OPS[op][2] == 2 else ""
         if name == "in":
@@ -270,9 +284,56 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         else:  # pragma: no cover - check_program refuses unknown opcodes
             raise ValueError(f"gnncompile.codegen: no emitter for '{name}'")
         lines.append(f"const acc_t {v} = {rhs};")
+        mine = lines[start:]
+        instrs.append((v, mine, deps, any(fn + "(" in ln for ln in mine for fn in _CALLS), name in ("in", "const")))
         reg[dst] = v
         res = v
-    return lines, res, dict(reg)
+    return instrs, res, dict(reg)
+
+
+def _loops(instrs, tail: List[str], tail_reads: Sequence[str], head: str, indent: str = "    "
+           ) -> Tuple[List[str], List[str]]:
+    """The per-feature loops of a program over one tile: one loop while the program calls no libm
+    function (every value in registers, a loop the compiler vectorizes). A program that calls
+    libm (exp, erf, tanh, ...: scalar calls, which keep a loop that holds them from vectorizing)
+    is cut into loops at each call: the call's own scalar loop, and between calls loops of plain
+    arithmetic that vectorize, the values one loop hands to a later one kept in tile arrays (as
+    the interpreter keeps every value: the same operations in the same order, the same bits).
+    ``tail`` (the fold or the store, reading ``tail_reads``) ends the last loop; ``head`` opens
+    each loop's body (``f`` from ``t``). Returns (declarations of the tile arrays, the loops)."""
+    segs: List[list] = []
+    for ins in instrs:
+        if ins[3] or not segs or segs[-1][-1][3]:
+            segs.append([ins])
+        else:
+            segs[-1].append(ins)
+    where, leaf = {}, {}  # local -> its segment; an input's or a constant's local -> its line
+    for k, seg in enumerate(segs):
+        for ins in seg:
+            where[ins[0]] = k
+            if ins[4]:
+                leaf[ins[0]] = ins[1][0]
+    reads = [set(d for ins in seg for d in ins[2]) for seg in segs]
+    reads[-1] |= set(tail_reads)
+    # inputs and constants a later loop reads are read again there, the others handed in arrays
+    again = [sorted((n for n in r if n in leaf and where[n] < k), key=lambda n: int(n[1:])) for k, r in enumerate(reads)]
+    handed = sorted({n for k, r in enumerate(reads) for n in r if where.get(n, k) < k and n not in leaf},
+                    key=lambda n: int(n[1:]))
+    decls = [f"  alignas(64) acc_t a_{n}[TILE];" for n in handed]
+    out: List[str] = []
+    for k, seg in enumerate(segs):
+        out.append(f"{indent}for (int t = 0; t < n; ++t) {{")
+        out.append(head)
+        out += [f"{indent}  {leaf[n]}" for n in again[k]]
+        out += [f"{indent}  const acc_t {n} = a_{n}[t];" for n in handed if n in reads[k] and where[n] < k]
+        out += [f"{indent}  {ln}" for ins in seg for ln in ins[1]]
+        if k == len(segs) - 1:
+            out += tail
+        else:
+            out += [f"{indent}  a_{n}[t] = {n};" for n in handed
+                    if where[n] == k and any(n in reads[m] for m in range(k + 1, len(segs)))]
+        out.append(f"{indent}}}")
+    return decls, out
 
 
 _HEAD = """\
@@ -318,6 +379,7 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
   (void)col; (void)perm; (void)slot;
 {setup}
 {acc}
+{arrays}
   for (int64_t j = begin; j < end; ++j) {{
     {{  // the prefetch of the interpreter's prefetch_ahead: past the row's end too
       const int64_t ahead = j + a.prefetch;
@@ -331,12 +393,7 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
       }}
     }}
 {edge}
-    for (int t = 0; t < n; ++t) {{
-      const int64_t f = f0 + t;
-      (void)f;
-{body}
-{fold}
-    }}
+{loops}
   }}
 {store}
   return static_cast<int>(Status::Ok);
@@ -378,6 +435,7 @@ inline int row_edges(const GenArgs& a, int64_t row, int64_t begin, int64_t end) 
   const int64_t div_o = F / out_width;
   (void)div_o;
 {setup}
+{arrays}
   for (int64_t j = begin; j < end; ++j) {{
     if (j + a.prefetch < a.num_edges) {{  // past the row's end too
       prefetch_slot(a, j + a.prefetch, 0, static_cast<int>(F < TILE ? F : TILE));
@@ -386,9 +444,9 @@ inline int row_edges(const GenArgs& a, int64_t row, int64_t begin, int64_t end) 
     }}
 {edge}
     scalar_t* o = out + (kBySlot ? j : e) * out_width;
-    for (int64_t f = 0; f < F; ++f) {{
-{body}
-{store}
+    for (int64_t f0 = 0; f0 < F; f0 += TILE) {{
+      const int n = static_cast<int>(F - f0 < TILE ? F - f0 : TILE);
+{loops}
     }}
   }}
   return static_cast<int>(Status::Ok);
@@ -473,21 +531,23 @@ def emit(spec: Spec) -> str:
         prefetch.append("    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0); }")
     if not prefetch:
         prefetch.append("  (void)a; (void)j; (void)f0; (void)n;")
-    lines, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype)
+    instrs, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype)
     head = _HEAD.format(what=_WHAT[spec.op], key=spec.key(), scalar=scalar,
                         index="int64_t" if spec.index == "int64" else "int32_t", tile=TILE[spec.dtype],
                         prefetch="\n".join(prefetch) + "\n")
     if edges:
-        body = "\n".join("      " + ln for ln in lines)
-        store = (f"      o[f] = {res};" if spec.out == "f" else
-                 f"      {{ scalar_t& d = o[f / div_o]; d = from_acc<scalar_t>(to_float(d) + {res}); }}")
+        store = (f"        o[f] = {res};" if spec.out == "f" else
+                 f"        {{ scalar_t& d = o[f / div_o]; d = from_acc<scalar_t>(to_float(d) + {res}); }}")
+        arrays, loops = _loops(instrs, [store], [res], "        const int64_t f = f0 + t;\n        (void)f;",
+                               indent="      ")
         return head + _EDGES.format(by_slot="true" if spec.by_slot else "false", setup="\n".join(setup),
-                                    edge="\n".join(edge), body=body, store=store)
-    body = "\n".join("      " + ln for ln in lines)
+                                    arrays="\n".join(arrays), edge="\n".join(edge), loops="\n".join(loops))
+    loop_head = "      const int64_t f = f0 + t;\n      (void)f;"
     if spec.op == "multi":
         acc = [f"  alignas(64) acc_t acc{k}[TILE];" for k in range(len(spec.results))]
         acc += [f"  for (int t = 0; t < n; ++t) acc{k}[t] = acc_t(0);" for k in range(len(spec.results))]
         fold = [f"      acc{k}[t] += {reg[r]};" for k, r in enumerate(spec.results)]
+        tail_reads = [reg[r] for r in spec.results]
         store = [f"  {{ scalar_t* o = static_cast<scalar_t*>(a.out) + ({k} * a.M + row) * F + f0;\n"
                  f"    for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc{k}[t]); }}"
                  for k in range(len(spec.results))]
@@ -500,11 +560,13 @@ def emit(spec: Spec) -> str:
             fold = [f"      fold_extreme(R == Reduce::Min, {res}, static_cast<int32_t>(j - begin), acc[t], win[t], eq[t]);"]
         else:
             fold = [f"      acc[t] += {res};"]
+        tail_reads = [res]
         store = ["  store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, static_cast<scalar_t*>(a.out) + "
                  "row * F + f0,", "                             kArg ? a.arg + row * F + f0 : nullptr);"]
         reduce = _REDUCE_NAMES[spec.reduce]
-    return head + _TILE.format(reduce=reduce, setup="\n".join(setup), acc="\n".join(acc), edge="\n".join(edge),
-                               body=body, fold="\n".join(fold), store="\n".join(store))
+    arrays, loops = _loops(instrs, fold, tail_reads, loop_head)
+    return head + _TILE.format(reduce=reduce, setup="\n".join(setup), acc="\n".join(acc), arrays="\n".join(arrays),
+                               edge="\n".join(edge), loops="\n".join(loops), store="\n".join(store))
 
 
 __all__ = ["Spec", "make_spec", "emit", "width_kind", "check_program", "TILE", "REDUCES", "ABI", "KINDS",
