@@ -176,6 +176,17 @@ def resume() -> None:
             _native().register(key, address)
 
 
+def describe() -> str:
+    """One line for explain(): which kernels the CPU message ops run in this process."""
+    if not enabled():
+        return "the interpreter (GNNCOMPILE_CODEGEN=off)"
+    with _lock:
+        n, failed = len(_addresses), len(_failed)
+    return (f"generated C++ per program and op (GNNCOMPILE_CODEGEN=auto, the default): {n} kernel(s) ready in "
+            f"this process" + (f", {failed} failed to build (those run the interpreter)" if failed else "")
+            + "; the backward's kernels are prepared when it is traced")
+
+
 def registered() -> Sequence[str]:
     """The keys of the registered kernels (none without the native module)."""
     try:
@@ -193,5 +204,5 @@ def calls() -> int:
         return 0
 
 
-__all__ = ["Spec", "make_spec", "emit", "prepare", "prepare_spec", "prepare_call", "reset", "suspend", "resume", "registered", "calls", "mode",
+__all__ = ["Spec", "make_spec", "emit", "prepare", "prepare_spec", "prepare_call", "reset", "suspend", "resume", "describe", "registered", "calls", "mode",
            "enabled", "BuildError", "build"]

@@ -369,3 +369,25 @@ def test_compiled_training_step_runs_generated_backward(tmp_path):
     assert torch.equal(out_i, out_g)
     for a, b in zip(grads_i, grads_g):
         assert torch.equal(a, b)
+
+
+def test_auto_is_the_default_and_explain_says_which_kernels_run(tmp_path):
+    """Generated kernels are the default (the suite itself runs with GNNCOMPILE_CODEGEN=off:
+    tests/conftest.py); explain() says which the CPU message ops run."""
+    import gnncompile
+    from torch_geometric.nn import GINEConv
+
+    assert config.Config().codegen == "auto"
+    assert config._parse((None,) * len(config.VARIABLES)).codegen == "auto"
+    conv = GINEConv(torch.nn.Linear(8, 8), edge_dim=4)
+    g = torch.Generator().manual_seed(0)
+    x, ei, ea = torch.randn(20, 8, generator=g), torch.randint(0, 20, (2, 80), generator=g), torch.randn(80, 4)
+    codegen.reset()
+    with config.override(codegen="auto", cache_dir=tmp_path, programs="always"):
+        rep = gnncompile.explain(conv, x, ei, ea)
+    assert "message programs (CPU): generated C++" in str(rep) and "1 kernel(s) ready" in str(rep)
+    assert rep.as_dict()["message_kernels"] == rep.message_kernels
+    with config.override(codegen="off", programs="always"):
+        assert "message programs (CPU): the interpreter (GNNCOMPILE_CODEGEN=off)" in str(
+            gnncompile.explain(conv, x, ei, ea))
+    codegen.reset()
