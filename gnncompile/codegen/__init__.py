@@ -206,3 +206,12 @@ def calls() -> int:
 
 __all__ = ["Spec", "make_spec", "emit", "prepare", "prepare_spec", "prepare_call", "reset", "suspend", "resume", "describe", "registered", "calls", "mode",
            "enabled", "BuildError", "build"]
+
+
+def _hook() -> None:
+    """The message ops' autograd prepares its derivative kernels through prepare_call."""
+    from ..ops import message
+    message.PREPARE = prepare_call
+
+
+_hook()

@@ -147,13 +147,19 @@ def _message_edges_fake(rowptr, col, perm, inputs, sides, code, consts, width, o
 
 
 # ----------------------------------------------------------------------------- autograd
+#: set by gnncompile.codegen when it is imported (``import gnncompile`` imports it): prepares the
+#: generated kernel of a message op call before the call (gnncompile.codegen.prepare_call); ops
+#: does not import codegen (codegen imports ops)
+PREPARE = None
+
+
 def _generated(op: str, index: torch.Tensor, ins, sides, code, consts, F: int, **kw) -> None:
     """With $GNNCOMPILE_CODEGEN=auto, the generated kernel of the message op call about to run
     (``op``: 'reduce', 'multi' or 'edges': gnncompile.codegen.prepare_call) is built or loaded at
     its first use, here at trace time when the backward is traced: the derivative programs run
     generated kernels, as the forward does. Otherwise nothing (the interpreter runs)."""
-    from .. import codegen
-    codegen.prepare_call(op, index, ins, sides, code, consts, F, **kw)
+    if PREPARE is not None:
+        PREPARE(op, index, ins, sides, code, consts, F, **kw)
 
 
 _SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT}
