@@ -51,7 +51,12 @@ def mode() -> str:
 
 
 def enabled() -> bool:
-    return mode() == "auto"
+    """The mode is 'auto' and the native module (whose glue runs the kernels) is loaded; without
+    it the message ops run their torch references, and nothing is built or warned about."""
+    if mode() != "auto":
+        return False
+    from ..ops import _native as n
+    return n._C is not None
 
 
 def _native():
@@ -178,8 +183,10 @@ def resume() -> None:
 
 def describe() -> str:
     """One line for explain(): which kernels the CPU message ops run in this process."""
-    if not enabled():
+    if mode() != "auto":
         return "the interpreter (GNNCOMPILE_CODEGEN=off)"
+    if not enabled():
+        return "the torch references (the native module is not loaded)"
     with _lock:
         n, failed = len(_addresses), len(_failed)
     return (f"generated C++ per program and op (GNNCOMPILE_CODEGEN=auto, the default): {n} kernel(s) ready in "
