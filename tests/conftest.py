@@ -34,6 +34,11 @@ os.environ.setdefault("GNNCOMPILE_SPMM_IMPL", "native")
 # minutes): a profile of another device in the cache is used only with a cached verdict;
 # tests/profiles/test_transfer.py tests the check.
 os.environ.setdefault("GNNCOMPILE_TRANSFER", "cached")
+# The interpreter for message programs: the default ('auto') compiles a C++ kernel per distinct
+# program and op at first use (a few tenths of a second each), and the suite runs hundreds of
+# programs (fuzzed ones too) whose numbers are the same either way; tests/codegen tests 'auto'
+# (bit for bit against the interpreter) with config.override.
+os.environ.setdefault("GNNCOMPILE_CODEGEN", "off")
 
 import shutil
 import subprocess
