@@ -34,17 +34,7 @@ SIDES = [P.COL, P.ROW, P.EDGE, P.CONST, P.EDGE]
 DTYPES = [torch.float32, torch.float64]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("codegen-bwd-cache")
-
-
-@pytest.fixture
-def gen(cache):
-    codegen.reset()
-    with config.override(codegen="auto", cache_dir=cache):
-        yield cache
-    codegen.reset()
+# cache, gen: tests/codegen/conftest.py
 
 
 def _structure(seed=0):

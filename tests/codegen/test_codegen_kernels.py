@@ -38,18 +38,7 @@ SIDES = [P.COL, P.ROW, P.EDGE, P.CONST, P.EDGE]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("codegen-cache")
-
-
-@pytest.fixture
-def gen(cache):
-    """Generated kernels on, in the module's cache folder; the registry emptied afterwards."""
-    codegen.reset()
-    with config.override(codegen="auto", cache_dir=cache):
-        yield cache
-    codegen.reset()
+# cache, gen: tests/codegen/conftest.py
 
 
 def _structure(seed=0):
