@@ -12,11 +12,18 @@ precomputed edge projection, read per edge through perm), float32, N(0, 1). Prog
                     (native/cpu/message_core.h) and gnncompile's tuned spmm (gnncompile::spmm,
                     no weight: the same sum, in the same order)
   relu(x_j + e)     sum over the row of relu(x[col[j]] + e[perm[j]]): generated vs interpreter;
-                    also forward + backward (x and e need gradients; the backward runs the
-                    interpreter's derivative programs in both, so only the forward differs)
+                    also forward + backward (x and e need gradients): the generated variant runs
+                    generated kernels for the backward's derivative programs too (message_sum_multi
+                    over the CSC for x, message_edges for e), prepared at their first use
+  gelu(x_j + e)     the same with gelu (std::erf per feature: scalar libm calls in both) in place
+                    of relu, generated vs interpreter, and the generated relu kernel beside it:
+                    what the transcendental operators, not vectorized, cost
+  GINE step         a compiled GINEConv (nn = Linear(F, F), edge_dim = 16) training step: forward,
+                    backward, Adam; one compiled model, its message ops switched between the
+                    generated kernels and the interpreter (codegen.suspend / resume) per call
 
 Agreement is checked before any timing: generated and interpreted results (and spmm's, for the
-x_j sum) compared bit for bit. Then --rounds rounds, each calling every variant once in turn
+x_j sum), and the training steps' gradients, compared bit for bit. Then --rounds rounds, each calling every variant once in turn
 (drift on a shared machine hits all alike); medians, and the median of the rounds' ratios.
 
 Build cost, each in a fresh process with an empty cache folder: the first use of a new program
@@ -40,7 +47,7 @@ from typing import Callable, Dict, List
 
 import torch
 
-from gnncompile import codegen
+from gnncompile import codegen, config
 from gnncompile.codegen import build
 from gnncompile.data.synthetic import power_law_graph
 from gnncompile.ops import program as P
@@ -51,7 +58,7 @@ from . import _common
 _CHILD = textwrap.dedent("""
     import json, time
     import torch
-    from gnncompile import codegen
+    from gnncompile import codegen, config
     from gnncompile.codegen import build
     from gnncompile.ops import program as P
     code, consts = P.encode(P.node("relu", P.node("add", P.inp(0), P.inp(1))))
@@ -112,7 +119,7 @@ def build_costs() -> dict:
     return {"first_use_s": first["seconds"], "cached_load_s": second["seconds"], "first": first, "cached": second}
 
 
-def run(N: int, F: int, rounds: int, rounds_bwd: int) -> dict:
+def run(N: int, F: int, rounds: int, rounds_bwd: int, gine_rounds: int = 0) -> dict:
     torch.manual_seed(0)
     ei = power_law_graph(N, 10 * N, seed=0)
     E = int(ei.size(1))
@@ -123,6 +130,7 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int) -> dict:
     knobs: List[int] = []
     xj = P.encode(P.inp(0))
     relu = P.encode(P.node("relu", P.node("add", P.inp(0), P.inp(1))))
+    gelu = P.encode(P.node("gelu", P.node("add", P.inp(0), P.inp(1))))
 
     def reduce_of(code_consts, ins, sides):
         code, consts = code_consts
@@ -130,25 +138,27 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int) -> dict:
 
     run_xj = reduce_of(xj, [x], [P.COL])
     run_relu = reduce_of(relu, [x, e], [P.COL, P.EDGE])
+    run_gelu = reduce_of(gelu, [x, e], [P.COL, P.EDGE])
     run_spmm = lambda: ops.spmm(rowptr, col, perm, None, x, "sum", knobs)[0]  # noqa: E731
 
     # the interpreter's results, then the generated kernels' (prepared now: not timed here)
     codegen.reset()
-    ref_xj, ref_relu = run_xj(), run_relu()
+    ref_xj, ref_relu, ref_gelu = run_xj(), run_relu(), run_gelu()
     t0 = time.perf_counter()
     ok = [codegen.prepare(i, s, *cc, F, "sum", rowptr.dtype, force=True)
-          for i, s, cc in (([x], [P.COL], xj), ([x, e], [P.COL, P.EDGE], relu))]
+          for i, s, cc in (([x], [P.COL], xj), ([x, e], [P.COL, P.EDGE], relu), ([x, e], [P.COL, P.EDGE], gelu))]
     prepare_s = time.perf_counter() - t0
     if not all(ok):
         raise RuntimeError("codegen benchmark: no generated kernel (no C++ compiler?)")
     calls = codegen.calls()
-    gen_xj, gen_relu = run_xj(), run_relu()
-    assert codegen.calls() == calls + 2, "the generated kernels did not run"
+    gen_xj, gen_relu, gen_gelu = run_xj(), run_relu(), run_gelu()
+    assert codegen.calls() == calls + 3, "the generated kernels did not run"
     spmm_xj = run_spmm()
     agreement = {"xj_generated_vs_interpreter_bitwise": _bits_equal(gen_xj, ref_xj),
                  "xj_generated_vs_spmm_bitwise": _bits_equal(gen_xj, spmm_xj),
-                 "relu_generated_vs_interpreter_bitwise": _bits_equal(gen_relu, ref_relu)}
-    if not (agreement["xj_generated_vs_interpreter_bitwise"] and agreement["relu_generated_vs_interpreter_bitwise"]):
+                 "relu_generated_vs_interpreter_bitwise": _bits_equal(gen_relu, ref_relu),
+                 "gelu_generated_vs_interpreter_bitwise": _bits_equal(gen_gelu, ref_gelu)}
+    if not all(v for k, v in agreement.items() if "interpreter" in k):
         raise RuntimeError(f"codegen benchmark: results differ {agreement}")
 
     def interp(fn):
@@ -160,6 +170,10 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int) -> dict:
     # every variant sets its path before its timed call (reset / prepare: a registry update)
     t_xj = _rounds({"spmm": (codegen.reset, run_spmm), "interpreter": interp(run_xj),
                     "generated": generated(run_xj, [x], [P.COL], xj)}, rounds)
+    # the same message with gelu (erf, a scalar libm call per feature, in both) in place of relu:
+    # what the transcendental operators cost the generated kernels
+    t_gelu = _rounds({"interpreter": interp(run_gelu), "generated": generated(run_gelu, [x, e], [P.COL, P.EDGE], gelu),
+                      "generated_relu": generated(run_relu, [x, e], [P.COL, P.EDGE], relu)}, max(3, rounds // 3))
     t_relu = _rounds({"interpreter": interp(run_relu),
                       "generated": generated(run_relu, [x, e], [P.COL, P.EDGE], relu)}, rounds)
 
@@ -173,22 +187,88 @@ def run(N: int, F: int, rounds: int, rounds_bwd: int) -> dict:
         out.backward(torch.ones_like(out))
         return out
 
-    # forward + backward: equal gradients first
+    # forward + backward: the interpreter everywhere (mode off, nothing registered), then the
+    # generated kernels everywhere (mode auto: the backward prepares its own at first use)
+    def interp_step():
+        codegen.suspend()
+        with config.override(codegen="off"):
+            return step()
+
+    def generated_step():
+        codegen.resume()
+        with config.override(codegen="auto"):
+            return step()
+
     grads = {}
-    for name, (setup, fn) in (("interpreter", interp(step)),
-                              ("generated", generated(step, [x, e], [P.COL, P.EDGE], relu))):
-        setup()
+    calls = codegen.calls()
+    for name, fn in (("interpreter", interp_step), ("generated", generated_step)):
         fn()
         grads[name] = (xr.grad.clone(), er.grad.clone())
+    bwd_calls = codegen.calls() - calls
     agreement["relu_fwd_bwd_grads_bitwise"] = all(_bits_equal(a, b) for a, b in zip(grads["interpreter"],
                                                                                      grads["generated"]))
-    t_bwd = _rounds({"interpreter": interp(step), "generated": generated(step, [x, e], [P.COL, P.EDGE], relu)},
+    if not agreement["relu_fwd_bwd_grads_bitwise"] or bwd_calls < 3:
+        raise RuntimeError(f"codegen benchmark: training step differs or ran no generated backward "
+                           f"({agreement}, {bwd_calls} generated calls)")
+    t_bwd = _rounds({"interpreter": ((lambda: None), interp_step), "generated": ((lambda: None), generated_step)},
                     rounds_bwd)
+    result = {"N": N, "E": E, "F": F, "dtype": "float32", "prepare_in_process_s": prepare_s,
+              "agreement": agreement, "generated_calls_per_fwd_bwd_step": bwd_calls,
+              "xj_sum": _summary(t_xj, "spmm"), "relu_xj_e": _summary(t_relu, "interpreter"),
+              "gelu_xj_e": _summary(t_gelu, "interpreter"), "relu_xj_e_fwd_bwd": _summary(t_bwd, "interpreter")}
+    del xr, er, grads
+    if gine_rounds:
+        result["gine_step"], agreement["gine_step_bitwise"] = gine_step(ei, x, F, gine_rounds)
     codegen.reset()
-    return {"N": N, "E": E, "F": F, "dtype": "float32", "prepare_in_process_s": prepare_s,
-            "agreement": agreement,
-            "xj_sum": _summary(t_xj, "spmm"), "relu_xj_e": _summary(t_relu, "interpreter"),
-            "relu_xj_e_fwd_bwd": _summary(t_bwd, "interpreter")}
+    return result
+
+
+def gine_step(ei: torch.Tensor, x: torch.Tensor, F: int, rounds: int):
+    """A compiled GINEConv training step (forward, backward, Adam), generated vs interpreter: one
+    compiled model (prepared with the mode on), its message ops switched per call."""
+    import copy
+
+    import gnncompile
+    from torch_geometric.nn import GINEConv
+
+    E = ei.size(1)
+    g = torch.Generator().manual_seed(2)
+    ea = torch.randn(E, 16, generator=g)
+    torch.manual_seed(0)
+    base = GINEConv(torch.nn.Linear(F, F), edge_dim=16)
+    models, opts = {}, {}
+    with config.override(codegen="auto"):
+        for name in ("interpreter", "generated"):
+            models[name] = gnncompile.compile(copy.deepcopy(base))
+            opts[name] = torch.optim.Adam(models[name].parameters(), lr=1e-3)
+
+    def step(name):
+        def run():
+            if name == "generated":
+                codegen.resume()
+            else:
+                codegen.suspend()
+            with config.override(codegen="auto" if name == "generated" else "off"):
+                opts[name].zero_grad(set_to_none=True)
+                out = models[name](x, ei, ea)
+                out.pow(2).mean().backward()
+                opts[name].step()
+            return out
+        return run
+
+    runs = {k: step(k) for k in models}
+    # the first step of each (compiles; the generated one prepares its kernels): equal parameters after it
+    calls = codegen.calls()
+    runs["generated"]()
+    gen_calls = codegen.calls() - calls
+    runs["interpreter"]()
+    same = all(torch.equal(a, b) for a, b in zip(models["interpreter"].parameters(), models["generated"].parameters()))
+    if not same or gen_calls < 2:
+        raise RuntimeError(f"codegen benchmark: GINE steps differ ({same}) or ran no generated kernel ({gen_calls})")
+    times = _rounds({k: ((lambda: None), fn) for k, fn in runs.items()}, rounds)
+    out = _summary(times, "interpreter")
+    out["generated_calls_per_step"] = gen_calls
+    return out, same
 
 
 def markdown(p: dict) -> str:
@@ -200,8 +280,12 @@ def markdown(p: dict) -> str:
              f"{_common.load_text(p['loadavg_before_after'])}.", "",
              "Agreement (checked before timing): " + ", ".join(f"{k} = {v}" for k, v in r["agreement"].items()) + ".",
              "", "| program | variant | median ms | min ms | ratio (median of rounds) |", "|---|---|---|---|---|"]
-    for prog, base in (("xj_sum", "spmm"), ("relu_xj_e", "interpreter"), ("relu_xj_e_fwd_bwd", "interpreter")):
-        for k, v in r[prog].items():
+    for prog, base in (("xj_sum", "spmm"), ("relu_xj_e", "interpreter"), ("gelu_xj_e", "interpreter"),
+                       ("relu_xj_e_fwd_bwd", "interpreter"),
+                       ("gine_step", "interpreter")):
+        for k, v in r.get(prog, {}).items():
+            if not isinstance(v, dict):
+                continue
             lines.append(f"| {prog} | {k} | {v['median_ms']:.1f} | {v['min_ms']:.1f} | "
                          f"{v['ratio_to_' + base]:.2f}x {base} |")
     xj = r["xj_sum"]
@@ -219,13 +303,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="10k nodes / 100k edges, fewer rounds")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--gine-rounds", type=int, default=5, help="rounds of the GINE training step (0: none)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     N = 10_000 if args.quick else 100_000
     rounds = 5 if args.quick else args.rounds
     load0 = _common.loadavg()
     costs = build_costs()
-    res = run(N, 128, rounds, max(3, rounds // 3))
+    res = run(N, 128, rounds, max(3, rounds // 3), 3 if args.quick and args.gine_rounds else args.gine_rounds)
     payload = {"command": _common.command("codegen", argv), "cpu": cpu_detail(), "threads": args.threads,
                "machine": _common.machine(), "compiler": build._compiler_identity(build.compiler()),
                "flags": build.module_flags() + list(build.BASE_FLAGS), "build": costs, "result": res,

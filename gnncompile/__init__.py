@@ -22,6 +22,7 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 from . import config  # noqa: E402  (every environment variable, read in one place)
 from . import ops  # noqa: E402  (defines the op schemas and loads the native kernels)
+from . import codegen  # noqa: E402  (generated message kernels: the message ops' backward prepares them)
 from . import hardware, profiles, settings  # noqa: E402
 from .settings import Settings  # noqa: E402
 from .compiler import compile, explain  # noqa: E402  (also registers the "gnncompile" backend)

@@ -50,7 +50,7 @@ class Config:
     cuda_unverified: str = ""
     spmm_impl: str = "auto"
     precision: str = "fp32"
-    codegen: str = "off"
+    codegen: str = "auto"
     cxx: Optional[str] = None  # None: c++ on the PATH
     codegen_cache_mb: float = 256.0
     transfer: str = "check"
@@ -90,8 +90,9 @@ PRECISIONS = ("fp32", "bf16")
 #: none (gnncompile.transfer): check it by a short A/B at first use, use only verdicts already
 #: cached, or never transfer
 TRANSFER_MODES = ("check", "cached", "off")
-#: generated message kernels (gnncompile.codegen): off (the interpreter; 'interpreter' says the same)
-#: or auto (a kernel generated and compiled per program where a C++ compiler works)
+#: generated message kernels (gnncompile.codegen): auto (the default: a kernel generated and
+#: compiled per program and op where a C++ compiler works) or off (the interpreter; 'interpreter'
+#: says the same)
 CODEGEN_MODES = ("off", "auto")
 
 
@@ -217,10 +218,12 @@ VARIABLES: Tuple[Variable, ...] = (
              "in bfloat16 (cast once before the op, accumulated in float32 in the kernel, float32 out; "
              "relative error about 2^-8 per element); fp32: the graph as written "
              "(gnncompile.passes.precision)"),
-    Variable("GNNCOMPILE_CODEGEN", "codegen", _codegen, "off / interpreter (default), auto",
-             "message_reduce of a message program on the CPU: off runs the interpreter; auto generates a "
-             "kernel per program, compiles it with the system C++ compiler at first use and caches it on "
-             "disk (gnncompile.codegen; the interpreter, with one warning, where no compiler works)"),
+    Variable("GNNCOMPILE_CODEGEN", "codegen", _codegen, "auto (default), off / interpreter",
+             "the message ops of a message program on the CPU (message_reduce, and the backward's "
+             "message_sum_multi / message_edges): auto generates a kernel per program and op, compiles it "
+             "with the system C++ compiler at first use and caches it on disk (gnncompile.codegen; the "
+             "interpreter, with one warning, where no compiler works); off runs the interpreter (the same "
+             "numbers, bit for bit)"),
     Variable("GNNCOMPILE_CXX", "cxx", _command, "a compiler command (default c++)",
              "the C++ compiler of the generated message kernels"),
     Variable("GNNCOMPILE_CODEGEN_CACHE_MB", "codegen_cache_mb", _megabytes, "MB > 0 (default 256)",

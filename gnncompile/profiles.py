@@ -42,9 +42,10 @@ a ProfileWarning saying what was changed:
 * ``batch_size``: ``[1, 2**20]`` (:data:`MAX_BATCH_SIZE`; each pool slot holds
   ``batch_size + 1`` int64 pointers per batched attribute, at most 8 MiB).
 * ``knobs``: a list of ints >= 0 (0 = the kernel's default), at most one per knob of the device
-  (extra entries are dropped): on the CPU ``[chunks_per_thread, prefetch_distance]`` in ``[0, 4096]``
-  and ``[0, 64]`` (:data:`CPU_MAX_CHUNKS_PER_THREAD`, :data:`CPU_MAX_PREFETCH_DISTANCE`, the
-  kernels' own caps in native/cpu/glue.h); on CUDA
+  (extra entries are dropped): on the CPU ``[chunks_per_thread, prefetch_distance,
+  block_budget_kib]`` in ``[0, 4096]``, ``[0, 64]`` and ``[0, 2**22]`` (:data:`CPU_MAX_CHUNKS_PER_THREAD`,
+  :data:`CPU_MAX_PREFETCH_DISTANCE`, :data:`CPU_MAX_BLOCK_BUDGET_KIB`, the kernels' own caps in
+  native/cpu/glue.h; the third is the spmm's column-block budget, 0 = no blocking); on CUDA
   ``[lanes_per_row, rows_per_block, vec_width, items_per_group]`` up to
   :data:`gnncompile.hardware.cuda_knobs.EXPLICIT_KNOB_MAX` (``(32, 256, 16, 2**20)``), the bounds
   native/cuda/knobs.h applies to explicit knobs, read from the native extension (without it
@@ -123,6 +124,8 @@ PRECISIONS = _config.PRECISIONS
 CPU_MAX_CHUNKS_PER_THREAD = 4096
 #: The CPU kernels' cap on knobs[1] (prefetch distance, edges): kMaxPrefetchDistance in native/cpu/glue.h.
 CPU_MAX_PREFETCH_DISTANCE = 64
+#: The CPU kernels' cap on knobs[2] (the spmm's column-block budget, KiB): kMaxBlockBudgetKiB in native/cpu/glue.h.
+CPU_MAX_BLOCK_BUDGET_KIB = 1 << 22
 #: The largest batch_size a profile may set.
 MAX_BATCH_SIZE = 1 << 20
 #: pool_size may always go up to this many slots, however few CPUs the machine has.
@@ -376,7 +379,7 @@ def knob_ranges(device_type: str) -> Optional[List[Tuple[int, int]]]:
         if not _cuda_knobs.available():
             return None
         return [(0, hi) for hi in _cuda_knobs.EXPLICIT_KNOB_MAX]
-    return [(0, CPU_MAX_CHUNKS_PER_THREAD), (0, CPU_MAX_PREFETCH_DISTANCE)]
+    return [(0, CPU_MAX_CHUNKS_PER_THREAD), (0, CPU_MAX_PREFETCH_DISTANCE), (0, CPU_MAX_BLOCK_BUDGET_KIB)]
 
 
 def _in_range(name: str, v: Any, lo: int, hi: Optional[int], notes: List[str]) -> int:
@@ -893,5 +896,6 @@ __all__ = ["Profile", "ProfileWarning", "ProfileError", "cache_dir", "profile_di
            "read_verdict", "write_verdict", "verdict_path", "verdict_dir", "list_profiles", "default_profile",
            "workload_signature", "workload_distance", "SCHEMA_VERSION", "SETTING_KEYS", "check_settings",
            "setting_ranges", "knob_ranges", "machine_cpus", "CPU_MAX_CHUNKS_PER_THREAD", "CPU_MAX_PREFETCH_DISTANCE",
+           "CPU_MAX_BLOCK_BUDGET_KIB",
            "MAX_BATCH_SIZE",
            "MAX_JSON_DEPTH"]

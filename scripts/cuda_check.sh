@@ -7,7 +7,10 @@
 #      common.cuh) and the knob rule (knobs.h), every template combination the glue can reach,
 #      no torch header at all;
 #   2. every glue file native/cuda/*.cu, `nvcc -c` against the installed torch's headers
-#      (torch.utils.cpp_extension.include_paths()), exactly as the extension build compiles it.
+#      (torch.utils.cpp_extension.include_paths()), exactly as the extension build compiles it;
+#   3. the generated message kernels of the codegen test programs (gnncompile/codegen/cuda.py,
+#      `python -m gnncompile.codegen.cuda OUT.cu`: every opcode, op and dtype), compiled as the
+#      cores are (codegen_abi.cuh + common.cuh, no torch header, warnings are errors).
 #
 # A CPU-only torch wheel ships c10/cuda/*.h but not the header its CUDA build generates at
 # configure time, c10/cuda/impl/cuda_cmake_macros.h (one macro: C10_CUDA_BUILD_SHARED_LIBS).
@@ -68,6 +71,13 @@ GLUE=("$ROOT"/native/cuda/*.cu)
 JOBLIST="$WORK/jobs"
 : > "$JOBLIST"
 echo "core|$CORE" >> "$JOBLIST"
+GENERATED="$WORK/generated_kernels.cu"
+if (cd "$ROOT" && "$PYTHON" -m gnncompile.codegen.cuda "$GENERATED"); then
+  echo "core|$GENERATED" >> "$JOBLIST"
+else
+  echo "cuda-check: could not write the generated kernels with $PYTHON (gnncompile.codegen.cuda)" >&2
+  touch "$WORK/failed.generated_kernels"
+fi
 # Longest first (spmm.cu instantiates the most kernels), so parallel jobs pack well.
 for f in "${GLUE[@]}"; do [ "$(basename "$f")" = spmm.cu ] && echo "glue|$f" >> "$JOBLIST"; done
 for f in "${GLUE[@]}"; do [ "$(basename "$f")" != spmm.cu ] && echo "glue|$f" >> "$JOBLIST"; done

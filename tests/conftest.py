@@ -34,6 +34,20 @@ os.environ.setdefault("GNNCOMPILE_SPMM_IMPL", "native")
 # minutes): a profile of another device in the cache is used only with a cached verdict;
 # tests/profiles/test_transfer.py tests the check.
 os.environ.setdefault("GNNCOMPILE_TRANSFER", "cached")
+# The interpreter for message programs: the default ('auto') compiles a C++ kernel per distinct
+# program and op at first use (a few tenths of a second each), and the suite runs hundreds of
+# programs (fuzzed ones too) whose numbers are the same either way; tests/codegen tests 'auto'
+# (bit for bit against the interpreter) with config.override.
+os.environ.setdefault("GNNCOMPILE_CODEGEN", "off")
+# pytest-xdist: each worker gets its share of the cores for torch's intra-op threads, and passes
+# it on to the processes its tests start. Two workers of two threads each on two cores spend much
+# of their time spin-waiting on each other (measured: the suite's CPU time 10% lower). Tests of
+# multi-threaded kernels set their thread counts themselves.
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREAD_SHARE = None
+if _XDIST_WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _THREAD_SHARE = max(1, (os.cpu_count() or 1) // _XDIST_WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREAD_SHARE)
 
 import shutil
 import subprocess
@@ -45,6 +59,9 @@ import pytest
 import torch
 
 import gnncompile
+
+if _THREAD_SHARE is not None:  # in case torch was imported before this file
+    torch.set_num_threads(_THREAD_SHARE)
 
 with warnings.catch_warnings():
     # PyG imports emit deprecation warnings from torch.jit on recent torch; they are not ours.

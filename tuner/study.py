@@ -15,7 +15,7 @@
   the profile's ``batch_size_rule`` says whether it was tuned and the learning-rate rescaling
   that goes with it, :func:`batch_size_rule`), pool size
   (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
-  kernel knobs (``chunks_per_thread`` and ``prefetch_distance`` on CPU; lanes per row, rows per block and items per group on CUDA) and
+  kernel knobs (``chunks_per_thread``, ``prefetch_distance`` and the spmm's ``block_budget_kib``, :func:`block_budget_choices`, on CPU; lanes per row, rows per block and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
   A data-parallel neighbor workload (``Workload(ranks=N)``, N > 1: each trial is N gloo rank
   processes, :func:`tuner.workloads.measure`) searches threads per rank, up to CPUs / N, and
@@ -50,7 +50,7 @@ import statistics
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -151,6 +151,16 @@ def _optuna():
     return optuna
 
 
+def block_budget_choices(props: Mapping[str, Any]) -> List[int]:
+    """The spmm's column-block budgets (CPU knobs[2], KiB) a trial may pick: 0 (no blocking, the
+    default: blocking measured slower at every point on a 2-core AMD EPYC, Zen 2, whose L3 the
+    walk does not find much faster than memory: benchmarks/results/HISTORY.md, section 26) and a
+    quarter, half and all of the detected L3 (or of 16 MiB where sysfs names no L3)."""
+    l3 = props.get("l3_bytes") if isinstance(props, Mapping) else None
+    kib = (int(l3) if isinstance(l3, int) and not isinstance(l3, bool) and l3 > 0 else 16 << 20) // 1024
+    return [0] + sorted({max(1, kib // 4), max(1, kib // 2), kib})
+
+
 def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             batch_range: Optional[Tuple[int, int]], max_workers: int) -> Dict[str, Any]:
     """The settings of one trial."""
@@ -190,7 +200,8 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             s["knobs"] = [lanes, rows, 0, items]
         else:
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16]),
-                          trial.suggest_categorical("prefetch_distance", [2, 4, 8, 16])]
+                          trial.suggest_categorical("prefetch_distance", [2, 4, 8, 16]),
+                          trial.suggest_categorical("block_budget_kib", block_budget_choices(props))]
         # the compiler for the rest of the graph: which one wins depends on the model and the
         # graph sizes (benchmarks/results/inner_rule.md; earlier measurements in
         # benchmarks/results/HISTORY.md, "Inner compiler")

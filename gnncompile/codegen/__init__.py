@@ -1,24 +1,28 @@
-"""Generated message kernels (issue 25, CPU target): a message program's ``message_reduce`` as a
-C++ kernel of its own, emitted (:mod:`.emit`), compiled at first use and cached on disk
+"""Generated message kernels (issue 25, CPU target): every message op a training step runs on a
+message program (``message_reduce``, the backward's ``message_sum_multi`` and ``message_edges``)
+as a C++ kernel of its own, emitted (:mod:`.emit`), compiled at first use and cached on disk
 (:mod:`.build`), run by the native glue inside its checks and balanced row split.
 
-How a generated kernel is called, and why: the native glue of ``gnncompile::message_reduce``
-(native/cpu/message.cpp) keeps a registry from the key of a call (program, constants, input sides
-and width classes, dtypes, reduction: :meth:`.emit.Spec.key`) to the address of a C ABI function
-(native/cpu/codegen_abi.h). :func:`prepare` builds or loads a kernel and registers its address;
-from then on every ``message_reduce`` call of that key, eager or inside a compiled graph, runs it
-instead of the interpreter, after the same checks and over the same row split on torch's thread
-pool, once per chunk. The op, its schema, its autograd and what it saves for backward are the
-interpreter's, unchanged: the backward (the derivative programs through ``message_sum_multi`` /
-``message_edges`` / ``message_reduce``) keeps running the interpreter unless those programs are
-prepared too. Calling the kernel from Python through :mod:`ctypes` inside a custom op was the
-other route; it would need a row split of its own outside torch's pool and a second op (schema,
-fake kernel, autograd) for every message op, for nothing the registry does not give.
+How a generated kernel is called, and why: the native glue of the message ops
+(native/cpu/message.cpp) keeps a registry from the key of a call (op, program, constants, input
+sides and width classes, dtypes; the reduction, the result slots or the output order and width
+class: :meth:`.emit.Spec.key`) to the address of a C ABI function (native/cpu/codegen_abi.h).
+:func:`prepare` builds or loads a kernel and registers its address; from then on every call of
+that key, eager or inside a compiled graph, runs it instead of the interpreter, after the same
+checks and over the same row split on torch's thread pool, once per chunk. The ops, their
+schemas, their autograd and what they save for backward are the interpreter's, unchanged. Who
+prepares: the rewrite pass, at compile time, the forward's ``message_reduce`` / ``message_edges``;
+the autograd of the message ops (ops/message.py), through :func:`prepare_call`, each derivative
+program's kernel at its first use, which is at trace time when the backward is traced (so a
+compiled training step has them all before its first run). Calling the kernel from Python
+through :mod:`ctypes` inside a custom op was the other route; it would need a row split of its
+own outside torch's pool and a second op (schema, fake kernel, autograd) for every message op,
+for nothing the registry does not give.
 
-The choice: ``$GNNCOMPILE_CODEGEN`` (:mod:`gnncompile.config`): ``off`` (also ``interpreter``,
-the default this session) or ``auto``. The compiler (``$GNNCOMPILE_CXX``, else ``c++``) missing
-or a build failing gives one warning per process and the interpreter, which computes the same
-numbers (tests/codegen check both bit for bit).
+The choice: ``$GNNCOMPILE_CODEGEN`` (:mod:`gnncompile.config`): ``off`` (also ``interpreter``)
+or ``auto``. The compiler (``$GNNCOMPILE_CXX``, else ``c++``) missing or a build failing gives one
+warning per process and the interpreter, which computes the same numbers (tests/codegen check
+both bit for bit).
 """
 from __future__ import annotations
 
@@ -47,7 +51,12 @@ def mode() -> str:
 
 
 def enabled() -> bool:
-    return mode() == "auto"
+    """The mode is 'auto' and the native module (whose glue runs the kernels) is loaded; without
+    it the message ops run their torch references, and nothing is built or warned about."""
+    if mode() != "auto":
+        return False
+    from ..ops import _native as n
+    return n._C is not None
 
 
 def _native():
@@ -92,14 +101,50 @@ def prepare_spec(spec: Spec, force: bool = False) -> bool:
 
 
 def prepare(inputs: Sequence[torch.Tensor], sides: Sequence[int], code: Sequence[int], consts: Sequence[float],
-            width: int, reduce: str, index_dtype=torch.int64, force: bool = False) -> bool:
-    """:func:`prepare_spec` for the ``message_reduce`` call over ``inputs`` (tensors or anything
-    with ``dtype`` and ``shape``: fake tensors at compile time) with a structure of ``index_dtype``."""
+            width: int, reduce: str = "sum", index_dtype=torch.int64, force: bool = False, *, op: str = "reduce",
+            results: Sequence[int] = (), out_width: Optional[int] = None, by_slot: bool = False) -> bool:
+    """:func:`prepare_spec` for the call over ``inputs`` (tensors or anything with ``dtype`` and
+    ``shape``: fake tensors at compile time) with a structure of ``index_dtype``: of
+    ``message_reduce`` (``reduce``), or with ``op='multi'`` of ``message_sum_multi`` (``results``),
+    with ``op='edges'`` of ``message_edges`` (``out_width``, ``by_slot``)."""
     if not inputs:
         raise ValueError("gnncompile.codegen.prepare: a message program needs at least one input")
     spec = make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], int(width), reduce, inputs[0].dtype,
-                     index_dtype)
+                     index_dtype, op=op, results=results, out_width=out_width, by_slot=by_slot)
     return prepare_spec(spec, force=force)
+
+
+_seen: Dict[tuple, bool] = {}  # what prepare_call answered, per call shape (cleared by reset)
+
+
+def prepare_call(op: str, index: torch.Tensor, inputs: Sequence[torch.Tensor], sides: Sequence[int],
+                 code: Sequence[int], consts: Sequence[float], width: int, reduce: str = "sum",
+                 results: Sequence[int] = (), out_width: Optional[int] = None, by_slot: bool = False) -> bool:
+    """The hook of the message ops' callers (the backward of ops/message.py): with the mode
+    'auto', the kernel of this CPU float32 / float64 call prepared at its first use (at trace time
+    when the backward is traced, with fake tensors), then a dictionary look-up. Anything else
+    (mode off, another device or dtype, a program the op will refuse with its own message):
+    False, the interpreter or the reference runs."""
+    if not enabled() or not inputs:
+        return False
+    x = inputs[0]
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return False
+    memo = (op, tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
+            tuple(int(t.shape[1]) for t in inputs), int(width), reduce, x.dtype, index.dtype,
+            tuple(int(r) for r in results), out_width, bool(by_slot))
+    hit = _seen.get(memo)
+    if hit is not None:
+        return hit
+    try:
+        spec = make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], int(width), reduce, x.dtype,
+                         index.dtype, op=op, results=results, out_width=out_width, by_slot=by_slot)
+    except (ValueError, TypeError):  # the op itself raises its own error for this call
+        return False
+    ok = prepare_spec(spec)
+    with _lock:
+        _seen[memo] = ok
+    return ok
 
 
 def reset() -> None:
@@ -108,12 +153,45 @@ def reset() -> None:
     global _warned
     with _lock:
         _failed.clear()
+        _seen.clear()
         _addresses.clear()  # the next prepare finds its library again through build (in memory or on disk)
         _warned = False
         try:
             _native().unregister_all()
         except BuildError:
             pass
+
+
+def suspend() -> None:
+    """Every message op call runs the interpreter until :func:`resume`; the kernels stay loaded
+    and prepared (for side-by-side timing: tests and benchmarks/codegen.py switch a compiled model
+    between the two without recompiling). Meant with the mode off, so that the backward's
+    prepare_call does not take its cached answer for a registered kernel."""
+    with _lock:
+        try:
+            _native().unregister_all()
+        except BuildError:
+            pass
+
+
+def resume() -> None:
+    """Registers every kernel prepared in this process again (after :func:`suspend`)."""
+    with _lock:
+        for key, address in _addresses.items():
+            _native().register(key, address)
+
+
+def describe() -> str:
+    """One line for explain(): which kernels the CPU message ops run in this process."""
+    if mode() != "auto":
+        return "the interpreter (GNNCOMPILE_CODEGEN=off)"
+    if not enabled():
+        return "the torch references (the native module is not loaded)"
+    with _lock:
+        n, failed = len(_addresses), len(_failed)
+    return (f"generated C++ per program and op (GNNCOMPILE_CODEGEN=auto, the default): {n} kernel(s) ready in "
+            f"this process" + (f", {failed} failed to build (those run the interpreter)" if failed else "")
+            + "; the backward's kernels are prepared when it is traced")
 
 
 def registered() -> Sequence[str]:
@@ -125,12 +203,22 @@ def registered() -> Sequence[str]:
 
 
 def calls() -> int:
-    """message_reduce calls of this process that ran a generated kernel."""
+    """message op calls (message_reduce, message_sum_multi, message_edges) of this process that
+    ran a generated kernel."""
     try:
         return int(_native().calls())
     except BuildError:
         return 0
 
 
-__all__ = ["Spec", "make_spec", "emit", "prepare", "prepare_spec", "reset", "registered", "calls", "mode",
+__all__ = ["Spec", "make_spec", "emit", "prepare", "prepare_spec", "prepare_call", "reset", "suspend", "resume", "describe", "registered", "calls", "mode",
            "enabled", "BuildError", "build"]
+
+
+def _hook() -> None:
+    """The message ops' autograd prepares its derivative kernels through prepare_call."""
+    from ..ops import message
+    message.PREPARE = prepare_call
+
+
+_hook()

@@ -1,5 +1,8 @@
 """The emitter: a message program (:mod:`gnncompile.ops.program`) as the C++ source of one
-``message_reduce`` kernel, for the CPU.
+kernel of a message op for the CPU: ``message_reduce`` (a reduction), ``message_sum_multi``
+(several result slots, each summed over the row: the backward's derivative programs) or
+``message_edges`` (every edge's message, written per edge or per CSR slot, optionally as group
+sums).
 
 What the interpreter (native/cpu/message_core.h) decides per edge and per instruction at run
 time is fixed here at generation time: the instruction list, its constants (written as exact
@@ -8,8 +11,10 @@ feature tile. The expression becomes one statement per instruction over locals (
 per instruction), inside one loop over the tile's features, so values stay in registers and no
 tile makes a round trip through memory. Everything else is the interpreter's own code, included
 from the torch-free headers: the row walk's checks (``row_ok``, ``in_range``), ``fold_extreme``
-for max / min, ``store_reduced`` for the mean's scale and the arg record. The glue runs the
-kernel per chunk of its balanced row split (native/cpu/codegen_abi.h).
+for max / min, ``store_reduced`` for the mean's scale and the arg record; the walk of each op is
+the interpreter's (reduce_rows, sum_rows_multi, edge_rows in message_core.h), with its checks in
+the same order and its prefetch. The glue runs the kernel per chunk of its balanced row split
+(native/cpu/codegen_abi.h).
 
 Numerics: every operator is the interpreter's expression, in the same type and the same order,
 and the kernel is compiled with ``-ffp-contract=off``, so that no product of one instruction is
@@ -26,33 +31,53 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ..ops import program as P
 
-ABI = 1  # native/cpu/codegen_abi.h, kCodegenAbi
+ABI = 2  # native/cpu/codegen_abi.h, kCodegenAbi
 REDUCES = {"sum": 0, "add": 0, "mean": 1, "max": 2, "amax": 2, "min": 3, "amin": 3}
 _REDUCE_NAMES = {0: "Sum", 1: "Mean", 2: "Max", 3: "Min"}
 TILE = {"float32": 128, "float64": 64}  # features per tile: as the interpreter and the tuned spmm
 
 
+KINDS = ("reduce", "multi", "edges")
+MAX_RESULTS = 16  # kMaxResults (native/cpu/message_core.h)
+
+
 @dataclass(frozen=True)
 class Spec:
-    """What one generated kernel is specialised on: the key of native/cpu/message_codegen.h."""
+    """What one generated kernel is specialised on: the key of native/cpu/message_codegen.h.
+
+    ``op`` is the native op the kernel stands in for: 'reduce' (``message_reduce``, its
+    ``reduce``), 'multi' (``message_sum_multi``, the program's ``results`` slots each summed over
+    the row) or 'edges' (``message_edges``: written per edge at ``perm[j]``, or at ``j`` with
+    ``by_slot``; ``out`` 'f' for an output of width F, 'g' for group sums of F / out_width)."""
 
     code: Tuple[int, ...]
     consts: Tuple[float, ...]
     sides: Tuple[int, ...]
     kinds: Tuple[str, ...]  # per input: 'f' (width F), 's' (width 1), 'g' (another divisor of F)
-    reduce: int  # 0 sum, 1 mean, 2 max, 3 min
+    reduce: int  # 0 sum, 1 mean, 2 max, 3 min (reduce only)
     dtype: str  # float32 / float64
     index: str  # int32 / int64
+    op: str = "reduce"
+    results: Tuple[int, ...] = ()
+    by_slot: bool = False
+    out: str = "f"
+
+    def op_key(self) -> str:
+        if self.op == "reduce":
+            return f"r{self.reduce}"
+        if self.op == "multi":
+            return "m" + ".".join(str(r) for r in self.results)
+        return f"e{int(self.by_slot)}{self.out}"
 
     def key(self) -> str:
         """The registry key, byte for byte as codegen_key (native/cpu/message_codegen.cpp) writes it."""
         ks = ",".join(f"{struct.unpack('<Q', struct.pack('<d', float(c)))[0]:016x}" for c in self.consts)
         ins = ",".join(f"{s}{k}" for s, k in zip(self.sides, self.kinds))
-        return (f"v{ABI}|r{self.reduce}|{'f64' if self.dtype == 'float64' else 'f32'}|"
+        return (f"v{ABI}|{self.op_key()}|{'f64' if self.dtype == 'float64' else 'f32'}|"
                 f"{'i64' if self.index == 'int64' else 'i32'}|c{','.join(str(c) for c in self.code)}|k{ks}|i{ins}")
 
 
@@ -61,10 +86,17 @@ def width_kind(width: int, F: int) -> str:
 
 
 def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int], widths: Sequence[int], F: int,
-              reduce: str, dtype, index_dtype) -> Spec:
-    """The :class:`Spec` of a ``message_reduce`` call (dtypes as torch dtypes or their names)."""
+              reduce: str, dtype, index_dtype, *, op: str = "reduce", results: Sequence[int] = (),
+              out_width: Optional[int] = None, by_slot: bool = False) -> Spec:
+    """The :class:`Spec` of a ``message_reduce`` call (dtypes as torch dtypes or their names); with
+    ``op='multi'`` of a ``message_sum_multi`` call (``results``; ``reduce`` must be 'sum'), with
+    ``op='edges'`` of a ``message_edges`` call (``out_width``, ``by_slot``; ``reduce`` 'sum')."""
+    if op not in KINDS:
+        raise ValueError(f"gnncompile.codegen: unknown op {op!r} (one of {', '.join(KINDS)})")
     if reduce not in REDUCES:
         raise ValueError(f"gnncompile.codegen: unknown reduce {reduce!r}")
+    if op != "reduce" and REDUCES[reduce] != 0:
+        raise ValueError(f"gnncompile.codegen: a '{op}' kernel sums (reduce 'sum'), got {reduce!r}")
     dt = str(dtype).replace("torch.", "")
     it = str(index_dtype).replace("torch.", "")
     if dt not in TILE:
@@ -73,13 +105,28 @@ def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int]
         raise TypeError(f"gnncompile.codegen: index dtype must be int32 or int64, got {it}")
     if len(sides) != len(widths):
         raise ValueError(f"gnncompile.codegen: {len(sides)} sides for {len(widths)} inputs")
-    check_program(code, consts, len(sides))
+    written = check_program(code, consts, len(sides))
+    res: Tuple[int, ...] = ()
+    out = "f"
+    if op == "multi":
+        res = tuple(int(r) for r in results)
+        if not 1 <= len(res) <= MAX_RESULTS:
+            raise ValueError(f"gnncompile.codegen: 1 to {MAX_RESULTS} results, got {len(res)}")
+        if any(r not in written for r in res):
+            raise ValueError(f"gnncompile.codegen: results {list(res)} name a slot that no instruction writes")
+    elif op == "edges":
+        if out_width is None or int(out_width) < 1 or int(F) % int(out_width):
+            raise ValueError(f"gnncompile.codegen: out_width {out_width} does not divide the message width {F}")
+        out = "f" if int(out_width) == int(F) else "g"
+    elif results or out_width is not None or by_slot:
+        raise ValueError("gnncompile.codegen: results / out_width / by_slot belong to 'multi' and 'edges' kernels")
     return Spec(tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
-                tuple(width_kind(int(w), int(F)) for w in widths), REDUCES[reduce], dt, it)
+                tuple(width_kind(int(w), int(F)) for w in widths), REDUCES[reduce], dt, it, op, res,
+                bool(by_slot) if op == "edges" else False, out)
 
 
-def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -> None:
-    """The checks of native/cpu/message.cpp's check_program, as ValueError."""
+def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -> set:
+    """The checks of native/cpu/message.cpp's check_program, as ValueError; returns the slots written."""
     if len(code) == 0 or len(code) % P.INSTR:
         raise ValueError("gnncompile.codegen: code must hold whole 5-int instructions")
     written = set()
@@ -100,6 +147,7 @@ def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -
             if (npar >= 1 and not 0 <= b < len(consts)) or (npar == 2 and not 0 <= c < len(consts)):
                 raise ValueError(f"gnncompile.codegen: instruction {i // P.INSTR} reads a missing constant")
         written.add(dst)
+    return written
 
 
 def _lit(v: float) -> str:
@@ -141,11 +189,19 @@ def _pow_number(x: str, c: float, dtype: str) -> str:
     return f"std::pow({x}, {_lit(c)})"
 
 
+_CALLS = ("std::exp", "std::expm1", "std::erf", "std::tanh", "std::log", "std::log1p", "std::pow")
+
+
 def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[str], dtype: str
-                ) -> Tuple[List[str], str]:
-    """The per-feature statements of the program (feature ``f``, tile offset ``t``) and the name of
-    its result. Input k's value at ``f`` is ``i<k>`` (set up by the caller per kind)."""
+                ) -> Tuple[List[tuple], str, dict]:
+    """The per-feature statements of the program (feature ``f``, tile offset ``t``), per
+    instruction (its local, its lines, the locals it reads, whether it calls libm, whether it only
+    reads an input or a constant), the name of
+    its result and the local holding each slot's last value (what the interpreter's registers
+    hold after the program: message_sum_multi's results). Input k's value at ``f`` is read from
+    ``p<k>`` (width F or a divisor of F) or ``s<k>`` (width 1), set up by the caller."""
     lines: List[str] = []
+    instrs: List[tuple] = []
     reg = {}
     res = ""
     for i in range(0, len(code), P.INSTR):
@@ -154,6 +210,9 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         v = f"v{i // P.INSTR}"
         x = reg.get(a, "")
         y = reg.get(b, "")
+        start = len(lines)
+        arity = P.OPS[op][1] if name not in ("in", "const") else 0
+        deps = [x, y][:arity]
         pb = _lit(consts[b]) if name not in ("in", "const") and P.OPS[op][2] >= 1 else ""
         pc = _lit(consts[c]) if P.OPS[op][2] == 2 else ""
         if name == "in":
@@ -225,13 +284,60 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         else:  # pragma: no cover - check_program refuses unknown opcodes
             raise ValueError(f"gnncompile.codegen: no emitter for '{name}'")
         lines.append(f"const acc_t {v} = {rhs};")
+        mine = lines[start:]
+        instrs.append((v, mine, deps, any(fn + "(" in ln for ln in mine for fn in _CALLS), name in ("in", "const")))
         reg[dst] = v
         res = v
-    return lines, res
+    return instrs, res, dict(reg)
+
+
+def _loops(instrs, tail: List[str], tail_reads: Sequence[str], head: str, indent: str = "    "
+           ) -> Tuple[List[str], List[str]]:
+    """The per-feature loops of a program over one tile: one loop while the program calls no libm
+    function (every value in registers, a loop the compiler vectorizes). A program that calls
+    libm (exp, erf, tanh, ...: scalar calls, which keep a loop that holds them from vectorizing)
+    is cut into loops at each call: the call's own scalar loop, and between calls loops of plain
+    arithmetic that vectorize, the values one loop hands to a later one kept in tile arrays (as
+    the interpreter keeps every value: the same operations in the same order, the same bits).
+    ``tail`` (the fold or the store, reading ``tail_reads``) ends the last loop; ``head`` opens
+    each loop's body (``f`` from ``t``). Returns (declarations of the tile arrays, the loops)."""
+    segs: List[list] = []
+    for ins in instrs:
+        if ins[3] or not segs or segs[-1][-1][3]:
+            segs.append([ins])
+        else:
+            segs[-1].append(ins)
+    where, leaf = {}, {}  # local -> its segment; an input's or a constant's local -> its line
+    for k, seg in enumerate(segs):
+        for ins in seg:
+            where[ins[0]] = k
+            if ins[4]:
+                leaf[ins[0]] = ins[1][0]
+    reads = [set(d for ins in seg for d in ins[2]) for seg in segs]
+    reads[-1] |= set(tail_reads)
+    # inputs and constants a later loop reads are read again there, the others handed in arrays
+    again = [sorted((n for n in r if n in leaf and where[n] < k), key=lambda n: int(n[1:])) for k, r in enumerate(reads)]
+    handed = sorted({n for k, r in enumerate(reads) for n in r if where.get(n, k) < k and n not in leaf},
+                    key=lambda n: int(n[1:]))
+    decls = [f"  alignas(64) acc_t a_{n}[TILE];" for n in handed]
+    out: List[str] = []
+    for k, seg in enumerate(segs):
+        out.append(f"{indent}for (int t = 0; t < n; ++t) {{")
+        out.append(head)
+        out += [f"{indent}  {leaf[n]}" for n in again[k]]
+        out += [f"{indent}  const acc_t {n} = a_{n}[t];" for n in handed if n in reads[k] and where[n] < k]
+        out += [f"{indent}  {ln}" for ins in seg for ln in ins[1]]
+        if k == len(segs) - 1:
+            out += tail
+        else:
+            out += [f"{indent}  a_{n}[t] = {n};" for n in handed
+                    if where[n] == k and any(n in reads[m] for m in range(k + 1, len(segs)))]
+        out.append(f"{indent}}}")
+    return decls, out
 
 
 _HEAD = """\
-// Generated by gnncompile.codegen (gnncompile/codegen/emit.py): one message_reduce kernel.
+// Generated by gnncompile.codegen (gnncompile/codegen/emit.py): one {what} kernel.
 // key: {key}
 #include <cmath>
 #include <cstdint>
@@ -249,13 +355,18 @@ using namespace gnncompile::cpu;
 using scalar_t = {scalar};
 using acc_t = {scalar};
 using index_t = {index};
-constexpr Reduce R = Reduce::{reduce};
-constexpr bool kArg = R == Reduce::Max || R == Reduce::Min;
 constexpr int TILE = {tile};
 
 // Prefetches what CSR slot j reads through col / perm (as the interpreter's prefetch_slot).
 inline void prefetch_slot(const GenArgs& a, int64_t j, int64_t f0, int n) {{
 {prefetch}}}
+"""
+
+# message_reduce and message_sum_multi: the interpreter's reduce_rows / sum_rows_multi, one tile
+# of one row at a time, the prefetch of its prefetch_ahead
+_TILE = """
+constexpr Reduce R = Reduce::{reduce};
+constexpr bool kArg = R == Reduce::Max || R == Reduce::Min;
 
 // One tile [f0, f0 + n) of row `row`; FULL: n == TILE, a bound known at compile time.
 template <bool FULL>
@@ -267,12 +378,8 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
   const index_t* slot = static_cast<const index_t*>(a.slot);
   (void)col; (void)perm; (void)slot;
 {setup}
-  alignas(64) acc_t acc[TILE];
-  int32_t win[kArg ? TILE : 1];
-  acc_t eq[kArg ? TILE : 1];
-  for (int t = 0; t < n; ++t) acc[t] = reduce_init<R, acc_t>();
-  if (kArg)
-    for (int t = 0; t < n; ++t) {{ win[t] = -1; eq[t] = acc_t(0); }}
+{acc}
+{arrays}
   for (int64_t j = begin; j < end; ++j) {{
     {{  // the prefetch of the interpreter's prefetch_ahead: past the row's end too
       const int64_t ahead = j + a.prefetch;
@@ -286,15 +393,9 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
       }}
     }}
 {edge}
-    for (int t = 0; t < n; ++t) {{
-      const int64_t f = f0 + t;
-      (void)f;
-{body}
-      {fold}
-    }}
+{loops}
   }}
-  store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, static_cast<scalar_t*>(a.out) + row * F + f0,
-                             kArg ? a.arg + row * F + f0 : nullptr);
+{store}
   return static_cast<int>(Status::Ok);
 }}
 }}  // namespace
@@ -318,12 +419,64 @@ extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int
 }}
 """
 
+# message_edges: the interpreter's edge_rows (every edge's message written, in the user's edge
+# order or by CSR slot; grouped sums added feature by feature in order, as there)
+_EDGES = """
+constexpr bool kBySlot = {by_slot};
+
+inline int row_edges(const GenArgs& a, int64_t row, int64_t begin, int64_t end) {{
+  const int64_t F = a.F;
+  const index_t* col = static_cast<const index_t*>(a.col);
+  const index_t* perm = static_cast<const index_t*>(a.perm);
+  const index_t* slot = static_cast<const index_t*>(a.slot);
+  (void)col; (void)slot;
+  scalar_t* out = static_cast<scalar_t*>(a.out);
+  const int64_t out_width = a.out_width;
+  const int64_t div_o = F / out_width;
+  (void)div_o;
+{setup}
+{arrays}
+  for (int64_t j = begin; j < end; ++j) {{
+    if (j + a.prefetch < a.num_edges) {{  // past the row's end too
+      prefetch_slot(a, j + a.prefetch, 0, static_cast<int>(F < TILE ? F : TILE));
+      const int64_t ea = kBySlot ? j + a.prefetch : static_cast<int64_t>(perm[j + a.prefetch]);
+      if (in_range(ea, a.num_edges)) prefetch_bytes<1, 0>(out + ea * out_width, out_width * sizeof(scalar_t));
+    }}
+{edge}
+    scalar_t* o = out + (kBySlot ? j : e) * out_width;
+    for (int64_t f0 = 0; f0 < F; f0 += TILE) {{
+      const int n = static_cast<int>(F - f0 < TILE ? F - f0 : TILE);
+{loops}
+    }}
+  }}
+  return static_cast<int>(Status::Ok);
+}}
+}}  // namespace
+
+extern "C" int gnncompile_codegen_abi() {{ return kCodegenAbi; }}
+
+extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {{
+  const GenArgs& a = *ap;
+  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  for (int64_t row = row_begin; row < row_end; ++row) {{
+    if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+    const int64_t begin = static_cast<int64_t>(rowptr[row]), end = static_cast<int64_t>(rowptr[row + 1]);
+    const int st = row_edges(a, row, begin, end);
+    if (st != 0) return st;
+  }}
+  return 0;
+}}
+"""
+
+_WHAT = {"reduce": "message_reduce", "multi": "message_sum_multi", "edges": "message_edges"}
+
 
 def emit(spec: Spec) -> str:
     """The C++ source of ``spec``'s kernel."""
     sides, kinds = spec.sides, spec.kinds
+    edges = spec.op == "edges"
     reads_col = P.COL in sides
-    reads_perm = P.EDGE in sides
+    reads_perm = P.EDGE in sides or edges  # message_edges writes at perm[j]: read and checked always
     reads_slot = P.SLOT in sides
     scalar = "double" if spec.dtype == "float64" else "float"
     setup, edge, prefetch = [], [], []
@@ -363,7 +516,7 @@ def emit(spec: Spec) -> str:
     if reads_col:
         prefetch.append("  const int64_t src = static_cast<int64_t>(static_cast<const index_t*>(a.col)[j]);")
         prefetch.append("  if (!in_range(src, a.num_src)) return;")
-    if reads_perm:
+    if P.EDGE in sides:
         prefetch.append("  const int64_t e = static_cast<int64_t>(static_cast<const index_t*>(a.perm)[j]);")
         prefetch.append("  if (!in_range(e, a.num_edges)) return;")
     for k, (s, kind) in enumerate(zip(sides, kinds)):
@@ -378,15 +531,43 @@ def emit(spec: Spec) -> str:
         prefetch.append("    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0); }")
     if not prefetch:
         prefetch.append("  (void)a; (void)j; (void)f0; (void)n;")
-    lines, res = _statements(spec.code, spec.consts, kinds, spec.dtype)
-    body = "\n".join("      " + ln for ln in lines)
-    if spec.reduce in (2, 3):
-        fold = (f"fold_extreme(R == Reduce::Min, {res}, static_cast<int32_t>(j - begin), acc[t], win[t], eq[t]);")
+    instrs, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype)
+    head = _HEAD.format(what=_WHAT[spec.op], key=spec.key(), scalar=scalar,
+                        index="int64_t" if spec.index == "int64" else "int32_t", tile=TILE[spec.dtype],
+                        prefetch="\n".join(prefetch) + "\n")
+    if edges:
+        store = (f"        o[f] = {res};" if spec.out == "f" else
+                 f"        {{ scalar_t& d = o[f / div_o]; d = from_acc<scalar_t>(to_float(d) + {res}); }}")
+        arrays, loops = _loops(instrs, [store], [res], "        const int64_t f = f0 + t;\n        (void)f;",
+                               indent="      ")
+        return head + _EDGES.format(by_slot="true" if spec.by_slot else "false", setup="\n".join(setup),
+                                    arrays="\n".join(arrays), edge="\n".join(edge), loops="\n".join(loops))
+    loop_head = "      const int64_t f = f0 + t;\n      (void)f;"
+    if spec.op == "multi":
+        acc = [f"  alignas(64) acc_t acc{k}[TILE];" for k in range(len(spec.results))]
+        acc += [f"  for (int t = 0; t < n; ++t) acc{k}[t] = acc_t(0);" for k in range(len(spec.results))]
+        fold = [f"      acc{k}[t] += {reg[r]};" for k, r in enumerate(spec.results)]
+        tail_reads = [reg[r] for r in spec.results]
+        store = [f"  {{ scalar_t* o = static_cast<scalar_t*>(a.out) + ({k} * a.M + row) * F + f0;\n"
+                 f"    for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc{k}[t]); }}"
+                 for k in range(len(spec.results))]
+        reduce = "Sum"
     else:
-        fold = f"acc[t] += {res};"
-    return _HEAD.format(key=spec.key(), scalar=scalar, index="int64_t" if spec.index == "int64" else "int32_t",
-                        reduce=_REDUCE_NAMES[spec.reduce], tile=TILE[spec.dtype], prefetch="\n".join(prefetch) + "\n",
-                        setup="\n".join(setup), edge="\n".join(edge), body=body, fold=fold)
+        acc = ["  alignas(64) acc_t acc[TILE];", "  int32_t win[kArg ? TILE : 1];", "  acc_t eq[kArg ? TILE : 1];",
+               "  for (int t = 0; t < n; ++t) acc[t] = reduce_init<R, acc_t>();",
+               "  if (kArg)", "    for (int t = 0; t < n; ++t) { win[t] = -1; eq[t] = acc_t(0); }"]
+        if spec.reduce in (2, 3):
+            fold = [f"      fold_extreme(R == Reduce::Min, {res}, static_cast<int32_t>(j - begin), acc[t], win[t], eq[t]);"]
+        else:
+            fold = [f"      acc[t] += {res};"]
+        tail_reads = [res]
+        store = ["  store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, static_cast<scalar_t*>(a.out) + "
+                 "row * F + f0,", "                             kArg ? a.arg + row * F + f0 : nullptr);"]
+        reduce = _REDUCE_NAMES[spec.reduce]
+    arrays, loops = _loops(instrs, fold, tail_reads, loop_head)
+    return head + _TILE.format(reduce=reduce, setup="\n".join(setup), acc="\n".join(acc), arrays="\n".join(arrays),
+                               edge="\n".join(edge), loops="\n".join(loops), store="\n".join(store))
 
 
-__all__ = ["Spec", "make_spec", "emit", "width_kind", "check_program", "TILE", "REDUCES", "ABI"]
+__all__ = ["Spec", "make_spec", "emit", "width_kind", "check_program", "TILE", "REDUCES", "ABI", "KINDS",
+           "MAX_RESULTS"]

@@ -59,6 +59,9 @@ class ExplainReport(Fusions):
     guard: Optional[List[str]] = None
     # what compile() did about huge pages for a compiled model (gnncompile.hardware.memory.apply)
     huge_pages: Optional[str] = None
+    # what the CPU message ops of the fused message programs run: generated kernels or the
+    # interpreter (gnncompile.codegen.describe); None where no message program fused
+    message_kernels: Optional[str] = None
     # the fused compute ops one call runs, per op (gnncompile.passes.fused_op_calls): what a
     # profiler sees of the fused chains above
     op_calls: Dict[str, int] = field(default_factory=dict)
@@ -103,6 +106,8 @@ class ExplainReport(Fusions):
             lines += [f"  {line}" for line in self.settings.lines()]
         if self.huge_pages is not None:
             lines.append(f"huge pages: {self.huge_pages}")
+        if self.message_kernels is not None:
+            lines.append(f"message programs (CPU): {self.message_kernels}")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -118,7 +123,8 @@ class ExplainReport(Fusions):
                 "skipped_frames": list(self.skipped_frames),
                 "recompile_limits": list(self.recompile_limits),
                 "settings": self.settings.as_dict() if self.settings is not None else None,
-                "guard": self.guard, "huge_pages": self.huge_pages, "op_calls": dict(self.op_calls),
+                "guard": self.guard, "huge_pages": self.huge_pages, "message_kernels": self.message_kernels,
+                "op_calls": dict(self.op_calls),
                 "pieces": [p.as_dict() for p in self.pieces]}
 
 
@@ -225,6 +231,9 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         else:
             del seen[key]
     rep.graph_breaks = list(seen.values())
+    if any(f.kind in ("message", "segment", "edges") for f in rep.fused):
+        from .. import codegen
+        rep.message_kernels = codegen.describe()
     known = {one_line(r.graph_break, 60) for r in reports if r.graph_break}
     for reason, c in counters.get("graph_break", {}).items():
         if c > before.get(reason, 0) and one_line(_backend.plain_reason(reason), 60) not in known:

@@ -849,6 +849,7 @@ class PooledLoader:
         sent = 0
         received = 0
         ready: Dict[int, tuple] = {}
+        interrupted = False
         try:
             while sent < min(n, self.pool_size):
                 self._jobs.put((tag, sent, sent % self.pool_size, batches[sent]))
@@ -867,8 +868,15 @@ class PooledLoader:
                 if sent < n:
                     self._jobs.put((tag, sent, slot, batches[sent]))
                     sent += 1
+        except KeyboardInterrupt:
+            # A Ctrl-C may land between a result leaving the queue and its count (or mid-read of
+            # the queue's pipe): the count of jobs still out is no longer sure, and draining could
+            # wait out the timeout for a result already taken. Stop the workers instead; the
+            # next pass starts fresh ones on fresh queues.
+            interrupted = True
+            raise
         finally:
-            if not self.persistent_workers:
+            if not self.persistent_workers or interrupted:
                 self._stop_workers()
             else:
                 # an abandoned pass: wait for the jobs still out, so that none of them writes

@@ -192,7 +192,9 @@ def default_settings(props: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
 
     CPU (``knobs = [chunks_per_thread]``; ``prefetch_distance``, the second CPU knob, keeps the
     kernels' default: 4 edges ahead, 32 for the spmm's rows under 512 bytes, e.g. F < 128 float32:
-    benchmarks/results/HISTORY.md, sections 21 and 25):
+    benchmarks/results/HISTORY.md, sections 21 and 25; the third, the spmm's column-block budget,
+    keeps the kernels' default, no blocking: blocks sized from the detected L3 were slower at
+    every point measured on a 2-core Zen 2, HISTORY section 27; the tuner searches it):
 
     * ``threads`` = physical cores (hyper-threads share the vector units the gather-reduce
       kernels saturate, so a second thread per core mostly adds contention).

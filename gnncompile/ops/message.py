@@ -147,6 +147,21 @@ def _message_edges_fake(rowptr, col, perm, inputs, sides, code, consts, width, o
 
 
 # ----------------------------------------------------------------------------- autograd
+#: set by gnncompile.codegen when it is imported (``import gnncompile`` imports it): prepares the
+#: generated kernel of a message op call before the call (gnncompile.codegen.prepare_call); ops
+#: does not import codegen (codegen imports ops)
+PREPARE = None
+
+
+def _generated(op: str, index: torch.Tensor, ins, sides, code, consts, F: int, **kw) -> None:
+    """With $GNNCOMPILE_CODEGEN=auto, the generated kernel of the message op call about to run
+    (``op``: 'reduce', 'multi' or 'edges': gnncompile.codegen.prepare_call) is built or loaded at
+    its first use, here at trace time when the backward is traced: the derivative programs run
+    generated kernels, as the forward does. Otherwise nothing (the interpreter runs)."""
+    if PREPARE is not None:
+        PREPARE(op, index, ins, sides, code, consts, F, **kw)
+
+
 _SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT}
 
 
@@ -270,11 +285,14 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         elif side == P.COL:
             c, st = csc_and_slots(t.shape[0])
             swapped = [_SWAP[s] for s in sides_g]
+            _generated("reduce", c[0], ins, swapped, dcode, dconsts, F)
             out[k] = _finish(ops.message_reduce(*c, ins, swapped, dcode, dconsts, F, "sum", knobs, [], st)[0], t, side)
         elif side in (P.EDGE, P.SLOT):
+            _generated("edges", rowptr, ins, sides_g, dcode, dconsts, F, out_width=W, by_slot=side == P.SLOT)
             out[k] = ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, side == P.SLOT,
                                        knobs, list(csc or []), None)
         else:  # read per destination, or a constant
+            _generated("reduce", rowptr, ins, sides_g, dcode, dconsts, F)
             r = ops.message_reduce(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, "sum", knobs, [], None)[0]
             out[k] = _finish(r, t, side)
     key = (tuple(int(c) for c in code), tuple(float(c) for c in consts))
@@ -282,9 +300,11 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         for chunk in _chunks(*key, tuple(ks), n, extreme):
             mcode, mconsts, results = _batched_derivatives(*key, chunk, n, extreme)
             if where == P.ROW:
+                _generated("multi", rowptr, ins, sides_g, mcode, mconsts, F, results=results)
                 r = ops.message_sum_multi(rowptr, col, perm, ins, sides_g, mcode, mconsts, results, F, knobs, None)
             else:
                 c, st = csc_and_slots(inputs[chunk[0]].shape[0])
+                _generated("multi", c[0], ins, [_SWAP[s] for s in sides_g], mcode, mconsts, F, results=results)
                 r = ops.message_sum_multi(*c, ins, [_SWAP[s] for s in sides_g], mcode, mconsts, results, F, knobs,
                                           st)
             for i, k in enumerate(chunk):
@@ -385,6 +405,7 @@ def formula_grads(csr, inputs, sides, code, consts, F, need, arg, out, grad, kno
     y = out.index_select(0, ids).contiguous()
     n = len(inputs)  # N, the messages equal to the extreme, counted by a pass over the rows' edges
     eq_code, eq_consts = _count_program(tuple(int(c) for c in code), tuple(float(c) for c in consts), n)
+    _generated("reduce", sub[0], ins + [y], sub_sides + [P.ROW], eq_code, eq_consts, F)
     count = ops.message_reduce(*sub, ins + [y], sub_sides + [P.ROW], eq_code, eq_consts, F, "sum", knobs, [],
                                None)[0]
     q = extremes.shares(count, y, grad.index_select(0, ids)).contiguous()

@@ -8,7 +8,8 @@ Structure tensors (``rowptr``, ``col``, ``perm``) describe a graph sorted by des
 (CSR): ``col[j]`` is the source node of CSR slot ``j`` and ``perm[j]`` its original edge id,
 so per-edge tensors (weights, scores) always stay in the user's original edge order. The
 optional ``*_t`` tensors are the same structure sorted by source (CSC), used by backward.
-``knobs`` are the kernels' launch knobs (CPU: ``[chunks_per_thread, prefetch_distance]``, native/cpu/glue.h; CUDA:
+``knobs`` are the kernels' launch knobs (CPU: ``[chunks_per_thread, prefetch_distance, block_budget_kib]``,
+native/cpu/glue.h, the third read by the spmm alone; CUDA:
 :mod:`gnncompile.hardware.cuda_knobs`), which the rewrite takes from the model's
 :class:`gnncompile.settings.Settings`; ``[]`` means the kernels' defaults.
 """

@@ -113,7 +113,10 @@ def spmm_sparse(rowptr: Tensor, col: Tensor, perm: Tensor, weight: Optional[Tens
     if reduce == "mean":
         deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(x.dtype)
         out = out * (1.0 / deg).view(-1, 1)
-    return out.reshape((M,) + tuple(x.shape[1:]))
+    shape = (M,) + tuple(x.shape[1:])
+    # never a view: autograd refuses an in-place change of a custom op's view output (PyG adds
+    # a bias in place after the propagation: PDNConv failed so)
+    return out if tuple(out.shape) == shape else out.reshape(shape).clone()
 
 
 @spmm_sparse.register_fake

@@ -223,10 +223,11 @@ def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     return out
 
 
-def _prepare_generated(m: Program, sides: List[int], b: Built) -> None:
-    """With $GNNCOMPILE_CODEGEN=auto, the generated kernel of a CPU message_reduce is built (or
-    loaded from the disk cache) and registered now, at compile time (gnncompile.codegen); the
-    graph calls the same op either way."""
+def _prepare_generated(m: Program, sides: List[int], b: Built, by_slot: Optional[bool] = None) -> None:
+    """With $GNNCOMPILE_CODEGEN=auto, the generated kernel of a CPU message_reduce (of a
+    message_edges with ``by_slot`` given) is built (or loaded from the disk cache) and registered
+    now, at compile time (gnncompile.codegen); the graph calls the same op either way. The
+    backward's derivative programs are prepared when the backward is traced (ops/message.py)."""
     from .. import codegen
     if not codegen.enabled():
         return
@@ -237,8 +238,12 @@ def _prepare_generated(m: Program, sides: List[int], b: Built) -> None:
     leaf = fake_tensor(m.leaves[0].node)
     if leaf is None or index is None or leaf.device.type != "cpu" or leaf.dtype not in (torch.float32, torch.float64):
         return
-    spec = codegen.make_spec(m.code, m.consts, sides, [lf.width for lf in m.leaves], m.width, m.reduce, leaf.dtype,
-                             index.dtype)
+    if by_slot is None:
+        spec = codegen.make_spec(m.code, m.consts, sides, [lf.width for lf in m.leaves], m.width, m.reduce,
+                                 leaf.dtype, index.dtype)
+    else:
+        spec = codegen.make_spec(m.code, m.consts, sides, [lf.width for lf in m.leaves], m.width, "sum", leaf.dtype,
+                                 index.dtype, op="edges", out_width=m.width, by_slot=by_slot)
     codegen.prepare_spec(spec)
 
 
@@ -257,6 +262,7 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool =
     if m.needs_csc and m.x is not None:
         csc = list(b.csc.get(size_key(fake_tensor(m.x).shape[0]), ()))
     if isinstance(m, EdgeProgram):
+        _prepare_generated(m, sides, b, by_slot=by_slot)
         out = graph.call_function(targets.MESSAGE_EDGES, (*b.csr, ins, sides, list(m.code), list(m.consts),
                                                           m.width, m.width, by_slot, knobs, csc, None))
         return graph.call_method("reshape", (out, (-1, *m.shape)))

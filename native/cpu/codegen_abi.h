@@ -2,9 +2,11 @@
 // kernels that gnncompile/codegen generates, compiles and loads at run time. Torch-free: the
 // generated sources include this header (and rows_core.h / reduce_core.h), never torch's.
 //
-// A generated kernel is one extern "C" function, kCodegenSymbol, that reduces rows
+// A generated kernel is one extern "C" function, kCodegenSymbol, that walks rows
 // [row_begin, row_end) of one message program (its instructions, constants, input sides and
-// widths, dtypes and reduction fixed at generation time) and returns a Status as an int. The
+// widths, dtypes and what it computes fixed at generation time: message_reduce with its reduction,
+// message_sum_multi with its result slots, message_edges with its output order and width class)
+// and returns a Status as an int. The
 // glue runs every check of the interpreter first, then calls it once per chunk of the balanced
 // row split (parallel_rows, glue.h), so generated kernels keep the split, the knobs and the
 // determinism of the interpreter.
@@ -16,7 +18,7 @@ namespace cpu {
 
 // Bumped whenever GenArgs or the function's meaning changes: a kernel of another version is
 // not loaded (gnncompile/codegen/build.py asks the .so for kCodegenAbiSymbol).
-constexpr int kCodegenAbi = 1;
+constexpr int kCodegenAbi = 2;
 
 struct GenArgs {
   const void* rowptr;            // [M + 1], index_t
@@ -31,8 +33,10 @@ struct GenArgs {
   int64_t num_src;               // rows of the neighbour inputs (checked against col)
   int64_t num_edges;             // E (checked against perm / slot / rowptr)
   int64_t prefetch;              // slots ahead whose rows are prefetched (knobs[1])
-  void* out;                     // [M, F] scalar_t
+  void* out;                     // reduce: [M, F]; sum_multi: [K, M, F]; edges: [E, out_width] scalar_t
   int64_t* arg;                  // [M, F] for max / min, else nullptr
+  int64_t out_width;             // edges: W_out (F for an output of the message's width)
+  int64_t M;                     // rows of the structure (sum_multi: the stride of its K results)
 };
 
 using GenRowsFn = int (*)(const GenArgs*, int64_t row_begin, int64_t row_end);

@@ -123,6 +123,20 @@ inline int64_t prefetch_distance(c10::IntArrayRef knobs, int64_t row_bytes) {
   if (knobs.size() >= 2 && knobs[1] > 0) return std::min<int64_t>(knobs[1], kMaxPrefetchDistance);
   return row_bytes < kNarrowRowBytes ? kNarrowPrefetchDistance : kPrefetchDistance;
 }
+// knobs[2] = column-block budget, KiB (the spmm; other ops ignore it): the cache a block of
+//              gathered rows may fill. The spmm walks its structure once per column block, the
+//              widest whole number of 64-byte lines per row whose block of x (all source rows)
+//              fits (spmm_core.h, column_block), so each block of x is read from memory once and
+//              then gathered from the cache; a row that fits the budget whole is one block, as
+//              without blocking. 0 or negative: no blocking (the kernel does not know the
+//              cache; gnncompile.hardware.default_settings fills this knob from the detected L3);
+//              clamped to kMaxBlockBudgetKiB. Results do not depend on it (each output element
+//              sums its row's edges in CSR order in every block).
+constexpr int64_t kMaxBlockBudgetKiB = int64_t(1) << 22;  // 4 GiB
+inline int64_t block_budget_bytes(c10::IntArrayRef knobs) {
+  if (knobs.size() < 3 || knobs[2] <= 0) return 0;
+  return std::min<int64_t>(knobs[2], kMaxBlockBudgetKiB) * 1024;
+}
 constexpr int64_t kMaxChunksPerThread = 4096;
 inline int64_t chunks_per_thread(c10::IntArrayRef knobs) {
   if (knobs.size() == 0 || knobs[0] <= 0) return kDefaultChunksPerThread;

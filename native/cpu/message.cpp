@@ -1,6 +1,6 @@
-// gnncompile::message_reduce and gnncompile::message_edges on the CPU: message programs
-// (gnncompile/ops/program.py) run by the interpreter of message_core.h, or for message_reduce by
-// a generated kernel of the program when gnncompile/codegen registered one (message_codegen.h).
+// gnncompile::message_reduce, message_sum_multi and message_edges on the CPU: message programs
+// (gnncompile/ops/program.py) run by the interpreter of message_core.h, or by a generated kernel
+// of the program and op when gnncompile/codegen registered one (message_codegen.h).
 #include <torch/library.h>
 
 #include <string>
@@ -223,10 +223,12 @@ void run(const Call& c, c10::IntArrayRef sides, c10::ArrayRef<double> consts, in
   raise_status(st, c.op, c.in.num_src, c.E);
 }
 
-// A generated kernel of this call's program (message_codegen.h), run after every check of the
-// interpreter's and over the same row split; false when none is registered for its key.
-bool run_generated(const Call& c, c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts,
-                   int64_t F, Reduce reduce, c10::IntArrayRef knobs, at::Tensor& out, at::Tensor& arg) {
+// A generated kernel of this call's program (message_codegen.h) for the op `op_key`
+// (reduce_op_key / multi_op_key / edges_op_key), run after every check of the interpreter's and
+// over the same row split; false when none is registered for its key.
+bool run_generated(const Call& c, const std::string& op_key, c10::IntArrayRef sides, c10::IntArrayRef code,
+                   c10::ArrayRef<double> consts, int64_t F, c10::IntArrayRef knobs, at::Tensor& out, at::Tensor* arg,
+                   int64_t out_width, bool always) {
   const auto dtype = c.in.tensors[0].scalar_type();
   const auto itype = c.rowptr.scalar_type();
   std::vector<int64_t> widths, divs;
@@ -236,8 +238,8 @@ bool run_generated(const Call& c, c10::IntArrayRef sides, c10::IntArrayRef code,
     divs.push_back(F / t.size(1));
     ptrs.push_back(t.const_data_ptr());
   }
-  const GenRowsFn fn = find_generated(codegen_key(static_cast<int>(reduce), dtype == at::kDouble,
-                                                  itype == at::kLong, code, consts, sides, widths, F));
+  const GenRowsFn fn =
+      find_generated(codegen_key(op_key, dtype == at::kDouble, itype == at::kLong, code, consts, sides, widths, F));
   if (fn == nullptr) return false;
   count_generated_call();
   GenArgs g;
@@ -254,9 +256,11 @@ bool run_generated(const Call& c, c10::IntArrayRef sides, c10::IntArrayRef code,
   g.num_edges = c.E;
   g.prefetch = prefetch_distance(knobs);
   g.out = out.data_ptr();
-  g.arg = arg.numel() > 0 ? arg.data_ptr<int64_t>() : nullptr;
+  g.arg = arg != nullptr && arg->numel() > 0 ? arg->data_ptr<int64_t>() : nullptr;
+  g.out_width = out_width;
+  g.M = c.M;
   Status st = Status::Ok;
-  if (F > 0) {
+  if (F > 0 || always) {  // message_edges walks the edges (and checks them) as its interpreter does
     GNN_DISPATCH_INDEX(itype, c.op, [&] {
       st = parallel_rows(c.rowptr.const_data_ptr<index_t>(), c.M, knobs,
                          [&](int64_t r0, int64_t r1) { return static_cast<Status>(fn(&g, r0, r1)); });
@@ -278,7 +282,9 @@ std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
   const auto opts = c.in.tensors[0].options();
   at::Tensor out = at::empty({c.M, F}, opts);
   at::Tensor arg = at::empty(need_arg ? std::vector<int64_t>{c.M, F} : std::vector<int64_t>{0}, opts.dtype(at::kLong));
-  if (any_generated() && run_generated(c, sides, code, consts, F, reduce, knobs, out, arg)) return {out, arg};
+  if (any_generated() && run_generated(c, reduce_op_key(static_cast<int>(reduce)), sides, code, consts, F, knobs, out,
+                                       &arg, F, false))
+    return {out, arg};
   run(c, sides, consts, F, [&](auto& a, auto tile) {
     using A = std::decay_t<decltype(a)>;
     using S = typename A::scalar_type;
@@ -312,6 +318,9 @@ at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_
                     " does not divide the message width ", F);
   const auto opts = c.in.tensors[0].options();
   at::Tensor out = out_width == F ? at::empty({c.E, out_width}, opts) : at::zeros({c.E, out_width}, opts);
+  if (any_generated() && run_generated(c, edges_op_key(by_slot, out_width, F), sides, code, consts, F, knobs, out,
+                                       nullptr, out_width, true))
+    return out;
   run(c, sides, consts, F, [&](auto& a, auto tile) {
     using A = std::decay_t<decltype(a)>;
     a.out = out.data_ptr<typename A::scalar_type>();
@@ -344,6 +353,8 @@ at::Tensor message_sum_multi_cpu(const at::Tensor& rowptr_in, const at::Tensor& 
     res[k] = static_cast<int32_t>(results[k]);
   }
   at::Tensor out = at::empty({K, c.M, F}, c.in.tensors[0].options());
+  if (any_generated() && run_generated(c, multi_op_key(results), sides, code, consts, F, knobs, out, nullptr, F, false))
+    return out;
   run(c, sides, consts, F, [&](auto& a, auto tile) {
     using A = std::decay_t<decltype(a)>;
     a.out = out.data_ptr<typename A::scalar_type>();

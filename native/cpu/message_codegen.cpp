@@ -1,5 +1,6 @@
 // The registry of generated message kernels (message_codegen.h) and its Python binding,
-// gnncompile._C.codegen: register(key, address), unregister_all(), keys(), calls().
+// gnncompile._C.codegen: register(key, address), unregister_all(), keys(), calls(), and the key
+// functions (key, reduce_op, multi_op, edges_op) for tests.
 #include "message_codegen.h"
 
 #include <pybind11/pybind11.h>
@@ -27,10 +28,26 @@ std::atomic<int64_t> g_calls{0};
 
 }  // namespace
 
-std::string codegen_key(int reduce, bool f64, bool i64, c10::IntArrayRef code, c10::ArrayRef<double> consts,
-                        c10::IntArrayRef sides, const std::vector<int64_t>& widths, int64_t F) {
-  std::string k = "v" + std::to_string(kCodegenAbi) + "|r" + std::to_string(reduce) + (f64 ? "|f64" : "|f32") +
-                  (i64 ? "|i64" : "|i32") + "|c";
+std::string reduce_op_key(int reduce) { return "r" + std::to_string(reduce); }
+
+std::string multi_op_key(c10::IntArrayRef results) {
+  std::string k = "m";
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (i) k += '.';
+    k += std::to_string(results[i]);
+  }
+  return k;
+}
+
+std::string edges_op_key(bool by_slot, int64_t out_width, int64_t F) {
+  return std::string("e") + (by_slot ? '1' : '0') + (out_width == F ? 'f' : 'g');
+}
+
+std::string codegen_key(const std::string& op, bool f64, bool i64, c10::IntArrayRef code,
+                        c10::ArrayRef<double> consts, c10::IntArrayRef sides, const std::vector<int64_t>& widths,
+                        int64_t F) {
+  std::string k = "v" + std::to_string(kCodegenAbi) + "|" + op + (f64 ? "|f64" : "|f32") + (i64 ? "|i64" : "|i32") +
+                  "|c";
   char buf[32];
   for (size_t i = 0; i < code.size(); ++i) {
     if (i) k += ',';
@@ -74,23 +91,26 @@ void bind_codegen(pybind11::module_& parent) {
     std::unique_lock<std::shared_mutex> lock(cpu::g_mutex);
     cpu::registry()[key] = reinterpret_cast<cpu::GenRowsFn>(address);
     cpu::g_any.store(true, std::memory_order_release);
-  }, py::arg("key"), py::arg("address"), "Run the kernel at `address` for message_reduce calls of `key`");
+  }, py::arg("key"), py::arg("address"), "Run the kernel at `address` for the message op calls of `key`");
   m.def("unregister_all", [] {
     std::unique_lock<std::shared_mutex> lock(cpu::g_mutex);
     cpu::registry().clear();
     cpu::g_any.store(false, std::memory_order_release);
-  }, "Every message_reduce call runs the interpreter again");
+  }, "Every message op call runs the interpreter again");
   m.def("keys", [] {
     std::shared_lock<std::shared_mutex> lock(cpu::g_mutex);
     std::vector<std::string> out;
     for (const auto& kv : cpu::registry()) out.push_back(kv.first);
     return out;
   });
-  m.def("calls", [] { return cpu::g_calls.load(); }, "message_reduce calls that ran a generated kernel");
-  m.def("key", [](int reduce, bool f64, bool i64, std::vector<int64_t> code, std::vector<double> consts,
+  m.def("calls", [] { return cpu::g_calls.load(); }, "message op calls that ran a generated kernel");
+  m.def("key", [](const std::string& op, bool f64, bool i64, std::vector<int64_t> code, std::vector<double> consts,
                   std::vector<int64_t> sides, std::vector<int64_t> widths, int64_t F) {
-    return cpu::codegen_key(reduce, f64, i64, code, consts, sides, widths, F);
+    return cpu::codegen_key(op, f64, i64, code, consts, sides, widths, F);
   }, "The registry key of a call (tests compare it with gnncompile.codegen's)");
+  m.def("reduce_op", [](int reduce) { return cpu::reduce_op_key(reduce); });
+  m.def("multi_op", [](std::vector<int64_t> results) { return cpu::multi_op_key(results); });
+  m.def("edges_op", [](bool by_slot, int64_t out_width, int64_t F) { return cpu::edges_op_key(by_slot, out_width, F); });
 }
 
 }  // namespace gnncompile

@@ -14,11 +14,17 @@
 namespace gnncompile {
 namespace cpu {
 
-// The key of a message_reduce call, as gnncompile/codegen/emit.py's kernel_key writes it:
-// "v<abi>|r<reduce>|<f32|f64>|<i32|i64>|c<code,...>|k<const bits in hex,...>|i<side><kind>,..."
-// with kind f (W == F), s (W == 1) or g (any other divisor of F).
-std::string codegen_key(int reduce, bool f64, bool i64, c10::IntArrayRef code, c10::ArrayRef<double> consts,
-                        c10::IntArrayRef sides, const std::vector<int64_t>& widths, int64_t F);
+// The key of a message op's call, as gnncompile/codegen/emit.py's Spec.key writes it:
+// "v<abi>|<op>|<f32|f64>|<i32|i64>|c<code,...>|k<const bits in hex,...>|i<side><kind>,..."
+// with op r<reduce> (message_reduce), m<result.result...> (message_sum_multi) or
+// e<by_slot 0|1><f|g> (message_edges, output of width F or group sums), and input kind f (W == F),
+// s (W == 1) or g (any other divisor of F).
+std::string codegen_key(const std::string& op, bool f64, bool i64, c10::IntArrayRef code,
+                        c10::ArrayRef<double> consts, c10::IntArrayRef sides, const std::vector<int64_t>& widths,
+                        int64_t F);
+std::string reduce_op_key(int reduce);
+std::string multi_op_key(c10::IntArrayRef results);
+std::string edges_op_key(bool by_slot, int64_t out_width, int64_t F);
 
 // The kernel registered under key, or nullptr. Costs one atomic load while none is registered.
 GenRowsFn find_generated(const std::string& key);

@@ -13,12 +13,20 @@ namespace {
 template <typename scalar_t> struct Tile { static constexpr int value = 128; };
 template <> struct Tile<double> { static constexpr int value = 64; };
 
+// One pass over the structure per column block (knobs[2], glue.h: the block of x a pass reads
+// stays in the cache; one block, the whole row, without it).
 template <typename scalar_t, typename index_t, Reduce R, WeightMode W, typename out_t>
 Status run(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t M, c10::IntArrayRef knobs) {
   constexpr int TILE = Tile<scalar_t>::value;
-  return parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
-    return spmm_rows<scalar_t, index_t, R, W, TILE>(a, r0, r1);
-  });
+  const int64_t width = a.block > 0 ? a.block : a.F;
+  for (int64_t fb = 0; fb < a.F; fb += width) {
+    const int64_t fe = std::min<int64_t>(a.F, fb + width);
+    const Status st = parallel_rows(a.rowptr, M, knobs, [&](int64_t r0, int64_t r1) {
+      return spmm_rows<scalar_t, index_t, R, W, TILE>(a, r0, r1, fb, fe);
+    });
+    if (st != Status::Ok) return st;
+  }
+  return Status::Ok;
 }
 
 template <typename scalar_t, typename index_t, Reduce R, typename out_t>
@@ -68,7 +76,8 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
       a.F = Fx;
       a.H = H;
       a.C = Fx / H;
-      a.prefetch = prefetch_distance(knobs, Fx * static_cast<int64_t>(sizeof(core_t)));
+      a.block = column_block(block_budget_bytes(knobs), x.size(0), Fx, sizeof(core_t));
+      a.prefetch = prefetch_distance(knobs, a.block * static_cast<int64_t>(sizeof(core_t)));
       a.num_src = x.size(0);
       a.num_edges = E;
       a.zero_ties_free = relu_input && !weight.defined();
@@ -127,7 +136,8 @@ at::Tensor spmm_bf16_cpu(
     a.F = Fx;
     a.H = H;
     a.C = Fx / H;
-    a.prefetch = prefetch_distance(knobs, Fx * static_cast<int64_t>(sizeof(bf16_t)));
+    a.block = column_block(block_budget_bytes(knobs), xb.size(0), Fx, sizeof(bf16_t));
+    a.prefetch = prefetch_distance(knobs, a.block * static_cast<int64_t>(sizeof(bf16_t)));
     a.num_src = xb.size(0);
     a.num_edges = E;
     a.zero_ties_free = false;

@@ -33,13 +33,16 @@ struct SpmmArgs {
   int64_t num_edges;       // E: every rowptr and perm entry is checked against it
   bool zero_ties_free;     // max / min of a relu's output: ties at 0 need no record (its backward drops them)
   int64_t prefetch = kPrefetchDistance;  // edges ahead whose rows are prefetched (knobs[1], glue.h)
+  int64_t block = 0;       // features per column block (column_block, knobs[2]); F: one pass, no blocking
 };
 
 // One tile of one row: features [f0, f0 + n) with a single weight column `h`.
 // FULL means n == TILE, a compile-time bound the compiler can unroll and keep in registers.
+// [fb, fe) is the column block being walked (the whole row, [0, F), without blocking): the
+// prefetch's next visit stays inside it.
 template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE, bool FULL, typename out_t>
 inline Status spmm_tile(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row, int64_t h, int64_t f0,
-                      int n_rt) {
+                      int n_rt, int64_t fb, int64_t fe) {
   using acc_t = typename acc_type<scalar_t>::type;
   const int n = FULL ? TILE : n_rt;
   const int64_t begin = static_cast<int64_t>(a.rowptr[row]);
@@ -55,19 +58,22 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row
 
   const scalar_t* xbase = a.x + f0;
   // What is read a.prefetch edges ahead is prefetched, past the row's end too: the next
-  // tile of this row (its first edges, at the next features) or, after the row's last tile, the
-  // next rows' first tile. Short rows (a median in-degree of a few edges) get their reads
-  // prefetched as well. A prefetch never faults: the slots ahead are checked when they are read.
-  const bool last_tile = f0 + n == a.F;
-  const int64_t next_f = last_tile ? 0 : f0 + n;       // the features of the next visit
-  const int64_t next_h = last_tile ? 0 : next_f / a.C;  // and its head
+  // tile of this row (its first edges, at the next features) or, after the row's last tile in
+  // the block, the next rows' first tile of the block. Short rows (a median in-degree of a few
+  // edges) get their reads prefetched as well. A prefetch never faults: the slots ahead are
+  // checked when they are read.
+  const bool last_tile = f0 + n == fe;
+  const int64_t next_f = last_tile ? fb : f0 + n;  // the features of the next visit
+  const int64_t next_h = next_f / a.C;             // and its head
   const int64_t limit = last_tile ? a.num_edges : end;
   // Only the cache lines of the tile that will be read are prefetched: this tile's n features,
-  // or the next visit's tile (at most TILE features, to the end of its head). A row narrower
-  // than TILE (F < 128 floats) would otherwise pull its neighbours' rows from memory too.
+  // or the next visit's tile (at most TILE features, to the end of its head and of the block).
+  // A row narrower than TILE (F < 128 floats) would otherwise pull its neighbours' rows from
+  // memory too.
   const int64_t bytes_here = static_cast<int64_t>(n) * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t bytes_next =
-      std::min<int64_t>(TILE, (next_h + 1) * a.C - next_f) * static_cast<int64_t>(sizeof(scalar_t));
+      std::min<int64_t>(std::min<int64_t>(TILE, (next_h + 1) * a.C - next_f), fe - next_f) *
+      static_cast<int64_t>(sizeof(scalar_t));
   constexpr int64_t kTileBytes = TILE * static_cast<int64_t>(sizeof(scalar_t));
   const bool whole = bytes_here == kTileBytes && bytes_next == kTileBytes;  // every prefetch a whole tile
   for (int64_t j = begin; j < end; ++j) {
@@ -123,24 +129,44 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row
   return Status::Ok;
 }
 
-// Rows [row_begin, row_end). Heads are walked outermost so one weight covers a whole tile.
+// Rows [row_begin, row_end), features [fb, fe) of each (a column block; [0, F) without
+// blocking). Tiles are cut at TILE features, at the end of each head (one weight covers a whole
+// tile) and at the end of the block, so heads are walked outermost. A tile of exactly TILE, TILE
+// / 2 or TILE / 4 features runs with its width known at compile time (its accumulators stay in
+// registers: F = 32 and 64 float32, and blocks of those widths); any other width runs the
+// runtime-width form. Every output element is a sum over its row's edges in CSR order whatever
+// the tiles and the block, so neither changes a bit of the result.
 template <typename scalar_t, typename index_t, Reduce R, WeightMode W, int TILE, typename out_t>
-Status spmm_rows(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row_begin, int64_t row_end) {
+Status spmm_rows(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row_begin, int64_t row_end, int64_t fb,
+                 int64_t fe) {
   for (int64_t row = row_begin; row < row_end; ++row) {
     if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
-    for (int64_t h = 0; h < a.H; ++h) {
-      const int64_t head0 = h * a.C;
-      int64_t c = 0;
-      Status st = Status::Ok;
-      for (; c + TILE <= a.C && st == Status::Ok; c += TILE)
-        st = spmm_tile<scalar_t, index_t, R, W, TILE, true>(a, row, h, head0 + c, TILE);
-      if (st == Status::Ok && c < a.C)
-        st = spmm_tile<scalar_t, index_t, R, W, TILE, false>(a, row, h, head0 + c,
-                                                             static_cast<int>(a.C - c));
+    for (int64_t f = fb; f < fe;) {
+      const int64_t h = f / a.C;
+      const int64_t n = std::min<int64_t>(std::min<int64_t>(TILE, fe - f), (h + 1) * a.C - f);
+      Status st;
+      if (n == TILE) st = spmm_tile<scalar_t, index_t, R, W, TILE, true>(a, row, h, f, TILE, fb, fe);
+      else if (n == TILE / 2) st = spmm_tile<scalar_t, index_t, R, W, TILE / 2, true>(a, row, h, f, TILE / 2, fb, fe);
+      else if (n == TILE / 4) st = spmm_tile<scalar_t, index_t, R, W, TILE / 4, true>(a, row, h, f, TILE / 4, fb, fe);
+      else st = spmm_tile<scalar_t, index_t, R, W, TILE, false>(a, row, h, f, static_cast<int>(n), fb, fe);
       if (st != Status::Ok) return st;
+      f += n;
     }
   }
   return Status::Ok;
+}
+
+// The column block of a walk: how many features of each row one pass over the structure reads.
+// `budget_bytes` is the cache the block of x (num_src rows by the block's features) may fill:
+// the widest block that fits, in whole 64-byte lines (at least one), or the whole row (F, one
+// pass, no blocking) when the row fits or the budget is 0. A block never splits a cache line
+// of a row that starts on a line (F * sizeof a multiple of 64 bytes).
+inline int64_t column_block(int64_t budget_bytes, int64_t num_src, int64_t F, int64_t elem_bytes) {
+  if (budget_bytes <= 0 || num_src <= 0 || F <= 0) return F > 0 ? F : 1;
+  const int64_t line = 64 / elem_bytes;  // features per cache line (elem_bytes divides 64)
+  int64_t width = budget_bytes / num_src / elem_bytes / line * line;
+  if (width < line) width = line;
+  return width >= F ? F : width;
 }
 
 }  // namespace cpu

@@ -24,7 +24,7 @@ def test_markdown_counts_and_names_the_slower_entries():
          "cpu": "cpu", "loadavg_before_after": [[0.1, 0.1, 0.1], [0.2, 0.2, 0.2]], "command": "cmd"}
     md = zoo.markdown(p)
     assert "faster in 1, no difference measured in 1, slower in 1 (C)." in md
-    assert "| C | 0.90 | 1.00 | 0.90x | [0.85, 0.95] |" in md
+    assert "| C | 0.90 | 1.00 | 0.90x | 0.90x [0.85, 0.95] |" in md
     header, rule = [ln for ln in md.splitlines() if ln.startswith("|")][:2]
     assert all(ln.count("|") == header.count("|") for ln in md.splitlines() if ln.startswith("| "))
     assert rule.count("|") == header.count("|")

@@ -38,18 +38,7 @@ SIDES = [P.COL, P.ROW, P.EDGE, P.CONST, P.EDGE]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("codegen-cache")
-
-
-@pytest.fixture
-def gen(cache):
-    """Generated kernels on, in the module's cache folder; the registry emptied afterwards."""
-    codegen.reset()
-    with config.override(codegen="auto", cache_dir=cache):
-        yield cache
-    codegen.reset()
+# cache, gen: tests/codegen/conftest.py
 
 
 def _structure(seed=0):
@@ -197,7 +186,8 @@ def test_transposed_structure_with_slot_input(gen):
 
 
 def test_gradients_through_a_generated_forward(gen):
-    """The forward generated, the backward the interpreter's: the same values and gradients."""
+    """The forward generated (and, the mode being on, the backward's derivative kernels prepared
+    at their first use: tests/codegen/test_codegen_backward.py): the same values and gradients."""
     expr = P.node("mul", P.node("gelu", P.node("add", I0, I2)), I1)
     code, consts = P.encode(expr)
     rowptr, col, perm = _structure()
@@ -233,7 +223,7 @@ def test_key_matches_the_native_registry_key():
     code = [1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 4, 0, 0, 1, 0, 1, 1, 1, 0, 0, 16, 0, 0, 3, 4]
     widths, sides = [70, 1, 14], [P.COL, P.EDGE, P.CONST]
     spec = codegen.make_spec(code, consts, sides, widths, 70, "min", torch.float64, torch.int32)
-    native = _native._C.codegen.key(3, True, False, code, consts, sides, widths, 70)
+    native = _native._C.codegen.key(_native._C.codegen.reduce_op(3), True, False, code, consts, sides, widths, 70)
     assert spec.key() == native
     assert spec.kinds == ("f", "s", "g")
 

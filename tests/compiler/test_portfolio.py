@@ -88,6 +88,22 @@ def test_torch_sparse_second_derivative_and_gradcheck():
     assert torch.autograd.gradgradcheck(f, (x, w))
 
 
+@NATIVE
+@pytest.mark.parametrize("shape", [(8, 3), (8, 2, 3)])
+def test_torch_sparse_output_can_be_changed_in_place(shape):
+    """Its output is no view (autograd refuses an in-place change of a custom op's view output:
+    PyG adds PDNConv's bias in place after the propagation)."""
+    ei, g = _graph(N=8, E=20, seed=3)
+    s = S.build(ei, 8)
+    x = torch.randn(*shape, generator=g, requires_grad=True)
+    w = torch.rand(20, generator=g, requires_grad=True)
+    out = vendor.spmm_sparse(s.rowptr, s.col, s.perm, w, x, "sum", [])
+    assert out._base is None
+    out += 1.0
+    out.square().sum().backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape
+
+
 def test_torch_sparse_refuses_bad_input():
     ei, _ = _graph(N=10, E=30)
     s = S.build(ei, 10)

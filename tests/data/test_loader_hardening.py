@@ -337,6 +337,39 @@ def test_ctrl_c_reaches_the_parent_which_stops_the_workers(guard):
 
 
 @posix_only
+def test_a_ctrl_c_after_a_result_left_the_queue_stops_the_workers_at_once(guard):
+    # A Ctrl-C that lands after a result was taken from the queue but before the pass counted
+    # it: the pass must not wait (up to its timeout) for a result that will never come again.
+    guard(20)
+    loader = PooledLoader(DS, batch_size=8, shuffle=True, num_workers=2, persistent_workers=True,
+                          timeout=60)
+    real, calls, workers = loader._result, [], []
+
+    def taken_then_interrupted(tag):
+        out = real(tag)
+        calls.append(tag)
+        if len(calls) == 3:
+            workers[:] = loader._workers
+            raise KeyboardInterrupt  # as the signal handler would, after the queue's get returned
+        return out
+
+    loader._result = taken_then_interrupted
+    try:
+        it = iter(loader)
+        with pytest.raises(KeyboardInterrupt):
+            for _ in it:
+                pass
+        assert len(workers) == 2 and loader._workers == []  # stopped, not drained
+        assert [p.exitcode for p in workers] == [0, 0]
+        loader._result = real
+        expected = _pyg_epoch(DS, 4, batch_size=8, shuffle=True)
+        torch.manual_seed(4)  # the next pass starts fresh workers and is whole
+        _check_epoch(loader, expected)
+    finally:
+        loader.close()
+
+
+@posix_only
 def test_workers_ignore_sigint(guard):
     guard(60)
     kw = dict(batch_size=16, shuffle=True)

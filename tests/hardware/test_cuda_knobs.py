@@ -311,7 +311,8 @@ def test_without_the_extension_the_rule_says_why(monkeypatch):
         ck.NOT_A_CONSTANT
     # Profiles still load: no kernel reads the knobs, so they are only checked to be ints >= 0.
     assert profiles.knob_ranges("cuda") is None
-    assert profiles.knob_ranges("cpu") == [(0, profiles.CPU_MAX_CHUNKS_PER_THREAD), (0, profiles.CPU_MAX_PREFETCH_DISTANCE)]
+    assert profiles.knob_ranges("cpu") == [(0, profiles.CPU_MAX_CHUNKS_PER_THREAD), (0, profiles.CPU_MAX_PREFETCH_DISTANCE),
+                                           (0, profiles.CPU_MAX_BLOCK_BUDGET_KIB)]
     settings, notes = profiles.check_settings({"knobs": [64, 10**6, 2**40, 2**62, 7]}, {"logical_cpus": 2}, "cuda")
     assert settings["knobs"] == [64, 10**6, 2**40, 2**62, 7] and notes == []
     with pytest.raises(profiles.ProfileError, match=r"settings.knobs\[1\] must be an int >= 0"):

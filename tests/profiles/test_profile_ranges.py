@@ -57,7 +57,7 @@ def test_ranges_follow_the_machine():
     r = profiles.setting_ranges({**CPU, "logical_cpus": 64})
     assert r["threads"] == (1, 64) and r["num_workers"] == (0, 128) and r["pool_size"] == (1, 130)
     assert profiles.setting_ranges(CUDA)["threads"] == (1, 16)  # the host's CPUs
-    assert profiles.knob_ranges("cpu") == [(0, 4096), (0, 64)]
+    assert profiles.knob_ranges("cpu") == [(0, 4096), (0, 64), (0, 2**22)]
     # The CUDA bounds are the launch rule's, read from the extension (None without it).
     cuda = [(0, 32), (0, 256), (0, 16), (0, 2**20)] if native_loaded() else None
     assert profiles.knob_ranges("cuda") == cuda
@@ -137,6 +137,8 @@ def test_cpu_bound_agrees_with_the_native_code():
     glue = (NATIVE / "cpu" / "glue.h").read_text()
     assert re.search(r"kMaxChunksPerThread = (\d+);", glue).group(1) == str(profiles.CPU_MAX_CHUNKS_PER_THREAD)
     assert re.search(r"kMaxPrefetchDistance = (\d+);", glue).group(1) == str(profiles.CPU_MAX_PREFETCH_DISTANCE)
+    shift = re.search(r"kMaxBlockBudgetKiB = int64_t\(1\) << (\d+);", glue).group(1)
+    assert 2 ** int(shift) == profiles.CPU_MAX_BLOCK_BUDGET_KIB
 
 
 def test_clamped_file_is_left_as_it_was():

@@ -250,9 +250,9 @@ def test_suggest_respects_fixed_and_ranged_batch_size():
     wc = _tiny()
     wc.compiled = True
     t = optuna.trial.FixedTrial({"pool_size": 2, "num_workers": 0, "threads": 1, "chunks_per_thread": 16,
-                                 "prefetch_distance": 8, "inner": "aot_eager", "spmm_impl": "torch_sparse"})
+                                 "prefetch_distance": 8, "block_budget_kib": 0, "inner": "aot_eager", "spmm_impl": "torch_sparse"})
     s = study_mod.suggest(t, wc, props, 64, None, 2)
-    assert s["knobs"] == [16, 8] and s["inner"] == "aot_eager" and s["spmm_impl"] == "torch_sparse"
+    assert s["knobs"] == [16, 8, 0] and s["inner"] == "aot_eager" and s["spmm_impl"] == "torch_sparse"
     # the trial's model carries the choice (and a profile of it: tests/compiler/test_portfolio.py)
     from gnncompile.tuner import workloads as wl_mod
     model = wl_mod._compile_with(torch.nn.Linear(2, 2), s, torch.device("cpu"))

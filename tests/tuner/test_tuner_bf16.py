@@ -15,6 +15,7 @@ from gnncompile.tuner import workloads as wl_mod  # noqa: E402
 from gnncompile.tuner.workloads import Workload  # noqa: E402
 
 FIXED = {"pool_size": 2, "num_workers": 0, "threads": 1, "chunks_per_thread": 4, "prefetch_distance": 8,
+         "block_budget_kib": 0,
          "inner": "eager", "spmm_impl": "native"}
 
 
