@@ -1,5 +1,6 @@
 """Fixtures of the tuner's tests: ``postgres``, a throwaway PostgreSQL server (the shared storage
-of tests/tuner/test_tuner_storage.py and tests/tuner/test_tuner_ddp.py).
+of tests/tuner/test_tuner_ddp.py), and ``postgres_started``, one such server already started
+and shared by the tests of a module (tests/tuner/test_tuner_storage.py).
 
 It needs ``pgserver`` (ships the PostgreSQL server binaries; only its binaries are used here)
 and ``psycopg2-binary`` (the SQLAlchemy driver); a test using it skips, with the reason, when
@@ -55,6 +56,7 @@ class _Postgres:
         self.log = self.base / "server.log"
         self.kw = {}
         self.url = None
+        self.port = None
         if os.geteuid() == 0:
             import pwd
 
@@ -107,18 +109,23 @@ class _Postgres:
                           "-o", f"-h 127.0.0.1 -p {port} -k '' -c fsync=off -c max_connections=60",
                           "start")  # TCP on 127.0.0.1 only (-k '': no Unix socket)
             if r.returncode == 0:
-                # trust authentication ignores the password: it is there to check that the
-                # tuner never writes it out
-                creds = f"postgres:{password}" if password else "postgres"
-                self.url = f"postgresql+psycopg2://{creds}@127.0.0.1:{port}/postgres"
+                self.port = port
+                self.url = self.url_for(password)
                 return self.url
         log = self.log.read_text() if self.log.exists() else ""
         pytest.fail(f"PostgreSQL did not start:\n{r.stdout}\n{r.stderr}\n{log[-3000:]}")
 
+    def url_for(self, password: str = "") -> str:
+        """The started server's URL, with ``password`` in it: trust authentication ignores the
+        password; it is there to check that the tuner never writes it out."""
+        creds = f"postgres:{password}" if password else "postgres"
+        return f"postgresql+psycopg2://{creds}@127.0.0.1:{self.port}/postgres"
+
     def stop(self) -> None:
         try:
             if (self.data / "postmaster.pid").exists():
-                r = self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "30",
+                # immediate: the data folder is deleted next, nothing in it needs a clean shutdown
+                r = self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "-t", "30",
                               "stop", timeout=60)
                 pidfile = self.data / "postmaster.pid"
                 if r.returncode != 0 and pidfile.exists():  # did not stop: kill the postmaster
@@ -135,6 +142,18 @@ def postgres():
     """Starts a throwaway PostgreSQL server and yields it; stops and deletes it afterwards."""
     server = _Postgres(_pg_bin())
     try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres_started():
+    """One throwaway PostgreSQL server, started, for all the tests of a module that ask for it
+    (each test works on studies of its own names); stopped and deleted after the module."""
+    server = _Postgres(_pg_bin())
+    try:
+        server.start()
         yield server
     finally:
         server.stop()

@@ -158,13 +158,33 @@ def test_worker_death_after_ctrl_c_is_an_interrupt(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.json"))
 
 
+# ----------------------------------------------------------------------------- one CLI run
+@pytest.fixture(scope="module")
+def compiled_journal_run(tmp_path_factory):
+    """One `gnncompile tune` process, compiled trials, on a journal file: the journal test and
+    the compiled run's stderr test check different facts of it (the run costs a process start
+    and compiles). Returns (returncode, stdout, stderr, journal path)."""
+    base = tmp_path_factory.mktemp("compiled_journal")
+    journal = base / "j" / "study.journal"
+    args = [a for a in TINY if a != "--no-compile"]
+    env = dict(os.environ, GNNCOMPILE_CACHE_DIR=str(base / "cache"))
+    p = subprocess.Popen([sys.executable, "-m", "gnncompile.cli", "tune", *args, "--trials", "2",
+                          "--storage", f"journal:{journal}", "--study-name", "j", "--out", str(base / "out"),
+                          "--no-defaults"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, cwd=base)
+    try:
+        stdout, stderr = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    return p.returncode, stdout, stderr, journal
+
+
 # ----------------------------------------------------------------------------- 16: storage
-def test_journal_storage_cli_and_api(tmp_path, monkeypatch):
-    journal = tmp_path / "j" / "study.journal"
-    p = _cli(["tune", *TINY, "--trials", "2", "--storage", f"journal:{journal}", "--study-name", "j",
-              "--out", str(tmp_path / "out"), "--no-defaults"])
-    stdout, stderr = p.communicate(timeout=240)
-    assert p.returncode == 0, stderr
+def test_journal_storage_cli_and_api(tmp_path, monkeypatch, compiled_journal_run):
+    rc, stdout, stderr, journal = compiled_journal_run
+    assert rc == 0, stderr
     assert json.loads(stdout)["storage"] == f"journal:{journal}"
     st = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     assert sum(t.state in FINISHED for t in optuna.load_study(study_name="j", storage=st).get_trials()) == 2
@@ -231,14 +251,16 @@ def test_timeout_bounds_the_whole_run(tmp_path, monkeypatch):
     assert res["default"] in (50.0, None) and res["tuned"] == 100.0
 
 
+CLI_TIMEOUT_S = 12  # on a loaded 2-core machine, opening the study and the first trial take seconds
+
+
 def test_cli_timeout(tmp_path):
-    # 20 s: on a loaded 2-core machine, opening the study and the first trial take seconds
-    p = _cli(["tune", *TINY, "--trials", "1000", "--timeout", "20", "--out", str(tmp_path / "out"),
+    p = _cli(["tune", *TINY, "--trials", "1000", "--timeout", str(CLI_TIMEOUT_S), "--out", str(tmp_path / "out"),
               "--storage", f"sqlite:///{tmp_path / 's.db'}"])
     stdout, stderr = p.communicate(timeout=180)
     assert p.returncode == 0, stderr
     summary = json.loads(stdout)
-    assert summary["elapsed_s"] <= 20 + TIMEOUT_MARGIN_S and summary["profile"]
+    assert summary["elapsed_s"] <= CLI_TIMEOUT_S + TIMEOUT_MARGIN_S and summary["profile"]
     assert "failed with value" not in stderr  # a trial cut by the deadline is not reported as a crash
 
 
@@ -376,12 +398,9 @@ def test_tune_stderr_has_no_compiler_warnings(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_tune_run_stderr_has_no_graph_break_warnings(tmp_path):
-    args = [a for a in TINY if a != "--no-compile"]
-    p = _cli(["tune", *args, "--trials", "1", "--no-defaults", "--out", str(tmp_path / "out"),
-              "--storage", f"sqlite:///{tmp_path / 's.db'}"])
-    stdout, stderr = p.communicate(timeout=600)
-    assert p.returncode == 0, stderr
+def test_compiled_tune_run_stderr_has_no_graph_break_warnings(compiled_journal_run):
+    rc, stdout, stderr, _ = compiled_journal_run  # 2 compiled trials (the fixture above)
+    assert rc == 0, stderr
     assert "Graph break" not in stderr and "torch/_dynamo" not in stderr, stderr
 
 
@@ -401,8 +420,9 @@ def test_progress_bar_starts_from_the_trials_a_resumed_study_holds(capsys):
     assert "1/4" in err and "1 trial(s) already in the study" in err
 
 
-def test_tune_reports_finished_trials_and_remeasurement_to_callbacks(tmp_path):
+def test_tune_reports_finished_trials_and_remeasurement_to_callbacks(tmp_path, monkeypatch):
     events = []
+    monkeypatch.setattr(study_mod, "measure", _fake_measure())  # what is reported, not measured
 
     class Spy:
         def __call__(self, study, trial):

@@ -244,7 +244,7 @@ def test_cli_tune_under_synthetic_load_reports_it(tmp_path):
 
     busy = _busy(240.0)
     try:
-        args = [*TINY, "--trials", "3", "--confirm-rounds", "2", "--out", str(tmp_path / "out"),
+        args = [*TINY, "--trials", "2", "--confirm-rounds", "2", "--out", str(tmp_path / "out"),
                 "--storage", f"sqlite:///{tmp_path / 's.db'}"]
         p = subprocess.run([sys.executable, "-m", "gnncompile.cli", "tune", *args], capture_output=True,
                            text=True, timeout=240, env=os.environ.copy(), cwd=str(tmp_path))

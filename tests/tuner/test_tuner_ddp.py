@@ -220,21 +220,17 @@ def test_two_tuners_share_a_postgresql_study_of_ddp_trials(postgres, tmp_path):
 
 
 # ----------------------------------------------------------------------------- failing ranks
-def test_a_failing_rank_fails_the_trial_with_its_error(tmp_path):
+def test_a_failing_rank_fails_the_trial_with_its_error(tmp_path, ranks_tmp, capsys):
     # `gnncompile tune --ranks 2` with a model that cannot be built (--hidden -1): each rank
-    # raises in it; the trial fails with the rank's error, the run ends (no trial completed)
+    # raises in it; the trial fails with the rank's error, the run ends (no trial completed).
+    # The command line's entry point in this process; the ranks are processes of their own.
+    from gnncompile.cli import main
+
     log = tmp_path / "s.log"
-    p = subprocess.Popen([sys.executable, "-m", "gnncompile.cli", "tune", *TINY_DDP, "--hidden", "-1",
-                          "--trials", "1", "--timeout", "120", "--storage", f"journal:{log}", "--study-name",
-                          "bad", "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=os.environ.copy(), cwd=tmp_path)
-    try:
-        out, err = p.communicate(timeout=RUN_TIMEOUT)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=30)
-    assert p.returncode == 1, err[-3000:]  # no trial completed, no profile
+    rc = main(["tune", *TINY_DDP, "--hidden", "-1", "--trials", "1", "--timeout", "120", "--storage",
+               f"journal:{log}", "--study-name", "bad", "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert rc == 1, err[-3000:]  # no trial completed, no profile
     assert json.loads(out)["trials"] == {"fail": 1}
     st = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(log)))
     (t,) = optuna.load_study(study_name="bad", storage=st).get_trials()
@@ -242,7 +238,7 @@ def test_a_failing_rank_fails_the_trial_with_its_error(tmp_path):
     err = t.user_attrs["error"]
     assert err.startswith("RankFailed: rank ") and " of 2 failed" in err, err
     assert "negative dimension" in err and "stderr tail" in err, err
-    assert _leftovers(str(tmp_path / "tmp")) == []
+    assert _leftovers(ranks_tmp) == []
 
 
 def test_one_rank_failing_mid_training_stops_the_other(ranks_tmp, monkeypatch):

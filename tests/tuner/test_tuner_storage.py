@@ -9,8 +9,8 @@ Optional packages; each test skips, with the reason, when its package is absent:
 * dashboard tests: ``optuna-dashboard`` (its WSGI app is called in-process; no server, no
   network).
 
-The throwaway PostgreSQL server is the ``postgres`` fixture of tests/tuner/conftest.py (shared
-with tests/tuner/test_tuner_ddp.py).
+The throwaway PostgreSQL server is the ``postgres_started`` fixture of tests/tuner/conftest.py:
+one server for the module, each test on studies of its own names.
 """
 from __future__ import annotations
 
@@ -50,9 +50,18 @@ def _run_ok(args, timeout=240):
     return json.loads(out), p
 
 
+def _tune_here(args, capsys):
+    """``gnncompile tune`` in this process (its entry point, ``gnncompile.cli.main``): its summary."""
+    from gnncompile.cli import main
+
+    capsys.readouterr()
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 # ----------------------------------------------------------------------------- tests
-def test_two_processes_share_one_postgresql_study(postgres, tmp_path):
-    url = postgres.start(password="s3cret-pw")
+def test_two_processes_share_one_postgresql_study(postgres_started, tmp_path):
+    url = postgres_started.url_for(password="s3cret-pw")
     name, trials = "pg-shared", 8
     out = tmp_path / "out"
     args = ["tune", *TINY, "--storage", url, "--study-name", name, "--out", str(out),
@@ -110,8 +119,8 @@ def test_two_processes_share_one_postgresql_study(postgres, tmp_path):
     assert sum(doc["study"]["trials"][s] for s in ("complete", "pruned")) >= trials
 
 
-def test_resume_postgresql_study_keeps_completed_trials(postgres, tmp_path):
-    url = postgres.start()
+def test_resume_postgresql_study_keeps_completed_trials(postgres_started, tmp_path, capsys):
+    url = postgres_started.url
     name = "pg-resume"
     args = ["tune", *TINY, "--storage", url, "--study-name", name, "--out", str(tmp_path),
             "--no-defaults"]
@@ -128,8 +137,9 @@ def test_resume_postgresql_study_keeps_completed_trials(postgres, tmp_path):
         assert now[k] == v
     workers = {t.number: t.user_attrs["worker"] for t in after.get_trials()}
     assert {workers[k] for k in now if k not in first} == {f"{socket.gethostname()}:{p.pid}"}
-    # a third run asking for what the study already holds adds nothing
-    _run_ok([*args, "--trials", "4"])
+    # a third run asking for what the study already holds adds nothing (the command line's entry
+    # point, in this process: the two runs above are the real processes)
+    _tune_here([*args, "--trials", "4"], capsys)
     assert len(optuna.load_study(study_name=name, storage=url).get_trials()) == 4
 
 
@@ -147,15 +157,16 @@ def _wsgi_get(app, path):
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_optuna_dashboard_opens_the_study(backend, tmp_path, request):
+def test_optuna_dashboard_opens_the_study(backend, tmp_path, request, capsys):
     optuna_dashboard = pytest.importorskip("optuna_dashboard")
     if backend == "sqlite":
         url = f"sqlite:///{tmp_path / 'studies.db'}"
     else:
-        url = request.getfixturevalue("postgres").start()
+        url = request.getfixturevalue("postgres_started").url
     name = f"dash-{backend}"
-    summary, _ = _run_ok(["tune", *TINY, "--storage", url, "--study-name", name,
-                          "--out", str(tmp_path), "--no-defaults", "--trials", "3"])
+    # the study, written by the command line's entry point in this process
+    summary = _tune_here(["tune", *TINY, "--storage", url, "--study-name", name,
+                          "--out", str(tmp_path), "--no-defaults", "--trials", "3"], capsys)
     study = optuna.load_study(study_name=name, storage=url)
     trials = study.get_trials()
     assert len(_finished(study)) == 3
