@@ -100,17 +100,19 @@ class _Timing:
     the first gradient reaching an output to the last gradient of an input; read when the
     next call settles it, by which time the backward, if any, has run)."""
 
-    __slots__ = ("form", "seconds", "first", "last", "handles", "sync")
+    __slots__ = ("form", "seconds", "first", "last", "handles", "leaves", "sync")
 
     def __init__(self, form: int, seconds: float, sync: bool) -> None:
         self.form, self.seconds, self.sync = form, seconds, sync
         self.first: Optional[float] = None
         self.last: Optional[float] = None
         self.handles: list = []
+        self.leaves: list = []  # weak references to the watched leaf tensors (parameters)
 
     def watch(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
         self.handles = [t.register_hook(self._output_grad) for t in outputs]
         self.handles += [t.register_hook(self._input_grad) for t in inputs]
+        self.leaves = [weakref.ref(t) for t in inputs if t.grad_fn is None]
 
     def _now(self) -> float:
         if self.sync:
@@ -129,9 +131,21 @@ class _Timing:
         for h in self.handles:
             h.remove()
         self.handles = []
+        for ref in self.leaves:
+            _unhook(ref())
+        self.leaves = []
         if self.first is not None and self.last is not None and self.last > self.first:
             return self.seconds + (self.last - self.first)
         return self.seconds
+
+
+def _unhook(t: Optional[torch.Tensor]) -> None:
+    """A leaf tensor whose Python gradient hooks have all been removed back to having none: torch
+    keeps the emptied hook dict registered, and the backward of every later step calls into
+    Python for it (about 2 us per parameter on this project's CPU), eager steps of the model as
+    written included. A tensor with hooks of its own keeps them."""
+    if t is not None and t.grad_fn is None and t._backward_hooks is not None and not t._backward_hooks:
+        t._backward_hooks = None
 
 
 class _Racer:
@@ -246,7 +260,8 @@ class ModelGuard(_Racer):
     pieces' guards have decided (``verdict(grad)`` is not None) or :data:`WARM` calls have
     passed; then both run alternately, timed, and the compiled model is kept when its fastest
     call is at least :data:`MODEL_MARGIN` faster. Where the model as written wins, it runs from then
-    on without Dynamo."""
+    on without Dynamo, and the compiled module calls it without any work of its own per call
+    (:attr:`as_written`)."""
 
     _names = (COMPILED, EAGER)
     _margin = MODEL_MARGIN
@@ -259,6 +274,16 @@ class ModelGuard(_Racer):
         self.decisions: List[Decision] = []
         self._races: dict = {}
         self._warm: dict = {}  # grad mode -> compiled calls before its race
+        # grad mode -> the model as written, once the race of that mode kept it: the compiled
+        # module calls it directly from then on, without its own call, forward or this guard
+        # (CompiledModule.__call__)
+        self.as_written: dict = {}
+
+    def _decide(self, race: _Race, grad: bool, keep: int, reason: str, a: Optional[float] = None,
+                b: Optional[float] = None) -> None:
+        super()._decide(race, grad, keep, reason, a, b)
+        if keep == 1:
+            self.as_written[grad] = self._forms[1]
 
     def __call__(self, *args, **kwargs):
         grad = torch.is_grad_enabled()

@@ -89,7 +89,13 @@ def test_hooks_are_removed_after_each_timed_call():
     for _ in range(2 + 2 * G.SAMPLES + 2):
         x, _, ei = _args()
         g(x, w, ei)[0].sum().backward()
-    assert not w._backward_hooks  # none left on the parameter
+    # none left on the parameter, not even the emptied hook dict (torch keeps it registered, and
+    # every later backward would call into Python for it)
+    assert w._backward_hooks is None
+    kept = w.register_hook(lambda g: None)  # a hook of the user's own stays
+    x, _, ei = _args()
+    g(x, w, ei)[0].sum().backward()
+    assert w._backward_hooks is not None and list(w._backward_hooks) == [kept.id]
 
 
 def test_size_classes_and_grad_mode_are_decided_apart():
@@ -206,7 +212,7 @@ def test_guard_setting_is_checked(monkeypatch):
         Settings(choices=(("gaurd", "off"),))
 
 
-def test_model_runs_as_written_once_the_whole_call_was_slower():
+def test_model_runs_as_written_once_the_whole_call_was_slower(monkeypatch):
     # the whole compiled call made 20 ms slower (as Dynamo's own cost could make it): the model
     # guard, timing it against the model as written, keeps the model
     torch.manual_seed(0)
@@ -231,9 +237,25 @@ def test_model_runs_as_written_once_the_whole_call_was_slower():
     n = len(through)
     compiled(*_batch(0)).sum().backward()
     assert len(through) == n  # the model itself, without Dynamo
+    # ... called directly: not through the compiled module's forward and guard (their per-call
+    # work made a training step measurably slower than eager's), and no timing hook is left on
+    # the parameters (an emptied hook dict costs every backward a call into Python)
+    assert all(p._backward_hooks is None for p in model.parameters())
+    from gnncompile.compiler.api import CompiledModule
+    wrapper_calls, model_calls = [], []
+    forward = CompiledModule.forward
+    monkeypatch.setattr(CompiledModule, "forward", lambda self, *a, **k: wrapper_calls.append(1) or forward(self, *a, **k))
+    model.register_forward_hook(lambda *_: model_calls.append(1))
+    out = compiled(*_batch(1))
+    torch.testing.assert_close(out, model(*_batch(1)), rtol=0, atol=0)
+    assert wrapper_calls == [] and len(model_calls) == 2
+    hook = compiled.register_forward_hook(lambda m, a, o: o * 2)  # a hook on the wrapper: the usual way
+    torch.testing.assert_close(compiled(*_batch(1)), 2 * out, rtol=0, atol=0)
+    assert wrapper_calls == [1] and len(through) == n
+    hook.remove()
     with torch.no_grad():  # no-grad calls are measured apart: still compiled
         compiled(*_batch(0))
-    assert len(through) == n + 1
+    assert len(through) == n + 1 and wrapper_calls == [1, 1]
     assert "the whole model" in str(gnncompile.explain(compiled, *_batch(0)))
 
 
