@@ -59,7 +59,7 @@ class CompiledModule(torch.nn.Module):
         # Where the speed guard kept the model as written for this grad mode, a call costs what
         # the model's own call costs: the model is called here, not through this module's
         # Module call, forward and guard (3.5 us a call on this project's CPU, 1.6 us left; HISTORY
-        # section 28). Hooks on this module, tracing and exporting take the usual way.
+        # section 29). Hooks on this module, tracing and exporting take the usual way.
         run = self._as_written.get(torch.is_grad_enabled())
         if (run is None or self._forward_pre_hooks or self._forward_hooks or self._backward_pre_hooks
                 or self._backward_hooks or _mm._global_forward_pre_hooks or _mm._global_forward_hooks
