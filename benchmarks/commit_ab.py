@@ -380,6 +380,15 @@ def _ms(v: Optional[float]) -> str:
     return "n/a" if v is None else f"{v:.1f}"
 
 
+def _loss_cells(m: dict) -> tuple:
+    """(first losses 'base / head', their relative spread) of one model's summary, as table cells."""
+    fl = m["first_loss"]
+    loss = (f"{statistics.median(fl['base']):.6f} / {statistics.median(fl['head']):.6f}"
+            if fl["base"] and fl["head"] else "n/a")
+    spread = "n/a" if m["loss_rel_spread"] is None else f"{m['loss_rel_spread']:.1e}"
+    return loss, spread
+
+
 def _subject(text: str, width: int = 100) -> str:
     return text if len(text) <= width else text[:width].rsplit(" ", 1)[0] + " ..."
 
@@ -399,11 +408,9 @@ def markdown(p: Dict[str, Any]) -> str:
              "first loss base / head | loss spread |",
              "|---|---|---|---|---|---|---|---|---|"]
     for model, m in s["models"].items():
-        fl = m["first_loss"]
-        loss = (f"{statistics.median(fl['base']):.6f} / {statistics.median(fl['head']):.6f}"
-                if fl["base"] and fl["head"] else "n/a")
-        spread = "n/a" if m["loss_rel_spread"] is None else f"{m['loss_rel_spread']:.1e}" + (
-            "" if m["losses_agree"] else " **disagree**")
+        loss, spread = _loss_cells(m)
+        if m["loss_rel_spread"] is not None and not m["losses_agree"]:
+            spread += " **disagree**"
         lines.append(f"| {model} | {_ms(m['base_median_ms'])} | {_ms(m['head_median_ms'])} | {_iv_text(m['speedup'])} | "
                      f"{m['pairs']} | {m['target']:g}x | {m['verdict']} | {loss} | {spread} |")
     if s["peers"]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -60,10 +59,7 @@ def markdown(p: Dict[str, Any]) -> str:
              "| model | default ms | reassociate ms | speed-up default / reassociate [95% interval] | pairs | "
              "first loss default / reassociate | loss spread |", "|---|---|---|---|---|---|---|"]
     for model, m in s["models"].items():
-        fl = m["first_loss"]
-        loss = (f"{statistics.median(fl['base']):.6f} / {statistics.median(fl['head']):.6f}"
-                if fl["base"] and fl["head"] else "n/a")
-        spread = "n/a" if m["loss_rel_spread"] is None else f"{m['loss_rel_spread']:.1e}"
+        loss, spread = commit_ab._loss_cells(m)
         lines.append(f"| {model} | {commit_ab._ms(m['base_median_ms'])} | {commit_ab._ms(m['head_median_ms'])} | "
                      f"{_iv(m['speedup'])} | {m['pairs']} | {loss} | {spread} |")
     if s["peers"]:
