@@ -25,7 +25,7 @@ import re
 from typing import List, Sequence, Tuple
 
 from ..ops import program as P
-from .emit import Spec, _REDUCE_NAMES, _statements, make_spec
+from .emit import _REDUCE_NAMES, _WHAT, Spec, _input_pointers, _statements, make_spec
 
 ABI = 1  # kCodegenCudaAbi (native/cuda/codegen_abi.cuh)
 MAX_INPUTS = 16  # kGenMaxInputs
@@ -134,11 +134,7 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if k not in read:
             continue
-        setup.append(f"  const scalar_t* in{k} = static_cast<const scalar_t*>(a.inputs[{k}]);")
-        setup.append(f"  const int64_t w{k} = a.widths[{k}];")
-        setup.append(f"  (void)w{k};")
-        if kind == "g":
-            setup.append(f"  const int64_t div{k} = a.divs[{k}];")
+        setup += _input_pointers(k, kind)
         if s in (P.ROW, P.CONST):
             row_setup.append(f"    const scalar_t* p{k} = in{k} + {'row' if s == P.ROW else '0'} * w{k};")
             if kind == "s":
@@ -202,7 +198,7 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
         walk = _REDUCE_WALK.format(acc="\n".join(acc), edge="\n".join(edge), body=body, fold="\n".join(fold),
                                    store="\n".join(store))
     scalar = "double" if spec.dtype == "float64" else "float"
-    return _HEAD.format(what={"reduce": "message_reduce", "multi": "message_sum_multi", "edges": "message_edges"}[spec.op],
+    return _HEAD.format(what=_WHAT[spec.op],
                         key=spec.key(), ns=f"gen_{symbol}", scalar=scalar,
                         index="int64_t" if spec.index == "int64" else "int32_t",
                         reduce=_REDUCE_NAMES[spec.reduce], by_slot="true" if spec.by_slot else "false",
@@ -212,9 +208,7 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
 def _opcode_root(name: str):
     """A program applying opcode ``name`` to inputs of every side and width class (the CPU tests' set)."""
     I0, I1, I2, I3, I4 = (P.inp(k) for k in range(5))
-    params = {"leaky_relu": (0.2,), "elu": (1.3,), "softplus": (2.0, 3.0), "clamp": (-0.5, 0.75),
-              "leaky_relu_grad": (0.2,), "elu_grad": (0.7,), "softplus_grad": (2.0, 3.0), "clamp_grad": (-0.5, 0.75),
-              "powc": (2.5,)}.get(name, ())
+    params = P.EXAMPLE_PARAMS.get(name, ())
     ar = {n: a for n, a, _ in P.OPS.values()}[name]
     if name == "in":
         return I4

@@ -362,6 +362,25 @@ inline void prefetch_slot(const GenArgs& a, int64_t j, int64_t f0, int n) {{
 {prefetch}}}
 """
 
+# the exported entry points of every CPU kernel: the ABI version, and the row loop (each row
+# checked as the interpreter checks it) calling the kernel's per-row body
+_ROWS = """\
+}}  // namespace
+
+extern "C" int gnncompile_codegen_abi() {{ return kCodegenAbi; }}
+
+extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {{
+  const GenArgs& a = *ap;
+  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  for (int64_t row = row_begin; row < row_end; ++row) {{
+    if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+    const int64_t begin = static_cast<int64_t>(rowptr[row]), end = static_cast<int64_t>(rowptr[row + 1]);
+{row_body}  }}
+  return 0;
+}}
+"""
+
+
 # message_reduce and message_sum_multi: the interpreter's reduce_rows / sum_rows_multi, one tile
 # of one row at a time, the prefetch of its prefetch_ahead
 _TILE = """
@@ -398,26 +417,14 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
 {store}
   return static_cast<int>(Status::Ok);
 }}
-}}  // namespace
-
-extern "C" int gnncompile_codegen_abi() {{ return kCodegenAbi; }}
-
-extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {{
-  const GenArgs& a = *ap;
-  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
-  for (int64_t row = row_begin; row < row_end; ++row) {{
-    if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
-    const int64_t begin = static_cast<int64_t>(rowptr[row]), end = static_cast<int64_t>(rowptr[row + 1]);
+""" + _ROWS.replace("{row_body}", """\
     int64_t f0 = 0;
     int st = 0;
     for (; f0 + TILE <= a.F; f0 += TILE)
       if ((st = tile<true>(a, row, begin, end, f0, TILE)) != 0) return st;
     if (f0 < a.F)
       if ((st = tile<false>(a, row, begin, end, f0, static_cast<int>(a.F - f0))) != 0) return st;
-  }}
-  return 0;
-}}
-"""
+""")
 
 # message_edges: the interpreter's edge_rows (every edge's message written, in the user's edge
 # order or by CSR slot; grouped sums added feature by feature in order, as there)
@@ -451,24 +458,23 @@ inline int row_edges(const GenArgs& a, int64_t row, int64_t begin, int64_t end) 
   }}
   return static_cast<int>(Status::Ok);
 }}
-}}  // namespace
-
-extern "C" int gnncompile_codegen_abi() {{ return kCodegenAbi; }}
-
-extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {{
-  const GenArgs& a = *ap;
-  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
-  for (int64_t row = row_begin; row < row_end; ++row) {{
-    if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
-    const int64_t begin = static_cast<int64_t>(rowptr[row]), end = static_cast<int64_t>(rowptr[row + 1]);
+""" + _ROWS.replace("{row_body}", """\
     const int st = row_edges(a, row, begin, end);
     if (st != 0) return st;
-  }}
-  return 0;
-}}
-"""
+""")
 
 _WHAT = {"reduce": "message_reduce", "multi": "message_sum_multi", "edges": "message_edges"}
+
+
+def _input_pointers(k: int, kind: str) -> List[str]:
+    """Input ``k``'s base pointer and width (and group divisor for a grouped input), as the
+    kernels of both targets set them up before their rows."""
+    lines = [f"  const scalar_t* in{k} = static_cast<const scalar_t*>(a.inputs[{k}]);",
+             f"  const int64_t w{k} = a.widths[{k}];",
+             f"  (void)w{k};"]
+    if kind == "g":
+        lines.append(f"  const int64_t div{k} = a.divs[{k}];")
+    return lines
 
 
 def emit(spec: Spec) -> str:
@@ -482,11 +488,7 @@ def emit(spec: Spec) -> str:
     setup, edge, prefetch = [], [], []
     # the pointers of every input: rows fixed for the tile (row / const sides) set up once
     for k, (s, kind) in enumerate(zip(sides, kinds)):
-        setup.append(f"  const scalar_t* in{k} = static_cast<const scalar_t*>(a.inputs[{k}]);")
-        setup.append(f"  const int64_t w{k} = a.widths[{k}];")
-        setup.append(f"  (void)w{k};")
-        if kind == "g":
-            setup.append(f"  const int64_t div{k} = a.divs[{k}];")
+        setup += _input_pointers(k, kind)
         if s in (P.ROW, P.CONST):
             r = "row" if s == P.ROW else "0"
             setup.append(f"  const scalar_t* p{k} = in{k} + {r} * w{k};")

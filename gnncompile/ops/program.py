@@ -58,6 +58,12 @@ OPS: Dict[int, Tuple[str, int, int]] = {
     29: ("gate", 2, 0), 30: ("eq", 2, 0),
 }
 OPCODE = {name: code for code, (name, _, _) in OPS.items()}
+# a valid parameter tuple for each opcode that takes parameters (the others take none): what
+# example programs of every opcode use (the codegen tests, the CUDA compile check)
+EXAMPLE_PARAMS: Dict[str, Tuple[float, ...]] = {
+    "leaky_relu": (0.2,), "elu": (1.3,), "softplus": (2.0, 3.0), "clamp": (-0.5, 0.75),
+    "leaky_relu_grad": (0.2,), "elu_grad": (0.7,), "softplus_grad": (2.0, 3.0), "clamp_grad": (-0.5, 0.75),
+    "powc": (2.5,)}
 MAX_SLOTS = 32
 INSTR = 5
 

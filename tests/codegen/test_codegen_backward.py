@@ -83,9 +83,7 @@ def _ran(fn):
 def _opcode_roots(name: str):
     """Programs applying opcode ``name`` to inputs of several sides and width classes (positive
     operands where the operator needs them)."""
-    params = {"leaky_relu": (0.2,), "elu": (1.3,), "softplus": (2.0, 3.0), "clamp": (-0.5, 0.75),
-              "leaky_relu_grad": (0.2,), "elu_grad": (0.7,), "softplus_grad": (2.0, 3.0), "clamp_grad": (-0.5, 0.75),
-              "powc": (2.5,)}.get(name, ())
+    params = P.EXAMPLE_PARAMS.get(name, ())
     ar = {n: a for n, a, _ in P.OPS.values()}[name]
     if name == "in":
         return I4

@@ -97,9 +97,7 @@ def _assert_same(ref, out):
 def _op_program(name: str):
     """A program applying opcode ``name`` (to inputs of several sides and width classes)."""
     ar = {n: a for n, a, _ in P.OPS.values()}[name]
-    params = {"leaky_relu": (0.2,), "elu": (1.3,), "softplus": (2.0, 3.0), "clamp": (-0.5, 0.75),
-              "leaky_relu_grad": (0.2,), "elu_grad": (0.7,), "softplus_grad": (2.0, 3.0), "clamp_grad": (-0.5, 0.75),
-              "powc": (2.5,)}.get(name, ())
+    params = P.EXAMPLE_PARAMS.get(name, ())
     a = P.node("add", I0, I2)
     if name == "in":
         return I4, False
