@@ -735,10 +735,12 @@ def _watch_ranks(procs, folder: str, report, memory_budget, start: float, limit_
                 report(reported, _combined(rows))
             reported += 1
         # a rank that wrote its error has failed, exited or not (a process group's teardown can
-        # wait on the other ranks); so has one that exited without its result
+        # wait on the other ranks); so has one that exited without its result. The rank named is
+        # the one whose error came first (a failing rank makes the others fail when it exits)
         failed = sorted({r for r in range(n) if errors[r] is not None}
                         | {r for r in exited if procs[r].returncode != 0 or done[r] is None},
-                        key=lambda r: (errors[r] is None, exited.get(r, n)))
+                        key=lambda r: (errors[r] is None, (errors[r] or {}).get("at", math.inf),
+                                       exited.get(r, n)))
         if failed:
             raise _rank_error(failed[0], procs, errors[failed[0]], err[failed[0]])
         if all(d is not None for d in done) or len(exited) == n:
@@ -803,6 +805,12 @@ def _rank_main(spec_path: str) -> int:
         sys.stdout.write(_TAG + json.dumps(msg) + "\n")
         sys.stdout.flush()
 
+    def fail(e: Exception) -> None:
+        traceback.print_exc()
+        sys.stderr.flush()
+        emit(error=f"{type(e).__name__}: {e}", type=type(e).__name__, at=time.time())
+        os._exit(1)  # at once: the interpreter's teardown can wait on the other ranks
+
     try:
         w = workload_from_dict(spec["workload"])
         settings = dict(spec["settings"])
@@ -816,13 +824,14 @@ def _rank_main(spec_path: str) -> int:
             _train(w, settings, None, device, None, rank=rank,
                    on_chunk=lambda c, units, seconds, peak: emit(chunk=c, units=units, seconds=seconds,
                                                                  peak=int(peak)))
+        except Exception as e:
+            # reported before this rank's connections close: their closing makes the other
+            # ranks fail too, and the error written first names the rank that failed first
+            fail(e)
         finally:
             dist.destroy_process_group()
     except Exception as e:
-        traceback.print_exc()
-        sys.stderr.flush()
-        emit(error=f"{type(e).__name__}: {e}", type=type(e).__name__)
-        os._exit(1)  # at once: the interpreter's teardown can wait on the other ranks
+        fail(e)
     emit(done=True)
     sys.stderr.flush()
     os._exit(0)  # the process that started it kills what is left (loader workers)
