@@ -37,6 +37,9 @@ def _check(rowptr, col, perm, inputs, sides, width: int, op: str) -> None:
         raise ValueError(f"{op}: {len(inputs)} inputs for {len(sides)} sides (at least one input)")
     M, E = rowptr.numel() - 1, col.numel()
     for k, (t, s) in enumerate(zip(inputs, sides)):
+        if s == P.ENC:
+            _check_encoder(inputs, sides, k, width, E, op)
+            continue
         if t.dim() != 2 or t.shape[1] < 1 or width % t.shape[1]:
             raise ValueError(f"{op}: input {k} of shape {list(t.shape)} is not [rows, W] with W dividing {width}")
         if t.dtype != inputs[0].dtype or not t.is_floating_point():
@@ -47,6 +50,28 @@ def _check(rowptr, col, perm, inputs, sides, width: int, op: str) -> None:
             raise ValueError(f"{op}: input {k} is read per destination row but has {t.shape[0]} rows for {M} rows")
         if s not in (P.COL, P.ROW, P.EDGE, P.CONST, P.SLOT):
             raise ValueError(f"{op}: input {k} has unknown side {s}")
+
+
+def _check_encoder(inputs, sides, k: int, width: int, E: int, op: str) -> None:
+    """An edge encoder at input k (program.py): features [E, D], then constants Wt [D, W], b [1, W]."""
+    a = inputs[k]
+    if k + 2 >= len(inputs) or sides[k + 1] != P.CONST or sides[k + 2] != P.CONST:
+        raise ValueError(f"{op}: the edge encoder at input {k} needs its weight and bias as constant inputs "
+                         f"{k + 1} and {k + 2}")
+    wt, b = inputs[k + 1], inputs[k + 2]
+    if a.dim() != 2 or a.shape[0] != E or a.shape[1] < 1:
+        raise ValueError(f"{op}: the edge encoder's features (input {k}) have shape {list(a.shape)}, "
+                         f"not [{E} edges, D]")
+    D = a.shape[1]
+    if wt.dim() != 2 or wt.shape[0] != D or wt.shape[1] < 1 or width % wt.shape[1]:
+        raise ValueError(f"{op}: the edge encoder's weight (input {k + 1}) has shape {list(wt.shape)}, not "
+                         f"[{D}, W] with W dividing {width}")
+    if b.dim() != 2 or list(b.shape) != [1, wt.shape[1]]:
+        raise ValueError(f"{op}: the edge encoder's bias (input {k + 2}) has shape {list(b.shape)}, "
+                         f"not [1, {wt.shape[1]}]")
+    if any(t.dtype != inputs[0].dtype for t in (a, wt, b)) or not a.is_floating_point():
+        raise TypeError(f"{op}: the edge encoder at input {k} has dtypes {a.dtype}, {wt.dtype}, {b.dtype}; "
+                        f"inputs must share one float dtype")
 
 
 def _slot_values(rowptr, col, perm, inputs, sides, slot=None) -> Tuple[List[torch.Tensor], torch.Tensor]:
@@ -63,6 +88,9 @@ def _slot_values(rowptr, col, perm, inputs, sides, slot=None) -> Tuple[List[torc
             vals.append(t.index_select(0, rows))
         elif s == P.EDGE:
             vals.append(t.index_select(0, perm.long()))
+        elif s == P.ENC:
+            k = len(vals)
+            vals.append(P.encode_edges(t.index_select(0, perm.long()), inputs[k + 1], inputs[k + 2]))
         else:
             vals.append(t[:1])
     return vals, rows

@@ -13,7 +13,20 @@ side       code    the row read for the edge ``e = perm[j]`` in CSR slot ``j`` o
 ``const``  3       row 0 (a tensor that does not depend on the edge: a parameter)
 ``slot``   4       ``j`` (a per-edge tensor stored in CSR order: no random access; on a
                    transposed structure, the CSR slot of the traversed slot, ``slot[j]``)
+``enc``    5       ``e``, through an edge encoder computed inside the kernel (below)
 =========  ======  ===================================================================
+
+An ``enc`` input ``k`` is an *edge encoder*: a linear map of narrow edge features computed per
+edge inside the kernels, so that its ``E x W`` output never exists in memory. Input ``k`` is the
+edge features ``a`` (``[E, D]``, the user's edge order, read like an ``edge`` input; ``D`` need not
+divide ``F``); inputs ``k + 1`` and ``k + 2`` are ``const`` inputs holding the map's transposed
+weight ``Wt`` (``[D, W]``) and bias ``b`` (``[1, W]``), which no instruction reads. The value read
+for edge ``e`` at feature ``f`` (column ``c = f // (F / W)``) is
+
+    v = b[c];  for d in 0 .. D-1:  v = v + a[e, d] * Wt[d, c]
+
+in the compute type, in that order, each product rounded before the sum (no fused multiply-add):
+the interpreter and the generated kernels compute it bit for bit alike.
 
 ``W`` is ``F`` (one value per feature), ``1`` (one per edge) or any divisor of ``F`` (one per
 head: ``[E, H, 1]`` against ``[E, H, C]`` messages).
@@ -36,8 +49,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-COL, ROW, EDGE, CONST, SLOT = 0, 1, 2, 3, 4
-SIDES = {"col": COL, "row": ROW, "edge": EDGE, "const": CONST, "slot": SLOT}
+COL, ROW, EDGE, CONST, SLOT, ENC = 0, 1, 2, 3, 4, 5
+SIDES = {"col": COL, "row": ROW, "edge": EDGE, "const": CONST, "slot": SLOT, "enc": ENC}
 
 # opcode -> (name, number of slot operands, number of float params)
 OPS: Dict[int, Tuple[str, int, int]] = {
@@ -364,6 +377,15 @@ _TORCH = {
 }
 
 
+def encode_edges(a: torch.Tensor, wt: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """An ``enc`` input's values for the rows of ``a`` (``[R, D]``): ``b + a @ Wt`` summed in the
+    kernels' order (``[R, W]``). The reference of the kernels' edge encoder."""
+    v = b.expand(a.shape[0], wt.shape[1])
+    for d in range(a.shape[1]):
+        v = v + a[:, d:d + 1] * wt[d:d + 1]
+    return v
+
+
 def evaluate(code: Sequence[int], consts: Sequence[float], values: Sequence[torch.Tensor], F: int
              ) -> torch.Tensor:
     """Runs a program with torch ops on ``values`` (input k: ``[R, W_k]`` or ``[1, W_k]``, read
@@ -397,5 +419,5 @@ def evaluate_slots(code, consts, values, F: int, last: bool = False):
     return out if last else regs
 
 
-__all__ = ["COL", "ROW", "EDGE", "CONST", "SLOT", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
+__all__ = ["COL", "ROW", "EDGE", "CONST", "SLOT", "ENC", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
            "encode", "encode_many", "decode", "derivative", "upstream", "backward_expr", "evaluate"]
