@@ -45,7 +45,7 @@ from ..ops import program as P
 from .onnx_functions import DOMAIN, SEGMENT
 
 OPSET = 18
-_SIDE_NAMES = {P.COL: "col", P.ROW: "row", P.EDGE: "edge", P.CONST: "const", P.SLOT: "slot"}
+_SIDE_NAMES = {P.COL: "col", P.ROW: "row", P.EDGE: "edge", P.CONST: "const", P.SLOT: "slot", P.ENC: "enc"}
 _DTYPES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64", TensorProto.FLOAT16: "float16",
            TensorProto.BFLOAT16: "bfloat16"}
 
@@ -108,6 +108,10 @@ def check(spec: MessageSpec) -> None:
     for k, (s, w) in enumerate(zip(spec.sides, spec.widths)):
         if s not in _SIDE_NAMES:
             raise ProgramNotExpressible(f"input {k} has unknown side {s}")
+        if s == P.ENC:  # an edge encoder: features of any width, then its weight and bias
+            if k + 2 >= len(spec.sides) or spec.sides[k + 1] != P.CONST or spec.sides[k + 2] != P.CONST:
+                raise ProgramNotExpressible(f"the edge encoder at input {k} has no weight and bias inputs")
+            continue
         if not isinstance(w, int) or w < 1 or spec.width % w:
             raise ProgramNotExpressible(f"input {k} has width {w}, which does not divide {spec.width}")
     if spec.kind == "edges" and (spec.out_width < 1 or spec.width % spec.out_width):
@@ -287,6 +291,9 @@ def function_proto(spec: MessageSpec) -> onnx.FunctionProto:
             v = b("Gather", x, rows, axis=0)
         elif side == P.EDGE:
             v = b("Gather", x, "perm", axis=0)
+        elif side == P.ENC:  # b + a Wt (program.py), the encoder's width in place of the features'
+            v = b("Add", b("MatMul", b("Gather", x, "perm", axis=0), ins[k + 1]), ins[k + 2])
+            W = spec.widths[k + 1]
         elif side == P.CONST:
             v = b("Slice", x, b.ints([0]), b.ints([1]), b.ints([0]))
         else:  # slot: stored in CSR order

@@ -190,7 +190,7 @@ def _generated(op: str, index: torch.Tensor, ins, sides, code, consts, F: int, *
         PREPARE(op, index, ins, sides, code, consts, F, **kw)
 
 
-_SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT}
+_SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT, P.ENC: P.ENC}
 
 
 def _csc_slots(perm: torch.Tensor, perm_t: torch.Tensor) -> torch.Tensor:
@@ -243,7 +243,8 @@ def _row_only(code, sides) -> bool:
                if code[i] == P.OPCODE["in"])
 
 
-def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs) -> torch.Tensor:
+def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs, W: Optional[int] = None
+                   ) -> torch.Tensor:
     """The gradient of input ``t`` when ``d_k`` depends only on the destination row (a linear
     message's sum / mean: PNA's ``x_i + x_j + e + b``): ``v = d_k`` once per row, then the degree
     times ``v`` (per destination), ``v`` summed over the CSC (per neighbour: the tuned spmm),
@@ -252,7 +253,7 @@ def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs)
     M = rowptr.shape[0] - 1
     vals = [x[:M] if s == P.ROW else (x if s == P.CONST else None) for x, s in zip(ins, sides)]
     v = P.evaluate(dcode, dconsts, vals, F).expand(M, F)
-    W = t.shape[1]
+    W = t.shape[1] if W is None else W  # an edge encoder's: its map's width
     if side in (P.ROW, P.CONST):  # a row without edges adds nothing, whatever its gradient
         return _finish(torch.where(deg > 0, v * deg, torch.zeros_like(v)), t, side)
     if side == P.COL:
@@ -267,6 +268,20 @@ def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs)
     return out
 
 
+def _encoder_grads(dk: Optional[torch.Tensor], a, wt, b, need) -> List[Optional[torch.Tensor]]:
+    """The gradients of an edge encoder's features, transposed weight and bias (program.py) from
+    ``dk`` ([E, W], the gradient of its values in the user's edge order; None: the message does not
+    depend on them): ``dk Wt^T``, ``a^T dk`` and the column sums of ``dk``."""
+    if dk is None:
+        return [torch.zeros_like(t) if n else None for t, n in zip((a, wt, b), need)]
+    return [dk.mm(wt.t()) if need[0] else None, a.t().mm(dk) if need[1] else None,
+            dk.sum(0, keepdim=True) if need[2] else None]
+
+
+def _encoders(sides) -> List[int]:
+    return [k for k, s in enumerate(sides) if s == P.ENC]
+
+
 def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs,
                    extreme: bool = False) -> List[Optional[torch.Tensor]]:
     """Gradients of every input of a sum-like program (``message_reduce`` sum / mean, or
@@ -274,9 +289,15 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
     ``extreme``, of a max / min reduction by torch's formula (ops/extremes.py), ``g`` being the
     pair (reduced values, gradient shares), read per destination. Outside a double backward,
     the gradients read per destination (and constants) share one pass over the CSR and those
-    read per neighbour one pass over the CSC (``message_sum_multi``)."""
+    read per neighbour one pass over the CSC (``message_sum_multi``). An edge encoder's value
+    gradient is computed per edge ([E, W], read through the encoder inside the kernels), then
+    carried to its features, weight and bias (:func:`_encoder_grads`)."""
     rowptr, col, perm = csr
     n = len(inputs)
+    encoders = _encoders(sides)
+    need_enc = {k: [bool(need[k + i]) for i in range(3)] for k in encoders}
+    owned = {k + i for k in encoders for i in (1, 2)}  # an encoder's weight and bias: with it
+    need = [any(need_enc[k]) if k in need_enc else bool(nk) for k, nk in enumerate(need)]
     extra = list(g) if extreme else [g]
     ins, sides_g = list(inputs) + extra, list(sides) + [g_side] * len(extra)
     slot_t = v_rows = None
@@ -293,19 +314,27 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         return csc, slot_t
 
     for k, t in enumerate(inputs):
+        if k in owned:
+            continue  # with its encoder
         d = _derivative(code, consts, k, n, extreme) if need[k] else None
+        if d is None and k in need_enc:
+            out[k:k + 3] = _encoder_grads(None, t, inputs[k + 1], inputs[k + 2], need_enc[k])
+            need_enc.pop(k)
+            continue
         if d is None:
             out[k] = torch.zeros_like(t) if need[k] else None
             continue
         dcode, dconsts = d
         W, side = t.shape[1], sides[k]
+        if side == P.ENC:
+            W = inputs[k + 1].shape[1]
         # d_k the same for every edge of a row: no pass over edges (not for the max / min formula,
         # whose eq(m, y) must see the messages as the kernels computed them, bit for bit)
         if not extreme and _row_only(dcode, sides_g):
             if v_rows is None:
                 v_rows = (rowptr[1:] - rowptr[:-1]).to(t.dtype).view(-1, 1)
             c = csc_and_slots(t.shape[0])[0] if side == P.COL else csc
-            out[k] = _row_only_grad(csr, c, ins, sides_g, dcode, dconsts, F, t, side, v_rows, knobs)
+            out[k] = _row_only_grad(csr, c, ins, sides_g, dcode, dconsts, F, t, side, v_rows, knobs, W)
         elif multi and side in (P.ROW, P.CONST):
             groups[P.ROW].append(k)
         elif multi and side == P.COL:
@@ -315,7 +344,7 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
             swapped = [_SWAP[s] for s in sides_g]
             _generated("reduce", c[0], ins, swapped, dcode, dconsts, F)
             out[k] = _finish(ops.message_reduce(*c, ins, swapped, dcode, dconsts, F, "sum", knobs, [], st)[0], t, side)
-        elif side in (P.EDGE, P.SLOT):
+        elif side in (P.EDGE, P.SLOT, P.ENC):
             _generated("edges", rowptr, ins, sides_g, dcode, dconsts, F, out_width=W, by_slot=side == P.SLOT)
             out[k] = ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, side == P.SLOT,
                                        knobs, list(csc or []), None)
@@ -337,6 +366,9 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
                                           st)
             for i, k in enumerate(chunk):
                 out[k] = _finish(r[i], inputs[k], sides[k])
+    for k, nk in need_enc.items():  # out[k]: the gradient of the encoder's values, per edge
+        if any(nk):
+            out[k:k + 3] = _encoder_grads(out[k], inputs[k], inputs[k + 1], inputs[k + 2], nk)
     return out
 
 
@@ -564,9 +596,42 @@ def _reduce_backward(ctx, grad_out, grad_arg):
         if reduce == "mean":
             g = g / (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(g.dtype).view(-1, 1)
         grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, g, P.ROW, knobs)
+    elif _encoders(sides):
+        grads = _extreme_grads_encoded(csr, ins, sides, code, consts, F, ctx.need, arg, out, g, knobs, csc)
     else:
         grads = _extreme_grads(csr, ins, sides, code, consts, F, ctx.need, arg, out, g, knobs, csc)
     return _fix_empty(_backward_return(n_csc, grads), ctx)
+
+
+def _encoder_values(csr, a, wt, b, knobs) -> torch.Tensor:
+    """An edge encoder's values per edge ([E, W], the user's edge order), computed by the op the
+    messages ran (message_edges over the program that reads the encoder)."""
+    W = wt.shape[1]
+    code, consts = _LOAD
+    _generated("edges", csr[0], [a, wt, b], [P.ENC, P.CONST, P.CONST], code, consts, W, out_width=W, by_slot=False)
+    return ops.message_edges(*csr, [a, wt, b], [P.ENC, P.CONST, P.CONST], code, consts, W, W, False, knobs, [],
+                             None)
+
+
+_LOAD = tuple(list(v) for v in P.encode(P.inp(0)))  # the program that reads input 0
+
+
+def _extreme_grads_encoded(csr, ins, sides, code, consts, F, need, arg, out, g, knobs, csc):
+    """max / min of a program with edge encoders: each encoder's values computed per edge by
+    the kernels themselves (bit for bit what the messages read: torch's formula compares the
+    messages against the reduced values) and read as a per-edge input, then its gradient
+    carried to the encoder."""
+    ins, sides, need = list(ins), list(sides), list(need)
+    encoders = {k: (ins[k], list(need[k:k + 3])) for k in _encoders(sides)}
+    for k in encoders:
+        ins[k] = _encoder_values(csr, ins[k], ins[k + 1], ins[k + 2], knobs)
+        sides[k], need[k] = P.EDGE, any(need[k:k + 3])
+        need[k + 1] = need[k + 2] = False
+    grads = _extreme_grads(csr, ins, sides, code, consts, F, need, arg, out, g, knobs, csc)
+    for k, (a, nk) in encoders.items():
+        if any(nk):
+            grads[k:k + 3] = _encoder_grads(grads[k], a, ins[k + 1], ins[k + 2], nk)
+    return grads
 
 
 torch.library.register_autograd("gnncompile::message_reduce", _reduce_backward, setup_context=_reduce_setup)

@@ -8,6 +8,9 @@ clamp, pow) and views that keep each edge's values in order. It stops at its lea
 * ``x[j]`` gathered by the destination index (the scatter's) -> an input read per destination;
 * ``x[j]`` gathered by one other index, the same for all such leaves -> read per neighbour
   (that index becomes the structure's source);
+* a linear map of narrow edge features (``linear(a, W, b)``, ``a`` per edge of width <= 32,
+  read by nothing outside the message) -> an edge encoder, computed per edge inside the kernel
+  (inputs ``a``, ``W^T``, ``b``: program.py), so its ``E x W`` output never exists;
 * any other tensor with one row per edge -> read per edge (computed outside, as it is);
 * a tensor without the edge dimension (a parameter) -> a constant input; a Python number -> a
   constant of the program.
@@ -50,11 +53,20 @@ _MODELLED = (set(_BINARY) | set(_UNARY) | set(_PARAMETRIC) | set(_VIEWS)
 _INPLACE_OK = ("relu", "leaky_relu", "elu")
 
 
+MAX_ENCODER_DEPTH = 32  # edge features an edge encoder inside the kernel reads per edge
+
+
 @dataclass
 class Leaf:
     node: Node  # the tensor the kernel reads (for a gather: the gathered node tensor)
     side: int
     width: int
+    # an edge encoder (side enc): ``node`` is its edge features, of width ``depth``; its weight
+    # and bias follow as leaves of role 'weight' (read transposed) and 'bias' ('zero_bias': the
+    # map has none; ``node`` is then its weight, for the dtype and device)
+    role: str = ""
+    depth: int = 0
+    source: Optional[Node] = None  # the encoder's linear node (what explain names)
 
 
 @dataclass
@@ -71,8 +83,8 @@ class Program(Aggregate):
     kept: Tuple[str, ...] = ()  # nodes the semantics guard kept as written (computed outside), why
 
     def describe(self) -> str:
-        sides = {P.COL: "x_j", P.ROW: "x_i", P.EDGE: "edge", P.CONST: "param"}
-        ins = ",".join(sides[lf.side] for lf in self.leaves)
+        sides = {P.COL: "x_j", P.ROW: "x_i", P.EDGE: "edge", P.CONST: "param", P.ENC: "lin(edge)"}
+        ins = ",".join(sides[lf.side] for lf in self.leaves if not lf.role)
         kept = f"; {'; '.join(self.kept)}" if self.kept else ""
         return f"{'+'.join(self.ops) or 'load'}({ins}){kept}"
 
@@ -127,8 +139,10 @@ class _Builder:
     op replaces: the kernel reads every leaf there, so a leaf written in place between the
     place the message read it and the anchor cannot be read by the kernel (:mod:`.semantics`)."""
 
-    def __init__(self, message: Node, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=()):
+    def __init__(self, message: Node, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=(),
+                 no_encoder=()):
         self.stops = set(stops)
+        self.no_encoder = set(no_encoder)  # linear nodes read as computed, not as edge encoders
         self.dst = dst
         self.dst_dtype = fake_tensor(dst_index).dtype
         self.E = fake_tensor(message).shape[0]
@@ -144,6 +158,7 @@ class _Builder:
         self.kept: List[str] = []  # nodes kept as written (computed outside) by the guard, with why
         self.reads: Dict[Node, int] = {}  # a leaf computed outside -> its first reader's position
         self.leafed: Set[Node] = set()  # nodes read as leaves (inputs of the program)
+        self.encoders: Set[Node] = set()  # linear nodes read as edge encoders
 
     def shared(self, root: Node) -> List[Node]:
         """Operations inside the program whose value something outside it also reads, and whose
@@ -185,6 +200,43 @@ class _Builder:
         if key not in self.leaf_index:
             self.leaf_index[key] = len(self.leaves)
             self.leaves.append(Leaf(n, side, width))
+        return P.inp(self.leaf_index[key])
+
+    def _encoder(self, n: Node) -> Optional[P.Expr]:
+        """An edge encoder (module docstring) for ``n``, or None where ``n`` is not one: a
+        ``linear`` of per-edge features of width <= MAX_ENCODER_DEPTH with a 2-D weight, in the
+        message's dtype, whose inputs hold at the anchor what the linear map read (the kernel
+        reads them there) and whose output nothing writes in place."""
+        if opname(n) != "linear" or n in self.no_encoder or n.kwargs.keys() - {"input", "weight", "bias"}:
+            return None
+        a, w, bias = argument(n, 0, "input"), argument(n, 1, "weight"), argument(n, 2, "bias")
+        if not isinstance(a, Node) or not isinstance(w, Node) or not (bias is None or isinstance(bias, Node)):
+            return None
+        av, wv, out = fake_tensor(a), fake_tensor(w), fake_tensor(n)
+        bv = fake_tensor(bias) if bias is not None else None
+        fs = self._per_edge(a)
+        if av is None or wv is None or out is None or fs is None or len(fs) != 1 or wv.dim() != 2:
+            return None
+        D, width = fs[0], _static(wv.shape)
+        if width is None or not 1 <= D <= MAX_ENCODER_DEPTH or width[1] != D or out.dim() != 2:
+            return None
+        if any(v is not None and (v.dtype != self.dtype or v.device != out.device) for v in (av, wv, bv)):
+            return None
+        if bias is not None and (bv is None or _static(bv.shape) != (width[0],)):
+            return None
+        pos = self.writes.pos
+        for x in (a, w, bias):
+            if x is not None and self.writes.first_write(x, pos[n] - 1, self.at) is not None:
+                return None
+        if self.writes.first_write(n, pos[n], self.at) is not None:
+            return None
+        key = (n, P.ENC)
+        if key not in self.leaf_index:
+            self.leaf_index[key] = len(self.leaves)
+            W = width[0]
+            self.leaves += [Leaf(a, P.ENC, W, depth=D, source=n), Leaf(w, P.CONST, W, role="weight", depth=D),
+                            Leaf(w if bias is None else bias, P.CONST, W, role="zero_bias" if bias is None else "bias")]
+        self.encoders.add(n)
         return P.inp(self.leaf_index[key])
 
     def _per_edge(self, n: Node) -> Optional[Tuple[int, ...]]:
@@ -247,6 +299,9 @@ class _Builder:
             self.reads[n] = min(self.reads.get(n, self.at), self.writes.pos.get(reader, self.at))
         fs = self._per_edge(n)
         if fs is not None and v.dim() >= 1:
+            enc = self._encoder(n)
+            if enc is not None:
+                return enc, fs
             return self._leaf(n, P.EDGE, math.prod(fs) if fs else 1), fs
         shape = _static(v.shape)
         if shape is None:
@@ -394,14 +449,18 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
         raise NoMatch(describe_write(w, dst_index) + ": the index of the reduction changes")
     F = math.prod(fs)
     given = set(stops)
-    stops = set(stops)
+    stops, no_encoder = set(stops), set()
     while True:  # operations shared with the rest of the graph become inputs (_Builder.shared)
-        b = _Builder(message, dst, dst_index, anchor, writes, stops)
+        b = _Builder(message, dst, dst_index, anchor, writes, stops, no_encoder)
         expr, efs = b.visit(message, anchor)
         shared = b.shared(message)
-        if not shared:
+        # an edge encoder another reader needs too is computed anyway: read as computed
+        outside = {n for n in b.encoders
+                   if any(u not in b.memo or u in b.leafed for u in n.users if reads_value(u, n))}
+        if not shared and not outside:
             break
         stops |= set(shared)
+        no_encoder |= outside
     for n in sorted(stops - given, key=lambda n: writes.pos.get(n, 0)):
         if n in b.leafed:
             users = ", ".join(f"'{u.name}'" for u in n.users

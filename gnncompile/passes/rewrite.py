@@ -251,6 +251,18 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool =
     ins, sides = [], []
     for lf in m.leaves:
         node, side = lf.node, lf.side
+        if lf.role == "weight":  # an edge encoder's weight, read transposed ([D, W])
+            ins.append(graph.call_method("contiguous", (graph.call_method("t", (node,)),)))
+            sides.append(side)
+            continue
+        if lf.role == "zero_bias":  # an edge encoder without a bias
+            ins.append(graph.call_method("new_zeros", (node, (1, lf.width))))
+            sides.append(side)
+            continue
+        if side == P.ENC:  # its edge features
+            ins.append(graph.call_method("reshape", (node, (-1, lf.depth))))
+            sides.append(side)
+            continue
         if side == P.EDGE and b.slot_order:
             reordered = _leaf_in_csr_order(graph, node, b, knobs)
             if reordered is not None:
