@@ -50,6 +50,7 @@ class Config:
     cuda_unverified: str = ""
     spmm_impl: str = "auto"
     precision: str = "fp32"
+    edge_encoder: str = "inside"
     codegen: str = "auto"
     cxx: Optional[str] = None  # None: c++ on the PATH
     codegen_cache_mb: float = 256.0
@@ -86,6 +87,9 @@ SPMM_IMPLS = ("auto", "native", "torch_sparse")
 #: (opt-in: features cast to bfloat16 before the op, fp32 accumulation, output back in float32;
 #: gnncompile.passes.precision)
 PRECISIONS = ("fp32", "bf16")
+#: a linear map of narrow edge features that only a message reads: computed per edge inside the
+#: message kernels (inside, the default: no E x W tensor) or as written, before them (outside)
+EDGE_ENCODER_MODES = ("inside", "outside")
 #: what compile(profile='auto') does with the profile of the nearest tuned device when this one has
 #: none (gnncompile.transfer): check it by a short A/B at first use, use only verdicts already
 #: cached, or never transfer
@@ -218,6 +222,10 @@ VARIABLES: Tuple[Variable, ...] = (
              "in bfloat16 (cast once before the op, accumulated in float32 in the kernel, float32 out; "
              "relative error about 2^-8 per element); fp32: the graph as written "
              "(gnncompile.passes.precision)"),
+    Variable("GNNCOMPILE_EDGE_ENCODER", "edge_encoder", _one_of(EDGE_ENCODER_MODES), "inside (default), outside",
+             "a linear map of edge features of width <= 32 that only a message program reads (GINE's "
+             "lin(edge_attr)): inside computes it per edge inside the message kernels, so its E x W output "
+             "is never stored; outside computes it as written and the kernels read it (gnncompile.passes.messages)"),
     Variable("GNNCOMPILE_CODEGEN", "codegen", _codegen, "auto (default), off / interpreter",
              "the message ops of a message program on the CPU (message_reduce, and the backward's "
              "message_sum_multi / message_edges): auto generates a kernel per program and op, compiles it "
@@ -384,5 +392,5 @@ def table() -> str:
 
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
            "Launch", "LAUNCHER_VARIABLES", "launcher", "child_environment",
-           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES", "SPMM_IMPLS", "PRECISIONS",
+           "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES", "SPMM_IMPLS", "PRECISIONS", "EDGE_ENCODER_MODES",
            "HUGE_PAGE_MODES", "TRANSFER_MODES", "CODEGEN_MODES"]

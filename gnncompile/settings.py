@@ -51,6 +51,10 @@ Fields:
   mean spmm on float32 CPU features that runs gnncompile's kernel gathers them in bfloat16 (cast
   once before the op, accumulated in float32 inside the kernel, float32 out, ``gnncompile::spmm_bf16``;
   :mod:`gnncompile.passes.precision`); explain says per op whether it does and why not.
+  ``edge_encoder``: a linear map of edge features of width <= 32 that only a message program
+  reads, 'inside' (default: computed per edge inside the message kernels, its ``E x W`` output
+  never stored; :mod:`gnncompile.passes.messages`) or 'outside' (computed as written, read by the
+  kernels; ``$GNNCOMPILE_EDGE_ENCODER``).
 * ``profile``: where the profile's settings came from (:attr:`gnncompile.profiles.Profile.label`:
   a path, "(defaults)", or a transfer: "<path> (transferred from <device key>, checked: 1.07x
   the defaults [0.98, 1.15])", "(defaults; transfer from <key> rejected: <reason>)").
@@ -175,12 +179,16 @@ class Settings:
         if precision not in PRECISIONS:
             raise ValueError(f"gnncompile settings: choices['precision'] must be one of {PRECISIONS} "
                              f"('bf16' is the opt-in lower precision), got {precision!r}")
+        encoder = dict(self.choices).get("edge_encoder", "inside")
+        if encoder not in _config.EDGE_ENCODER_MODES:
+            raise ValueError(f"gnncompile settings: choices['edge_encoder'] must be one of "
+                             f"{_config.EDGE_ENCODER_MODES}, got {encoder!r}")
         unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages", "cuda_unverified",
-                                             "spmm_impl", "precision"}
+                                             "spmm_impl", "precision", "edge_encoder"}
         if unknown:
             raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
-                             "'programs', 'guard', 'attention', 'huge_pages', 'cuda_unverified', 'spmm_impl' "
-                             "and 'precision'")
+                             "'programs', 'guard', 'attention', 'huge_pages', 'cuda_unverified', 'spmm_impl', "
+                             "'precision' and 'edge_encoder'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -200,6 +208,11 @@ class Settings:
     def programs(self) -> str:
         """The message-program choice: 'auto' (default), 'always' or 'never'."""
         return dict(self.choices).get("programs", "auto")
+
+    @property
+    def edge_encoder(self) -> str:
+        """The edge-encoder choice: 'inside' (default) or 'outside'."""
+        return dict(self.choices).get("edge_encoder", "inside")
 
     @property
     def attention(self) -> str:
@@ -288,6 +301,7 @@ class Settings:
                   ((("huge_pages", cfg.huge_pages),) if cfg.huge_pages != "auto" else ()) + \
                   ((("spmm_impl", cfg.spmm_impl),) if cfg.spmm_impl != "auto" else ()) + \
                   ((("precision", cfg.precision),) if cfg.precision != "fp32" else ()) + \
+                  ((("edge_encoder", cfg.edge_encoder),) if cfg.edge_encoder != "inside" else ()) + \
                   ((("cuda_unverified", cfg.cuda_unverified),) if cfg.cuda_unverified else ())
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
                    structure_check=check, choices=choices)

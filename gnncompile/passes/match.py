@@ -471,12 +471,14 @@ def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
 
 
 def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always",
-          attention: bool = False, attention_cuda: bool = False) -> Matches:
+          attention: bool = False, attention_cuda: bool = False, encoders: bool = True) -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
     read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs, where
     ``program_mode`` ('always', 'auto': where :func:`programs_pay`, 'never') says so;
     ``attention``: TransformerConv's message with an edge term is left to the fused attention,
-    :func:`.attention_dot.leave_for_attention_dot`; on CUDA too with ``attention_cuda``)."""
+    :func:`.attention_dot.leave_for_attention_dot`; on CUDA too with ``attention_cuda``;
+    ``encoders``: linear maps of narrow edge features inside the message programs,
+    :mod:`.messages`)."""
     programs = programs and program_mode != "never"
     m = Matches()
     writes = Writes(graph)
@@ -519,7 +521,7 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
                     m.unfused[n] = LEFT
                     continue
             try:
-                prog = match_program(sc, IndexRef.of(sc.index), writes, stops)
+                prog = match_program(sc, IndexRef.of(sc.index), writes, stops, encoders)
             except NoMatch as e:
                 m.unfused[n] = f"message program: {e}"
                 continue
@@ -538,7 +540,7 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
             if (s[0], s[1]) not in seen:
                 seen.add((s[0], s[1]))
                 structures.append(s)
-        for ep in match_edge_programs(graph, structures, writes, {sm.anchor for sm in m.softmaxes}):
+        for ep in match_edge_programs(graph, structures, writes, {sm.anchor for sm in m.softmaxes}, encoders):
             edges, rows = fake_tensor(ep.anchor), fake_tensor(ep.buffer)
             pays, why = (programs_pay(edges.shape[0], rows.shape[0])
                          if program_mode == "auto" and edges is not None and rows is not None else (True, ""))

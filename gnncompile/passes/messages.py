@@ -140,8 +140,9 @@ class _Builder:
     place the message read it and the anchor cannot be read by the kernel (:mod:`.semantics`)."""
 
     def __init__(self, message: Node, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=(),
-                 no_encoder=()):
+                 no_encoder=(), encoders: bool = True):
         self.stops = set(stops)
+        self.encoders_on = encoders  # Settings.edge_encoder == 'inside'
         self.no_encoder = set(no_encoder)  # linear nodes read as computed, not as edge encoders
         self.dst = dst
         self.dst_dtype = fake_tensor(dst_index).dtype
@@ -207,7 +208,8 @@ class _Builder:
         ``linear`` of per-edge features of width <= MAX_ENCODER_DEPTH with a 2-D weight, in the
         message's dtype, whose inputs hold at the anchor what the linear map read (the kernel
         reads them there) and whose output nothing writes in place."""
-        if opname(n) != "linear" or n in self.no_encoder or n.kwargs.keys() - {"input", "weight", "bias"}:
+        if not self.encoders_on or opname(n) != "linear" or n in self.no_encoder \
+                or n.kwargs.keys() - {"input", "weight", "bias"}:
             return None
         a, w, bias = argument(n, 0, "input"), argument(n, 1, "weight"), argument(n, 2, "bias")
         if not isinstance(a, Node) or not isinstance(w, Node) or not (bias is None or isinstance(bias, Node)):
@@ -435,7 +437,8 @@ class _Builder:
         return e, fs
 
 
-def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=()):
+def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=(),
+           encoders: bool = True):
     mv = fake_tensor(message)
     if not isinstance(message, Node) or mv is None:
         raise NoMatch("message is not a tensor of the graph")
@@ -451,7 +454,7 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
     given = set(stops)
     stops, no_encoder = set(stops), set()
     while True:  # operations shared with the rest of the graph become inputs (_Builder.shared)
-        b = _Builder(message, dst, dst_index, anchor, writes, stops, no_encoder)
+        b = _Builder(message, dst, dst_index, anchor, writes, stops, no_encoder, encoders)
         expr, efs = b.visit(message, anchor)
         shared = b.shared(message)
         # an edge encoder another reader needs too is computed anyway: read as computed
@@ -489,9 +492,10 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
     return b, code, consts, F, fs, gathers
 
 
-def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=()) -> Program:
-    """``sc`` as a message program; raises NoMatch saying why not."""
-    b, code, consts, F, fs, gathers = _build(sc.message, dst, sc.index, sc.node, writes, stops)
+def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=(), encoders: bool = True) -> Program:
+    """``sc`` as a message program (with edge encoders inside where ``encoders``); raises NoMatch
+    saying why not."""
+    b, code, consts, F, fs, gathers = _build(sc.message, dst, sc.index, sc.node, writes, stops, encoders)
     if sc.reduce in ("max", "min"):  # torch's formula for ties: its derivatives must fit the kernels too
         for k, lf in enumerate(b.leaves):
             if fake_tensor(lf.node).requires_grad:
@@ -527,7 +531,7 @@ class EdgeProgram(Program):
 
 
 def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], writes: Writes,
-                        stops=()) -> List[EdgeProgram]:
+                        stops=(), encoders: bool = True) -> List[EdgeProgram]:
     """Edge programs over the structures the piece builds anyway (``structures``: destination
     row of an edge_index, its number of destinations, and the destination index node)."""
     out: List[EdgeProgram] = []
@@ -541,7 +545,7 @@ def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], wri
             continue
         for dst, num_dst, dst_index in structures:
             try:
-                b, code, consts, F, fs, gathers = _build(n, dst, dst_index, n, writes, stops)
+                b, code, consts, F, fs, gathers = _build(n, dst, dst_index, n, writes, stops, encoders)
             except NoMatch:
                 continue
             if gathers == 0 or not b.ops or b.src is None or not b.src[0].is_row(1 - dst.row, of=dst.tensor):

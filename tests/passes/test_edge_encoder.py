@@ -153,3 +153,18 @@ def test_encoder_bad_inputs():
                        ([x, a, wt, torch.randn(1, F + 1)], [P.COL, P.ENC, P.CONST, P.CONST])]:
         with pytest.raises((ValueError, RuntimeError)):
             call(ins, sides)
+
+
+def test_outside_choice_reads_the_map_as_computed():
+    """settings choices['edge_encoder'] = 'outside' (GNNCOMPILE_EDGE_ENCODER=outside): the map is
+    computed as written and read per edge."""
+    torch.manual_seed(0)
+    model = gnn.GINEConv(torch.nn.Linear(F, F), edge_dim=D).double()
+    inputs = _inputs(torch.float64)
+    compiled = gnncompile.compile(model, settings={"choices": {"edge_encoder": "outside", "programs": "always"}})
+    check_same(model, compiled, list(inputs), **TOL[torch.float64])
+    rep = gnncompile.explain(compiled, *inputs)
+    details = [f.detail for f in rep.fused if f.kind == "message"]
+    assert details == ["relu+add(x_j,edge)"], str(rep)
+    with pytest.raises(ValueError, match="edge_encoder"):
+        gnncompile.compile(model, settings={"choices": {"edge_encoder": "sideways"}})
