@@ -31,16 +31,30 @@ def module_command(name: str) -> List[str]:
 
 #: The speed guard (gnncompile.compiler.guard) times both forms of each piece, then the whole
 #: compiled model against the model as written, over its first ~25 training calls: a benchmark
-#: steps until the model-level decision is made (at most this many steps) and times what it kept.
+#: steps until the model-level decision is final (at most this many steps, plus those of the
+#: re-check of a close win: :func:`guard_steps`) and times what it kept.
 GUARD_STEPS = 60
 
 
+def guard_steps() -> int:
+    """The most steps :func:`step_past_guard` takes: GUARD_STEPS, plus the re-check of a close
+    win of the compiled model (RECHECK_AFTER calls later, one untimed and 2 x RECHECK_SAMPLES
+    timed calls, then the deciding one)."""
+    from gnncompile.compiler import guard
+
+    return GUARD_STEPS + guard.RECHECK_AFTER + 2 + 2 * guard.RECHECK_SAMPLES
+
+
 def guard_decided(run) -> bool:
-    """Whether the speed guard has decided for the whole model, training (gradients on)."""
+    """Whether the speed guard has decided for good for the whole model, training (gradients
+    on): decided, and no re-check of a close win pending (``ModelGuard.settled``)."""
+    model_guard = getattr(run, "_guard", None)
+    if model_guard is not None and hasattr(model_guard, "settled"):
+        return model_guard.settled(True)
     return any(d.piece.startswith("the whole model") and d.grad for d in run.guard_decisions())
 
 
-def step_past_guard(run, step: Callable[[], object], limit: int = GUARD_STEPS) -> int:
+def step_past_guard(run, step: Callable[[], object], limit: Optional[int] = None) -> int:
     """Calls ``step`` until the speed guard of ``run`` (a compiled model) has decided for the
     whole model, at most ``limit`` times; returns how many steps it took. 0 at once for an
     uncompiled model or one compiled with the guard off (there is nothing to wait for: until
@@ -48,6 +62,7 @@ def step_past_guard(run, step: Callable[[], object], limit: int = GUARD_STEPS) -
     settings = getattr(run, "gnncompile_settings", None)
     if not hasattr(run, "guard_decisions") or settings is None or getattr(settings, "guard", "off") == "off":
         return 0
+    limit = guard_steps() if limit is None else limit
     n = 0
     while n < limit and not guard_decided(run):
         step()

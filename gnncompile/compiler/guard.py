@@ -18,6 +18,11 @@ A model compiled with :func:`gnncompile.compile` has one more guard around the w
 (:class:`ModelGuard`): once its pieces have decided, the compiled model is timed against the
 model as written (eager), per grad mode, so that Dynamo's own per-call cost, graph breaks and
 recompiles count too; where eager wins, the compiled module calls the model itself from then on.
+Where the compiled model won that race by little (its fastest call less than
+:data:`RECHECK_BELOW` faster than eager's), the two are timed again once, after
+:data:`RECHECK_AFTER` more calls (:data:`RECHECK_SAMPLES` calls each, alternating), and the
+compiled model stays only if it is still :data:`MODEL_MARGIN` faster: the first calls after the
+pieces' races can be slowed by transients that the steady state does not have (HISTORY section 29).
 
 ``Settings.guard`` ('time', the default, or 'off'; ``$GNNCOMPILE_GUARD``) turns it on and off;
 :func:`gnncompile.explain` of a compiled model lists the decisions
@@ -25,6 +30,7 @@ recompiles count too; where eager wins, the compiled module calls the model itse
 """
 from __future__ import annotations
 
+import statistics
 import time
 import weakref
 from dataclasses import dataclass
@@ -46,6 +52,13 @@ WARM = 2 + 2 * SAMPLES + 1
 #: the compiled model is kept only when its fastest call is this much faster than eager's: within
 #: the noise of 5 calls each the model as written is the safe choice (it is exactly eager)
 MODEL_MARGIN = 0.03
+#: a model race the compiled model won by less than this (eager's fastest call less than 10% slower
+#: than the compiled one's) is a close win: the two are timed again, once, after RECHECK_AFTER calls
+RECHECK_BELOW = 0.10
+#: calls of the kept compiled model (per grad mode) between a close win and its re-check
+RECHECK_AFTER = 150
+#: timed calls of each form at the re-check (after one untimed call of the model as written)
+RECHECK_SAMPLES = 10
 
 REWRITTEN, UNREWRITTEN = "rewritten", "unrewritten"
 COMPILED, EAGER = "compiled", "eager"
@@ -63,11 +76,13 @@ class Decision:
     rewritten_ms: Optional[float] = None  # the fastest timed call (forward + backward)
     unrewritten_ms: Optional[float] = None
     reason: str = ""
+    recheck: bool = False  # the re-check of a close win (ModelGuard), not a first race
 
     def __str__(self) -> str:
         mode = "training" if self.grad else "no grad"
         sizes = f", {self.nodes} nodes / {self.edges} edges" if self.nodes or self.edges else ""
-        return f"{self.piece}{sizes} ({mode}): kept {self.kept}: {self.reason}"
+        again = ", re-check of a close win" if self.recheck else ""
+        return f"{self.piece}{sizes} ({mode}){again}: kept {self.kept}: {self.reason}"
 
 
 def unrewritten_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -85,7 +100,7 @@ def _bucket(n: int) -> int:
 
 
 class _Race:
-    __slots__ = ("calls", "samples", "pending", "winner", "nodes", "edges")
+    __slots__ = ("calls", "samples", "pending", "winner", "nodes", "edges", "need", "recheck_in", "rechecking")
 
     def __init__(self, nodes: int, edges: int) -> None:
         self.calls = 0
@@ -93,6 +108,9 @@ class _Race:
         self.pending = None  # the last timed call, until its backward has had its chance
         self.winner: Optional[Callable] = None
         self.nodes, self.edges = nodes, edges
+        self.need = SAMPLES  # timed calls of each form before deciding
+        self.recheck_in: Optional[int] = None  # calls of the winner left before its re-check
+        self.rechecking = False  # this round is the re-check of a close win
 
 
 class _Timing:
@@ -158,16 +176,20 @@ class _Racer:
 
     def _run(self, race: _Race, grad: bool, warm: int, args, kwargs, inputs: Callable[[], list], sync: bool):
         """One call of ``race``: ``warm`` untimed calls of form 0 and one of form 1 first, then
-        timed calls alternating in pairs (0 1, 1 0, ...) until each form has SAMPLES."""
+        timed calls alternating in pairs (0 1, 1 0, ...) until each form has ``race.need``
+        (SAMPLES; RECHECK_SAMPLES at a re-check)."""
         self._settle(race)
-        if min(len(s) for s in race.samples) >= SAMPLES:
+        if min(len(s) for s in race.samples) >= race.need:
             # the fastest call of each: on a shared machine a call is slowed by others, never
             # sped up, and the minimum picks the faster form far more often than the median
             # (benchmarks/results/HISTORY.md, "Speed guard")
             a, b = (min(s) for s in race.samples)
-            self._decide(race, grad, 0 if a * (1 + self._margin) <= b else 1,
-                         f"fastest of {SAMPLES} calls each: {a * 1e3:.3f} ms {self._names[0]} vs {b * 1e3:.3f} ms "
-                         f"{self._names[1]} ({b / a if a > 0 else float('inf'):.2f}x)", a, b)
+            reason = (f"fastest of {race.need} calls each: {a * 1e3:.3f} ms {self._names[0]} vs {b * 1e3:.3f} ms "
+                      f"{self._names[1]} ({b / a if a > 0 else float('inf'):.2f}x)")
+            if race.rechecking:
+                ma, mb = (statistics.median(s) for s in race.samples)
+                reason += f"; medians {ma * 1e3:.3f} ms vs {mb * 1e3:.3f} ms ({mb / ma if ma > 0 else float('inf'):.2f}x)"
+            self._decide(race, grad, 0 if a * (1 + self._margin) <= b else 1, reason, a, b)
             return race.winner(*args, **kwargs)
         n = race.calls
         race.calls += 1
@@ -203,7 +225,8 @@ class _Racer:
         race.winner = self._forms[keep]
         race.samples = ([], [])
         d = Decision(self.label, race.nodes, race.edges, grad, self._names[keep],
-                     None if a is None else a * 1e3, None if b is None else b * 1e3, reason)
+                     None if a is None else a * 1e3, None if b is None else b * 1e3, reason, race.rechecking)
+        race.rechecking = False
         self.decisions.append(d)
         _log.info("gnncompile speed guard: %s", d)
 
@@ -259,9 +282,12 @@ class ModelGuard(_Racer):
     per-call cost, graph breaks and recompiles included. The compiled form runs first until the
     pieces' guards have decided (``verdict(grad)`` is not None) or :data:`WARM` calls have
     passed; then both run alternately, timed, and the compiled model is kept when its fastest
-    call is at least :data:`MODEL_MARGIN` faster. Where the model as written wins, it runs from then
-    on without Dynamo, and the compiled module calls it without any work of its own per call
-    (:attr:`as_written`)."""
+    call is at least :data:`MODEL_MARGIN` faster. A close win (less than :data:`RECHECK_BELOW`)
+    is timed again once, :data:`RECHECK_AFTER` calls later, :data:`RECHECK_SAMPLES` calls each,
+    with the same rule (:meth:`settled` says when nothing is left to time). Where the model as
+    written wins, it runs from then on without Dynamo, and the compiled module calls it without
+    any work of its own per call (:attr:`as_written`). A win of the model as written is not
+    re-checked: it is exactly eager."""
 
     _names = (COMPILED, EAGER)
     _margin = MODEL_MARGIN
@@ -281,9 +307,23 @@ class ModelGuard(_Racer):
 
     def _decide(self, race: _Race, grad: bool, keep: int, reason: str, a: Optional[float] = None,
                 b: Optional[float] = None) -> None:
+        if race.rechecking:
+            reason = f"timed again after {RECHECK_AFTER} calls: {reason}"
+        elif keep == 0 and a is not None and b is not None and b < a * (1 + RECHECK_BELOW):
+            # a close win: the first timed calls after the pieces' races can be slowed by
+            # transients (of either form), and 5 calls each do not always outlast them
+            race.recheck_in = RECHECK_AFTER
+            reason += (f"; a close win (under {1 + RECHECK_BELOW:.2f}x): timed again after "
+                       f"{RECHECK_AFTER} calls")
         super()._decide(race, grad, keep, reason, a, b)
         if keep == 1:
             self.as_written[grad] = self._forms[1]
+
+    def settled(self, grad: bool = True) -> bool:
+        """Whether the race of grad mode ``grad`` has decided for good: decided, and no re-check
+        of a close win pending or under way (a benchmark times the kept form from then on)."""
+        race = self._races.get(grad)
+        return race is not None and race.winner is not None and race.recheck_in is None
 
     def __call__(self, *args, **kwargs):
         grad = torch.is_grad_enabled()
@@ -291,7 +331,17 @@ class ModelGuard(_Racer):
         if race is None:
             race = self._races[grad] = _Race(0, 0)
         if race.winner is not None:
-            return race.winner(*args, **kwargs)
+            if race.recheck_in is None:
+                return race.winner(*args, **kwargs)
+            if race.recheck_in > 0:
+                race.recheck_in -= 1
+                return race.winner(*args, **kwargs)
+            # the re-check of a close win: one untimed call of the model as written, then
+            # RECHECK_SAMPLES timed calls of each form, alternating (each a real call: its output
+            # is returned, its backward is the caller's)
+            race.recheck_in, race.winner, race.rechecking = None, None, True
+            race.calls, race.need = 0, RECHECK_SAMPLES
+            self._warm[grad] = 0
         warm = self._warm.get(grad)
         if warm is None:  # still warming up the compiled form (its pieces decide meanwhile)
             if race.calls >= 2 and (race.calls >= WARM or self._verdict(grad) is not None):
@@ -340,5 +390,5 @@ def _sizes(args, nodes_at, edges_at) -> Tuple[int, int]:
     return max(node_rows, default=0), max(edge_counts, default=0)
 
 
-__all__ = ["SpeedGuard", "ModelGuard", "Decision", "SAMPLES", "MAX_SIZE", "WARM", "MODEL_MARGIN", "unrewritten_copy", "REWRITTEN",
-           "UNREWRITTEN", "COMPILED", "EAGER"]
+__all__ = ["SpeedGuard", "ModelGuard", "Decision", "SAMPLES", "MAX_SIZE", "WARM", "MODEL_MARGIN", "RECHECK_BELOW",
+           "RECHECK_AFTER", "RECHECK_SAMPLES", "unrewritten_copy", "REWRITTEN", "UNREWRITTEN", "COMPILED", "EAGER"]

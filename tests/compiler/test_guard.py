@@ -329,3 +329,141 @@ def test_fullgraph_compile_errors_are_raised():
     compiled = gnncompile.compile(Breaks(), fullgraph=True)
     with pytest.raises(Exception, match="graph_break|graph break"):
         compiled(torch.randn(3))
+
+
+# ----------------------------------------------------------------------------- re-check of a close win
+class _Clock:
+    """Stands in for the guard's clock: time moves only where a fake form says it costs."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = _Clock()
+    monkeypatch.setattr(G, "time", c)  # the guard's own clock only
+    return c
+
+
+def _costed_guard(clock, eager_ms, model=None, g=None):
+    """A ModelGuard (``g``, or a new one) whose compiled form costs 1 ms a call and whose model as
+    written costs ``eager_ms(guard)`` ms (on the fake clock); both really run ``model``. Returns
+    the guard, the list of (grad mode, form) of each call and the model."""
+    model = model or torch.nn.Linear(4, 4)
+    calls = []
+
+    def compiled(x):
+        calls.append((torch.is_grad_enabled(), G.COMPILED))
+        clock.t += 1e-3
+        return model(x)
+
+    def eager(x):
+        calls.append((torch.is_grad_enabled(), G.EAGER))
+        clock.t += eager_ms(g) * 1e-3
+        return model(x)
+    g = g or G.ModelGuard(compiled, model, lambda grad: "rewritten")
+    g._forms = (compiled, eager)
+    return g, calls, model
+
+
+def _call(g, model, grad=True):
+    x = torch.randn(3, 4)
+    if grad:
+        out = g(x)
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)  # the form's own output
+        out.sum().backward()
+    else:
+        with torch.no_grad():
+            torch.testing.assert_close(g(x), model(x), rtol=0, atol=0)
+
+
+def test_a_close_win_that_is_a_loss_in_the_steady_state_switches_to_eager(clock):
+    # eager 5% slower during the first race (a transient), 5% faster from then on
+    g, calls, model = _costed_guard(clock, lambda g: 1.05 if not g.decisions else 0.95)
+    while not g.decisions:
+        _call(g, model)
+    first = g.decisions[0]
+    assert first.kept == G.COMPILED and not first.recheck and "close win" in first.reason
+    assert not g.settled(True)
+    start = len(calls)
+    for i in range(G.RECHECK_AFTER + 1 + 2 * G.RECHECK_SAMPLES + 1):
+        _call(g, model)
+        if i % 10 == 0:  # no-grad calls race apart and do not count towards the re-check
+            _call(g, model, grad=False)
+    training = [f for grad, f in calls[start:] if grad]
+    # RECHECK_AFTER calls of the compiled model, then one untimed eager call, then both alternately
+    assert training[:G.RECHECK_AFTER] == [G.COMPILED] * G.RECHECK_AFTER
+    assert training[G.RECHECK_AFTER] == G.EAGER
+    trained = [d for d in g.decisions if d.grad]
+    assert [(d.kept, d.recheck) for d in trained] == [(G.COMPILED, False), (G.EAGER, True)]
+    again = trained[1]
+    assert again.rewritten_ms == pytest.approx(1.0) and again.unrewritten_ms == pytest.approx(0.95)
+    assert f"fastest of {G.RECHECK_SAMPLES} calls each" in again.reason and "medians" in again.reason
+    assert g.settled(True) and g.as_written[True] is g._forms[1]
+    assert training[-1] == G.EAGER  # the call after the re-check: eager
+    assert all(p._backward_hooks is None for p in model.parameters())  # no timing hook left
+
+
+def test_a_close_win_confirmed_at_the_re_check_stays_compiled(clock):
+    g, calls, model = _costed_guard(clock, lambda g: 1.05)
+    for _ in range(G.WARM + 2 + 2 * G.SAMPLES + G.RECHECK_AFTER + 2 + 2 * G.RECHECK_SAMPLES + 5):
+        _call(g, model)
+    assert [(d.kept, d.recheck) for d in g.decisions] == [(G.COMPILED, False), (G.COMPILED, True)]
+    assert g.settled(True) and True not in g.as_written
+    assert [f for _, f in calls[-5:]] == [G.COMPILED] * 5
+    assert calls.count((True, G.EAGER)) == 1 + G.SAMPLES + 1 + G.RECHECK_SAMPLES  # one re-check only
+
+
+def test_a_clear_win_is_not_re_checked(clock):
+    g, calls, model = _costed_guard(clock, lambda g: 1.5)
+    while not g.decisions:
+        _call(g, model)
+    assert g.settled(True)  # nothing left to time: a benchmark may time it from here
+    start = len(calls)
+    for _ in range(G.RECHECK_AFTER + 2 + 2 * G.RECHECK_SAMPLES + 5):
+        _call(g, model)
+    assert [(d.kept, d.recheck) for d in g.decisions] == [(G.COMPILED, False)]
+    assert "close win" not in g.decisions[0].reason
+    assert [f for _, f in calls[start:]] == [G.COMPILED] * (len(calls) - start)
+
+
+def test_explain_reports_the_re_check(clock):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    compiled = gnncompile.compile(model, settings={"choices": {"guard": "time"}})
+    # the compiled module's own guard, with fake forms around the real model (no Dynamo compile: fast)
+    g, calls, _ = _costed_guard(clock, lambda g: 1.05 if not g.decisions else 0.9, model, compiled._guard)
+    for _ in range(G.WARM + 2 + 2 * G.SAMPLES + G.RECHECK_AFTER + 2 + 2 * G.RECHECK_SAMPLES + 2):
+        compiled(torch.randn(3, 4)).sum().backward()
+    text = str(gnncompile.explain(compiled, torch.randn(3, 4)))
+    first, again = g.decisions
+    assert str(first) in text and str(again) in text
+    assert "re-check of a close win" in str(again) and "kept eager" in str(again)
+    assert f"timed again after {G.RECHECK_AFTER} calls" in str(again)
+    assert "1.000 ms compiled vs 0.900 ms eager" in str(again)
+    n = len(calls)
+    compiled(torch.randn(3, 4))
+    assert calls[n:] == [(True, G.EAGER)] and compiled._as_written[True] is g._forms[1]  # eager from then on
+
+
+def test_benchmarks_step_past_the_re_check(clock):
+    """benchmarks/_common.step_past_guard (the benchmarks' warm-up) goes on past a pending
+    re-check, so that they time the form kept for good."""
+    from types import SimpleNamespace
+
+    from benchmarks import _common
+
+    g, calls, model = _costed_guard(clock, lambda g: 1.05 if not g.decisions else 0.95)
+    run = SimpleNamespace(_guard=g, gnncompile_settings=SimpleNamespace(guard="time"),
+                          guard_decisions=lambda: g.decisions)
+    n = _common.step_past_guard(run, lambda: _call(g, model))
+    assert g.settled(True) and [d.kept for d in g.decisions] == [G.COMPILED, G.EAGER]
+    # 2 compiled calls (the pieces have decided), one untimed eager call, the timed calls, the
+    # deciding call; the re-check likewise
+    first = 2 + 1 + 2 * G.SAMPLES + 1
+    assert n == len(calls) == first + G.RECHECK_AFTER + 1 + 2 * G.RECHECK_SAMPLES + 1
+    assert n <= _common.guard_steps()
