@@ -254,9 +254,9 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
     its result and the local holding each slot's last value (what the interpreter's registers
     hold after the program: message_sum_multi's results). Input k's value at ``f`` is read from
     ``p<k>`` (width F or a divisor of F) or ``s<k>`` (width 1), set up by the caller. An edge
-    encoder's (``dims[k]`` > 0: ``p<k>`` its features) is computed per feature (:func:`_enc_value`),
-    except on the CPU below width F, where the caller computes it per edge: ``s<k>`` (width 1),
-    or ``e<k>``, the tile's columns from ``c0_<k>``."""
+    encoder's (``dims[k]`` > 0: ``p<k>`` its features) is computed per feature on CUDA
+    (:func:`_enc_value`); on the CPU the caller computes it per edge: ``s<k>`` (width 1), or
+    ``e<k>``, the tile's columns (from ``c0_<k>`` below width F) by encoder_core.h's encode_run."""
     lines: List[str] = []
     instrs: List[tuple] = []
     reg = {}
@@ -274,10 +274,10 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         pc = _lit(consts[c]) if P.OPS[op][2] == 2 else ""
         if name == "in" and dims and dims[a]:
             k = a
-            if cuda or kinds[k] == "f":
+            if cuda:
                 rhs = _enc_value(k, dims[k], {"f": "f", "s": "0", "g": f"f / div{k}"}[kinds[k]], dtype, cuda)
             else:
-                rhs = f"s{k}" if kinds[k] == "s" else f"e{k}[f / div{k} - c0_{k}]"
+                rhs = {"s": f"s{k}", "f": f"e{k}[t]", "g": f"e{k}[f / div{k} - c0_{k}]"}[kinds[k]]
         elif name == "in":
             k = a
             if kinds[k] == "f":
@@ -568,7 +568,7 @@ def emit(spec: Spec) -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if s == P.ENC:
             setup += _encoder_pointers(k, kind)
-            if kind == "g":
+            if kind != "s":
                 setup.append(f"  alignas(64) acc_t e{k}[TILE];")
             continue
         setup += _input_pointers(k, kind)
@@ -593,16 +593,18 @@ def emit(spec: Spec) -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if s in (P.ROW, P.CONST):
             continue
-        if s == P.ENC:  # its features; below width F its values, per edge (of the tile's columns)
+        if s == P.ENC:  # its features, and its values per edge: the tile's columns (encoder_core.h)
             D = spec.dim(k)
             edge.append(f"    const scalar_t* p{k} = in{k} + e * {D};")
+            ind = "      " if edges else "    "
             if kind == "s":
                 edge.append(f"    const acc_t s{k} = {_enc_value(k, D, '0', spec.dtype)};")
-            elif kind == "g":
-                ind = "      " if edges else "    "
+            elif kind == "f":
+                enc.append(f"{ind}encode_run<acc_t>(p{k}, {D}, wt{k} + f0, ew{k}, bs{k} + f0, n, e{k});")
+            else:
                 enc += [f"{ind}const int64_t c0_{k} = f0 / div{k};",
-                        f"{ind}for (int c = 0, nc = static_cast<int>((f0 + n - 1) / div{k} - c0_{k} + 1); c < nc; ++c)",
-                        f"{ind}  e{k}[c] = {_enc_value(k, D, f'c0_{k} + c', spec.dtype)};"]
+                        f"{ind}encode_run<acc_t>(p{k}, {D}, wt{k} + c0_{k}, ew{k}, bs{k} + c0_{k}, "
+                        f"static_cast<int>((f0 + n - 1) / div{k} - c0_{k} + 1), e{k});"]
             continue
         r = {P.COL: "src", P.EDGE: "e", P.SLOT: "sl"}[s]
         edge.append(f"    const scalar_t* p{k} = in{k} + {r} * w{k};")
@@ -635,6 +637,8 @@ def emit(spec: Spec) -> str:
     head = _HEAD.format(what=_WHAT[spec.op], key=spec.key(), scalar=scalar,
                         index="int64_t" if spec.index == "int64" else "int32_t", tile=TILE[spec.dtype],
                         prefetch="\n".join(prefetch) + "\n")
+    if P.ENC in sides:
+        head = head.replace('#include "cpu/codegen_abi.h"\n', '#include "cpu/codegen_abi.h"\n#include "cpu/encoder_core.h"\n')
     if edges:
         store = (f"        o[f] = {res};" if spec.out == "f" else
                  f"        {{ scalar_t& d = o[f / div_o]; d = from_acc<scalar_t>(to_float(d) + {res}); }}")

@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "../common/macros.h"
+#include "encoder_core.h"
 #include "reduce_core.h"
 #include "rows_core.h"
 
@@ -56,10 +57,14 @@ struct Input {
 };
 
 // An edge encoder's values for columns [c0, c0 + nc) of the edge whose features are ar:
-// d[i] = b[c0 + i] + ar[0] * Wt[0, c0 + i] + ... (in that order; the loop over the features
-// outside, over the columns inside: a row of Wt is contiguous over the columns, so it vectorizes).
+// d[i] = b[c0 + i] + ar[0] * Wt[0, c0 + i] + ... (in that order: encoder_core.h; the loop over
+// the features outside, over the columns inside: a row of Wt is contiguous over the columns).
 template <typename scalar_t, typename acc_t>
 inline void encode_columns(const Input<scalar_t>& in, const scalar_t* ar, int64_t c0, int nc, acc_t* d) {
+  if constexpr (std::is_same<scalar_t, acc_t>::value) {  // the kernels' case (message.cpp): encoder_core.h
+    encode_run(ar, in.dim, in.wt + c0, in.width, in.bias + c0, nc, d);
+    return;
+  }
   const scalar_t* b = in.bias + c0;
   for (int i = 0; i < nc; ++i) d[i] = to_float(b[i]);
   for (int64_t k = 0; k < in.dim; ++k) {

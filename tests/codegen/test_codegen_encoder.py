@@ -170,14 +170,23 @@ def test_bad_encoder_specs_are_refused():
             codegen.make_spec(code, consts, sides, widths, 8, "sum", torch.float32, torch.int64)
 
 
-def test_encoder_source_has_no_fused_multiply_add_and_unrolls():
-    """The per-feature sum is written product by product (up to ENC_UNROLL features), a loop
-    beyond; the kernels are built with -ffp-contract=off (no product fused with a sum)."""
+def test_encoder_source():
+    """On the CPU the tile's columns once per edge (encoder_core.h, the interpreter's code); the
+    kernels are built with -ffp-contract=off (no product fused with a sum). On CUDA one sum per
+    feature, written product by product up to ENC_UNROLL features (a loop beyond), each product
+    __fmul_rn / __dmul_rn (never fused)."""
+    from gnncompile.codegen import cuda
     code, consts = P.encode(PROGRAMS["relu_xj_enc"])
-    src = emit(codegen.make_spec(code, consts, SIDES, [F, F, 16, F, F, 1], F, "sum", torch.float32, torch.int64))
-    assert "acc_t(bs2[f]) + acc_t(p2[0]) * acc_t(wt2[f]) + acc_t(p2[1]) * acc_t(wt2[ew2 + f])" in src
-    assert "15 * ew2 + f" in src and "16 * ew2" not in src
+    spec = codegen.make_spec(code, consts, SIDES, [F, F, 16, F, F, 1], F, "sum", torch.float32, torch.int64)
+    src = emit(spec)
+    assert '#include "cpu/encoder_core.h"' in src and "encode_run<acc_t>(p2, 16, wt2 + f0, ew2, bs2 + f0, n, e2);" in src
+    assert "-ffp-contract=off" in build.BASE_FLAGS and "cpu/encoder_core.h" in build.HEADERS
+    dev = cuda.emit_cuda(spec)
+    assert "acc_t(bs2[f]) + __fmul_rn(acc_t(p2[0]), acc_t(wt2[f])) + __fmul_rn(acc_t(p2[1]), acc_t(wt2[ew2 + f]))" in dev
+    assert "15 * ew2 + f" in dev and "16 * ew2" not in dev
     D = ENC_UNROLL + 1
-    looped = emit(codegen.make_spec(code, consts, SIDES, [F, F, D, F, F, 1], F, "sum", torch.float32, torch.int64))
-    assert f"for (int d = 0; d < {D}; ++d)" in looped
-    assert "-ffp-contract=off" in build.BASE_FLAGS
+    looped = cuda.emit_cuda(codegen.make_spec(code, consts, SIDES, [F, F, D, F, F, 1], F, "sum", torch.float64,
+                                              torch.int64))
+    assert f"for (int d = 0; d < {D}; ++d) ev = ev + __dmul_rn(" in looped
+    plain = emit(codegen.make_spec(*P.encode(I0), [P.COL], [F], F, "sum", torch.float32, torch.int64))
+    assert "encoder_core.h" not in plain  # programs without an encoder: their sources as before
