@@ -12,6 +12,8 @@ linear map (Wt [D, F], b [1, F]), float32, N(0, 1). Variants, each the forward s
   generated            relu(x_j + lin(a_e)), lin computed per edge inside the generated kernel
                        (b + a[e] @ Wt, the E x F encoded edges never in memory)
   interpreter          the same program run by the interpreter (native/cpu/message_core.h)
+  encoder_alone        the generated kernel of the sum of lin(a_e) alone (no x_j): what computing
+                       the encoder costs, its feature rows read through the edge permutation
   materialized         the unfused alternative: e = torch.addmm(b, a, Wt) ([E, F] written), then
                        the generated kernel of relu(x_j + e) reading e per edge
 
@@ -87,6 +89,12 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
         return ops.message_reduce(rowptr, col, perm, [x, e], [P.COL, P.EDGE], code, consts, F, "sum", knobs, [],
                                   None)[0]
 
+    alone = P.encode(P.inp(0))
+
+    def run_alone():
+        return ops.message_reduce(rowptr, col, perm, [a, wt, b], [P.ENC, P.CONST, P.CONST], *alone, F, "sum", knobs,
+                                  [], None)[0]
+
     def run_spmm():
         return ops.spmm(rowptr, col, perm, None, x, "sum", knobs)[0]
 
@@ -95,7 +103,8 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
     ref = run_enc()  # the interpreter
     t0 = time.perf_counter()
     ok = [codegen.prepare(enc_ins, enc_sides, code, consts, F, "sum", rowptr.dtype, force=True),
-          codegen.prepare([x, e_like], [P.COL, P.EDGE], code, consts, F, "sum", rowptr.dtype, force=True)]
+          codegen.prepare([x, e_like], [P.COL, P.EDGE], code, consts, F, "sum", rowptr.dtype, force=True),
+          codegen.prepare([a, wt, b], [P.ENC, P.CONST, P.CONST], *alone, F, "sum", rowptr.dtype, force=True)]
     prepare_s = time.perf_counter() - t0
     del e_like
     if not all(ok):
@@ -113,8 +122,20 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
     def interp():
         codegen.suspend()
 
+    codegen.suspend()
+    ref_alone = run_alone()
+    codegen.resume()
+    calls = codegen.calls()
+    gen_alone = run_alone()
+    if codegen.calls() != calls + 1:
+        raise RuntimeError("codegen_encoder benchmark: the generated kernel of the encoder alone did not run")
+    agreement["encoder_alone_generated_vs_interpreter_bitwise"] = torch.equal(gen_alone.view(torch.int32),
+                                                                              ref_alone.view(torch.int32))
+    if not agreement["encoder_alone_generated_vs_interpreter_bitwise"]:
+        raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
     times = _rounds({"spmm": (codegen.resume, run_spmm), "generated": (codegen.resume, run_enc),
-                     "materialized": (codegen.resume, run_materialized), "interpreter": (interp, run_enc)}, rounds)
+                     "materialized": (codegen.resume, run_materialized), "interpreter": (interp, run_enc),
+                     "encoder_alone": (codegen.resume, run_alone)}, rounds)
     codegen.reset()
     return {"N": N, "E": E, "F": F, "D": D, "dtype": "float32", "prepare_in_process_s": prepare_s,
             "agreement": agreement, "forward_sum": _summary(times, "spmm")}

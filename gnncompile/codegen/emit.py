@@ -19,8 +19,10 @@ the same order and its prefetch. The glue runs the kernel per chunk of its balan
 Numerics: every operator is the interpreter's expression, in the same type and the same order,
 and the kernel is compiled with ``-ffp-contract=off``, so that no product of one instruction is
 fused with a sum of another into one multiply-add (the interpreter's instructions pass through
-memory, which cannot fuse; the one multiply-add inside an interpreter instruction, ``gelu_grad``'s
-``cdf + v * pdf``, is not contracted by the native module's build either: tests/codegen checks it).
+memory, which cannot fuse; inside an instruction, ``gelu_grad``'s ``cdf + v * pdf`` and an edge
+encoder's sum of products, the interpreter's file, native/cpu/message.cpp, is compiled with
+``-ffp-contract=off`` too: tests/codegen checks it). An edge encoder (side ``enc``) is computed per
+edge and tile by the interpreter's own code (native/cpu/encoder_core.h), D fixed at generation.
 Transcendental operators call the same scalar functions (``std::exp``, ``std::erf``, ...) as the
 interpreter: equal bit for bit, not faster (vectorized math is not done yet). Generated and
 interpreted results are compared bit for bit in tests/codegen (NaN compared as NaN: which NaN's
@@ -421,7 +423,9 @@ using index_t = {index};
 constexpr int TILE = {tile};
 
 // Prefetches what CSR slot j reads through col / perm (as the interpreter's prefetch_slot).
-inline void prefetch_slot(const GenArgs& a, int64_t j, int64_t f0, int n) {{
+// Always inlined: a prefetch has no side effect the compiler sees, so a call of this function,
+// left out of line, is a call of a pure function whose result is unused, and is deleted.
+__attribute__((always_inline)) inline void prefetch_slot(const GenArgs& a, int64_t j, int64_t f0, int n) {{
 {prefetch}}}
 """
 
@@ -564,9 +568,13 @@ def emit(spec: Spec) -> str:
     reads_slot = P.SLOT in sides
     scalar = "double" if spec.dtype == "float64" else "float"
     setup, edge, prefetch, enc = [], [], [], []
+    # edge encoders are computed (and their feature rows prefetched) only where an instruction reads them
+    read = {int(spec.code[i + 2]) for i in range(0, len(spec.code), P.INSTR) if spec.code[i] == P.OPCODE["in"]}
     # the pointers of every input: rows fixed for the tile (row / const sides) set up once
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if s == P.ENC:
+            if k not in read:
+                continue
             setup += _encoder_pointers(k, kind)
             if kind != "s":
                 setup.append(f"  alignas(64) acc_t e{k}[TILE];")
@@ -594,6 +602,8 @@ def emit(spec: Spec) -> str:
         if s in (P.ROW, P.CONST):
             continue
         if s == P.ENC:  # its features, and its values per edge: the tile's columns (encoder_core.h)
+            if k not in read:
+                continue
             D = spec.dim(k)
             edge.append(f"    const scalar_t* p{k} = in{k} + e * {D};")
             ind = "      " if edges else "    "
@@ -619,8 +629,12 @@ def emit(spec: Spec) -> str:
         prefetch.append("  if (!in_range(e, a.num_edges)) return;")
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if s == P.ENC:  # the edge's features, all D of them (every tile reads them all)
-            prefetch.append(f"  prefetch_bytes<0, 0>(static_cast<const scalar_t*>(a.inputs[{k}]) + e * {spec.dim(k)}, "
-                            f"{spec.dim(k)} * sizeof(scalar_t));")
+            if k not in read:
+                continue
+            prefetch.append(f"  {{ const char* p = reinterpret_cast<const char*>(static_cast<const scalar_t*>("
+                            f"a.inputs[{k}]) + e * {spec.dim(k)});")
+            prefetch.append(f"    for (int b = 0; b < static_cast<int>({spec.dim(k)} * sizeof(scalar_t)); b += 64) "
+                            f"__builtin_prefetch(p + b, 0, 0); }}")
             continue
         if s not in (P.COL, P.EDGE):
             continue

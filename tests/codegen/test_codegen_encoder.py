@@ -190,3 +190,23 @@ def test_encoder_source():
     assert f"for (int d = 0; d < {D}; ++d) ev = ev + __dmul_rn(" in looped
     plain = emit(codegen.make_spec(*P.encode(I0), [P.COL], [F], F, "sum", torch.float32, torch.int64))
     assert "encoder_core.h" not in plain  # programs without an encoder: their sources as before
+
+
+def test_prefetches_survive_compilation(tmp_path):
+    """The generated prefetch_slot is always inlined: out of line, a function of loads and
+    prefetches only is pure to the compiler, and its calls (whose result is unused) were deleted
+    with every prefetch in them (kernels reading two or more gathered inputs had none)."""
+    import shlex
+    import subprocess
+    code, consts = P.encode(PROGRAMS["gated"])
+    spec = codegen.make_spec(code, consts, SIDES, [F, F, 16, F, F, 1], F, "sum", torch.float32, torch.int64)
+    two = codegen.make_spec(*P.encode(P.node("relu", P.node("add", I0, I1))), [P.COL, P.EDGE], [F, F], F, "sum",
+                            torch.float32, torch.int64)
+    for s in (spec, two):
+        src = tmp_path / "k.cpp"
+        src.write_text(emit(s))
+        argv = shlex.split(build.compiler()) + build.module_flags() + ["-std=gnu++17", "-fPIC", "-ffp-contract=off",
+                                                                       "-I", str(build.NATIVE), "-S", str(src), "-o", "-"]
+        asm = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert asm.returncode == 0, asm.stderr[-2000:]
+        assert asm.stdout.count("prefetch") >= 2
