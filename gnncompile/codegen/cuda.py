@@ -231,7 +231,8 @@ def test_programs() -> List[Tuple[str, Spec]]:
     """The generated kernels whose CUDA source must compile (tests, make cuda-check): every opcode
     as a result of message_sum_multi kernels, in both dtypes; every reduce of message_reduce;
     message_edges in both orders and output classes; int32 and int64 structures; a per-slot input
-    read through ``slot``; edge encoders (side enc) of every width class, D unrolled and looped. (name, spec) pairs, names unique C identifiers."""
+    read through ``slot``; edge encoders (side enc) of every width class, D unrolled and looped.
+    (name, spec) pairs, names unique C identifiers."""
     names = [n for n, _, _ in P.OPS.values()]
     sides = [P.COL, P.ROW, P.EDGE, P.CONST, P.EDGE]
     widths = [70, 70, 1, 70, 14]

@@ -652,14 +652,16 @@ def emit(spec: Spec) -> str:
                         index="int64_t" if spec.index == "int64" else "int32_t", tile=TILE[spec.dtype],
                         prefetch="\n".join(prefetch) + "\n")
     if P.ENC in sides:
-        head = head.replace('#include "cpu/codegen_abi.h"\n', '#include "cpu/codegen_abi.h"\n#include "cpu/encoder_core.h"\n')
+        head = head.replace('#include "cpu/codegen_abi.h"\n',
+                            '#include "cpu/codegen_abi.h"\n#include "cpu/encoder_core.h"\n')
     if edges:
         store = (f"        o[f] = {res};" if spec.out == "f" else
                  f"        {{ scalar_t& d = o[f / div_o]; d = from_acc<scalar_t>(to_float(d) + {res}); }}")
         arrays, loops = _loops(instrs, [store], [res], "        const int64_t f = f0 + t;\n        (void)f;",
                                indent="      ")
         return head + _EDGES.format(by_slot="true" if spec.by_slot else "false", setup="\n".join(setup),
-                                    arrays="\n".join(arrays), edge="\n".join(edge), enc="".join("\n" + ln for ln in enc),
+                                    arrays="\n".join(arrays), edge="\n".join(edge),
+                                    enc="".join("\n" + ln for ln in enc),
                                     loops="\n".join(loops))
     loop_head = "      const int64_t f = f0 + t;\n      (void)f;"
     if spec.op == "multi":

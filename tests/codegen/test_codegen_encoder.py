@@ -179,10 +179,12 @@ def test_encoder_source():
     code, consts = P.encode(PROGRAMS["relu_xj_enc"])
     spec = codegen.make_spec(code, consts, SIDES, [F, F, 16, F, F, 1], F, "sum", torch.float32, torch.int64)
     src = emit(spec)
-    assert '#include "cpu/encoder_core.h"' in src and "encode_run<acc_t>(p2, 16, wt2 + f0, ew2, bs2 + f0, n, e2);" in src
+    assert '#include "cpu/encoder_core.h"' in src
+    assert "encode_run<acc_t>(p2, 16, wt2 + f0, ew2, bs2 + f0, n, e2);" in src
     assert "-ffp-contract=off" in build.BASE_FLAGS and "cpu/encoder_core.h" in build.HEADERS
     dev = cuda.emit_cuda(spec)
-    assert "acc_t(bs2[f]) + __fmul_rn(acc_t(p2[0]), acc_t(wt2[f])) + __fmul_rn(acc_t(p2[1]), acc_t(wt2[ew2 + f]))" in dev
+    assert ("acc_t(bs2[f]) + __fmul_rn(acc_t(p2[0]), acc_t(wt2[f])) + "
+            "__fmul_rn(acc_t(p2[1]), acc_t(wt2[ew2 + f]))") in dev
     assert "15 * ew2 + f" in dev and "16 * ew2" not in dev
     D = ENC_UNROLL + 1
     looped = cuda.emit_cuda(codegen.make_spec(code, consts, SIDES, [F, F, D, F, F, 1], F, "sum", torch.float64,
@@ -205,8 +207,8 @@ def test_prefetches_survive_compilation(tmp_path):
     for s in (spec, two):
         src = tmp_path / "k.cpp"
         src.write_text(emit(s))
-        argv = shlex.split(build.compiler()) + build.module_flags() + ["-std=gnu++17", "-fPIC", "-ffp-contract=off",
-                                                                       "-I", str(build.NATIVE), "-S", str(src), "-o", "-"]
+        argv = (shlex.split(build.compiler()) + build.module_flags() +
+                ["-std=gnu++17", "-fPIC", "-ffp-contract=off", "-I", str(build.NATIVE), "-S", str(src), "-o", "-"])
         asm = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         assert asm.returncode == 0, asm.stderr[-2000:]
         assert asm.stdout.count("prefetch") >= 2
