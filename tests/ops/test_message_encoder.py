@@ -193,3 +193,22 @@ def test_bad_encoder_inputs_raise(case):
         ops.message_edges(*csr, ins, sides, code, consts, F, F, False, [], [], None)
     with pytest.raises(err, match=msg):  # the reference says the same
         M.message_reduce(*csr, ins, sides, code, consts, F, "sum")
+
+
+def test_non_contiguous_encoder_inputs():
+    """A Linear's weight [W, D] passed transposed (Wt, a view), features a slice of a wider
+    tensor: the same values as contiguous copies."""
+    csr, _, _ = _structure(8)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(N_SRC, F, generator=g)
+    weight = torch.randn(F, 16, generator=g)  # torch.nn.Linear(16, F).weight's layout
+    wide = torch.randn(E, 20, generator=g)
+    a, wt, b = wide[:, 2:18], weight.t(), torch.randn(F, generator=g).view(1, F)
+    assert not a.is_contiguous() and not wt.is_contiguous()
+    sides = [P.COL, P.ENC, P.CONST, P.CONST]
+    code, consts = P.encode(P.node("relu", P.node("add", I0, I1)))
+    out = ops.message_edges(*csr, [x, a, wt, b], sides, code, consts, F, F, False, [], [], None)
+    ref = ops.message_edges(*csr, [x, a.contiguous(), wt.contiguous(), b], sides, code, consts, F, F, False, [], [],
+                            None)
+    _exact(out, ref)
+    _exact(out, M.message_edges(*csr, [x, a, wt, b], sides, code, consts, F, F))
