@@ -37,7 +37,8 @@ from typing import Dict, List, Optional, Tuple
 from .. import config as _config
 
 NATIVE = Path(__file__).resolve().parent.parent.parent / "native"
-HEADERS = ("common/dtype.h", "common/macros.h", "cpu/codegen_abi.h", "cpu/reduce_core.h", "cpu/rows_core.h")
+HEADERS = ("common/dtype.h", "common/macros.h", "cpu/codegen_abi.h", "cpu/encoder_core.h", "cpu/reduce_core.h",
+           "cpu/rows_core.h")
 SYMBOL = "gnncompile_message_rows"
 ABI_SYMBOL = "gnncompile_codegen_abi"
 BASE_FLAGS = ("-std=gnu++17", "-fPIC", "-shared", "-ffp-contract=off")

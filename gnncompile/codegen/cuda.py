@@ -25,7 +25,7 @@ import re
 from typing import List, Sequence, Tuple
 
 from ..ops import program as P
-from .emit import _REDUCE_NAMES, _WHAT, Spec, _input_pointers, _statements, make_spec
+from .emit import _REDUCE_NAMES, _WHAT, Spec, _encoder_pointers, _input_pointers, _statements, make_spec
 
 ABI = 1  # kCodegenCudaAbi (native/cuda/codegen_abi.cuh)
 MAX_INPUTS = 16  # kGenMaxInputs
@@ -134,6 +134,9 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if k not in read:
             continue
+        if s == P.ENC:  # an edge encoder: computed per feature (emit._enc_value), inputs k + 1, k + 2 its Wt and b
+            setup += _encoder_pointers(k, kind)
+            continue
         setup += _input_pointers(k, kind)
         if s in (P.ROW, P.CONST):
             row_setup.append(f"    const scalar_t* p{k} = in{k} + {'row' if s == P.ROW else '0'} * w{k};")
@@ -143,7 +146,7 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
     if P.COL in sides:
         edge.append(f"{ind}const int64_t src = static_cast<int64_t>(col[j]);")
         edge.append(f"{ind}if (!gen_in_range(src, a.num_src)) {{ gen_fail(a, Status::BadCol); return; }}")
-    if P.EDGE in sides or edges:
+    if P.EDGE in sides or P.ENC in sides or edges:
         edge.append(f"{ind}const int64_t e = static_cast<int64_t>(perm[j]);")
         edge.append(f"{ind}if (!gen_in_range(e, a.num_edges)) {{ gen_fail(a, Status::BadPerm); return; }}")
     if P.SLOT in sides:
@@ -155,13 +158,17 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if s in (P.ROW, P.CONST) or k not in read:
             continue
+        if s == P.ENC:
+            edge.append(f"{ind}const scalar_t* p{k} = in{k} + e * {spec.dim(k)};")
+            continue
         r = {P.COL: "src", P.EDGE: "e", P.SLOT: "sl"}[s]
         edge.append(f"{ind}const scalar_t* p{k} = in{k} + {r} * w{k};")
         if kind == "s":
             edge.append(f"{ind}const acc_t s{k} = to_acc(p{k}[0]);")
     index_ptrs = [f"  const index_t* {n} = static_cast<const index_t*>(a.{n});" for n, used in
-                  (("col", P.COL in sides), ("perm", P.EDGE in sides or edges), ("slot", P.SLOT in sides)) if used]
-    instrs, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype)
+                  (("col", P.COL in sides), ("perm", P.EDGE in sides or P.ENC in sides or edges),
+                   ("slot", P.SLOT in sides)) if used]
+    instrs, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype, spec.dims, cuda=True)
     lines = [_device(ln) for ins in instrs for ln in ins[1]]
     if edges:
         if spec.out == "f":
@@ -224,7 +231,8 @@ def test_programs() -> List[Tuple[str, Spec]]:
     """The generated kernels whose CUDA source must compile (tests, make cuda-check): every opcode
     as a result of message_sum_multi kernels, in both dtypes; every reduce of message_reduce;
     message_edges in both orders and output classes; int32 and int64 structures; a per-slot input
-    read through ``slot``. (name, spec) pairs, names unique C identifiers."""
+    read through ``slot``; edge encoders (side enc) of every width class, D unrolled and looped.
+    (name, spec) pairs, names unique C identifiers."""
     names = [n for n, _, _ in P.OPS.values()]
     sides = [P.COL, P.ROW, P.EDGE, P.CONST, P.EDGE]
     widths = [70, 70, 1, 70, 14]
@@ -244,6 +252,18 @@ def test_programs() -> List[Tuple[str, Spec]]:
                                                                        op="edges", out_width=w, by_slot=by_slot)))
         tanh = P.encode(P.node("mul", P.inp(0), P.node("tanh", P.inp(1))))
         out.append((f"csc_slot_{dt}", make_spec(*tanh, [P.COL, P.SLOT], [70, 70], 70, "sum", dt, "int64")))
+        # edge encoders (input 1: features [E, D], inputs 2 and 3 its Wt and b) of every output width
+        # class, D unrolled and looped (emit.ENC_UNROLL), read next to a neighbour and a per-slot input
+        enc_sides = [P.COL, P.ENC, P.CONST, P.CONST, P.SLOT]
+        enc = P.encode(P.node("mul", P.node("relu", P.node("add", P.inp(0), P.inp(1))), P.inp(4)))
+        for (D, W), reduce in zip(((16, 70), (33, 14), (3, 1)), ("sum", "max", "mean")):
+            out.append((f"enc_{reduce}_{D}_{W}_{dt}", make_spec(*enc, enc_sides, [70, D, W, W, 1], 70, reduce, dt,
+                                                                 "int32")))
+        code, consts, results = P.encode_many([P.node("tanh", P.inp(1)), P.node("mul", P.inp(1), P.inp(0))])
+        out.append((f"enc_multi_{dt}", make_spec(code, consts, enc_sides, [70, 8, 70, 70, 1], 70, "sum", dt, "int64",
+                                                 op="multi", results=results)))
+        out.append((f"enc_edges_{dt}", make_spec(*enc, enc_sides, [70, 40, 7, 7, 1], 70, "sum", dt, "int64",
+                                                 op="edges", out_width=14, by_slot=True)))
     return out
 
 

@@ -19,8 +19,10 @@ the same order and its prefetch. The glue runs the kernel per chunk of its balan
 Numerics: every operator is the interpreter's expression, in the same type and the same order,
 and the kernel is compiled with ``-ffp-contract=off``, so that no product of one instruction is
 fused with a sum of another into one multiply-add (the interpreter's instructions pass through
-memory, which cannot fuse; the one multiply-add inside an interpreter instruction, ``gelu_grad``'s
-``cdf + v * pdf``, is not contracted by the native module's build either: tests/codegen checks it).
+memory, which cannot fuse; inside an instruction, ``gelu_grad``'s ``cdf + v * pdf`` and an edge
+encoder's sum of products, the interpreter's file, native/cpu/message.cpp, is compiled with
+``-ffp-contract=off`` too: tests/codegen checks it). An edge encoder (side ``enc``) is computed per
+edge and tile by the interpreter's own code (native/cpu/encoder_core.h), D fixed at generation.
 Transcendental operators call the same scalar functions (``std::exp``, ``std::erf``, ...) as the
 interpreter: equal bit for bit, not faster (vectorized math is not done yet). Generated and
 interpreted results are compared bit for bit in tests/codegen (NaN compared as NaN: which NaN's
@@ -65,6 +67,12 @@ class Spec:
     results: Tuple[int, ...] = ()
     by_slot: bool = False
     out: str = "f"
+    # per input: D, the features of an edge encoder (side enc, whose kind is the width class of
+    # the encoder's output, Wt's), 0 for the others; () when no input is an encoder
+    dims: Tuple[int, ...] = ()
+
+    def dim(self, k: int) -> int:
+        return self.dims[k] if self.dims else 0
 
     def op_key(self) -> str:
         if self.op == "reduce":
@@ -74,9 +82,11 @@ class Spec:
         return f"e{int(self.by_slot)}{self.out}"
 
     def key(self) -> str:
-        """The registry key, byte for byte as codegen_key (native/cpu/message_codegen.cpp) writes it."""
+        """The registry key, byte for byte as codegen_key (native/cpu/message_codegen.cpp) writes it
+        (an edge encoder's input: its side, its output's width class, then ``d<D>``)."""
         ks = ",".join(f"{struct.unpack('<Q', struct.pack('<d', float(c)))[0]:016x}" for c in self.consts)
-        ins = ",".join(f"{s}{k}" for s, k in zip(self.sides, self.kinds))
+        ins = ",".join(f"{s}{k}" + (f"d{self.dim(i)}" if s == P.ENC else "")
+                       for i, (s, k) in enumerate(zip(self.sides, self.kinds)))
         return (f"v{ABI}|{self.op_key()}|{'f64' if self.dtype == 'float64' else 'f32'}|"
                 f"{'i64' if self.index == 'int64' else 'i32'}|c{','.join(str(c) for c in self.code)}|k{ks}|i{ins}")
 
@@ -106,6 +116,7 @@ def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int]
     if len(sides) != len(widths):
         raise ValueError(f"gnncompile.codegen: {len(sides)} sides for {len(widths)} inputs")
     written = check_program(code, consts, len(sides))
+    kinds, dims = _kinds(sides, widths, int(F))
     res: Tuple[int, ...] = ()
     out = "f"
     if op == "multi":
@@ -121,8 +132,29 @@ def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int]
     elif results or out_width is not None or by_slot:
         raise ValueError("gnncompile.codegen: results / out_width / by_slot belong to 'multi' and 'edges' kernels")
     return Spec(tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
-                tuple(width_kind(int(w), int(F)) for w in widths), REDUCES[reduce], dt, it, op, res,
-                bool(by_slot) if op == "edges" else False, out)
+                kinds, REDUCES[reduce], dt, it, op, res, bool(by_slot) if op == "edges" else False, out, dims)
+
+
+def _kinds(sides: Sequence[int], widths: Sequence[int], F: int) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
+    """Every input's width class, and every edge encoder's D (``widths``: every input's columns;
+    an encoder's are its D, its output's width is input k + 1's: program.py): the checks of
+    native/cpu/message.cpp's check_encoder that the widths allow, as ValueError."""
+    kinds, dims = [], []
+    for k, (s, w) in enumerate(zip(sides, widths)):
+        if int(s) != P.ENC:
+            kinds.append(width_kind(int(w), F))
+            dims.append(0)
+            continue
+        if k + 2 >= len(sides) or int(sides[k + 1]) != P.CONST or int(sides[k + 2]) != P.CONST:
+            raise ValueError(f"gnncompile.codegen: the edge encoder at input {k} needs its weight and bias as "
+                             f"constant inputs {k + 1} and {k + 2}")
+        W = int(widths[k + 1])
+        if int(w) < 1 or W < 1 or F % W or int(widths[k + 2]) != W:
+            raise ValueError(f"gnncompile.codegen: the edge encoder at input {k} has D = {w}, a weight of width {W} "
+                             f"and a bias of width {widths[k + 2]}: not D >= 1 and one width dividing {F}")
+        kinds.append(width_kind(W, F))
+        dims.append(int(w))
+    return tuple(kinds), (tuple(dims) if P.ENC in [int(s) for s in sides] else ())
 
 
 def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -> set:
@@ -192,14 +224,41 @@ def _pow_number(x: str, c: float, dtype: str) -> str:
 _CALLS = ("std::exp", "std::expm1", "std::erf", "std::tanh", "std::log", "std::log1p", "std::pow")
 
 
-def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[str], dtype: str
-                ) -> Tuple[List[tuple], str, dict]:
+ENC_UNROLL = 32  # an edge encoder of up to this many features is one unrolled sum per feature
+
+
+def _enc_value(k: int, D: int, c: str, dtype: str, cuda: bool = False) -> str:
+    """Edge encoder ``k``'s value at column ``c`` (an expression) for the edge whose features are
+    at ``p<k>`` (Wt at ``wt<k>``, of width ``ew<k>``; b at ``bs<k>``), in one line: b[c], then
+    each product added in feature order, each product rounded, as the interpreter (the CPU
+    kernels are compiled with -ffp-contract=off; on CUDA the products are ``__fmul_rn`` /
+    ``__dmul_rn``, which are never fused into a multiply-add). Unrolled up to ENC_UNROLL
+    features, a loop beyond."""
+    def mul(x: str, y: str) -> str:
+        if cuda:
+            return f"{'__dmul_rn' if dtype == 'float64' else '__fmul_rn'}({x}, {y})"
+        return f"{x} * {y}"
+    if D <= ENC_UNROLL:
+        terms = [f"acc_t(bs{k}[{c}])"]
+        for d in range(D):
+            row = "" if d == 0 else (f"ew{k} + " if d == 1 else f"{d} * ew{k} + ")
+            terms.append(mul(f"acc_t(p{k}[{d}])", f"acc_t(wt{k}[{row}{c}])"))
+        return " + ".join(terms)
+    return (f"[&] {{ const int64_t ec = {c}; acc_t ev = acc_t(bs{k}[ec]); for (int d = 0; d < {D}; ++d) "
+            f"ev = ev + {mul(f'acc_t(p{k}[d])', f'acc_t(wt{k}[d * ew{k} + ec])')}; return ev; }}()")
+
+
+def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[str], dtype: str,
+                dims: Sequence[int] = (), cuda: bool = False) -> Tuple[List[tuple], str, dict]:
     """The per-feature statements of the program (feature ``f``, tile offset ``t``), per
     instruction (its local, its lines, the locals it reads, whether it calls libm, whether it only
     reads an input or a constant), the name of
     its result and the local holding each slot's last value (what the interpreter's registers
     hold after the program: message_sum_multi's results). Input k's value at ``f`` is read from
-    ``p<k>`` (width F or a divisor of F) or ``s<k>`` (width 1), set up by the caller."""
+    ``p<k>`` (width F or a divisor of F) or ``s<k>`` (width 1), set up by the caller. An edge
+    encoder's (``dims[k]`` > 0: ``p<k>`` its features) is computed per feature on CUDA
+    (:func:`_enc_value`); on the CPU the caller computes it per edge: ``s<k>`` (width 1), or
+    ``e<k>``, the tile's columns (from ``c0_<k>`` below width F) by encoder_core.h's encode_run."""
     lines: List[str] = []
     instrs: List[tuple] = []
     reg = {}
@@ -215,7 +274,13 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         deps = [x, y][:arity]
         pb = _lit(consts[b]) if name not in ("in", "const") and P.OPS[op][2] >= 1 else ""
         pc = _lit(consts[c]) if P.OPS[op][2] == 2 else ""
-        if name == "in":
+        if name == "in" and dims and dims[a]:
+            k = a
+            if cuda:
+                rhs = _enc_value(k, dims[k], {"f": "f", "s": "0", "g": f"f / div{k}"}[kinds[k]], dtype, cuda)
+            else:
+                rhs = {"s": f"s{k}", "f": f"e{k}[t]", "g": f"e{k}[f / div{k} - c0_{k}]"}[kinds[k]]
+        elif name == "in":
             k = a
             if kinds[k] == "f":
                 rhs = f"acc_t(p{k}[f])"
@@ -358,7 +423,9 @@ using index_t = {index};
 constexpr int TILE = {tile};
 
 // Prefetches what CSR slot j reads through col / perm (as the interpreter's prefetch_slot).
-inline void prefetch_slot(const GenArgs& a, int64_t j, int64_t f0, int n) {{
+// Always inlined: a prefetch has no side effect the compiler sees, so a call of this function,
+// left out of line, is a call of a pure function whose result is unused, and is deleted.
+__attribute__((always_inline)) inline void prefetch_slot(const GenArgs& a, int64_t j, int64_t f0, int n) {{
 {prefetch}}}
 """
 
@@ -411,7 +478,7 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
         prefetch_slot(a, ahead, 0, static_cast<int>(F < TILE ? F : TILE));
       }}
     }}
-{edge}
+{edge}{enc}
 {loops}
   }}
 {store}
@@ -452,7 +519,7 @@ inline int row_edges(const GenArgs& a, int64_t row, int64_t begin, int64_t end) 
 {edge}
     scalar_t* o = out + (kBySlot ? j : e) * out_width;
     for (int64_t f0 = 0; f0 < F; f0 += TILE) {{
-      const int n = static_cast<int>(F - f0 < TILE ? F - f0 : TILE);
+      const int n = static_cast<int>(F - f0 < TILE ? F - f0 : TILE);{enc}
 {loops}
     }}
   }}
@@ -477,17 +544,41 @@ def _input_pointers(k: int, kind: str) -> List[str]:
     return lines
 
 
+def _encoder_pointers(k: int, kind: str) -> List[str]:
+    """Edge encoder ``k``'s pointers (its features ``in<k>``, Wt ``wt<k>`` of width ``ew<k>``, b
+    ``bs<k>``: inputs k, k + 1, k + 2) and group divisor, as the kernels of both targets set them
+    up before their rows."""
+    lines = [f"  const scalar_t* in{k} = static_cast<const scalar_t*>(a.inputs[{k}]);",
+             f"  const scalar_t* wt{k} = static_cast<const scalar_t*>(a.inputs[{k + 1}]);",
+             f"  const scalar_t* bs{k} = static_cast<const scalar_t*>(a.inputs[{k + 2}]);",
+             f"  const int64_t ew{k} = a.widths[{k + 1}];",
+             f"  (void)ew{k};"]
+    if kind == "g":
+        lines.append(f"  const int64_t div{k} = a.divs[{k + 1}];")
+    return lines
+
+
 def emit(spec: Spec) -> str:
     """The C++ source of ``spec``'s kernel."""
     sides, kinds = spec.sides, spec.kinds
     edges = spec.op == "edges"
     reads_col = P.COL in sides
-    reads_perm = P.EDGE in sides or edges  # message_edges writes at perm[j]: read and checked always
+    # message_edges writes at perm[j]: read and checked always
+    reads_perm = P.EDGE in sides or P.ENC in sides or edges
     reads_slot = P.SLOT in sides
     scalar = "double" if spec.dtype == "float64" else "float"
-    setup, edge, prefetch = [], [], []
+    setup, edge, prefetch, enc = [], [], [], []
+    # edge encoders are computed (and their feature rows prefetched) only where an instruction reads them
+    read = {int(spec.code[i + 2]) for i in range(0, len(spec.code), P.INSTR) if spec.code[i] == P.OPCODE["in"]}
     # the pointers of every input: rows fixed for the tile (row / const sides) set up once
     for k, (s, kind) in enumerate(zip(sides, kinds)):
+        if s == P.ENC:
+            if k not in read:
+                continue
+            setup += _encoder_pointers(k, kind)
+            if kind != "s":
+                setup.append(f"  alignas(64) acc_t e{k}[TILE];")
+            continue
         setup += _input_pointers(k, kind)
         if s in (P.ROW, P.CONST):
             r = "row" if s == P.ROW else "0"
@@ -510,6 +601,21 @@ def emit(spec: Spec) -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if s in (P.ROW, P.CONST):
             continue
+        if s == P.ENC:  # its features, and its values per edge: the tile's columns (encoder_core.h)
+            if k not in read:
+                continue
+            D = spec.dim(k)
+            edge.append(f"    const scalar_t* p{k} = in{k} + e * {D};")
+            ind = "      " if edges else "    "
+            if kind == "s":
+                edge.append(f"    const acc_t s{k} = {_enc_value(k, D, '0', spec.dtype)};")
+            elif kind == "f":
+                enc.append(f"{ind}encode_run<acc_t>(p{k}, {D}, wt{k} + f0, ew{k}, bs{k} + f0, n, e{k});")
+            else:
+                enc += [f"{ind}const int64_t c0_{k} = f0 / div{k};",
+                        f"{ind}encode_run<acc_t>(p{k}, {D}, wt{k} + c0_{k}, ew{k}, bs{k} + c0_{k}, "
+                        f"static_cast<int>((f0 + n - 1) / div{k} - c0_{k} + 1), e{k});"]
+            continue
         r = {P.COL: "src", P.EDGE: "e", P.SLOT: "sl"}[s]
         edge.append(f"    const scalar_t* p{k} = in{k} + {r} * w{k};")
         if kind == "s":
@@ -518,10 +624,18 @@ def emit(spec: Spec) -> str:
     if reads_col:
         prefetch.append("  const int64_t src = static_cast<int64_t>(static_cast<const index_t*>(a.col)[j]);")
         prefetch.append("  if (!in_range(src, a.num_src)) return;")
-    if P.EDGE in sides:
+    if P.EDGE in sides or P.ENC in sides:
         prefetch.append("  const int64_t e = static_cast<int64_t>(static_cast<const index_t*>(a.perm)[j]);")
         prefetch.append("  if (!in_range(e, a.num_edges)) return;")
     for k, (s, kind) in enumerate(zip(sides, kinds)):
+        if s == P.ENC:  # the edge's features, all D of them (every tile reads them all)
+            if k not in read:
+                continue
+            prefetch.append(f"  {{ const char* p = reinterpret_cast<const char*>(static_cast<const scalar_t*>("
+                            f"a.inputs[{k}]) + e * {spec.dim(k)});")
+            prefetch.append(f"    for (int b = 0; b < static_cast<int>({spec.dim(k)} * sizeof(scalar_t)); b += 64) "
+                            f"__builtin_prefetch(p + b, 0, 0); }}")
+            continue
         if s not in (P.COL, P.EDGE):
             continue
         r = "src" if s == P.COL else "e"
@@ -533,17 +647,22 @@ def emit(spec: Spec) -> str:
         prefetch.append("    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0); }")
     if not prefetch:
         prefetch.append("  (void)a; (void)j; (void)f0; (void)n;")
-    instrs, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype)
+    instrs, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype, spec.dims)
     head = _HEAD.format(what=_WHAT[spec.op], key=spec.key(), scalar=scalar,
                         index="int64_t" if spec.index == "int64" else "int32_t", tile=TILE[spec.dtype],
                         prefetch="\n".join(prefetch) + "\n")
+    if P.ENC in sides:
+        head = head.replace('#include "cpu/codegen_abi.h"\n',
+                            '#include "cpu/codegen_abi.h"\n#include "cpu/encoder_core.h"\n')
     if edges:
         store = (f"        o[f] = {res};" if spec.out == "f" else
                  f"        {{ scalar_t& d = o[f / div_o]; d = from_acc<scalar_t>(to_float(d) + {res}); }}")
         arrays, loops = _loops(instrs, [store], [res], "        const int64_t f = f0 + t;\n        (void)f;",
                                indent="      ")
         return head + _EDGES.format(by_slot="true" if spec.by_slot else "false", setup="\n".join(setup),
-                                    arrays="\n".join(arrays), edge="\n".join(edge), loops="\n".join(loops))
+                                    arrays="\n".join(arrays), edge="\n".join(edge),
+                                    enc="".join("\n" + ln for ln in enc),
+                                    loops="\n".join(loops))
     loop_head = "      const int64_t f = f0 + t;\n      (void)f;"
     if spec.op == "multi":
         acc = [f"  alignas(64) acc_t acc{k}[TILE];" for k in range(len(spec.results))]
@@ -568,7 +687,8 @@ def emit(spec: Spec) -> str:
         reduce = _REDUCE_NAMES[spec.reduce]
     arrays, loops = _loops(instrs, fold, tail_reads, loop_head)
     return head + _TILE.format(reduce=reduce, setup="\n".join(setup), acc="\n".join(acc), arrays="\n".join(arrays),
-                               edge="\n".join(edge), loops="\n".join(loops), store="\n".join(store))
+                               edge="\n".join(edge), enc="".join("\n" + ln for ln in enc), loops="\n".join(loops),
+                               store="\n".join(store))
 
 
 __all__ = ["Spec", "make_spec", "emit", "width_kind", "check_program", "TILE", "REDUCES", "ABI", "KINDS",

@@ -69,6 +69,27 @@ struct Inputs {
   bool reads_col = false, reads_perm = false, reads_slot = false;
 };
 
+// An edge encoder at input k (program.py, side enc): the edge features a [E, D], then the
+// constant inputs k + 1 and k + 2, its transposed weight Wt [D, W] (W dividing F) and bias b [1, W].
+void check_encoder(const at::TensorList inputs, c10::IntArrayRef sides, size_t k, int64_t F, int64_t E,
+                   const char* op) {
+  TORCH_CHECK_VALUE(k + 2 < inputs.size() && sides[k + 1] == msg::Global && sides[k + 2] == msg::Global, op,
+                    ": the edge encoder at input ", k, " needs its weight and bias as constant inputs ", k + 1,
+                    " and ", k + 2);
+  const at::Tensor &a = inputs[k], &wt = inputs[k + 1], &b = inputs[k + 2];
+  TORCH_CHECK_VALUE(a.size(0) == E && a.size(1) >= 1, op, ": the edge encoder's features (input ", k,
+                    ") have shape ", a.sizes(), ", not [", E, " edges, D]");
+  const int64_t D = a.size(1);
+  TORCH_CHECK_VALUE(wt.dim() == 2 && wt.size(0) == D && wt.size(1) >= 1 && F % wt.size(1) == 0, op,
+                    ": the edge encoder's weight (input ", k + 1, ") has shape ", wt.sizes(), ", not [", D,
+                    ", W] with W dividing ", F);
+  TORCH_CHECK_VALUE(b.dim() == 2 && b.size(0) == 1 && b.size(1) == wt.size(1), op, ": the edge encoder's bias (input ",
+                    k + 2, ") has shape ", b.sizes(), ", not [1, ", wt.size(1), "]");
+  TORCH_CHECK_TYPE(wt.scalar_type() == a.scalar_type() && b.scalar_type() == a.scalar_type(), op,
+                   ": the edge encoder at input ", k, " has dtypes ", a.scalar_type(), ", ", wt.scalar_type(), ", ",
+                   b.scalar_type(), "; inputs must share one float dtype");
+}
+
 Inputs check_inputs(const at::TensorList inputs, c10::IntArrayRef sides, int64_t F, int64_t M, int64_t E,
                     const char* op) {
   TORCH_CHECK_VALUE(inputs.size() == sides.size(), op, ": ", inputs.size(), " inputs but ", sides.size(),
@@ -87,6 +108,12 @@ Inputs check_inputs(const at::TensorList inputs, c10::IntArrayRef sides, int64_t
                      ", input 0 has ", dtype);
     TORCH_CHECK_VALUE(t.dim() == 2, op, ": input ", k, " must be 2-D [rows, width], got ", t.dim(), "-D");
     const int64_t W = t.size(1), rows = t.size(0), side = sides[k];
+    if (side == msg::Enc) {  // the edge features: D need not divide F (the weight's width must)
+      check_encoder(inputs, sides, k, F, E, op);
+      r.reads_perm = true;
+      r.tensors.push_back(t.contiguous());
+      continue;
+    }
     TORCH_CHECK_VALUE(W >= 1 && F % W == 0, op, ": input ", k, " has width ", W,
                       ", which does not divide the message width ", F);
     switch (side) {
@@ -139,7 +166,16 @@ msg::Args<scalar_t, acc_t, index_t> make_args(const at::Tensor& rowptr, const at
                                              const std::vector<acc_t>& consts, int64_t F) {
   for (size_t k = 0; k < in.tensors.size(); ++k) {
     const at::Tensor& t = in.tensors[k];
-    views.push_back({t.const_data_ptr<scalar_t>(), static_cast<int32_t>(sides[k]), t.size(1), F / t.size(1)});
+    msg::Input<scalar_t> v{t.const_data_ptr<scalar_t>(), static_cast<int32_t>(sides[k]), t.size(1), F / t.size(1)};
+    if (sides[k] == msg::Enc) {  // checked: inputs k + 1 and k + 2 are Wt [D, W] and b [1, W]
+      const at::Tensor& wt = in.tensors[k + 1];
+      v.width = wt.size(1);
+      v.div = F / v.width;
+      v.wt = wt.const_data_ptr<scalar_t>();
+      v.bias = in.tensors[k + 2].const_data_ptr<scalar_t>();
+      v.dim = t.size(1);
+    }
+    views.push_back(v);
   }
   msg::Args<scalar_t, acc_t, index_t> a;
   a.rowptr = rowptr.const_data_ptr<index_t>();

@@ -18,7 +18,8 @@ namespace cpu {
 // "v<abi>|<op>|<f32|f64>|<i32|i64>|c<code,...>|k<const bits in hex,...>|i<side><kind>,..."
 // with op r<reduce> (message_reduce), m<result.result...> (message_sum_multi) or
 // e<by_slot 0|1><f|g> (message_edges, output of width F or group sums), and input kind f (W == F),
-// s (W == 1) or g (any other divisor of F).
+// s (W == 1) or g (any other divisor of F); an edge encoder's input (side 5) has the kind of its
+// output's width (input k + 1's) and then d<D> (its features, input k's width).
 std::string codegen_key(const std::string& op, bool f64, bool i64, c10::IntArrayRef code,
                         c10::ArrayRef<double> consts, c10::IntArrayRef sides, const std::vector<int64_t>& widths,
                         int64_t F);

@@ -7,7 +7,10 @@
 // loop over the tile that the compiler vectorizes; the last instruction's slot is the message.
 // Input k is a [rows, W_k] tensor read at row col[j] / r / e / 0 (its side) and column
 // f / (F / W_k). Nothing per edge is written to memory except by message_edges, whose output
-// is per edge.
+// is per edge. An edge-encoder input (side Enc, program.py) is read for edge e as
+// b[c] + a[e, 0] * Wt[0, c] + ... + a[e, D-1] * Wt[D-1, c] (c = f / (F / W_k)), summed in that
+// order, each product rounded (message.cpp is compiled with -ffp-contract=off: no multiply-add),
+// computed per tile inside the kernel: its [E, W] values never exist in memory.
 //
 //  * message_reduce: the messages of a row reduced (sum, mean, max, min) in registers, one
 //    thread per row, in CSR order: deterministic, no atomics. max/min record the CSR slot of
@@ -22,6 +25,7 @@
 #include <type_traits>
 
 #include "../common/macros.h"
+#include "encoder_core.h"
 #include "reduce_core.h"
 #include "rows_core.h"
 
@@ -37,17 +41,38 @@ enum Op : int32_t {
   Eq = 30,
   NumOps = 31,
 };
-enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3, Slot = 4 };
+enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3, Slot = 4, Enc = 5 };
 constexpr int kMaxSlots = 32;
 constexpr int kInstr = 5;
 
 template <typename scalar_t>
 struct Input {
-  const scalar_t* data;
+  const scalar_t* data;  // Enc: the edge features a [E, dim]
   int32_t side;
-  int64_t width;  // W_k
+  int64_t width;  // W_k (Enc: the encoder's output width, Wt's columns)
   int64_t div;    // F / W_k
+  const scalar_t* wt = nullptr;    // Enc: the transposed weight Wt [dim, width] (contiguous)
+  const scalar_t* bias = nullptr;  // Enc: the bias b [1, width]
+  int64_t dim = 0;                 // Enc: D, the edge features per edge
 };
+
+// An edge encoder's values for columns [c0, c0 + nc) of the edge whose features are ar:
+// d[i] = b[c0 + i] + ar[0] * Wt[0, c0 + i] + ... (in that order: encoder_core.h; the loop over
+// the features outside, over the columns inside: a row of Wt is contiguous over the columns).
+template <typename scalar_t, typename acc_t>
+inline void encode_columns(const Input<scalar_t>& in, const scalar_t* ar, int64_t c0, int nc, acc_t* d) {
+  if constexpr (std::is_same<scalar_t, acc_t>::value) {  // the kernels' case (message.cpp): encoder_core.h
+    encode_run(ar, in.dim, in.wt + c0, in.width, in.bias + c0, nc, d);
+    return;
+  }
+  const scalar_t* b = in.bias + c0;
+  for (int i = 0; i < nc; ++i) d[i] = to_float(b[i]);
+  for (int64_t k = 0; k < in.dim; ++k) {
+    const acc_t av = to_float(ar[k]);
+    const scalar_t* w = in.wt + k * in.width + c0;
+    for (int i = 0; i < nc; ++i) d[i] = d[i] + av * to_float(w[i]);
+  }
+}
 
 template <typename scalar_t, typename acc_t, typename index_t>
 struct Args {
@@ -108,6 +133,19 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
     switch (op) {
       case In: {
         const Input<scalar_t>& in = a.inputs[ins[2]];
+        if (in.side == Enc) {
+          // the tile's columns [c0, c1] once each, then spread over the tile in place from its end
+          // (the column of feature f0 + t is at index (f0 + t) / div - c0 <= t)
+          const scalar_t* ar = in.data + e * in.dim;
+          if (in.div == 1) {
+            encode_columns(in, ar, f0, n, d);
+          } else if (n > 0) {
+            const int64_t c0 = f0 / in.div;
+            encode_columns(in, ar, c0, static_cast<int>((f0 + n - 1) / in.div - c0 + 1), d);
+            for (int t = n - 1; t >= 0; --t) d[t] = d[(f0 + t) / in.div - c0];
+          }
+          break;
+        }
         const int64_t r = in.side == Col ? src : in.side == Row ? row : in.side == Edge ? e : in.side == Slot ? sl : 0;
         const scalar_t* p = in.data + r * in.width;
         if constexpr (std::is_same<scalar_t, acc_t>::value) {
@@ -230,6 +268,12 @@ inline void prefetch_slot(const Args<scalar_t, acc_t, index_t>& a, int64_t j, in
   if ((a.reads_col && !in_range(src, a.num_src)) || (a.reads_perm && !in_range(e, a.num_edges))) return;
   for (int k = 0; k < a.n_inputs; ++k) {
     const Input<scalar_t>& in = a.inputs[k];
+    if (in.side == Enc) {  // the edge's features, all D of them (every tile reads them all)
+      const char* p = reinterpret_cast<const char*>(in.data + e * in.dim);
+      const int64_t bytes = in.dim * static_cast<int64_t>(sizeof(scalar_t));
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
+      continue;
+    }
     if (in.side != Col && in.side != Edge) continue;
     const char* p = reinterpret_cast<const char*>(in.data + (in.side == Col ? src : e) * in.width + f0 / in.div);
     const int bytes = static_cast<int>((n / in.div + 1) * sizeof(scalar_t));

@@ -1,6 +1,7 @@
 """The CUDA target of the emitter (gnncompile/codegen/cuda.py): the generated kernels of the test
 programs (every opcode as a message_sum_multi result, every reduce, message_edges in both orders
-and output classes, int32 / int64, a per-slot input read through ``slot``, float32 and float64)
+and output classes, int32 / int64, a per-slot input read through ``slot``, edge encoders of every
+width class, float32 and float64)
 compile with nvcc alone: the torch-free native/cuda/codegen_abi.cuh and common.cuh, no torch
 header, warnings as errors. No GPU here: running them is the GPU issue's; their expressions are
 the CPU target's, tested bit for bit in the other files of this folder."""
@@ -32,6 +33,12 @@ def test_generated_cuda_source_is_torch_free_and_one_kernel_per_program():
     assert {s.dtype for _, s in programs} == {"float32", "float64"}
     covered = {int(c) for _, s in programs for c in s.code[0::P.INSTR]}
     assert covered == set(P.OPS)  # every opcode
+    # edge encoders of every width class and op, D unrolled and looped; products never fused
+    enc = [s for _, s in programs if P.ENC in s.sides]
+    assert {s.kinds[s.sides.index(P.ENC)] for s in enc} == {"f", "g", "s"}
+    assert {s.op for s in enc} == {"reduce", "multi", "edges"}
+    assert {s.dtype for s in enc} == {"float32", "float64"}
+    assert "__fmul_rn(" in src and "__dmul_rn(" in src and "for (int d = 0; d < 33; ++d)" in src
     nan = codegen.make_spec(*P.encode(P.node("mul", P.inp(0), P.const(float("nan")))), [P.COL], [8], 8, "sum",
                             torch.float32, torch.int64)
     assert "__longlong_as_double" in cuda.emit_cuda(nan)
