@@ -238,11 +238,12 @@ def _prepare_generated(m: Program, sides: List[int], b: Built, by_slot: Optional
     leaf = fake_tensor(m.leaves[0].node)
     if leaf is None or index is None or leaf.device.type != "cpu" or leaf.dtype not in (torch.float32, torch.float64):
         return
+    # every input's columns: an edge encoder's features have D (its values the width of its weight)
+    widths = [lf.depth if lf.side == P.ENC else lf.width for lf in m.leaves]
     if by_slot is None:
-        spec = codegen.make_spec(m.code, m.consts, sides, [lf.width for lf in m.leaves], m.width, m.reduce,
-                                 leaf.dtype, index.dtype)
+        spec = codegen.make_spec(m.code, m.consts, sides, widths, m.width, m.reduce, leaf.dtype, index.dtype)
     else:
-        spec = codegen.make_spec(m.code, m.consts, sides, [lf.width for lf in m.leaves], m.width, "sum", leaf.dtype,
+        spec = codegen.make_spec(m.code, m.consts, sides, widths, m.width, "sum", leaf.dtype,
                                  index.dtype, op="edges", out_width=m.width, by_slot=by_slot)
     codegen.prepare_spec(spec)
 
