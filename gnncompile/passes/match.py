@@ -428,39 +428,58 @@ def _softmax(d: Node, scatters: Dict[Node, Scatter]) -> Optional[Softmax]:
                    internals=(sc_sum.node, sc_max.node))
 
 
-# When message programs pay (Settings.choices['programs'] == 'auto'). The CPU interpreter
-# costs more per edge and feature than torch's gather / scatter ops, and wins by what it does not
-# store and by reading each source row once per destination: with many edges and a high
-# degree. Measured with a GINEConv layer (F = 64, edge features 8), forward + backward,
-# gnncompile with and without programs against eager, 2 threads, AMD EPYC (Zen 5):
-# degree 2 loses at every size up to 200k edges (6.6k: 5.4-6.7 vs 3.8 ms without programs;
-# 200k: 206-210 vs 169-186 ms); degree 4 loses at 6.6k and 60k edges (46 vs 33 ms) and wins at
-# 200k (176 vs 198 ms); degree 10 loses at 6.6k (3.1 vs 1.4 ms) and wins at 60k (23 vs 30 ms)
-# and 200k (140 vs 213 ms). Reproduce: python -m benchmarks program_rule (batches of small
-# graphs, benchmarks/molecules.py, are the case this rule is for).
-PROGRAM_MIN_EDGES = ((150_000, 4.0), (30_000, 8.0))  # (edges at least, average degree at least)
+# When message programs pay (Settings.choices['programs'] == 'auto'), by what runs them.
+# The CPU interpreter (GNNCOMPILE_CODEGEN=off, or no working compiler) costs more per edge and
+# feature than torch's gather / scatter ops, and wins by what it does not store and by reading
+# each source row once per destination: with many edges and a high degree. Measured with a
+# GINEConv layer (F = 64, edge features 8), forward + backward, gnncompile with and without
+# programs against eager, 2 threads, AMD EPYC (Zen 5): degree 2 loses at every size up to 200k
+# edges (6.6k: 5.4-6.7 vs 3.8 ms without programs; 200k: 206-210 vs 169-186 ms); degree 4 loses
+# at 6.6k and 60k edges (46 vs 33 ms) and wins at 200k (176 vs 198 ms); degree 10 loses at 6.6k
+# (3.1 vs 1.4 ms) and wins at 60k (23 vs 30 ms) and 200k (140 vs 213 ms).
+INTERPRETER_MIN_EDGES = ((150_000, 4.0), (30_000, 8.0))  # (edges at least, average degree at least)
+# Generated kernels (gnncompile.codegen, the default) with GINE's edge encoder inside: the same
+# layer, the speed guard off, AMD EPYC (Zen 2), 2026-12-03: programs / without 0.85-0.95 at 12k
+# edges and 0.48-0.88 from 20k edges, at degrees 2, 4 and 10; at 6.6k edges 0.93 (degree 2),
+# 1.04 (4), 1.03 (10). Reproduce: python -m benchmarks program_rule --edges
+# 6600,12000,20000,60000,200000 (batches of small graphs, benchmarks/molecules.py, are the case
+# this rule is for).
+GENERATED_MIN_EDGES = ((10_000, 1.0),)
+PROGRAM_MIN_EDGES = INTERPRETER_MIN_EDGES  # (the name before generated kernels: the interpreter's)
 
 
-def programs_pay(edges, rows) -> Tuple[bool, str]:
+def _generated() -> bool:
+    from .. import codegen  # (codegen imports ops, which the passes import: not at module level)
+
+    return codegen.enabled()
+
+
+def programs_pay(edges, rows, generated: Optional[bool] = None) -> Tuple[bool, str]:
     """Whether a message program over ``edges`` edges into ``rows`` destination rows (sizes, maybe
     symbolic: their hints are read, nothing is specialised) is expected to be faster than the
-    ops as written (:data:`PROGRAM_MIN_EDGES`), and the reason when it is not. A size with no
-    hint (data-dependent: the number of graphs a pooling reads from ``batch``) leaves the rule to
-    the other size; with neither known, the program is used (the behaviour before the rule)."""
+    ops as written (:data:`GENERATED_MIN_EDGES` where generated kernels run them, ``generated``
+    None: as gnncompile.codegen is set, else :data:`INTERPRETER_MIN_EDGES`), and the reason when
+    it is not. A size with no hint (data-dependent: the number of graphs a pooling reads from
+    ``batch``) leaves the rule to the other size; with neither known, the program is used (the
+    behaviour before the rule)."""
+    generated = _generated() if generated is None else generated
+    rule = GENERATED_MIN_EDGES if generated else INTERPRETER_MIN_EDGES
     e, r = size_hint(edges), size_hint(rows)
-    few = min(min_e for min_e, _ in PROGRAM_MIN_EDGES)
+    few = min(min_e for min_e, _ in rule)
     if e is None or (r is None and e >= few):
         return True, ""
     if r is not None:
         degree = e / max(1, r)
-        if any(e >= min_e and degree >= min_d for min_e, min_d in PROGRAM_MIN_EDGES):
+        if any(e >= min_e and degree >= min_d for min_e, min_d in rule):
             return True, ""
     into = ("a number of rows read from the data" if r is None
             else f"{r} rows (average degree {e / max(1, r):.1f})")
+    said = " or ".join(f"edges >= {min_e // 1000}k" + (f" at degree >= {min_d:g}" if min_d > 1 else "")
+                       for min_e, min_d in rule)
+    runs = "generated kernels beat" if generated else "the interpreter beats"
     return False, (f"message program not used: {e} scattered rows (edges; nodes in a readout) into {into} "
-                   f"is below the measured rule where "
-                   f"the interpreter beats the ops as written (edges >= 150k at degree >= 4, or >= 30k "
-                   f"at degree >= 8); settings={{'choices': {{'programs': 'always'}}}} fuses it anyway")
+                   f"is below the measured rule where {runs} the ops as written ({said}); "
+                   f"settings={{'choices': {{'programs': 'always'}}}} fuses it anyway")
 
 
 def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
@@ -551,5 +570,5 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     return m
 
 
-__all__ = ["PROGRAM_MIN_EDGES", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
+__all__ = ["PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
            "gather_of", "read_scatter", "match_aggregate", "match_degree", "match_softmax", "match"]

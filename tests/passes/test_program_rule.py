@@ -38,6 +38,7 @@ def _inputs(n=60, degree=2, seed=0):
 
 
 def test_rule():
+    """The interpreter's rule (GNNCOMPILE_CODEGEN=off: the suite's setting)."""
     assert programs_pay(1_000_000, 100_000)[0]  # degree 10, many edges
     assert programs_pay(200_000, 40_000)[0]  # degree 5
     assert programs_pay(60_000, 6_000)[0]  # degree 10
@@ -47,6 +48,28 @@ def test_rule():
     assert programs_pay(None, 100)[0] and programs_pay(1_000_000, None)[0]  # unknown: as before the rule
     pays, why = programs_pay(6_600, 3_300)
     assert not pays and "6600 scattered rows" in why and "'programs': 'always'" in why
+    assert "the interpreter beats" in why and "edges >= 150k at degree >= 4" in why
+
+
+def test_rule_with_generated_kernels():
+    """Generated kernels win from about 10k edges at any measured degree (benchmarks program_rule)."""
+    for e, r in [(12_000, 6_000), (12_000, 1_200), (200_000, 100_000), (11_829, 3_237)]:
+        assert programs_pay(e, r, generated=True)[0], (e, r)
+        assert not programs_pay(e, r, generated=False)[0] or e >= 150_000, (e, r)
+    pays, why = programs_pay(6_600, 1_650, generated=True)
+    assert not pays and "generated kernels beat" in why and "edges >= 10k" in why
+    assert not programs_pay(3_000, None, generated=True)[0]
+    assert programs_pay(None, 100, generated=True)[0]
+
+
+def test_rule_follows_the_codegen_setting(monkeypatch):
+    """Without an explicit choice the rule is the one of what runs the programs."""
+    from gnncompile import codegen
+
+    monkeypatch.setattr(codegen, "enabled", lambda: True)
+    assert programs_pay(12_000, 6_000)[0]
+    monkeypatch.setattr(codegen, "enabled", lambda: False)
+    assert not programs_pay(12_000, 6_000)[0]
 
 
 def _program_fused(rep) -> bool:
