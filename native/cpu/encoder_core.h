@@ -66,5 +66,48 @@ inline void encode_run(const T* a, int64_t D, const T* w, int64_t W, const T* b,
   }
 }
 
+// The encoder's backward for one edge (gnncompile::message_encoder_grad), shared by the
+// interpreter (message_core.h) and the generated kernels: v [W] is the gradient of the edge's
+// encoder values (the derivative program's value, grouped to W columns); a [D] its features.
+//
+//   dwt[d * W + c] += a[d] * v[c],   db[c] += v[c]   (a chunk's accumulators, elementwise)
+//   da[d] = sum_c v[c] * wt[d * W + c]               (when da is not null)
+//
+// da's sum runs in lanes: vector lane l sums the columns c = l (mod V) of the whole vectors in
+// column order, the lanes are then added in lane order, then the columns past the last whole
+// vector in order: a fixed order, the same in every file that includes this (compiled with
+// -ffp-contract=off), so the interpreter and the generated kernels agree bit for bit.
+template <typename T>
+inline void encode_grad_edge(const T* a, int64_t D, const T* v, const T* wt, int64_t W, T* dwt, T* db, T* da) {
+  for (int64_t c = 0; c < W; ++c) db[c] = db[c] + v[c];
+  for (int64_t d = 0; d < D; ++d) {
+    const T ad = a[d];
+    T* g = dwt + d * W;
+    for (int64_t c = 0; c < W; ++c) g[c] = g[c] + ad * v[c];
+  }
+  if (da == nullptr) return;
+  for (int64_t d = 0; d < D; ++d) {
+    const T* w = wt + d * W;
+    int64_t c = 0;
+    T s = T(0);
+#if defined(__GNUC__) || defined(__clang__)
+    typedef T vec __attribute__((vector_size(32)));
+    constexpr int V = static_cast<int>(32 / sizeof(T));
+    if (W >= V) {
+      vec r, x, y;
+      std::memset(&r, 0, sizeof(vec));
+      for (; c + V <= W; c += V) {
+        std::memcpy(&x, v + c, sizeof(vec));
+        std::memcpy(&y, w + c, sizeof(vec));
+        r = r + x * y;
+      }
+      for (int l = 0; l < V; ++l) s = s + r[l];
+    }
+#endif
+    for (; c < W; ++c) s = s + v[c] * w[c];
+    da[d] = s;
+  }
+}
+
 }  // namespace cpu
 }  // namespace gnncompile
