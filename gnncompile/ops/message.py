@@ -217,6 +217,13 @@ def _generated(op: str, index: torch.Tensor, ins, sides, code, consts, F: int, *
         PREPARE(op, index, ins, sides, code, consts, F, **kw)
 
 
+#: how the sum / mean / message_edges backward (outside a double backward) gets an edge
+#: encoder's gradients: 'accumulate' (gnncompile::message_encoder_grad: one pass over the edges,
+#: the weight's and bias's accumulated per chunk, no [E, W] tensor) or 'per_edge' (the value
+#: gradient per edge, [E, W], then GEMMs: the path of a double backward; kept to measure against,
+#: benchmarks/codegen_encoder.py). Read when the backward runs (traced: when it is traced).
+ENCODER_GRAD = "accumulate"
+
 _SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT, P.ENC: P.ENC}
 
 
@@ -357,7 +364,7 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         W, side = t.shape[1], sides[k]
         if side == P.ENC:
             W = inputs[k + 1].shape[1]
-        if side == P.ENC and multi and not extreme:
+        if side == P.ENC and multi and not extreme and ENCODER_GRAD == "accumulate":
             # outside a double backward: the encoder's gradients accumulated over the edges by
             # one pass (message_encoder_grad), its [E, W] value gradient never formed
             nk = need_enc.pop(k)
