@@ -547,14 +547,22 @@ inline int row_edges(const GenArgs& a, int64_t row, int64_t begin, int64_t end) 
 """)
 
 # message_encoder_grad: edge_rows' walk, every edge's value grouped to the encoder's W columns in
-# vb (the chunk's scratch) and folded into the chunk's accumulators by encode_grad_edge
-# (encoder_core.h), as the interpreter's encoder_grad_rows (message_core.h)
+# its row of the chunk's scratch, folded into the chunk's accumulators by blocks of
+# kEncoderGradBlock edges (encode_grad_edges, encoder_core.h), as the interpreter's
+# encoder_grad_rows (message_core.h): the same blocks, flushed at the chunk's end too
 _ENCGRAD = """
 constexpr int kEnc = {enc};
 constexpr bool kNeedA = {need_a};
 constexpr int64_t kD = {D};
 
-inline int row_encgrad(const GenArgs& a, int64_t row, int64_t begin, int64_t end) {{
+// the edges of a block, pending until kEncoderGradBlock of them (or the chunk's end) flush
+struct Pending {{
+  const scalar_t* a[kEncoderGradBlock];
+  scalar_t* da[kEncoderGradBlock];
+  int n = 0;
+}};
+
+inline int row_encgrad(const GenArgs& a, int64_t row, int64_t begin, int64_t end, Pending& pend) {{
   const int64_t F = a.F;
   const index_t* col = static_cast<const index_t*>(a.col);
   const index_t* perm = static_cast<const index_t*>(a.perm);
@@ -565,7 +573,7 @@ inline int row_encgrad(const GenArgs& a, int64_t row, int64_t begin, int64_t end
   (void)div_o;
   acc_t* dwt = static_cast<acc_t*>(a.out);
   acc_t* db = dwt + kD * W;
-  acc_t* vb = db + W;
+  acc_t* scratch = db + W;
   scalar_t* da = static_cast<scalar_t*>(a.out2);
   const scalar_t* ga = static_cast<const scalar_t*>(a.inputs[kEnc]);
   const scalar_t* gwt = static_cast<const scalar_t*>(a.inputs[kEnc + 1]);
@@ -578,19 +586,45 @@ inline int row_encgrad(const GenArgs& a, int64_t row, int64_t begin, int64_t end
       if (in_range(ea, a.num_edges)) prefetch_bytes<0, 0>(ga + ea * kD, kD * sizeof(scalar_t));
     }}
 {edge}
+    acc_t* vb = scratch + pend.n * W;
     {vb_zero}
     for (int64_t f0 = 0; f0 < F; f0 += TILE) {{
       const int n = static_cast<int>(F - f0 < TILE ? F - f0 : TILE);{enc_lines}
 {loops}
     }}
-    encode_grad_edge<acc_t>(ga + e * kD, kD, vb, gwt, W, dwt, db, kNeedA ? da + e * kD : nullptr);
+    pend.a[pend.n] = ga + e * kD;
+    pend.da[pend.n] = kNeedA ? da + e * kD : nullptr;
+    if (++pend.n == kEncoderGradBlock) {{
+      encode_grad_edges<acc_t>(pend.a, pend.da, pend.n, kD, scratch, gwt, W, dwt, db);
+      pend.n = 0;
+    }}
   }}
   return static_cast<int>(Status::Ok);
 }}
-""" + _ROWS.replace("{row_body}", """\
-    const int st = row_encgrad(a, row, begin, end);
+
+}}  // namespace
+
+extern "C" int gnncompile_codegen_abi() {{ return kCodegenAbi; }}
+
+extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {{
+  const GenArgs& a = *ap;
+  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  Pending pend;
+  for (int64_t row = row_begin; row < row_end; ++row) {{
+    if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+    const int64_t begin = static_cast<int64_t>(rowptr[row]), end = static_cast<int64_t>(rowptr[row + 1]);
+    const int st = row_encgrad(a, row, begin, end, pend);
     if (st != 0) return st;
-""")
+  }}
+  if (pend.n > 0) {{  // the chunk's last block
+    acc_t* dwt = static_cast<acc_t*>(a.out);
+    encode_grad_edges<acc_t>(pend.a, pend.da, pend.n, kD, dwt + kD * a.out_width + a.out_width,
+                             static_cast<const scalar_t*>(a.inputs[kEnc + 1]), a.out_width, dwt,
+                             dwt + kD * a.out_width);
+  }}
+  return 0;
+}}
+"""
 
 _WHAT = {"reduce": "message_reduce", "multi": "message_sum_multi", "edges": "message_edges",
          "encgrad": "message_encoder_grad"}

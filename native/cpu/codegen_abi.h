@@ -38,7 +38,7 @@ struct GenArgs {
   int64_t* arg;                  // [M, F] for max / min, else nullptr
   int64_t out_width;             // edges: W_out (F for an output of the message's width)
   int64_t M;                     // rows of the structure (sum_multi: the stride of its K results)
-  // encoder_grad: out is the chunk's accumulators [dWt (D x W) | db (W) | scratch (W)] (scalar_t),
+  // encoder_grad: out is the chunk's accumulators [dWt (D x W) | db (W) | scratch (kEncoderGradBlock x W)] (scalar_t),
   // out_width W, out2 the features' gradient [E, D] (scalar_t) or nullptr when not needed
   void* out2;
 };

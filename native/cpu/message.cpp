@@ -432,7 +432,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> message_encoder_grad_cpu(
   const int64_t chunks = c.M == 0 ? 0 : std::max<int64_t>(1, num_chunks(c.M, at::get_num_threads(), knobs));
   std::vector<int64_t> bounds(chunks + 1, 0);
   if (chunks == 1) bounds[1] = c.M;
-  const int64_t stride = D * W + 2 * W;  // [dWt | db | scratch]
+  const int64_t stride = D * W + W + kEncoderGradBlock * W;  // [dWt | db | scratch of a block of edges]
   at::Tensor acc = at::zeros({std::max<int64_t>(chunks, 1), stride}, opts);
   // a generated kernel of the call's program and encoder, if one is registered
   const auto dtype = a_t.scalar_type();
