@@ -2,6 +2,7 @@
 
     python -m benchmarks codegen_encoder            # 100k nodes / 1M edges, F = 128, D = 16, 2 threads
     python -m benchmarks codegen_encoder --quick    # 10k nodes / 100k edges, fewer rounds
+    MALLOC_MMAP_THRESHOLD_=65536 python -m benchmarks codegen_encoder --backward   # the backward
 
 A power-law graph (gnncompile.data.synthetic.power_law_graph, N nodes, 10 N edges, seed 0), its
 CSR by destination (gnncompile::build_csr), node features x [N, F], edge features a [E, D] and a
@@ -22,6 +23,21 @@ variant close to them (addmm sums in its own order). Then --rounds rounds, each 
 variant once in turn; medians, and the median of the rounds' ratios to spmm.
 
 Writes benchmarks/results/codegen_encoder[_quick].{json,md}.
+
+--backward: the backward of the same sum (upstream gradient N(0, 1)), the encoder's gradients
+(a, Wt, b) by the two paths of gnncompile/ops/message.py (ENCODER_GRAD), generated kernels on:
+
+  per_edge             the old path: the value gradient G * step(x_j + lin(a_e)) per edge by
+                       message_edges ([E, F] written), then dk Wt^T, a^T dk and dk's column sums
+  accumulate           gnncompile::message_encoder_grad: one pass over the edges, dWt and db
+                       accumulated per chunk of the row split, da written per edge ([E, D])
+  accumulate_interp    the same op run by the interpreter
+
+each alone ("encoder_grads": the op calls only) and inside the whole backward ("backward":
+autograd.grad of the sum for x, a, Wt and b; x's gradient is the same CSC pass in both). Peak
+memory: the resident high-water mark added by one call (run with MALLOC_MMAP_THRESHOLD_=65536
+so that every large tensor is its own mapping). Agreement first: the two paths within float
+tolerance, generated == interpreter bit for bit. Writes codegen_encoder_backward.{json,md}.
 """
 from __future__ import annotations
 
@@ -141,6 +157,110 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
             "agreement": agreement, "forward_sum": _summary(times, "spmm")}
 
 
+def run_backward(N: int, F: int, D: int, rounds: int) -> dict:
+    from gnncompile.ops import message as M
+    torch.manual_seed(0)
+    ei = power_law_graph(N, 10 * N, seed=0)
+    E = int(ei.size(1))
+    rowptr, col, perm = ops.build_csr(ei[1], ei[0], N, N)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N, F, generator=g)
+    a = torch.randn(E, D, generator=g)
+    wt = torch.randn(D, F, generator=g) / D ** 0.5
+    b = torch.randn(1, F, generator=g)
+    up = torch.randn(N, F, generator=g)
+    code, consts = P.encode(P.node("relu", P.node("add", P.inp(0), P.inp(1))))
+    sides = [P.COL, P.ENC, P.CONST, P.CONST]
+    dcode, dconsts = M._derivative(code, consts, 1, 4)
+    ins_g, sides_g = [x, a, wt, b, up], sides + [P.ROW]
+    knobs: List[int] = []
+
+    def per_edge():
+        dk = ops.message_edges(rowptr, col, perm, ins_g, sides_g, dcode, dconsts, F, F, False, knobs, [], None)
+        return dk.mm(wt.t()), a.t().mm(dk), dk.sum(0, keepdim=True)
+
+    def accumulate():
+        return ops.message_encoder_grad(rowptr, col, perm, ins_g, sides_g, dcode, dconsts, F, 1, True, knobs)
+
+    leaves = [t.clone().requires_grad_() for t in (x, a, wt, b)]
+
+    def whole(mode):
+        def fn():
+            M.ENCODER_GRAD = mode
+            with torch.enable_grad():
+                out = ops.message_reduce(rowptr, col, perm, leaves, sides, code, consts, F, "sum", knobs, [], None)[0]
+            return torch.autograd.grad(out, leaves, up)
+        return fn
+
+    codegen.reset()
+    interp = accumulate()  # the interpreter
+    t0 = time.perf_counter()
+    ok = [codegen.prepare(ins_g, sides_g, dcode, dconsts, F, "sum", rowptr.dtype, force=True, op="edges",
+                          out_width=F),
+          codegen.prepare(ins_g, sides_g, dcode, dconsts, F, "sum", rowptr.dtype, force=True, op="encgrad",
+                          out_width=F, enc=1, need_features=True),
+          codegen.prepare(leaves, sides, code, consts, F, "sum", rowptr.dtype, force=True)]
+    prepare_s = time.perf_counter() - t0
+    if not all(ok):
+        raise RuntimeError("codegen_encoder --backward: no generated kernel (no C++ compiler?)")
+    calls = codegen.calls()
+    fused, old = accumulate(), per_edge()
+    if codegen.calls() != calls + 2:
+        raise RuntimeError("codegen_encoder --backward: the generated kernels did not run")
+    bits = all(torch.equal(u.view(torch.int32), v.view(torch.int32)) for u, v in zip(fused, interp))
+    diffs = [float(((u - v).abs().max() / v.abs().max().clamp(min=1e-30))) for u, v in zip(fused, old)]
+    w_old, w_new = whole("per_edge")(), whole("accumulate")()
+    whole_diffs = [float(((u - v).abs().max() / v.abs().max().clamp(min=1e-30))) for u, v in zip(w_new, w_old)]
+    agreement = {"accumulate_generated_vs_interpreter_bitwise": bits,
+                 "accumulate_vs_per_edge_max_rel_diff_da_dwt_db": diffs,
+                 "backward_accumulate_vs_per_edge_max_rel_diff_x_a_wt_b": whole_diffs}
+    if not bits or max(diffs + whole_diffs) > 1e-3:
+        raise RuntimeError(f"codegen_encoder --backward: results differ {agreement}")
+    del fused, old, interp, w_old, w_new
+
+    def interp_mode():
+        codegen.suspend()
+
+    times = _rounds({"per_edge": (codegen.resume, per_edge), "accumulate": (codegen.resume, accumulate),
+                     "accumulate_interp": (interp_mode, accumulate)}, rounds)
+    whole_times = _rounds({"per_edge": (codegen.resume, whole("per_edge")),
+                           "accumulate": (codegen.resume, whole("accumulate"))}, rounds)
+    codegen.resume()
+    peaks = {"encoder_grads": {}, "backward": {}}
+    for name, fn in (("per_edge", per_edge), ("accumulate", accumulate)):
+        peaks["encoder_grads"][name] = statistics.median(_common.read_peak_rss_delta(fn) for _ in range(3))
+        peaks["backward"][name] = statistics.median(_common.read_peak_rss_delta(whole(name)) for _ in range(3))
+    M.ENCODER_GRAD = "accumulate"
+    codegen.reset()
+    return {"N": N, "E": E, "F": F, "D": D, "dtype": "float32", "prepare_in_process_s": prepare_s,
+            "agreement": agreement, "encoder_grads": _summary(times, "per_edge"),
+            "backward": _summary(whole_times, "per_edge"), "peak_rss_delta_bytes": peaks,
+            "E_x_F_x_4_bytes": E * F * 4}
+
+
+def markdown_backward(p: dict) -> str:
+    r = p["result"]
+    mib = 1 << 20
+    lines = [f"# An edge encoder's gradients without an E x F tensor (`{p['command']}`)", "",
+             f"CPU: {p['cpu']}, {p['threads']} threads; {r['N']:,} nodes / {r['E']:,} edges power-law, "
+             f"F = {r['F']}, D = {r['D']}, {r['dtype']}; compiler: {p['compiler']}; flags: {' '.join(p['flags'])}. "
+             f"{_common.load_text(p['loadavg_before_after'])}.", "",
+             "Program: the backward of the sum over every row of relu(x_j + lin(a_e)), lin(a_e) = b + a_e @ Wt; "
+             f"an [E, F] float32 tensor is {r['E_x_F_x_4_bytes'] / mib:.0f} MiB.", "",
+             "Agreement (checked before timing): " + ", ".join(f"{k} = {v}" for k, v in r["agreement"].items()) + ".",
+             ""]
+    for part, title in (("encoder_grads", "the encoder's gradients alone (da, dWt, db)"),
+                        ("backward", "the whole backward (x, a, Wt, b)")):
+        lines += [f"## {title}", "", "| variant | median ms | min ms | ratio to per_edge (median of rounds) | "
+                  "peak RSS added MiB |", "|---|---|---|---|---|"]
+        for k, v in r[part].items():
+            peak = r["peak_rss_delta_bytes"][part].get(k)
+            lines.append(f"| {k} | {v['median_ms']:.1f} | {v['min_ms']:.1f} | {v['ratio_to_per_edge']:.2f}x | "
+                         + (f"{peak / mib:.0f} |" if peak is not None else "- |"))
+        lines.append("")
+    return "\n".join(lines)
+
+
 def markdown(p: dict) -> str:
     r = p["result"]
     lines = [f"# An edge encoder inside a generated message kernel (`{p['command']}`)", "",
@@ -163,11 +283,22 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--dim", type=int, default=16, help="D, the edge features")
+    ap.add_argument("--backward", action="store_true", help="the encoder's gradients: per edge vs accumulated")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     N = 10_000 if args.quick else 100_000
     rounds = 5 if args.quick else args.rounds
     load0 = _common.loadavg()
+    if args.backward:
+        res = run_backward(N, 128, args.dim, rounds)
+        payload = {"command": _common.command("codegen_encoder", argv), "cpu": _common.cpu_model(),
+                   "threads": args.threads, "machine": _common.machine(),
+                   "compiler": build._compiler_identity(build.compiler()),
+                   "flags": build.module_flags() + list(build.BASE_FLAGS), "result": res,
+                   "loadavg_before_after": [load0, _common.loadavg()]}
+        _common.write_results(_common.RESULTS, "codegen_encoder_backward" + ("_quick" if args.quick else ""), payload,
+                              markdown_backward)
+        return 0
     res = run(N, 128, args.dim, rounds)
     payload = {"command": _common.command("codegen_encoder", argv), "cpu": _common.cpu_model(),
                "threads": args.threads, "machine": _common.machine(),

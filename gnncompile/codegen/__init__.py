@@ -1,5 +1,6 @@
 """Generated message kernels (issue 25, CPU target): every message op a training step runs on a
-message program (``message_reduce``, the backward's ``message_sum_multi`` and ``message_edges``)
+message program (``message_reduce``, the backward's ``message_sum_multi``, ``message_edges`` and
+``message_encoder_grad``)
 as a C++ kernel of its own, emitted (:mod:`.emit`), compiled at first use and cached on disk
 (:mod:`.build`), run by the native glue inside its checks and balanced row split.
 
@@ -102,15 +103,18 @@ def prepare_spec(spec: Spec, force: bool = False) -> bool:
 
 def prepare(inputs: Sequence[torch.Tensor], sides: Sequence[int], code: Sequence[int], consts: Sequence[float],
             width: int, reduce: str = "sum", index_dtype=torch.int64, force: bool = False, *, op: str = "reduce",
-            results: Sequence[int] = (), out_width: Optional[int] = None, by_slot: bool = False) -> bool:
+            results: Sequence[int] = (), out_width: Optional[int] = None, by_slot: bool = False,
+            enc: Optional[int] = None, need_features: bool = False) -> bool:
     """:func:`prepare_spec` for the call over ``inputs`` (tensors or anything with ``dtype`` and
     ``shape``: fake tensors at compile time) with a structure of ``index_dtype``: of
     ``message_reduce`` (``reduce``), or with ``op='multi'`` of ``message_sum_multi`` (``results``),
-    with ``op='edges'`` of ``message_edges`` (``out_width``, ``by_slot``)."""
+    with ``op='edges'`` of ``message_edges`` (``out_width``, ``by_slot``), with ``op='encgrad'`` of
+    ``message_encoder_grad`` (``enc``, ``need_features``, ``out_width`` the encoder's width)."""
     if not inputs:
         raise ValueError("gnncompile.codegen.prepare: a message program needs at least one input")
     spec = make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], int(width), reduce, inputs[0].dtype,
-                     index_dtype, op=op, results=results, out_width=out_width, by_slot=by_slot)
+                     index_dtype, op=op, results=results, out_width=out_width, by_slot=by_slot, enc=enc,
+                     need_features=need_features)
     return prepare_spec(spec, force=force)
 
 
@@ -119,7 +123,8 @@ _seen: Dict[tuple, bool] = {}  # what prepare_call answered, per call shape (cle
 
 def prepare_call(op: str, index: torch.Tensor, inputs: Sequence[torch.Tensor], sides: Sequence[int],
                  code: Sequence[int], consts: Sequence[float], width: int, reduce: str = "sum",
-                 results: Sequence[int] = (), out_width: Optional[int] = None, by_slot: bool = False) -> bool:
+                 results: Sequence[int] = (), out_width: Optional[int] = None, by_slot: bool = False,
+                 enc: Optional[int] = None, need_features: bool = False) -> bool:
     """The hook of the message ops' callers (the backward of ops/message.py): with the mode
     'auto', the kernel of this CPU float32 / float64 call prepared at its first use (at trace time
     when the backward is traced, with fake tensors), then a dictionary look-up. Anything else
@@ -132,13 +137,14 @@ def prepare_call(op: str, index: torch.Tensor, inputs: Sequence[torch.Tensor], s
         return False
     memo = (op, tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
             tuple(int(t.shape[1]) for t in inputs), int(width), reduce, x.dtype, index.dtype,
-            tuple(int(r) for r in results), out_width, bool(by_slot))
+            tuple(int(r) for r in results), out_width, bool(by_slot), enc, bool(need_features))
     hit = _seen.get(memo)
     if hit is not None:
         return hit
     try:
         spec = make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], int(width), reduce, x.dtype,
-                         index.dtype, op=op, results=results, out_width=out_width, by_slot=by_slot)
+                         index.dtype, op=op, results=results, out_width=out_width, by_slot=by_slot, enc=enc,
+                         need_features=need_features)
     except (ValueError, TypeError):  # the op itself raises its own error for this call
         return False
     ok = prepare_spec(spec)

@@ -37,13 +37,13 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..ops import program as P
 
-ABI = 2  # native/cpu/codegen_abi.h, kCodegenAbi
+ABI = 3  # native/cpu/codegen_abi.h, kCodegenAbi
 REDUCES = {"sum": 0, "add": 0, "mean": 1, "max": 2, "amax": 2, "min": 3, "amin": 3}
 _REDUCE_NAMES = {0: "Sum", 1: "Mean", 2: "Max", 3: "Min"}
 TILE = {"float32": 128, "float64": 64}  # features per tile: as the interpreter and the tuned spmm
 
 
-KINDS = ("reduce", "multi", "edges")
+KINDS = ("reduce", "multi", "edges", "encgrad")
 MAX_RESULTS = 16  # kMaxResults (native/cpu/message_core.h)
 
 
@@ -70,6 +70,8 @@ class Spec:
     # per input: D, the features of an edge encoder (side enc, whose kind is the width class of
     # the encoder's output, Wt's), 0 for the others; () when no input is an encoder
     dims: Tuple[int, ...] = ()
+    enc: int = -1  # encgrad: the encoder's input
+    need_features: bool = False  # encgrad: the features' gradient written too
 
     def dim(self, k: int) -> int:
         return self.dims[k] if self.dims else 0
@@ -79,6 +81,8 @@ class Spec:
             return f"r{self.reduce}"
         if self.op == "multi":
             return "m" + ".".join(str(r) for r in self.results)
+        if self.op == "encgrad":
+            return f"n{self.enc}.{int(self.need_features)}{self.out}"
         return f"e{int(self.by_slot)}{self.out}"
 
     def key(self) -> str:
@@ -97,10 +101,13 @@ def width_kind(width: int, F: int) -> str:
 
 def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int], widths: Sequence[int], F: int,
               reduce: str, dtype, index_dtype, *, op: str = "reduce", results: Sequence[int] = (),
-              out_width: Optional[int] = None, by_slot: bool = False) -> Spec:
+              out_width: Optional[int] = None, by_slot: bool = False, enc: Optional[int] = None,
+              need_features: bool = False) -> Spec:
     """The :class:`Spec` of a ``message_reduce`` call (dtypes as torch dtypes or their names); with
     ``op='multi'`` of a ``message_sum_multi`` call (``results``; ``reduce`` must be 'sum'), with
-    ``op='edges'`` of a ``message_edges`` call (``out_width``, ``by_slot``; ``reduce`` 'sum')."""
+    ``op='edges'`` of a ``message_edges`` call (``out_width``, ``by_slot``; ``reduce`` 'sum'), with
+    ``op='encgrad'`` of a ``message_encoder_grad`` call (``enc``, ``need_features``; ``out_width``
+    the encoder's W)."""
     if op not in KINDS:
         raise ValueError(f"gnncompile.codegen: unknown op {op!r} (one of {', '.join(KINDS)})")
     if reduce not in REDUCES:
@@ -129,10 +136,19 @@ def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int]
         if out_width is None or int(out_width) < 1 or int(F) % int(out_width):
             raise ValueError(f"gnncompile.codegen: out_width {out_width} does not divide the message width {F}")
         out = "f" if int(out_width) == int(F) else "g"
+    elif op == "encgrad":
+        if enc is None or not 0 <= int(enc) < len(sides) or int(sides[int(enc)]) != P.ENC:
+            raise ValueError(f"gnncompile.codegen: an 'encgrad' kernel needs enc, the input of an edge encoder "
+                             f"(got {enc})")
+        if out_width is None or int(out_width) != int(widths[int(enc) + 1]):
+            raise ValueError(f"gnncompile.codegen: an 'encgrad' kernel's out_width is its encoder's width "
+                             f"{widths[int(enc) + 1]}, got {out_width}")
+        out = "f" if int(out_width) == int(F) else "g"
     elif results or out_width is not None or by_slot:
         raise ValueError("gnncompile.codegen: results / out_width / by_slot belong to 'multi' and 'edges' kernels")
     return Spec(tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
-                kinds, REDUCES[reduce], dt, it, op, res, bool(by_slot) if op == "edges" else False, out, dims)
+                kinds, REDUCES[reduce], dt, it, op, res, bool(by_slot) if op == "edges" else False, out, dims,
+                int(enc) if op == "encgrad" else -1, bool(need_features) if op == "encgrad" else False)
 
 
 def _kinds(sides: Sequence[int], widths: Sequence[int], F: int) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
@@ -530,7 +546,88 @@ inline int row_edges(const GenArgs& a, int64_t row, int64_t begin, int64_t end) 
     if (st != 0) return st;
 """)
 
-_WHAT = {"reduce": "message_reduce", "multi": "message_sum_multi", "edges": "message_edges"}
+# message_encoder_grad: edge_rows' walk, every edge's value grouped to the encoder's W columns in
+# its row of the chunk's scratch, folded into the chunk's accumulators by blocks of
+# kEncoderGradBlock edges (encode_grad_edges, encoder_core.h), as the interpreter's
+# encoder_grad_rows (message_core.h): the same blocks, flushed at the chunk's end too
+_ENCGRAD = """
+constexpr int kEnc = {enc};
+constexpr bool kNeedA = {need_a};
+constexpr int64_t kD = {D};
+
+// the edges of a block, pending until kEncoderGradBlock of them (or the chunk's end) flush
+struct Pending {{
+  const scalar_t* a[kEncoderGradBlock];
+  scalar_t* da[kEncoderGradBlock];
+  int n = 0;
+}};
+
+inline int row_encgrad(const GenArgs& a, int64_t row, int64_t begin, int64_t end, Pending& pend) {{
+  const int64_t F = a.F;
+  const index_t* col = static_cast<const index_t*>(a.col);
+  const index_t* perm = static_cast<const index_t*>(a.perm);
+  const index_t* slot = static_cast<const index_t*>(a.slot);
+  (void)col; (void)slot;
+  const int64_t W = a.out_width;
+  const int64_t div_o = F / W;
+  (void)div_o;
+  acc_t* dwt = static_cast<acc_t*>(a.out);
+  acc_t* db = dwt + kD * W;
+  acc_t* scratch = db + W;
+  scalar_t* da = static_cast<scalar_t*>(a.out2);
+  const scalar_t* ga = static_cast<const scalar_t*>(a.inputs[kEnc]);
+  const scalar_t* gwt = static_cast<const scalar_t*>(a.inputs[kEnc + 1]);
+{setup}
+{arrays}
+  for (int64_t j = begin; j < end; ++j) {{
+    if (j + a.prefetch < a.num_edges) {{  // past the row's end too
+      prefetch_slot(a, j + a.prefetch, 0, static_cast<int>(F < TILE ? F : TILE));
+      const int64_t ea = static_cast<int64_t>(perm[j + a.prefetch]);
+      if (in_range(ea, a.num_edges)) prefetch_bytes<0, 0>(ga + ea * kD, kD * sizeof(scalar_t));
+    }}
+{edge}
+    acc_t* vb = scratch + pend.n * W;
+    {vb_zero}
+    for (int64_t f0 = 0; f0 < F; f0 += TILE) {{
+      const int n = static_cast<int>(F - f0 < TILE ? F - f0 : TILE);{enc_lines}
+{loops}
+    }}
+    pend.a[pend.n] = ga + e * kD;
+    pend.da[pend.n] = kNeedA ? da + e * kD : nullptr;
+    if (++pend.n == kEncoderGradBlock) {{
+      encode_grad_edges<acc_t>(pend.a, pend.da, pend.n, kD, scratch, gwt, W, dwt, db);
+      pend.n = 0;
+    }}
+  }}
+  return static_cast<int>(Status::Ok);
+}}
+
+}}  // namespace
+
+extern "C" int gnncompile_codegen_abi() {{ return kCodegenAbi; }}
+
+extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {{
+  const GenArgs& a = *ap;
+  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  Pending pend;
+  for (int64_t row = row_begin; row < row_end; ++row) {{
+    if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+    const int64_t begin = static_cast<int64_t>(rowptr[row]), end = static_cast<int64_t>(rowptr[row + 1]);
+    const int st = row_encgrad(a, row, begin, end, pend);
+    if (st != 0) return st;
+  }}
+  if (pend.n > 0) {{  // the chunk's last block
+    acc_t* dwt = static_cast<acc_t*>(a.out);
+    encode_grad_edges<acc_t>(pend.a, pend.da, pend.n, kD, dwt + kD * a.out_width + a.out_width,
+                             static_cast<const scalar_t*>(a.inputs[kEnc + 1]), a.out_width, dwt,
+                             dwt + kD * a.out_width);
+  }}
+  return 0;
+}}
+"""
+
+_WHAT = {"reduce": "message_reduce", "multi": "message_sum_multi", "edges": "message_edges",
+         "encgrad": "message_encoder_grad"}
 
 
 def _input_pointers(k: int, kind: str) -> List[str]:
@@ -561,9 +658,11 @@ def _encoder_pointers(k: int, kind: str) -> List[str]:
 def emit(spec: Spec) -> str:
     """The C++ source of ``spec``'s kernel."""
     sides, kinds = spec.sides, spec.kinds
-    edges = spec.op == "edges"
+    encgrad = spec.op == "encgrad"
+    edges = spec.op == "edges" or encgrad  # encgrad: edge_rows' walk
     reads_col = P.COL in sides
-    # message_edges writes at perm[j]: read and checked always
+    # message_edges writes at perm[j], message_encoder_grad reads the encoder at perm[j]: read
+    # and checked always
     reads_perm = P.EDGE in sides or P.ENC in sides or edges
     reads_slot = P.SLOT in sides
     scalar = "double" if spec.dtype == "float64" else "float"
@@ -651,9 +750,18 @@ def emit(spec: Spec) -> str:
     head = _HEAD.format(what=_WHAT[spec.op], key=spec.key(), scalar=scalar,
                         index="int64_t" if spec.index == "int64" else "int32_t", tile=TILE[spec.dtype],
                         prefetch="\n".join(prefetch) + "\n")
-    if P.ENC in sides:
+    if P.ENC in sides or encgrad:
         head = head.replace('#include "cpu/codegen_abi.h"\n',
                             '#include "cpu/codegen_abi.h"\n#include "cpu/encoder_core.h"\n')
+    if encgrad:
+        store = (f"        vb[f] = {res};" if spec.out == "f" else f"        vb[f / div_o] += {res};")
+        arrays, loops = _loops(instrs, [store], [res], "        const int64_t f = f0 + t;\n        (void)f;",
+                               indent="      ")
+        return head + _ENCGRAD.format(enc=spec.enc, need_a="true" if spec.need_features else "false",
+                                      D=spec.dim(spec.enc), setup="\n".join(setup), arrays="\n".join(arrays),
+                                      edge="\n".join(edge),
+                                      vb_zero="" if spec.out == "f" else "for (int64_t c = 0; c < W; ++c) vb[c] = acc_t(0);",
+                                      enc_lines="".join("\n" + ln for ln in enc), loops="\n".join(loops))
     if edges:
         store = (f"        o[f] = {res};" if spec.out == "f" else
                  f"        {{ scalar_t& d = o[f / div_o]; d = from_acc<scalar_t>(to_float(d) + {res}); }}")

@@ -149,6 +149,33 @@ def message_sum_multi(rowptr, col, perm, inputs, sides, code, consts, results, w
     return torch.stack(out)
 
 
+def message_encoder_grad(rowptr, col, perm, inputs, sides, code, consts, width: int, enc: int,
+                         need_features: bool, knobs: Sequence[int] = ()):
+    """Reference: the gradient of the encoder's values per edge (message_edges with out_width W,
+    an [E, W] tensor), then ``dk Wt^T``, ``a^T dk`` and the column sums of ``dk``. The native CPU
+    kernel (native/cpu/message.cpp) accumulates them per chunk of its row split instead."""
+    op = "gnncompile.message_encoder_grad"
+    if not 0 <= enc < len(inputs) or len(sides) != len(inputs) or sides[enc] != P.ENC:
+        raise ValueError(f"{op}: input {enc} is not an edge encoder (side {P.ENC})")
+    _check(rowptr, col, perm, inputs, sides, width, op)
+    a, wt = inputs[enc], inputs[enc + 1]
+    W = wt.shape[1]
+    dk = ops.message_edges(rowptr, col, perm, list(inputs), list(sides), list(code), list(consts), width, W, False,
+                           list(knobs), [], None)
+    da = dk.mm(wt.t()) if need_features else a.new_empty((0, a.shape[1]))
+    return da, a.t().mm(dk), dk.sum(0, keepdim=True)
+
+
+_lib.impl("message_encoder_grad", message_encoder_grad, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("gnncompile::message_encoder_grad")
+def _message_encoder_grad_fake(rowptr, col, perm, inputs, sides, code, consts, width, enc, need_features, knobs):
+    a, wt = inputs[enc], inputs[enc + 1]
+    return (a.new_empty((col.shape[0] if need_features else 0, a.shape[1])), wt.new_empty(tuple(wt.shape)),
+            wt.new_empty((1, wt.shape[1])))
+
+
 _lib.impl("message_sum_multi", message_sum_multi, "CompositeExplicitAutograd")
 _lib.impl("message_reduce", message_reduce, "CompositeExplicitAutograd")
 _lib.impl("message_edges", message_edges, "CompositeExplicitAutograd")
@@ -189,6 +216,13 @@ def _generated(op: str, index: torch.Tensor, ins, sides, code, consts, F: int, *
     if PREPARE is not None:
         PREPARE(op, index, ins, sides, code, consts, F, **kw)
 
+
+#: how the sum / mean / message_edges backward (outside a double backward) gets an edge
+#: encoder's gradients: 'accumulate' (gnncompile::message_encoder_grad: one pass over the edges,
+#: the weight's and bias's accumulated per chunk, no [E, W] tensor) or 'per_edge' (the value
+#: gradient per edge, [E, W], then GEMMs: the path of a double backward; kept to measure against,
+#: benchmarks/codegen_encoder.py). Read when the backward runs (traced: when it is traced).
+ENCODER_GRAD = "accumulate"
 
 _SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT, P.ENC: P.ENC}
 
@@ -289,9 +323,11 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
     ``extreme``, of a max / min reduction by torch's formula (ops/extremes.py), ``g`` being the
     pair (reduced values, gradient shares), read per destination. Outside a double backward,
     the gradients read per destination (and constants) share one pass over the CSR and those
-    read per neighbour one pass over the CSC (``message_sum_multi``). An edge encoder's value
-    gradient is computed per edge ([E, W], read through the encoder inside the kernels), then
-    carried to its features, weight and bias (:func:`_encoder_grads`)."""
+    read per neighbour one pass over the CSC (``message_sum_multi``). An edge encoder's gradients
+    come, outside a double backward, from one pass over the edges that accumulates its weight's
+    and bias's and writes its features' (``message_encoder_grad``: no [E, W] tensor); in a double
+    backward its value gradient is computed per edge ([E, W], differentiable), then carried to
+    its features, weight and bias (:func:`_encoder_grads`)."""
     rowptr, col, perm = csr
     n = len(inputs)
     encoders = _encoders(sides)
@@ -328,6 +364,15 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         W, side = t.shape[1], sides[k]
         if side == P.ENC:
             W = inputs[k + 1].shape[1]
+        if side == P.ENC and multi and not extreme and ENCODER_GRAD == "accumulate":
+            # outside a double backward: the encoder's gradients accumulated over the edges by
+            # one pass (message_encoder_grad), its [E, W] value gradient never formed
+            nk = need_enc.pop(k)
+            _generated("encgrad", rowptr, ins, sides_g, dcode, dconsts, F, out_width=W, enc=k,
+                       need_features=nk[0])
+            r = ops.message_encoder_grad(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, k, nk[0], knobs)
+            out[k:k + 3] = [g_ if need_ else None for g_, need_ in zip(r, nk)]
+            continue
         # d_k the same for every edge of a row: no pass over edges (not for the max / min formula,
         # whose eq(m, y) must see the messages as the kernels computed them, bit for bit)
         if not extreme and _row_only(dcode, sides_g):

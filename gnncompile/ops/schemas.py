@@ -163,6 +163,16 @@ _lib.define(
     "float[] consts, int[] results, int width, int[] knobs, Tensor? slot) -> Tensor"
 )
 
+# The gradients of the edge encoder at input `enc` (features a [E, D], Wt [D, W], b [1, W]:
+# program.py) from a derivative program whose value per edge is the gradient of the encoder's
+# values (grouped to W columns as message_edges' out_width = W), accumulated over the edges
+# without its [E, W] values: (da [E, D], or [0, D] without need_features; dWt [D, W]; db [1, W]).
+# The backward of message_reduce / message_edges (ops/message.py; no autograd of its own).
+_lib.define(
+    "message_encoder_grad(Tensor rowptr, Tensor col, Tensor perm, Tensor[] inputs, int[] sides, int[] code, "
+    "float[] consts, int width, int enc, bool need_features, int[] knobs) -> (Tensor, Tensor, Tensor)"
+)
+
 # The pooled loader's collation (gnncompile.data): copies of whole graphs into a batch buffer.
 _lib.define("collate_rows(Tensor values, Tensor starts, Tensor sizes, Tensor idx, Tensor(a!) out, "
             "Tensor? incs=None) -> ()")

@@ -6,6 +6,7 @@
 // [row_begin, row_end) of one message program (its instructions, constants, input sides and
 // widths, dtypes and what it computes fixed at generation time: message_reduce with its reduction,
 // message_sum_multi with its result slots, message_edges with its output order and width class)
+// (message_encoder_grad: its encoder's input and whether its features need a gradient too)
 // and returns a Status as an int. The
 // glue runs every check of the interpreter first, then calls it once per chunk of the balanced
 // row split (parallel_rows, glue.h), so generated kernels keep the split, the knobs and the
@@ -18,7 +19,7 @@ namespace cpu {
 
 // Bumped whenever GenArgs or the function's meaning changes: a kernel of another version is
 // not loaded (gnncompile/codegen/build.py asks the .so for kCodegenAbiSymbol).
-constexpr int kCodegenAbi = 2;
+constexpr int kCodegenAbi = 3;
 
 struct GenArgs {
   const void* rowptr;            // [M + 1], index_t
@@ -37,6 +38,9 @@ struct GenArgs {
   int64_t* arg;                  // [M, F] for max / min, else nullptr
   int64_t out_width;             // edges: W_out (F for an output of the message's width)
   int64_t M;                     // rows of the structure (sum_multi: the stride of its K results)
+  // encoder_grad: out is the chunk's accumulators [dWt (D x W) | db (W) | scratch (kEncoderGradBlock x W)] (scalar_t),
+  // out_width W, out2 the features' gradient [E, D] (scalar_t) or nullptr when not needed
+  void* out2;
 };
 
 using GenRowsFn = int (*)(const GenArgs*, int64_t row_begin, int64_t row_end);

@@ -66,5 +66,86 @@ inline void encode_run(const T* a, int64_t D, const T* w, int64_t W, const T* b,
   }
 }
 
+// The encoder's backward for up to kEncoderGradBlock edges at once (gnncompile::
+// message_encoder_grad), shared by the interpreter (message_core.h) and the generated kernels:
+// edge k's features a[k] [D], the gradient of its encoder values vb + k W [W] (the derivative
+// program's value, grouped to W columns), its features' gradient da[k] [D] (or nullptr):
+//
+//   dwt[d * W + c] += a[k][d] * vb[k W + c],  db[c] += vb[k W + c]   (k in order: a chunk's sums)
+//   da[k][d] = sum_c vb[k W + c] * wt[d * W + c]
+//
+// Every element of dwt and db gets the edges' terms one after the other in edge order, as one
+// edge at a time would add them (the block only keeps the sum in a register over its edges
+// instead of storing and loading it per edge; the block's edges share the loads of Wt for da).
+// da's sum runs in lanes: lane l sums the columns c = l (mod V) of the whole vectors in column
+// order, the lanes are then added in lane order, then the columns past the last whole vector in
+// order. A fixed order, in every file that includes this (compiled with -ffp-contract=off), so
+// the interpreter and the generated kernels agree bit for bit whenever they flush the same
+// blocks: both flush after every kEncoderGradBlock edges of a chunk's walk and at its end.
+constexpr int kEncoderGradBlock = 4;
+
+template <typename T>
+inline void encode_grad_edges(const T* const* a, T* const* da, int K, int64_t D, const T* vb, const T* wt, int64_t W,
+                              T* dwt, T* db) {
+  for (int64_t c = 0; c < W; ++c) {
+    T s = db[c];
+    for (int k = 0; k < K; ++k) s = s + vb[k * W + c];
+    db[c] = s;
+  }
+#if defined(__GNUC__) || defined(__clang__)
+  typedef T vec __attribute__((vector_size(32)));
+  constexpr int V = static_cast<int>(32 / sizeof(T));
+  auto load = [](const T* p) {
+    vec v;
+    std::memcpy(&v, p, sizeof(vec));
+    return v;
+  };
+#endif
+  for (int64_t d = 0; d < D; ++d) {
+    T* g = dwt + d * W;
+    T ad[kEncoderGradBlock];
+    for (int k = 0; k < K; ++k) ad[k] = a[k][d];
+    int64_t c = 0;
+#if defined(__GNUC__) || defined(__clang__)
+    for (; c + V <= W; c += V) {
+      vec r = load(g + c);
+      for (int k = 0; k < K; ++k) r = r + ad[k] * load(vb + k * W + c);
+      std::memcpy(g + c, &r, sizeof(vec));
+    }
+#endif
+    for (; c < W; ++c) {
+      T r = g[c];
+      for (int k = 0; k < K; ++k) r = r + ad[k] * vb[k * W + c];
+      g[c] = r;
+    }
+  }
+  bool any = false;
+  for (int k = 0; k < K; ++k) any = any || da[k] != nullptr;
+  if (!any) return;
+  for (int64_t d = 0; d < D; ++d) {
+    const T* w = wt + d * W;
+    T s[kEncoderGradBlock];
+    int64_t c = 0;
+    for (int k = 0; k < K; ++k) s[k] = T(0);
+#if defined(__GNUC__) || defined(__clang__)
+    if (W >= V) {
+      vec r[kEncoderGradBlock];
+      for (int k = 0; k < K; ++k) std::memset(&r[k], 0, sizeof(vec));
+      for (; c + V <= W; c += V) {
+        const vec y = load(w + c);
+        for (int k = 0; k < K; ++k) r[k] = r[k] + load(vb + k * W + c) * y;
+      }
+      for (int k = 0; k < K; ++k)
+        for (int l = 0; l < V; ++l) s[k] = s[k] + r[k][l];
+    }
+#endif
+    for (int k = 0; k < K; ++k) {
+      T t = s[k];
+      for (int64_t i = c; i < W; ++i) t = t + vb[k * W + i] * w[i];
+      if (da[k] != nullptr) da[k][d] = t;
+    }
+  }
+}
+
 }  // namespace cpu
 }  // namespace gnncompile

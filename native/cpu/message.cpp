@@ -3,6 +3,8 @@
 // of the program and op when gnncompile/codegen registered one (message_codegen.h).
 #include <torch/library.h>
 
+#include <algorithm>
+#include <atomic>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -295,6 +297,7 @@ bool run_generated(const Call& c, const std::string& op_key, c10::IntArrayRef si
   g.arg = arg != nullptr && arg->numel() > 0 ? arg->data_ptr<int64_t>() : nullptr;
   g.out_width = out_width;
   g.M = c.M;
+  g.out2 = nullptr;
   Status st = Status::Ok;
   if (F > 0 || always) {  // message_edges walks the edges (and checks them) as its interpreter does
     GNN_DISPATCH_INDEX(itype, c.op, [&] {
@@ -403,9 +406,133 @@ at::Tensor message_sum_multi_cpu(const at::Tensor& rowptr_in, const at::Tensor& 
   return out;
 }
 
+// gnncompile::message_encoder_grad: the gradients of the edge encoder at input `enc` (features
+// a [E, D], Wt [D, W], b [1, W]) from the derivative program (code, consts) whose value per edge
+// is G * dm/d(encoder value), without its [E, W] values: walked as message_edges walks (its
+// checks, the balanced row split), each chunk of the split accumulating dWt and db in a buffer of
+// its own, the buffers then summed in chunk order (deterministic for a given split: another
+// thread count or knobs may round differently, as any parallel sum), and da[e] written per edge
+// when need_features. Returns (da [E, D] or [0, D], dWt [D, W], db [1, W]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> message_encoder_grad_cpu(
+    const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in, at::TensorList inputs,
+    c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts, int64_t F, int64_t enc,
+    bool need_features, c10::IntArrayRef knobs) {
+  const char* op = "gnncompile.message_encoder_grad";
+  TORCH_CHECK_VALUE(enc >= 0 && enc < static_cast<int64_t>(inputs.size()) &&
+                        static_cast<int64_t>(sides.size()) == static_cast<int64_t>(inputs.size()) &&
+                        sides[enc] == msg::Enc,
+                    op, ": input ", enc, " is not an edge encoder (side ", static_cast<int>(msg::Enc), ")");
+  const Call c = prepare(rowptr_in, col_in, perm_in, inputs, sides, code, consts, F, std::nullopt, op);
+  const at::Tensor& a_t = c.in.tensors[enc];
+  const at::Tensor& wt_t = c.in.tensors[enc + 1];
+  const int64_t D = a_t.size(1), W = wt_t.size(1);
+  const auto opts = a_t.options();
+  at::Tensor da = need_features ? at::zeros({c.E, D}, opts) : at::empty({0, D}, opts);
+  // the split: parallel_rows' (glue.h), each chunk with its accumulators
+  const int64_t chunks = c.M == 0 ? 0 : std::max<int64_t>(1, num_chunks(c.M, at::get_num_threads(), knobs));
+  std::vector<int64_t> bounds(chunks + 1, 0);
+  if (chunks == 1) bounds[1] = c.M;
+  const int64_t stride = D * W + W + kEncoderGradBlock * W;  // [dWt | db | scratch of a block of edges]
+  at::Tensor acc = at::zeros({std::max<int64_t>(chunks, 1), stride}, opts);
+  // a generated kernel of the call's program and encoder, if one is registered
+  const auto dtype = a_t.scalar_type();
+  const auto itype = c.rowptr.scalar_type();
+  std::vector<int64_t> widths, divs;
+  std::vector<const void*> ptrs;
+  for (const at::Tensor& t : c.in.tensors) {
+    widths.push_back(t.size(1));
+    divs.push_back(F / t.size(1));
+    ptrs.push_back(t.const_data_ptr());
+  }
+  GenRowsFn gen = nullptr;
+  if (any_generated())
+    gen = find_generated(codegen_key(encoder_grad_op_key(enc, need_features, W, F), dtype == at::kDouble,
+                                     itype == at::kLong, code, consts, sides, widths, F));
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(itype, op, [&] {
+    const index_t* rp = c.rowptr.const_data_ptr<index_t>();
+    if (chunks > 1) balanced_row_split(rp, c.M, chunks, bounds.data());
+    std::atomic<int> status{static_cast<int>(Status::Ok)};
+    auto each_chunk = [&](const auto& body) {
+      at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+        for (int64_t k = c0; k < c1; ++k) {
+          if (status.load(std::memory_order_relaxed) != static_cast<int>(Status::Ok)) return;
+          if (bounds[k] >= bounds[k + 1]) continue;
+          const Status s = body(k, bounds[k], bounds[k + 1]);
+          if (s != Status::Ok) {
+            int expected = static_cast<int>(Status::Ok);
+            status.compare_exchange_strong(expected, static_cast<int>(s));
+          }
+        }
+      });
+    };
+    if (gen != nullptr) {
+      count_generated_call();
+      GenArgs g;
+      g.rowptr = c.rowptr.const_data_ptr();
+      g.col = c.col.const_data_ptr();
+      g.perm = c.perm.const_data_ptr();
+      g.slot = nullptr;
+      g.inputs = ptrs.data();
+      g.widths = widths.data();
+      g.divs = divs.data();
+      g.n_inputs = static_cast<int64_t>(ptrs.size());
+      g.F = F;
+      g.num_src = c.in.num_src;
+      g.num_edges = c.E;
+      g.prefetch = prefetch_distance(knobs);
+      g.arg = nullptr;
+      g.out_width = W;
+      g.M = c.M;
+      g.out2 = need_features ? da.data_ptr() : nullptr;
+      char* base = static_cast<char*>(acc.data_ptr());
+      const int64_t bytes = stride * static_cast<int64_t>(acc.element_size());
+      each_chunk([&](int64_t k, int64_t r0, int64_t r1) {
+        GenArgs mine = g;
+        mine.out = base + k * bytes;
+        return static_cast<Status>(gen(&mine, r0, r1));
+      });
+    } else {
+      GNN_DISPATCH_F32_F64(dtype, [&] {
+        using acc_t = scalar_t;
+        constexpr int TILE = Tile<scalar_t>::value;
+        std::vector<acc_t> cs(consts.begin(), consts.end());
+        std::vector<msg::Input<scalar_t>> views;
+        auto a = make_args<scalar_t, acc_t, index_t>(c.rowptr, c.col, c.perm, c.slot, c.in, views, sides, c.p, cs, F);
+        a.reads_perm = true;
+        a.out_width = W;
+        a.prefetch = prefetch_distance(knobs);
+        scalar_t* buf = acc.data_ptr<scalar_t>();
+        scalar_t* dap = need_features ? da.data_ptr<scalar_t>() : nullptr;
+        each_chunk([&](int64_t k, int64_t r0, int64_t r1) {
+          acc_t* mine = buf + k * stride;
+          return msg::encoder_grad_rows<scalar_t, acc_t, index_t, TILE>(a, static_cast<int>(enc), mine,
+                                                                        mine + D * W + W, dap, r0, r1);
+        });
+      });
+    }
+    st = static_cast<Status>(status.load());
+  });
+  raise_status(st, op, c.in.num_src, c.E);
+  // the chunks' sums, in chunk order
+  at::Tensor dwt = at::zeros({D, W}, opts), db = at::zeros({1, W}, opts);
+  GNN_DISPATCH_F32_F64(dtype, [&] {
+    const scalar_t* buf = acc.const_data_ptr<scalar_t>();
+    scalar_t* pw = dwt.data_ptr<scalar_t>();
+    scalar_t* pb = db.data_ptr<scalar_t>();
+    for (int64_t k = 0; k < chunks; ++k) {
+      const scalar_t* m = buf + k * stride;
+      for (int64_t i = 0; i < D * W; ++i) pw[i] = pw[i] + m[i];
+      for (int64_t i = 0; i < W; ++i) pb[i] = pb[i] + m[D * W + i];
+    }
+  });
+  return {da, dwt, db};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
+  m.impl("message_encoder_grad", &message_encoder_grad_cpu);
   m.impl("message_sum_multi", &message_sum_multi_cpu);
   m.impl("message_reduce", &message_reduce_cpu);
   m.impl("message_edges", &message_edges_cpu);

@@ -43,6 +43,10 @@ std::string edges_op_key(bool by_slot, int64_t out_width, int64_t F) {
   return std::string("e") + (by_slot ? '1' : '0') + (out_width == F ? 'f' : 'g');
 }
 
+std::string encoder_grad_op_key(int64_t enc, bool need_features, int64_t W, int64_t F) {
+  return "n" + std::to_string(enc) + "." + (need_features ? "1" : "0") + (W == F ? "f" : "g");
+}
+
 std::string codegen_key(const std::string& op, bool f64, bool i64, c10::IntArrayRef code,
                         c10::ArrayRef<double> consts, c10::IntArrayRef sides, const std::vector<int64_t>& widths,
                         int64_t F) {
@@ -115,6 +119,9 @@ void bind_codegen(pybind11::module_& parent) {
   m.def("reduce_op", [](int reduce) { return cpu::reduce_op_key(reduce); });
   m.def("multi_op", [](std::vector<int64_t> results) { return cpu::multi_op_key(results); });
   m.def("edges_op", [](bool by_slot, int64_t out_width, int64_t F) { return cpu::edges_op_key(by_slot, out_width, F); });
+  m.def("encoder_grad_op", [](int64_t enc, bool need_features, int64_t W, int64_t F) {
+    return cpu::encoder_grad_op_key(enc, need_features, W, F);
+  });
 }
 
 }  // namespace gnncompile

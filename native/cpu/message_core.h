@@ -18,6 +18,8 @@
 //    backward pass.
 //  * message_edges: the message of every edge written to out[e] (out[j] with by_slot: CSR order;
 //    grouped sums: column g of a [E, W_out] output sums features [g * F / W_out, (g + 1) * F / W_out)).
+//  * message_encoder_grad: an edge encoder's gradients from a derivative program, walked as
+//    message_edges walks, accumulated per chunk (encoder_grad_rows): no [E, W] tensor.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -431,6 +433,67 @@ Status edge_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, int
       }
     }
   }
+  return Status::Ok;
+}
+
+// message_encoder_grad: the edges walked as edge_rows walks them, the program's value of every
+// edge (grouped to the encoder's W columns: column c sums features [c * F / W, (c + 1) * F / W)
+// in order) kept in its row of the scratch [kEncoderGradBlock, W] and folded, by blocks of
+// kEncoderGradBlock edges and the chunk's last block, into the chunk's accumulators
+// acc = [dWt (D x W) | db (W)] and, with da, the edges' feature gradients da[e]
+// (encode_grad_edges, encoder_core.h). The encoder is input `enc` (its features a [E, D], Wt,
+// b); out_width is W. One call: one chunk of the row split (the generated kernels flush the
+// same blocks).
+template <typename scalar_t, typename acc_t, typename index_t, int TILE>
+Status encoder_grad_rows(const Args<scalar_t, acc_t, index_t>& a, int enc, acc_t* acc, acc_t* scratch, scalar_t* da,
+                         int64_t row_begin, int64_t row_end) {
+  static_assert(std::is_same<scalar_t, acc_t>::value, "encoder_grad_rows computes in the input dtype");
+  alignas(64) acc_t s[kMaxSlots][TILE];
+  const acc_t* reg[kMaxSlots];
+  const Input<scalar_t>& in = a.inputs[enc];
+  const int64_t W = a.out_width, D = in.dim;
+  const int64_t div_o = a.F / W;
+  acc_t* dwt = acc;
+  acc_t* db = acc + D * W;
+  const scalar_t* pa[kEncoderGradBlock];
+  scalar_t* pda[kEncoderGradBlock];
+  int pend = 0;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
+    const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
+    for (int64_t j = begin; j < end; ++j) {
+      if (j + a.prefetch < a.num_edges) {  // past the row's end too
+        prefetch_slot(a, j + a.prefetch, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
+        const int64_t ea = static_cast<int64_t>(a.perm[j + a.prefetch]);
+        if (in_range(ea, a.num_edges)) {
+          const char* q = reinterpret_cast<const char*>(in.data + ea * D);
+          for (int64_t b = 0; b < static_cast<int64_t>(D * sizeof(scalar_t)); b += 64) __builtin_prefetch(q + b, 0, 0);
+        }
+      }
+      int64_t src, e, sl;
+      const Status st = edge_of(a, j, src, e, sl);
+      if (st != Status::Ok) return st;
+      acc_t* vb = scratch + pend * W;
+      if (div_o != 1)
+        for (int64_t c = 0; c < W; ++c) vb[c] = acc_t(0);
+      for (int64_t f0 = 0; f0 < a.F; f0 += TILE) {
+        const int n = static_cast<int>(a.F - f0 < TILE ? a.F - f0 : TILE);
+        const acc_t* v = eval<scalar_t, acc_t, index_t, TILE>(a, s, reg, row, src, e, sl, f0, n);
+        if (div_o == 1) {
+          for (int t = 0; t < n; ++t) vb[f0 + t] = v[t];
+        } else {
+          for (int t = 0; t < n; ++t) vb[(f0 + t) / div_o] += v[t];
+        }
+      }
+      pa[pend] = in.data + e * D;
+      pda[pend] = da != nullptr ? da + e * D : nullptr;
+      if (++pend == kEncoderGradBlock) {
+        encode_grad_edges<acc_t>(pa, pda, pend, D, scratch, in.wt, W, dwt, db);
+        pend = 0;
+      }
+    }
+  }
+  if (pend > 0) encode_grad_edges<acc_t>(pa, pda, pend, D, scratch, in.wt, W, dwt, db);
   return Status::Ok;
 }
 

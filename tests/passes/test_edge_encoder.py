@@ -168,3 +168,42 @@ def test_outside_choice_reads_the_map_as_computed():
     assert details == ["relu+add(x_j,edge)"], str(rep)
     with pytest.raises(ValueError, match="edge_encoder"):
         gnncompile.compile(model, settings={"choices": {"edge_encoder": "sideways"}})
+
+
+def test_no_edge_by_feature_tensor_in_backward():
+    """Nor in the compiled backward pass (the encoder's gradients come from
+    message_encoder_grad, which accumulates them per chunk: ops/message.py), where eager's
+    backward allocates the [E, F] gradient of the map's output: every allocation of the backward,
+    seen by the profiler, is narrower than E x F; the gradients are eager's."""
+    torch.manual_seed(0)
+    E_, F_ = 4000, 64
+    model = gnn.GINEConv(torch.nn.Linear(F_, F_), edge_dim=8)
+    x, ei = torch.randn(300, F_), torch.randint(0, 300, (2, E_))
+    ea = torch.randn(E_, 8, requires_grad=True)
+    compiled = gnncompile.compile(model)
+
+    def grads(fn):
+        out = fn(x, ei, ea)
+        g = torch.randn_like(out, generator=torch.Generator().manual_seed(1))
+        params = [ea] + list(model.parameters())
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            res = torch.autograd.grad(out, params, g)
+        return res, max(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0)
+
+    ref, eager_peak = grads(model)
+    got, compiled_peak = grads(compiled)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    wide = E_ * F_ * 4
+    assert eager_peak >= wide  # eager allocates the [E, F] gradient (the check can fail)
+    assert compiled_peak < wide
+    from gnncompile.ops import message
+    message.ENCODER_GRAD = "per_edge"  # the value gradient per edge: the old path allocates it
+    try:
+        torch._dynamo.reset()
+        old, old_peak = grads(gnncompile.compile(model))
+    finally:
+        message.ENCODER_GRAD = "accumulate"
+    for a, b in zip(old, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert old_peak >= wide
