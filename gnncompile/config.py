@@ -226,7 +226,9 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable("GNNCOMPILE_EDGE_ENCODER", "edge_encoder", _one_of(EDGE_ENCODER_MODES), "inside (default), outside",
              "a linear map of edge features of width <= 32 that only a message program reads (GINE's "
              "lin(edge_attr)): inside computes it per edge inside the message kernels, so its E x W output "
-             "is never stored; outside computes it as written and the kernels read it (gnncompile.passes.messages)"),
+             "is never stored (nor its E x W gradient: the backward accumulates the map's gradients over the "
+             "edges, gnncompile::message_encoder_grad); outside computes it as written and the kernels read it "
+             "(gnncompile.passes.messages)"),
     Variable("GNNCOMPILE_CODEGEN", "codegen", _codegen, "auto (default), off / interpreter",
              "the message ops of a message program on the CPU (message_reduce, and the backward's "
              "message_sum_multi / message_edges): auto generates a kernel per program and op, compiles it "
