@@ -56,30 +56,7 @@ from gnncompile.ops import program as P
 from gnncompile.ops.schemas import ops
 
 from . import _common
-
-
-def _rounds(fns: Dict[str, tuple], rounds: int) -> Dict[str, List[float]]:
-    """``fns``: name -> (setup, call); only the call is timed."""
-    for setup, fn in fns.values():  # warm-up
-        setup()
-        fn()
-    times: Dict[str, List[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, (setup, fn) in fns.items():
-            setup()
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return times
-
-
-def _summary(times: Dict[str, List[float]], base: str) -> Dict[str, dict]:
-    out = {}
-    for k, ts in times.items():
-        ratios = [t / b for t, b in zip(ts, times[base])]
-        out[k] = {"median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts), "max_ms": 1e3 * max(ts),
-                  "ratio_to_" + base: statistics.median(ratios), "n": len(ts)}
-    return out
+from .codegen import _rounds, _summary  # (interleaved rounds, medians and ratios: as codegen's)
 
 
 def run(N: int, F: int, D: int, rounds: int) -> dict:
