@@ -31,7 +31,6 @@ head, tree = sys.argv[1], sys.argv[2]
 del sys.argv[1:3]
 if tree:
     sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable_")]
-    sys.path.insert(0, tree)
 spec = importlib.util.spec_from_file_location(
     "benchmarks", os.path.join(head, "benchmarks", "__init__.py"),
     submodule_search_locations=[os.path.join(head, "benchmarks")])
