@@ -99,7 +99,9 @@ def summary(runs: List[Dict[str, Any]], entries: List[str]) -> List[Dict[str, An
 
 
 def markdown(p: Dict[str, Any]) -> str:
-    lines = [f"Zoo entries, base {p['base']['commit']} against head {p['head']} (this checkout), "
+    base, head = p["base"]["commit"], p["head"]
+    lines = [f"Zoo entries, base {base['short']} ({base['subject']}) against head {head['short']} "
+             f"({head['subject']}{', with uncommitted changes' if head.get('dirty') else ''}), "
              f"{p['rounds']} rounds, one zoo child per side and round, alternating.", "",
              "| entry | side | eager ms | gnncompile ms | eager / gnncompile (median of rounds) | "
              "paired intervals per round |", "|---|---|---|---|---|---|"]
