@@ -57,6 +57,8 @@ from . import _common
 ISSUE26_FIRST = "0686146"
 DEFAULT_BASE = ISSUE26_FIRST + "^"
 MODELS = ("GCN", "GraphSAGE", "GIN")
+#: the models benchmark's models run when named (TransformerConv with edge features: issue 25 / 32)
+EXTRA_MODELS = ("GAT", "GATv2", "TransformerE")
 DEFAULT_CACHE = _common.ROOT / "build" / "commit_ab"
 BUILD_STAMP = "commit_ab_build.json"  # in the base tree's build folder, written after an install
 
@@ -504,7 +506,7 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", default=DEFAULT_BASE,
                     help=f"the revision to compare with (default {DEFAULT_BASE}: the commit before issue 26's work)")
-    ap.add_argument("--models", default=",".join(MODELS), help="comma list of GCN, GraphSAGE, GIN (default all)")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma list of GCN, GraphSAGE, GIN (default all); also GAT, GATv2, TransformerE")
     ap.add_argument("--nodes", type=_positive, default=100_000, help="graph nodes (edges: 10x)")
     ap.add_argument("--features", type=_positive, default=128)
     ap.add_argument("--rounds", type=_positive, default=3)
@@ -543,9 +545,9 @@ def main(argv: Optional[List[str]] = None,
         print("RESULT " + json.dumps(child(opts)), flush=True)
         return 0
     models = [m for m in opts.models.split(",") if m]
-    bad = [m for m in models if m not in MODELS]
+    bad = [m for m in models if m not in MODELS + EXTRA_MODELS]
     if bad or not models:
-        ap.error(f"--models: {', '.join(bad) or 'none given'}; choose from {', '.join(MODELS)}")
+        ap.error(f"--models: {', '.join(bad) or 'none given'}; choose from {', '.join(MODELS + EXTRA_MODELS)}")
     peers = [v for v in opts.peers.split(",") if v]
     if [v for v in peers if v not in ("eager", "csr", "inductor")]:
         ap.error(f"--peers: {opts.peers!r}; choose from eager, csr, inductor")

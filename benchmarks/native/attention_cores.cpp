@@ -2,15 +2,18 @@
 // on one thread: forward, the backward's CSR pass and its CSC pass, on a power-law graph (the
 // generator's scheme: endpoints drawn with probability ~ (rank + 1)^-0.8 over shuffled ranks),
 // the large buffers huge-page advised as the compiled step's are (gnncompile.hardware.memory).
-// Best of 5 in ms, and a checksum of the outputs (equal checksums: the same results to its
+// NO_EDGE_GRAD=1: the backward without the edge features' gradient (as for a model's input
+// features). Best of 5 (or $REPEATS) in ms, and a checksum of the outputs (equal checksums: the same results to its
 // printed digits). Used to compare two versions of a core: build it against each tree's headers.
 //
 //   g++ -O3 -march=native -fno-trapping-math -std=c++17 -I native/cpu \
 //       benchmarks/native/attention_cores.cpp -o /tmp/attention_cores
-//   /tmp/attention_cores [dot|v2] [nodes, default 100000]
+//   /tmp/attention_cores [dot|v2] [nodes, default 100000] [edges, 1000000] [heads, 4] [channels, 32]
+//                        [edge features (dot), 16]
 //
-// 1M edges; dot: H = 4, C = 32, edge features De = 16 (TransformerConv(edge_dim=16)'s first layer
-// in benchmarks/models.py); v2: H = 4, C = 32, no edge term (GATv2's first layer there).
+// Defaults: dot: H = 4, C = 32, edge features De = 16 (TransformerConv(edge_dim=16)'s first layer
+// in benchmarks/models.py); v2: H = 4, C = 32, no edge term (GATv2's first layer there). The zoo's
+// TransformerConv-edge: dot 2000 16000 4 8 8.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -91,7 +94,9 @@ static Graph power_law(int64_t N, int64_t E, std::mt19937_64& rng) {
 }
 
 template <class F>
-static double best_ms(F f, int repeats = 5) {
+static double best_ms(F f) {
+  const char* env = getenv("REPEATS");  // best of REPEATS (default 5); more for a sampling profiler
+  const int repeats = env != nullptr && atoi(env) > 0 ? atoi(env) : 5;
   double best = 1e300;
   for (int r = 0; r < repeats; ++r) {
     const auto t = std::chrono::steady_clock::now();
@@ -110,9 +115,11 @@ static double total(const V& v) {
 
 int main(int argc, char** argv) {
   const std::string op = argc > 1 ? argv[1] : "dot";
-  const int64_t N = argc > 2 ? atoll(argv[2]) : 100000, E = 1000000, H = 4, C = 32, F = H * C, De = 16;
+  const int64_t N = argc > 2 ? atoll(argv[2]) : 100000, E = argc > 3 ? atoll(argv[3]) : 1000000,
+                H = argc > 4 ? atoll(argv[4]) : 4, C = argc > 5 ? atoll(argv[5]) : 32, F = H * C,
+                De = argc > 6 ? atoll(argv[6]) : 16;
   if (op != "dot" && op != "v2") {
-    fprintf(stderr, "usage: %s [dot|v2] [nodes]\n", argv[0]);
+    fprintf(stderr, "usage: %s [dot|v2] [nodes] [edges] [heads] [channels] [edge features]\n", argv[0]);
     return 2;
   }
   std::mt19937_64 rng(0);
@@ -139,7 +146,7 @@ int main(int argc, char** argv) {
     tf = best_ms([&] { attention_dot_rows<float, int64_t>(a, out.data(), oe.data(), stats.data(), 0, N); });
     tb = best_ms([&] {
       attention_dot_dst_rows<float, int64_t>(a, out.data(), oe.data(), gr.data(), ge.data(), stats.data(), gq.data(),
-                                             gqe.data(), gea.data(), r, 0, N);
+                                             gqe.data(), getenv("NO_EDGE_GRAD") ? nullptr : gea.data(), r, 0, N);
     });
     ts = best_ms([&] { attention_dot_source_rows<float, int64_t>(a, gr.data(), r, gk.data(), gv.data(), 0, N); });
     cs = total(out) + total(gq) + total(gk) + total(gv) + total(gea);
@@ -161,8 +168,9 @@ int main(int argc, char** argv) {
     ts = best_ms([&] { attention_v2_source_rows<float, int64_t>(a, gr.data(), r, gxl.data(), 0, N); });
     cs = total(out) + total(gxr) + total(gxl) + total(gatt);
   }
-  printf("%s nodes=%lld edges=%lld: forward %.1f ms, CSR pass %.1f ms, CSC pass %.1f ms (one thread, best of 5); "
+  printf("%s nodes=%lld edges=%lld H=%lld C=%lld De=%lld: forward %.1f ms, CSR pass %.1f ms, CSC pass %.1f ms (one thread, best of REPEATS); "
          "checksum %.6g\n",
-         op.c_str(), static_cast<long long>(N), static_cast<long long>(E), tf, tb, ts, cs);
+         op.c_str(), static_cast<long long>(N), static_cast<long long>(E), static_cast<long long>(H),
+         static_cast<long long>(C), static_cast<long long>(De), tf, tb, ts, cs);
   return 0;
 }

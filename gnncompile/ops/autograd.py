@@ -512,10 +512,11 @@ def _attention_dot_backward(ctx, grad_out, grad_out_e, grad_stats):
         rowptr_t, col_t, perm_t = transpose_structure(rowptr, col, perm, k.shape[0])
     grad_out = torch.zeros_like(out) if grad_out is None else grad_out.contiguous()
     grad_out_e = torch.zeros_like(out_e) if grad_out_e is None else grad_out_e.contiguous()
+    need = ctx.needs_input_grad
+    # edge features that need no gradient (a model's input, the usual case): the kernel skips theirs
     gq, gk, gv, gqe, gea = ops.attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, ctx.scale, ctx.p,
                                                       seed, out, out_e, stats, grad_out, grad_out_e, ctx.knobs,
-                                                      rowptr_t, col_t, perm_t)
-    need = ctx.needs_input_grad
+                                                      rowptr_t, col_t, perm_t, bool(need[7]))
     return (None, None, None, gq if need[3] else None, gk if need[4] else None, gv if need[5] else None,
             gqe if ctx.has_edge and need[6] else None, gea if ctx.has_edge and need[7] else None,
             None, None, None, None, None, None, None)

@@ -638,7 +638,8 @@ def attention_dot(rowptr, col, perm, q, k, v, qe, edge_attr, scale: float, p: fl
 
 
 def attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, scale: float, p: float, seed, out, out_e,
-                           stats, grad, grad_e, knobs: Sequence[int], rowptr_t, col_t, perm_t):
+                           stats, grad, grad_e, knobs: Sequence[int], rowptr_t, col_t, perm_t,
+                           grad_edge_attr: bool = True):
     """The gradients of :func:`attention_dot` for q, k, v, qe and edge_attr ([M, H, 0] and [E, 0]
     without edge features), from the forward's outputs and statistics, as the kernels compute them:
     alpha recomputed, g_a = <grad[dst], v[src]> + <grad_e[dst], edge_attr[e]>, ds = scale alpha
@@ -648,7 +649,8 @@ def attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, scale: flo
     destination col_t[k], edge perm_t[k]), as the kernel's second pass reads it: ds q[col_t[k]]
     and w grad[col_t[k]] with the ds and w of edge perm_t[k]. With the CSC that is the CSR's
     transpose (the compiled model's, from one edge_index) these are the sums over the edges into
-    the sources; the op trusts that pairing as spmm_backward does."""
+    the sources; the op trusts that pairing as spmm_backward does. With ``grad_edge_attr=False``
+    edge_attr's gradient is not computed: [0, De] in its place."""
     op = "gnncompile.attention_dot_backward"
     _check_attention_dot(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, op)
     M, (N, H, C) = rowptr.numel() - 1, k.shape
@@ -700,6 +702,8 @@ def attention_dot_backward(rowptr, col, perm, q, k, v, qe, edge_attr, scale: flo
     else:
         g_qe = torch.zeros(M, H, 0, **zeros)
         g_ea = torch.zeros(col.numel(), 0, **zeros)
+    if edge_attr is not None and not grad_edge_attr:
+        g_ea = torch.zeros(0, De, **zeros)
     dt = k.dtype
     return g_q.to(dt), g_k.to(dt), g_v.to(dt), g_qe.to(dt), g_ea.to(dt)
 

@@ -125,7 +125,8 @@ _lib.define(
 # of the coefficients times edge_attr[perm[j]]. q [M, H, C]; k, v [N, H, C]; qe [M, H, De] and
 # edge_attr [E, De] (edge order) together or neither (out_e is then [M, H, 0]). TransformerConv's
 # edge term lin_edge(edge_attr) (no bias) enters as qe = W_h^T q and out + W_h out_e, outside the op.
-# stats [M, 2, H] as attention's. A CUDA kernel too (native/cuda/attention_dot_core.cuh), not yet run
+# stats [M, 2, H] as attention's. The backward's grad_edge_attr=False (edge features that need no
+# gradient, as a model's input features) skips their gradient: its output is then [0, De]. A CUDA kernel too (native/cuda/attention_dot_core.cuh), not yet run
 # on a GPU: the pass keeps the chain on CUDA unless the settings opt in (choices['cuda_unverified']).
 _lib.define(
     "attention_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor q, Tensor k, Tensor v, Tensor? qe, "
@@ -135,7 +136,8 @@ _lib.define(
 _lib.define(
     "attention_dot_backward(Tensor rowptr, Tensor col, Tensor perm, Tensor q, Tensor k, Tensor v, Tensor? qe, "
     "Tensor? edge_attr, float scale, float p, Tensor? seed, Tensor out, Tensor out_e, Tensor stats, Tensor grad, "
-    "Tensor grad_e, int[] knobs, Tensor rowptr_t, Tensor col_t, Tensor perm_t) -> (Tensor grad_q, "
+    "Tensor grad_e, int[] knobs, Tensor rowptr_t, Tensor col_t, Tensor perm_t, bool grad_edge_attr=True) -> "
+    "(Tensor grad_q, "
     "Tensor grad_k, Tensor grad_v, Tensor grad_qe, Tensor grad_edge_attr)"
 )
 
@@ -353,10 +355,15 @@ def _attention_dot_fake(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, see
 
 @torch.library.register_fake("gnncompile::attention_dot_backward")
 def _attention_dot_backward_fake(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, out, out_e, stats,
-                                 grad, grad_e, knobs, rowptr_t, col_t, perm_t):
+                                 grad, grad_e, knobs, rowptr_t, col_t, perm_t, grad_edge_attr=True):
     c = torch.contiguous_format
     M, H = rowptr.shape[0] - 1, k.shape[1]
     g_qe = torch.empty_like(qe, memory_format=c) if qe is not None else k.new_empty((M, H, 0))
-    g_ea = torch.empty_like(edge_attr, memory_format=c) if edge_attr is not None else k.new_empty((col.shape[0], 0))
+    if edge_attr is None:
+        g_ea = k.new_empty((col.shape[0], 0))
+    elif not grad_edge_attr:
+        g_ea = k.new_empty((0, edge_attr.shape[1]))
+    else:
+        g_ea = torch.empty_like(edge_attr, memory_format=c)
     return (torch.empty_like(q, memory_format=c), torch.empty_like(k, memory_format=c),
             torch.empty_like(v, memory_format=c), g_qe, g_ea)

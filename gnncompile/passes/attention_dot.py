@@ -15,7 +15,14 @@ message) and ``[E, H]`` ones. :func:`fuse_attention_dot` replaces the chain with
 of lin_edge's weight, ``q . (k + W_h e) = q . k + (W_h^T q) . e`` and the aggregated message is
 ``sum a v + W_h (sum a e)``, so the op reads the raw edge features ``e`` [E, De] and ``qe = W_h^T q``
 [M, H, De] (an einsum before the op) and returns ``sum a v`` and ``sum a e`` per head; ``out + W_h
-out_e`` is an einsum after it. No ``[E, H, C]`` tensor is computed.
+out_e`` is an einsum after it. No ``[E, H, C]`` tensor is computed. Where the block-diagonal matrix
+of the W_h is small (:data:`BLOCK_DIAGONAL_MAX` entries) the two einsums are one matrix product each
+with it instead (``q.view(M, H C) @ W_bd`` and ``out_e.view(M, H De) @ W_bd^T``): H times the
+multiplications, but one GEMM without the einsums' batched products and transposing copies, which
+cost more at such widths (measured on a 2-core AMD EPYC, forward and backward: 0.41 against 0.63 ms
+at 2,000 rows of 4 x 8 with 8 edge features, 3.9 against 5.1 ms at 30,000; 5.5 against 7.6 ms at
+30,000 rows of 4 x 16 with 8; but 16.3 against 10.3 ms at 30,000 rows of 4 x 32 with 16, a 128 x 64
+block-diagonal matrix: the einsums stay there).
 
 The message with ee is left by the match phase for this pass (:func:`leave_for_attention_dot`:
 not a message program) where the pass can fuse it; where the chain does not match here, it stays
@@ -49,6 +56,10 @@ LEFT = ("left for the fused dot-product attention (gnncompile::attention_dot), w
         "the chain as written")
 
 _SHAPES = ("contiguous", "view", "reshape", "squeeze", "unsqueeze")
+
+# the most entries (H C x H De) of lin_edge's block-diagonal weight for which qe and the edge term's
+# output are matrix products with it rather than einsums (see the module's docstring)
+BLOCK_DIAGONAL_MAX = 2048
 
 
 def _edge_term(n: Node):
@@ -338,12 +349,21 @@ def fuse_attention_dot(graph, built, settings, lines: Dict[Node, Fused], fused: 
             if m["p"] > 0 and seed is None:
                 seed = graph.call_function(torch.randint, (0, 1 << 62, ()), {"dtype": torch.int64})
             q, k, v = (graph.call_method("contiguous", (m[t],)) for t in ("q", "k", "v"))
-            qe = ea = Wv = None
+            qe = ea = Wv = Wbd = None
             if m["ea"] is not None:
                 kv = fake_tensor(m["k"])
                 H, C = kv.shape[1], kv.shape[2]
+                De = fake_tensor(m["ea"]).shape[1]
                 Wv = graph.call_method("view", (m["W"], H, C, -1))
-                qe = graph.call_function(torch.einsum, ("mhc,hcd->mhd", q, Wv))
+                Wbd = None
+                if H * C * H * De <= BLOCK_DIAGONAL_MAX:
+                    heads = graph.call_method("unbind", (Wv, 0))
+                    Wbd = graph.call_function(torch.block_diag, tuple(
+                        graph.call_function(operator.getitem, (heads, h)) for h in range(H)))
+                    qe = graph.call_method("view", (graph.call_function(torch.matmul, (
+                        graph.call_method("view", (q, -1, H * C)), Wbd)), -1, H, De))
+                else:
+                    qe = graph.call_function(torch.einsum, ("mhc,hcd->mhd", q, Wv))
                 ea = graph.call_method("contiguous", (m["ea"],))
             call = graph.call_function(targets.ATTENTION_DOT, (
                 csr[0], csr[1], csr[2], q, k, v, qe, ea, m["scale"], m["p"], seed, knobs, *csc))
@@ -351,8 +371,12 @@ def fuse_attention_dot(graph, built, settings, lines: Dict[Node, Fused], fused: 
                 out = graph.call_function(operator.getitem, (call, 0))
                 if Wv is not None:
                     oe = graph.call_function(operator.getitem, (call, 1))
-                    out = graph.call_function(operator.add, (out, graph.call_function(
-                        torch.einsum, ("mhd,hcd->mhc", oe, Wv))))
+                    if Wbd is not None:
+                        term = graph.call_method("view", (graph.call_function(torch.matmul, (
+                            graph.call_method("view", (oe, -1, H * De)), graph.call_method("t", (Wbd,)))), -1, H, C))
+                    else:
+                        term = graph.call_function(torch.einsum, ("mhd,hcd->mhc", oe, Wv))
+                    out = graph.call_function(operator.add, (out, term))
         if m["scatter"] is not None:
             m["scatter"].replace_all_uses_with(out)
         else:
@@ -379,4 +403,4 @@ def fuse_attention_dot(graph, built, settings, lines: Dict[Node, Fused], fused: 
     return done
 
 
-__all__ = ["fuse_attention_dot", "leave_for_attention_dot", "UNVERIFIED", "LEFT"]
+__all__ = ["fuse_attention_dot", "leave_for_attention_dot", "UNVERIFIED", "LEFT", "BLOCK_DIAGONAL_MAX"]

@@ -76,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     const std::optional<at::Tensor>& edge_attr, double scale, double p, const std::optional<at::Tensor>& seed,
     const at::Tensor& out_in, const at::Tensor& out_e_in, const at::Tensor& stats_in, const at::Tensor& grad_in,
     const at::Tensor& grad_e_in, c10::IntArrayRef knobs, const at::Tensor& rowptr_t_in, const at::Tensor& col_t_in,
-    const at::Tensor& perm_t_in) {
+    const at::Tensor& perm_t_in, bool grad_edge_attr) {
   const char* op = "gnncompile.attention_dot_backward";
   const DotCall c = attention_dot_call(rowptr, col, perm, q, k, v, qe, edge_attr, scale, p, seed, op, on_cpu(op));
   check_attention_dot_backward(c, rowptr_t_in, col_t_in, perm_t_in, out_in, out_e_in, stats_in, grad_in, grad_e_in,
@@ -92,7 +92,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   at::Tensor g_k = at::empty_like(c.k);
   at::Tensor g_v = at::empty_like(c.v);
   at::Tensor g_qe = c.qe.defined() ? at::empty_like(c.qe) : at::empty({c.M, c.H, 0}, c.k.options());
-  at::Tensor g_ea = c.ea.defined() ? at::empty_like(c.ea) : at::empty({c.E, 0}, c.k.options());
+  // edge features that need no gradient (a model's input): none computed, [0, De] returned
+  const bool want_ea = c.ea.defined() && grad_edge_attr;
+  at::Tensor g_ea = !c.ea.defined() ? at::empty({c.E, 0}, c.k.options())
+                    : want_ea       ? at::empty_like(c.ea)
+                                    : at::empty({0, c.De}, c.k.options());
   if (c.E == 0 || c.H == 0 || c.M == 0) {
     check_unwalked_structure(c.col, c.perm, c.N, op);
     check_unwalked_structure(col_t, perm_t, c.M, op);
@@ -123,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
       core_t* gk = core_ptr<scalar_t>(g_k);
       core_t* gv = core_ptr<scalar_t>(g_v);
       core_t* gqe = core_ptr<scalar_t>(g_qe);
-      core_t* gea = c.ea.defined() ? core_ptr<scalar_t>(g_ea) : nullptr;
+      core_t* gea = want_ea ? core_ptr<scalar_t>(g_ea) : nullptr;
       st = parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
         return attention_dot_dst_rows<core_t, index_t>(a, o, oe, g, ge, s, gq, gqe, gea, rp, r0, r1);
       });

@@ -76,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
     const std::optional<at::Tensor>& edge_attr, double scale, double p, const std::optional<at::Tensor>& seed,
     const at::Tensor& out_in, const at::Tensor& out_e_in, const at::Tensor& stats_in, const at::Tensor& grad_in,
     const at::Tensor& grad_e_in, c10::IntArrayRef /*knobs: see core_params*/, const at::Tensor& rowptr_t_in,
-    const at::Tensor& col_t_in, const at::Tensor& perm_t_in) {
+    const at::Tensor& col_t_in, const at::Tensor& perm_t_in, bool grad_edge_attr) {
   const char* op = "gnncompile.attention_dot_backward";
   const at::Device dev = k.device();
   const auto on = on_device(dev, op);
@@ -94,9 +94,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
   at::Tensor g_v = at::empty_like(c.v);
   at::Tensor g_qe = c.qe.defined() ? at::empty_like(c.qe) : at::empty({c.M, c.H, 0}, c.k.options());
   at::Tensor g_ea = c.ea.defined() ? at::empty_like(c.ea) : at::empty({c.E, 0}, c.k.options());
+  // grad_edge_attr false: the kernel still computes g_ea here (the CPU kernel skips it); [0, De] returned
+  const at::Tensor no_ea = at::empty({0, c.De}, c.k.options());
+  const bool drop_ea = c.ea.defined() && !grad_edge_attr;
   if (c.E == 0 || c.H == 0 || c.M == 0) {
     for (at::Tensor* t : {&g_q, &g_k, &g_v, &g_qe, &g_ea}) t->zero_();
-    return {g_q, g_k, g_v, g_qe, g_ea};
+    return {g_q, g_k, g_v, g_qe, drop_ea ? no_ea : g_ea};
   }
   ensure_perm_unique(c.perm, op);  // per-edge records and g_ea are written at perm[j], once per slot
   at::Tensor D = at::empty({c.M, c.H}, stats.options());
@@ -120,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention
           edge ? dev_ptr<scalar_t>(g_ea) : nullptr, stream)));
     });
   });
-  return {g_q, g_k, g_v, g_qe, g_ea};
+  return {g_q, g_k, g_v, g_qe, drop_ea ? no_ea : g_ea};
 }
 
 }  // namespace

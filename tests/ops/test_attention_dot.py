@@ -141,6 +141,60 @@ def test_native_equals_the_reference(dtype, index, De):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol * _size(b))
 
 
+@pytest.mark.parametrize("H,C,De", [(4, 8, 8), (4, 32, 16), (3, 16, 8), (5, 8, 0), (6, 24, 16), (4, 8, 5), (2, 12, 8)])
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_wide_shapes_equal_the_reference(H, C, De, p):
+    """float32 at the shapes of the kernels' 8-wide paths (C and De multiples of 8: the zoo's 4 x 8
+    with 8 edge features, issue 25's 4 x 32 with 16; head counts not a multiple of 4 for the
+    four-head horizontal sums' remainder) and next to them (C or De not a multiple of 8: the
+    generic path), forward and backward, against the reference."""
+    N, M, E = 50, 40, 700
+    _, _, csr, csc = _graph(N, M, E)
+    q, k, v, ea, _ = (t.detach() if t is not None else None for t in _inputs(N, M, E, H, C, De, torch.float32))
+    qe = torch.randn(M, H, De) if De else None
+    args = (q, k, v, qe, ea, 1 / math.sqrt(C), p, torch.tensor(7))
+    out, out_e, st = ops.attention_dot(*csr, *args, [], *csc)
+    want = reference.attention_dot(*csr, *args, [])
+    for a, b in zip((out, out_e, st), want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * _size(b))
+    g, ge = torch.randn(out.shape), torch.randn(out_e.shape)
+    got = ops.attention_dot_backward(*csr, *args, out, out_e, st, g, ge, [], *csc)
+    want = reference.attention_dot_backward(*csr, *args, out, out_e, st, g, ge, [], *csc)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * _size(b))
+
+
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_backward_without_the_edge_features_gradient(impl, dtype):
+    """grad_edge_attr=False (edge features that need no gradient): the edge features' gradient is
+    [0, De] and not computed, the other gradients bit for bit those with it; autograd asks for it
+    only where the edge features require a gradient."""
+    N, M, E, H, C, De = 40, 30, 400, 4, 8, 8
+    _, _, csr, csc = _graph(N, M, E)
+    q, k, v, ea, _ = (t.detach() for t in _inputs(N, M, E, H, C, De, dtype))
+    qe = torch.randn(M, H, De, dtype=dtype)
+    args = (q, k, v, qe, ea, 0.35, 0.0, None)
+    out, out_e, st = ops.attention_dot(*csr, *args, [], *csc)
+    g, ge = torch.randn(out.shape, dtype=dtype), torch.randn(out_e.shape, dtype=dtype)
+    bwd = ops.attention_dot_backward if impl == "native" else reference.attention_dot_backward
+    full = bwd(*csr, *args, out, out_e, st, g, ge, [], *csc)
+    part = bwd(*csr, *args, out, out_e, st, g, ge, [], *csc, False)
+    assert full[4].shape == (E, De) and part[4].shape == (0, De) and part[4].dtype == dtype
+    assert all(torch.equal(a, b) for a, b in zip(full[:4], part[:4]))
+    # through autograd: the edge features' gradient where they require one, the others equal
+    grads = []
+    for need in (True, False):
+        ts = [t.clone().requires_grad_() for t in (q, k, v, qe)]
+        e = ea.clone().requires_grad_(need)
+        o, oe, _ = ops.attention_dot(*csr, *ts, e, 0.35, 0.0, None, [], *csc)
+        (o.square().sum() + oe.square().sum()).backward()
+        grads.append([t.grad for t in ts] + [e.grad])
+    assert grads[0][4] is not None and grads[0][4].shape == (E, De) and grads[1][4] is None
+    assert all(torch.equal(a, b) for a, b in zip(grads[0][:4], grads[1][:4]))
+
+
 @pytest.mark.parametrize("De", [0, 3])
 def test_gradcheck_float64(De):
     """Every input the op differentiates (q, k, v, qe, edge features), both outputs."""

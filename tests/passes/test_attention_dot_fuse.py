@@ -185,3 +185,26 @@ def test_on_cuda_the_chain_stays_and_says_why():
     x, ei, _ = _data()
     rep = _explain(conv, x.cuda(), ei.cuda())
     assert "attention_dot" not in rep.op_calls and UNVERIFIED in str(rep)
+
+
+@pytest.mark.parametrize("C,De,limit,block", [(8, 8, None, True), (32, 16, None, False), (8, 8, 0, False),
+                                              (32, 16, 1 << 30, True)])
+def test_edge_term_is_a_block_diagonal_product_where_small(C, De, limit, block, monkeypatch):
+    """lin_edge's weight enters qe and the edge term's output as one matrix product with its
+    block-diagonal form where that has at most BLOCK_DIAGONAL_MAX entries (4 x 8 with 8 edge
+    features: 32 x 32), as einsums above (4 x 32 with 16: 128 x 64); both equal eager (the limit
+    moved to take each way at each size), and the profile shows which ran."""
+    from gnncompile.passes import attention_dot as fuse_pass
+
+    if limit is not None:
+        monkeypatch.setattr(fuse_pass, "BLOCK_DIAGONAL_MAX", limit)
+    torch.manual_seed(0)
+    conv = TransformerConv(F, C, heads=4, edge_dim=De)
+    x, ei, ea = _data(edge_dim=De)
+    compiled = _compiled(conv)
+    _close(conv, compiled, (x, ei, ea))
+    with torch.profiler.profile() as prof:
+        compiled(x, ei, ea)
+    names = {e.key for e in prof.key_averages()}
+    assert "gnncompile::attention_dot" in names
+    assert ("aten::einsum" not in names) == block and ("aten::block_diag" in names) == block
