@@ -437,6 +437,34 @@ class _Builder:
         return e, fs
 
 
+def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node) -> Set[Node]:
+    """The edge encoders of ``b`` below an operation of the program whose value something
+    outside the program reads too (the root: something besides ``anchor``): other programs
+    over that value recompute it, each with the encoder, where reading the map as computed
+    computes it once (PNA's mean, min, max and std of one message: 1.16x slower inside)."""
+    if not b.encoders:
+        return set()
+    inner = {m for m in b.memo if isinstance(m, Node) and m not in b.leafed}
+    out: Set[Node] = set()
+    for m in inner:
+        readers = [u for u in m.users if u not in inner and reads_value(u, m)]
+        if m is root:
+            readers = [] if root is anchor else [u for u in readers if u is not anchor]
+        if not readers:
+            continue
+        todo, seen = [m], set()
+        while todo:
+            k = todo.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            if k in b.encoders:
+                out.add(k)
+            elif k in inner:
+                todo += list(k.all_input_nodes)
+    return out
+
+
 def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=(),
            encoders: bool = True):
     mv = fake_tensor(message)
@@ -457,9 +485,12 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
         b = _Builder(message, dst, dst_index, anchor, writes, stops, no_encoder, encoders)
         expr, efs = b.visit(message, anchor)
         shared = b.shared(message)
-        # an edge encoder another reader needs too is computed anyway: read as computed
+        # an edge encoder another reader needs too is computed anyway: read as computed; one
+        # below an operation that other programs recompute too (PNA's one message under five
+        # reductions) would be computed by each: read as computed once
         outside = {n for n in b.encoders
                    if any(u not in b.memo or u in b.leafed for u in n.users if reads_value(u, n))}
+        outside |= _encoders_under_shared(b, message, anchor)
         if not shared and not outside:
             break
         stops |= set(shared)

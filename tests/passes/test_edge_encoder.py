@@ -207,3 +207,14 @@ def test_no_edge_by_feature_tensor_in_backward():
     for a, b in zip(old, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert old_peak >= wide
+
+
+def test_a_message_several_reductions_read_keeps_the_map_outside():
+    """One encoded message under two reductions (each its own program): the map is read as
+    computed once instead of being computed inside each program (PNA's case), still equal."""
+    torch.manual_seed(0)
+    model = EncodedMessage(aggr=["sum", "max"]).double()
+    inputs = _inputs(torch.float64)
+    check_same(model, gnncompile.compile(model), list(inputs), **TOL[torch.float64])
+    details, rep = _details(model, inputs)
+    assert len(details) == 2 and not _encoded(details), str(rep)
