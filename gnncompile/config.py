@@ -203,9 +203,8 @@ VARIABLES: Tuple[Variable, ...] = (
              "for A/B measurements)"),
     Variable("GNNCOMPILE_PROGRAMS", "programs", _one_of(PROGRAM_MODES), "auto (default), always, never",
              "message programs (any elementwise message, run by generated kernels or the CPU "
-             "interpreter): auto fuses them where a measured rule says they are faster (generated "
-             "kernels: from about 10k edges; the interpreter: many edges at a high degree), always / "
-             "never everywhere / nowhere"),
+             "interpreter): auto fuses them where a measured rule says they are faster (many edges, "
+             "high degree), always / never everywhere / nowhere"),
     Variable("GNNCOMPILE_GUARD", "guard", _one_of(GUARD_MODES), "time (default), off",
              "the speed guard: each rewritten graph piece is timed against its unrewritten form "
              "on its first calls (per size class) and the faster one is kept; off: always the "
