@@ -66,7 +66,9 @@ BUILD_STAMP = "commit_ab_build.json"  # in the base tree's build folder, written
 #: given): gnncompile found first in the working directory, TREE, with the editable install's
 #: finder removed; with TREE empty, as installed (from HEAD_ROOT). The benchmarks package is
 #: always HEAD_ROOT's, loaded by its path.
-BOOT = r"""
+def boot_source(module: str, function: str) -> str:
+    """The child's boot script (above) that ends calling ``benchmarks.<module>.<function>``."""
+    return r"""
 import importlib.util, os, sys
 head, tree = sys.argv[1], sys.argv[2]
 del sys.argv[1:3]
@@ -78,9 +80,10 @@ spec = importlib.util.spec_from_file_location(
 pkg = importlib.util.module_from_spec(spec)
 sys.modules["benchmarks"] = pkg
 spec.loader.exec_module(pkg)
-from benchmarks import commit_ab
-sys.exit(commit_ab.main(sys.argv[1:]))
-"""
+""" + f"from benchmarks import {module}\nsys.exit({module}.{function}(sys.argv[1:]))\n"
+
+
+BOOT = boot_source("commit_ab", "main")
 
 
 class CommitABError(RuntimeError):

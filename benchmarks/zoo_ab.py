@@ -25,21 +25,7 @@ from typing import Any, Dict, List, Optional
 
 from . import _common, commit_ab
 
-BOOT = r"""
-import importlib.util, os, sys
-head, tree = sys.argv[1], sys.argv[2]
-del sys.argv[1:3]
-if tree:
-    sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable_")]
-spec = importlib.util.spec_from_file_location(
-    "benchmarks", os.path.join(head, "benchmarks", "__init__.py"),
-    submodule_search_locations=[os.path.join(head, "benchmarks")])
-pkg = importlib.util.module_from_spec(spec)
-sys.modules["benchmarks"] = pkg
-spec.loader.exec_module(pkg)
-from benchmarks import zoo_ab
-sys.exit(zoo_ab.child_main(sys.argv[1:]))
-"""
+BOOT = commit_ab.boot_source("zoo_ab", "child_main")
 
 
 def child_main(argv: List[str]) -> int:
