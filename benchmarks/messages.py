@@ -13,6 +13,9 @@ Workloads (``--models``):
   EdgeCNN    torch_geometric.nn.models.EdgeCNN(F, 64, 2, classes); no edge features. Its messages
              are an MLP on [x_i, x_j - x_i]: E x 2F floats per layer, 1 GiB per such tensor at the
              default 1M edges (``--graphs`` picks smaller graphs)
+  GEN        2 x GENConv(c, h, aggr='softmax', learn_t=True, edge_dim=D) (softmax aggregation with a
+             learnable temperature), ReLU after each layer, then Linear(h, classes)
+  GATE       2 x GATConv(c, h / 4, heads=4, edge_dim=D), ReLU after each layer, then Linear(h, classes)
   molecules  graph classification: 3 x GINEConv (32 -> 64, edge_dim=D), global_add_pool, Linear(64, 2)
              over a fixed list of --molecule-batches pre-built batches (Batch.from_data_list) of
              --batch-size graphs of 10-40 nodes (gin_batches.make_dataset: a random spanning tree
@@ -68,8 +71,10 @@ import torch
 
 from . import _common
 
-NODE_WORKLOADS = ("GINE", "PNA", "EdgeCNN")
+NODE_WORKLOADS = ("GINE", "PNA", "EdgeCNN", "GEN", "GATE")
 WORKLOADS = NODE_WORKLOADS + ("molecules",)
+#: what a run without --models measures (GEN and GATE on request)
+DEFAULT_WORKLOADS = ("GINE", "PNA", "EdgeCNN", "molecules")
 VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile_outside")
 HIDDEN = 128
 MOL_F, MOL_HIDDEN, MOL_LAYERS, MOL_C = 32, 64, 3, 2
@@ -123,11 +128,12 @@ def _gine_convs(in_ch: int, hidden: int, layers: int, edge_dim: int):
 
 
 class GINENet(torch.nn.Module):
-    """GINEConv layers with ReLU after each, then a Linear to the classes (per node)."""
+    """Edge-feature conv layers (GINEConv unless ``convs`` is given) with ReLU after each, then a
+    Linear to the classes (per node)."""
 
-    def __init__(self, in_ch: int, hidden: int, layers: int, out: int, edge_dim: int) -> None:
+    def __init__(self, in_ch: int, hidden: int, layers: int, out: int, edge_dim: int, convs=None) -> None:
         super().__init__()
-        self.convs = _gine_convs(in_ch, hidden, layers, edge_dim)
+        self.convs = convs if convs is not None else _gine_convs(in_ch, hidden, layers, edge_dim)
         self.head = torch.nn.Linear(hidden, out)
 
     def forward(self, x, edge_index, edge_attr):
@@ -166,6 +172,17 @@ def build_model(workload: str, F: int, C: int, D: int, edge_index=None, N: int =
                           deg=in_degree_histogram(edge_index, N), edge_dim=D, towers=1)
     if workload == "EdgeCNN":
         return models.EdgeCNN(F, 64, 2, C)
+    if workload == "GEN":
+        from torch_geometric.nn import GENConv
+
+        convs = torch.nn.ModuleList(GENConv(F if i == 0 else HIDDEN, HIDDEN, aggr="softmax", learn_t=True, edge_dim=D)
+                                    for i in range(2))
+        return GINENet(F, HIDDEN, 2, C, D, convs)
+    if workload == "GATE":
+        from torch_geometric.nn import GATConv
+
+        convs = torch.nn.ModuleList(GATConv(F if i == 0 else HIDDEN, HIDDEN // 4, heads=4, edge_dim=D) for i in range(2))
+        return GINENet(F, HIDDEN, 2, C, D, convs)
     if workload == "molecules":
         return MolGINE(D)
     raise ValueError(f"unknown workload {workload!r}")
@@ -389,16 +406,17 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes: 1000 nodes, 4 batches of 32 graphs, 3 repeats; in-process")
-    ap.add_argument("--models", default=",".join(WORKLOADS), help="comma list of " + ", ".join(WORKLOADS))
+    ap.add_argument("--models", default=",".join(DEFAULT_WORKLOADS),
+                    help=f"comma list of {', '.join(WORKLOADS)} (default {','.join(DEFAULT_WORKLOADS)})")
     ap.add_argument("--graphs", default=None,
-                    help="comma list of node counts for GINE/PNA/EdgeCNN, edges = 10 N (default 100000, quick 1000)")
+                    help="comma list of node counts for the node-level workloads, edges = 10 N (default 100000, quick 1000)")
     ap.add_argument("--variants", default=",".join(VARIANTS[:3]), help="comma list of " + ", ".join(VARIANTS))
     ap.add_argument("--repeats", type=int, default=None,
                     help="timed steps (node level) and timed epochs (molecules); default 7, quick 3")
     ap.add_argument("--warmup", type=int, default=2, help="node level: untimed steps after the first")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--features", type=int, default=128, help="node features (node level)")
-    ap.add_argument("--edge-dim", type=int, default=16, help="edge feature width (GINE, PNA, molecules)")
+    ap.add_argument("--edge-dim", type=int, default=16, help="edge feature width (all but EdgeCNN)")
     ap.add_argument("--molecule-batches", type=int, default=None, help="batches per epoch (default 20, quick 4)")
     ap.add_argument("--batch-size", type=int, default=None, help="graphs per batch (default 128, quick 32)")
     ap.add_argument("--in-process", action="store_true",
@@ -511,7 +529,7 @@ def markdown(p: dict) -> str:
     lines += ["", f"Median training-step time (forward, cross-entropy, backward, Adam) over {p['repeats']} "
               f"steps (node level; molecules: every step of {p['repeats']} epochs), {p['threads']} threads, "
               f"torch {m['torch']}. Node level: power-law graphs, F = {p['features']}, hidden {p['hidden']}, "
-              f"edge features {p['edge_dim']} (GINE, PNA; none for EdgeCNN). molecules: {mol['layers']} x GINEConv "
+              f"edge features {p['edge_dim']} (none for EdgeCNN). molecules: {mol['layers']} x GINEConv "
               f"({mol['features']} -> {mol['hidden']}) + global_add_pool + Linear, {mol['batches']} batches of "
               f"{mol['batch_size']} graphs of 10-40 nodes. Ratios: peer time / gnncompile time (> 1 means "
               f"gnncompile is faster). First step includes compilation. Every variant's first-step output and "

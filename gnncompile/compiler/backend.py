@@ -83,6 +83,46 @@ def graph_size(example_inputs) -> int:
     return nodes + edges
 
 
+def needs_grad(example_inputs) -> bool:
+    """Whether a call of the piece records a backward (grad mode on, an input or parameter that
+    requires a gradient)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
+def unbacked_sized(gm: GraphModule) -> List[str]:
+    """The nodes of ``gm`` whose value has a data-dependent (unbacked) size, as 'name (shape)'.
+    Inductor (torch 2.13) fails to compile the backward of such a piece when one of them is
+    saved for it (``InductorError: For u0 + 1000, expected [u0] to have been codegen-ed``:
+    GATConv(edge_dim=...) at its first backward, where the self-loops' edge features, of size
+    ``E' + N`` with ``E'`` the count of ``edge_index[:, mask]``, feed lin_edge). The hoisting
+    pass moves most such work out of the graph; what it leaves is what this finds."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    out = []
+    for n in gm.graph.nodes:
+        v = n.meta.get("val", n.meta.get("example_value"))
+        if isinstance(v, torch.Tensor) and free_unbacked_symbols(v.shape):
+            out.append(f"{n.name} {tuple(v.shape)}")
+    return out
+
+
+def inductor_fallback_note(sized: List[str], explicit: bool) -> str:
+    return (f"inner compiler: aot_eager instead of inductor{' (asked for)' if explicit else ' (auto)'} for a piece "
+            f"with {len(sized)} value(s) of data-dependent size ({', '.join(sized[:3])}"
+            f"{', ...' if len(sized) > 3 else ''}): inductor fails to compile the backward of such a "
+            f"piece; the fused kernels run either way")
+
+
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    key = message.split(" for a piece")[0]
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn("gnncompile: " + message, RuntimeWarning, stacklevel=3)
+
+
 def choose_inner(example_inputs) -> str:
     """The inner compiler 'auto' uses for a graph piece (see AUTO_INDUCTOR_MIN_SIZE)."""
     return "inductor" if graph_size(example_inputs) >= AUTO_INDUCTOR_MIN_SIZE else "eager"
@@ -273,6 +313,16 @@ class Backend:
         for c in _collectors():
             c.append(report)
         fn = self._inner_fn if self._inner_fn is not None else _inner(inner)
+        if inner == "inductor" and needs_grad(example_inputs):
+            sized = unbacked_sized(gm)
+            if sized:
+                inner, fn = "aot_eager", _inner("aot_eager")
+                report.inner = inner
+                report.notes.append(inductor_fallback_note(sized, explicit=self.inner == "inductor"))
+                if self.inner == "inductor":
+                    _warn_once(report.notes[-1])
+                else:
+                    _log.info(report.notes[-1])
         # what the inner compiler returns holds the hoisted regions its graph calls (held weakly
         # by their registry): they go when Dynamo drops it
         compiled = hoisted.pass_on(gm, fn(gm, example_inputs))
