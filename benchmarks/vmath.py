@@ -14,9 +14,12 @@ Per-op cost: a power-law graph (power_law_graph(N, 10 N, seed 0)), its CSR by de
 (gnncompile/codegen) and the interpreter (native/cpu/message_core.h), checked bit for bit equal
 before timing; then --rounds rounds, each calling every variant once in turn; medians and the
 median of the rounds' ratios to relu(x_j)'s generated kernel. Only APIs older trees have are
-used, so the timing part also runs with gnncompile imported from an earlier checkout
-(``PYTHONPATH=<tree> python benchmarks/vmath.py --timing-only --json out.json``) for a before /
-after table (``--before out.json`` adds it to the report).
+used, so the timing part also runs with gnncompile imported from an earlier checkout for a
+before / after table (``--before out.json`` adds it to the report): build the checkout with
+``python -m benchmarks commit_ab --prepare-only --base REV`` (build/commit_ab/<sha>), then in that
+folder run this file as a script with ``--timing-only --json out.json`` from a Python whose
+sys.meta_path has the editable install's finder removed and whose sys.path starts with the folder
+(as commit_ab's child boots; PYTHONPATH alone still imports this checkout's gnncompile).
 
 Writes benchmarks/results/vmath.{json,md} (``--name``).
 """
