@@ -6,7 +6,10 @@
   (:func:`gnncompile.profiles.cache_dir`), shared by every process.
 * **Build.** The system C++ compiler (``$GNNCOMPILE_CXX``, else ``c++``) with the native module's
   own optimisation flags (its build_info: ``-O3 -march=native``), ``-std=gnu++17 -fPIC -shared``,
-  ``-ffp-contract=off`` (see emit.py) and no torch headers: about a second per program. Threads
+  ``-ffp-contract=off`` (see emit.py), ``-fno-trapping-math`` (the float32 math of
+  native/cpu/vmath.h vectorizes only where a speculated operation may not raise a floating-point
+  exception: no value changes; the interpreter's message.cpp is compiled with both) and no torch
+  headers: about a second per program. Threads
   are not the kernel's business: the glue runs it per chunk of its row split on torch's pool.
 * **Concurrency.** Each process compiles to a temporary name in the cache folder and renames it
   onto the key (``os.replace``, atomic): two processes building one key both succeed, one file
@@ -38,10 +41,10 @@ from .. import config as _config
 
 NATIVE = Path(__file__).resolve().parent.parent.parent / "native"
 HEADERS = ("common/dtype.h", "common/macros.h", "cpu/codegen_abi.h", "cpu/encoder_core.h", "cpu/reduce_core.h",
-           "cpu/rows_core.h")
+           "cpu/rows_core.h", "cpu/vmath.h")
 SYMBOL = "gnncompile_message_rows"
 ABI_SYMBOL = "gnncompile_codegen_abi"
-BASE_FLAGS = ("-std=gnu++17", "-fPIC", "-shared", "-ffp-contract=off")
+BASE_FLAGS = ("-std=gnu++17", "-fPIC", "-shared", "-ffp-contract=off", "-fno-trapping-math")
 
 
 class BuildError(RuntimeError):
@@ -114,7 +117,7 @@ def cache_folder() -> Path:
 
 def key_of(source: str, flags: List[str], cxx_id: str) -> str:
     h = hashlib.sha256()
-    for part in (source, "\0".join(flags), cxx_id, _isa()):
+    for part in (source, "\0".join(flags), "\0".join(BASE_FLAGS), cxx_id, _isa()):
         h.update(part.encode())
         h.update(b"\0")
     for name in HEADERS:

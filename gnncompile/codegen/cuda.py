@@ -11,9 +11,11 @@ or for group sums over the output columns, each column's features added in order
 Bad indices set a status flag (the first one wins) and stop the warp. Not the merge-path
 skeleton of the spmm kernel (spmm_core.cuh): a hub row is one warp's work.
 
-Numerics: the expressions are the CPU's, with CUDA's math functions (``exp``, ``erf``, ...: the
-device overloads for float and double) in place of glibc's, so transcendental operators agree
-with the CPU kernels within CUDA's documented ulp bounds, not bit for bit; the rest (arithmetic,
+Numerics: the expressions are the CPU's. float32 transcendental operators call the CPU's own
+functions (native/cpu/vmath.h, ``__host__ __device__`` under nvcc; nvcc may contract their
+products and sums into multiply-adds, which the CPU build does not: within an ulp or so of the
+CPU's, not bit for bit unless compiled with ``--fmad=false``); float64 ones and ``pow`` call
+CUDA's math functions in place of glibc's (within CUDA's documented ulp bounds); the rest (arithmetic,
 comparisons, the fold, the record, the mean's scale) is the same operation in the same order.
 No GPU here: tests/codegen/test_codegen_cuda.py and ``make cuda-check`` compile the generated
 kernels of a program set covering every opcode, op and dtype (:func:`test_programs`); running

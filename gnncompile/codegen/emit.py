@@ -23,8 +23,11 @@ memory, which cannot fuse; inside an instruction, ``gelu_grad``'s ``cdf + v * pd
 encoder's sum of products, the interpreter's file, native/cpu/message.cpp, is compiled with
 ``-ffp-contract=off`` too: tests/codegen checks it). An edge encoder (side ``enc``) is computed per
 edge and tile by the interpreter's own code (native/cpu/encoder_core.h), D fixed at generation.
-Transcendental operators call the same scalar functions (``std::exp``, ``std::erf``, ...) as the
-interpreter: equal bit for bit, not faster (vectorized math is not done yet). Generated and
+Transcendental operators call the interpreter's functions: in float32 native/cpu/vmath.h's
+(``vm::exp``, ``vm::erf``, ...: inline and branch-free, so the loop holding them vectorizes; a few
+ulp from the correctly rounded value), in float64 libm's (``vm::`` forwards to ``std::``); ``pow``
+is libm's in both. Equal bit for bit (the same inline code, the same flags: the kernels and the
+interpreter's message.cpp are compiled with ``-ffp-contract=off -fno-trapping-math``). Generated and
 interpreted results are compared bit for bit in tests/codegen (NaN compared as NaN: which NaN's
 sign a sum of two NaNs keeps is the instruction's operand order, the compiler's choice).
 """
@@ -237,7 +240,9 @@ def _pow_number(x: str, c: float, dtype: str) -> str:
     return f"std::pow({x}, {_lit(c)})"
 
 
-_CALLS = ("std::exp", "std::expm1", "std::erf", "std::tanh", "std::log", "std::log1p", "std::pow")
+# scalar calls that keep a loop holding them from vectorizing: libm's pow, and in float64 every
+# function of native/cpu/vmath.h (libm there); the float32 ones are inline and vectorize
+_CALLS = {"float32": ("std::pow",), "float64": ("std::pow", "vm::")}
 
 
 ENC_UNROLL = 32  # an edge encoder of up to this many features is one unrolled sum per feature
@@ -315,19 +320,19 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         elif name == "leaky_relu":
             rhs = f"{x} > acc_t(0) ? {x} : {x} * {pb}"
         elif name == "elu":
-            rhs = f"{x} > acc_t(0) ? {x} : {pb} * std::expm1({x})"
+            rhs = f"{x} > acc_t(0) ? {x} : {pb} * vm::expm1({x})"
         elif name == "gelu":
-            rhs = f"{x} * acc_t(0.5) * (acc_t(1) + std::erf({x} * acc_t(0.70710678118654752440)))"
+            rhs = f"{x} * acc_t(0.5) * (acc_t(1) + vm::erf({x} * acc_t(0.70710678118654752440)))"
         elif name == "sigmoid":
-            rhs = f"acc_t(1) / (acc_t(1) + std::exp(-{x}))"
+            rhs = f"vm::sigmoid({x})"
         elif name == "tanh":
-            rhs = f"std::tanh({x})"
+            rhs = f"vm::tanh({x})"
         elif name == "softplus":
-            rhs = f"{x} * {pb} > {pc} ? {x} : std::log1p(std::exp({x} * {pb})) / {pb}"
+            rhs = f"{x} * {pb} > {pc} ? {x} : vm::log1p(vm::exp({x} * {pb})) / {pb}"
         elif name == "exp":
-            rhs = f"std::exp({x})"
+            rhs = f"vm::exp({x})"
         elif name == "log":
-            rhs = f"std::log({x})"
+            rhs = f"vm::log({x})"
         elif name == "clamp":
             lines.append(f"const acc_t {v}c = {x} < {pb} ? {pb} : {x};")
             rhs = f"{x} != {x} ? {x} : ({v}c > {pc} ? {pc} : {v}c)"
@@ -344,18 +349,18 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
         elif name == "leaky_relu_grad":
             rhs = f"{x} > acc_t(0) ? acc_t(1) : {pb}"
         elif name == "elu_grad":
-            rhs = f"{x} > acc_t(0) ? acc_t(1) : {pb} * std::exp({x})"
+            rhs = f"{x} > acc_t(0) ? acc_t(1) : {pb} * vm::exp({x})"
         elif name == "gelu_grad":
-            lines.append(f"const acc_t {v}c = acc_t(0.5) * (acc_t(1) + std::erf({x} * acc_t(0.70710678118654752440)));")
-            lines.append(f"const acc_t {v}p = std::exp(acc_t(-0.5) * {x} * {x}) * acc_t(0.39894228040143267794);")
+            lines.append(f"const acc_t {v}c = acc_t(0.5) * (acc_t(1) + vm::erf({x} * acc_t(0.70710678118654752440)));")
+            lines.append(f"const acc_t {v}p = vm::exp(acc_t(-0.5) * {x} * {x}) * acc_t(0.39894228040143267794);")
             rhs = f"{v}c + {x} * {v}p"
         elif name == "softplus_grad":
-            lines.append(f"const acc_t {v}z = std::exp({x} * {pb});")
+            lines.append(f"const acc_t {v}z = vm::exp({x} * {pb});")
             rhs = f"{x} * {pb} > {pc} ? acc_t(1) : {v}z / ({v}z + acc_t(1))"
         elif name == "clamp_grad":
             rhs = f"({x} >= {pb} && {x} <= {pc}) ? acc_t(1) : acc_t(0)"
         elif name == "pow_exp_grad":
-            rhs = f"({x} == acc_t(0) && {y} >= acc_t(0)) ? acc_t(0) : std::pow({x}, {y}) * std::log({x})"
+            rhs = f"({x} == acc_t(0) && {y} >= acc_t(0)) ? acc_t(0) : std::pow({x}, {y}) * vm::log({x})"
         elif name == "powc":
             rhs = _pow_number(x, consts[b], dtype)
         elif name == "gate":
@@ -366,7 +371,7 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
             raise ValueError(f"gnncompile.codegen: no emitter for '{name}'")
         lines.append(f"const acc_t {v} = {rhs};")
         mine = lines[start:]
-        instrs.append((v, mine, deps, any(fn + "(" in ln for ln in mine for fn in _CALLS), name in ("in", "const")))
+        instrs.append((v, mine, deps, any(fn in ln for ln in mine for fn in _CALLS[dtype]), name in ("in", "const")))
         reg[dst] = v
         res = v
     return instrs, res, dict(reg)
@@ -375,8 +380,9 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
 def _loops(instrs, tail: List[str], tail_reads: Sequence[str], head: str, indent: str = "    "
            ) -> Tuple[List[str], List[str]]:
     """The per-feature loops of a program over one tile: one loop while the program calls no libm
-    function (every value in registers, a loop the compiler vectorizes). A program that calls
-    libm (exp, erf, tanh, ...: scalar calls, which keep a loop that holds them from vectorizing)
+    function (every value in registers, a loop the compiler vectorizes; float32's transcendental
+    functions are vmath.h's, inline). A program that calls libm (float64's exp, erf, tanh, ...;
+    pow in both: scalar calls, which keep a loop that holds them from vectorizing)
     is cut into loops at each call: the call's own scalar loop, and between calls loops of plain
     arithmetic that vectorize, the values one loop hands to a later one kept in tile arrays (as
     the interpreter keeps every value: the same operations in the same order, the same bits).
@@ -429,6 +435,7 @@ _HEAD = """\
 #include "cpu/codegen_abi.h"
 #include "cpu/reduce_core.h"
 #include "cpu/rows_core.h"
+#include "cpu/vmath.h"
 
 namespace {{
 using namespace gnncompile;

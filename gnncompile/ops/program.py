@@ -37,6 +37,13 @@ same tuple, so the encoding computes each once. The encoding is a flat ``int`` l
 list of constants; the result is the last instruction's ``dst``. The kernels
 (native/cpu/message_core.h) and the torch evaluator here (:func:`evaluate`) run the same code.
 
+Numerics of the transcendental operators (exp, log, tanh, sigmoid, softplus, elu, gelu and the
+derivative helpers built on them): in float32 the kernels (the interpreter and the generated
+ones, bit for bit alike) compute them with native/cpu/vmath.h, vectorizable float32 functions a
+few ulp from the correctly rounded value (benchmarks/results/vmath.md) with torch's special
+values; in float64 with libm. :func:`evaluate` runs torch's own functions, so the two agree to a
+few ulp, not bit for bit (tests compare them with tolerances). ``pow`` is libm's in both dtypes.
+
 Backward programs are derived from the same code (:func:`derivative`): the gradient with
 respect to input ``k`` is the program ``G * dm/d(input k)`` with the upstream gradient ``G``
 as one more input; nothing of the forward pass is stored.

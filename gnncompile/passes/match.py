@@ -445,7 +445,8 @@ INTERPRETER_MIN_EDGES = ((150_000, 4.0), (30_000, 8.0))  # (edges at least, aver
 # 6600,12000,20000,60000,200000. But that layer's message is cheap (relu): with a rule of 10k
 # edges the zoo (2000 nodes / 16k edges, F 32) lost CGConv (sigmoid * softplus: the kernels call
 # libm per feature and edge, not vectorized; compiled step 78 ms against eager's 17 ms, guard
-# off), AttentiveFP and PNAConv (1.29x, 1.10x and 1.33x eager before, 0.98-0.99x after: the guard
+# off; with native/cpu/vmath.h, 2026-12-04, programs forced: 14.0 against 11.7 ms, main 42.5
+# against 12.7 in the same session: benchmarks/results/vmath.md), AttentiveFP and PNAConv (1.29x, 1.10x and 1.33x eager before, 0.98-0.99x after: the guard
 # kept eager). Until a rule per message measures those, generated kernels keep the interpreter's.
 GENERATED_MIN_EDGES = INTERPRETER_MIN_EDGES
 PROGRAM_MIN_EDGES = INTERPRETER_MIN_EDGES  # (the name before generated kernels: the interpreter's)

@@ -10,7 +10,9 @@
 // is per edge. An edge-encoder input (side Enc, program.py) is read for edge e as
 // b[c] + a[e, 0] * Wt[0, c] + ... + a[e, D-1] * Wt[D-1, c] (c = f / (F / W_k)), summed in that
 // order, each product rounded (message.cpp is compiled with -ffp-contract=off: no multiply-add),
-// computed per tile inside the kernel: its [E, W] values never exist in memory.
+// computed per tile inside the kernel: its [E, W] values never exist in memory. Transcendental
+// operators call vmath.h (float32: inline, branch-free functions the tile loops vectorize;
+// float64: libm), as the generated kernels do: the same functions, the same bits.
 //
 //  * message_reduce: the messages of a row reduced (sum, mean, max, min) in registers, one
 //    thread per row, in CSR order: deterministic, no atomics. max/min record the CSR slot of
@@ -30,6 +32,7 @@
 #include "encoder_core.h"
 #include "reduce_core.h"
 #include "rows_core.h"
+#include "vmath.h"
 
 namespace gnncompile {
 namespace cpu {
@@ -101,8 +104,6 @@ struct Args {
   int64_t prefetch = kPrefetchDistance;  // slots ahead whose rows are prefetched (knobs[1], glue.h)
 };
 
-template <typename acc_t>
-inline acc_t sigmoid(acc_t v) { return acc_t(1) / (acc_t(1) + std::exp(-v)); }
 
 // x ** c for a number c as torch computes it (a tensor to a scalar power): its special cases
 // first (sqrt for 0.5 differs from pow at -0 and -inf), then pow.
@@ -179,23 +180,23 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
       }
       case Elu: {
         const acc_t al = a.consts[ins[3]];
-        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? x[t] : al * std::expm1(x[t]);
+        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? x[t] : al * vm::expm1(x[t]);
         break;
       }
       case Gelu:
         for (int t = 0; t < n; ++t)
-          d[t] = x[t] * acc_t(0.5) * (acc_t(1) + std::erf(x[t] * acc_t(0.70710678118654752440)));
+          d[t] = x[t] * acc_t(0.5) * (acc_t(1) + vm::erf(x[t] * acc_t(0.70710678118654752440)));
         break;
-      case Sigmoid: for (int t = 0; t < n; ++t) d[t] = sigmoid(x[t]); break;
-      case Tanh: for (int t = 0; t < n; ++t) d[t] = std::tanh(x[t]); break;
+      case Sigmoid: for (int t = 0; t < n; ++t) d[t] = vm::sigmoid(x[t]); break;
+      case Tanh: for (int t = 0; t < n; ++t) d[t] = vm::tanh(x[t]); break;
       case Softplus: {
         const acc_t beta = a.consts[ins[3]], thr = a.consts[ins[4]];
         for (int t = 0; t < n; ++t)
-          d[t] = x[t] * beta > thr ? x[t] : std::log1p(std::exp(x[t] * beta)) / beta;
+          d[t] = x[t] * beta > thr ? x[t] : vm::log1p(vm::exp(x[t] * beta)) / beta;
         break;
       }
-      case Exp: for (int t = 0; t < n; ++t) d[t] = std::exp(x[t]); break;
-      case Log: for (int t = 0; t < n; ++t) d[t] = std::log(x[t]); break;
+      case Exp: for (int t = 0; t < n; ++t) d[t] = vm::exp(x[t]); break;
+      case Log: for (int t = 0; t < n; ++t) d[t] = vm::log(x[t]); break;
       case Clamp: {
         const acc_t lo = a.consts[ins[3]], hi = a.consts[ins[4]];
         for (int t = 0; t < n; ++t) {
@@ -219,21 +220,21 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
       }
       case EluGrad: {
         const acc_t al = a.consts[ins[3]];
-        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : al * std::exp(x[t]);
+        for (int t = 0; t < n; ++t) d[t] = x[t] > acc_t(0) ? acc_t(1) : al * vm::exp(x[t]);
         break;
       }
       case GeluGrad:
         for (int t = 0; t < n; ++t) {
           const acc_t v = x[t];
-          const acc_t cdf = acc_t(0.5) * (acc_t(1) + std::erf(v * acc_t(0.70710678118654752440)));
-          const acc_t pdf = std::exp(acc_t(-0.5) * v * v) * acc_t(0.39894228040143267794);
+          const acc_t cdf = acc_t(0.5) * (acc_t(1) + vm::erf(v * acc_t(0.70710678118654752440)));
+          const acc_t pdf = vm::exp(acc_t(-0.5) * v * v) * acc_t(0.39894228040143267794);
           d[t] = cdf + v * pdf;
         }
         break;
       case SoftplusGrad: {
         const acc_t beta = a.consts[ins[3]], thr = a.consts[ins[4]];
         for (int t = 0; t < n; ++t) {
-          const acc_t z = std::exp(x[t] * beta);
+          const acc_t z = vm::exp(x[t] * beta);
           d[t] = x[t] * beta > thr ? acc_t(1) : z / (z + acc_t(1));
         }
         break;
@@ -245,7 +246,7 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
       }
       case PowExpGrad:
         for (int t = 0; t < n; ++t)
-          d[t] = (x[t] == acc_t(0) && y[t] >= acc_t(0)) ? acc_t(0) : std::pow(x[t], y[t]) * std::log(x[t]);
+          d[t] = (x[t] == acc_t(0) && y[t] >= acc_t(0)) ? acc_t(0) : std::pow(x[t], y[t]) * vm::log(x[t]);
         break;
       case PowC: {
         const acc_t c = a.consts[ins[3]];

@@ -8,12 +8,14 @@
 // the lanes over the row's features (message_reduce / message_sum_multi; message_edges' group
 // sums: the lanes over the output columns), every sum over a row's edges in CSR order in one
 // lane, so results do not change from run to run (no atomics but the status flag). The
-// expressions are the CPU kernels' (the same emitter); CUDA's libm is not glibc's, so
-// transcendental operators agree with the CPU within CUDA's documented ulp bounds, not bit for bit.
+// expressions are the CPU kernels' (the same emitter); float32 transcendental operators are the
+// CPU's own vmath.h functions (nvcc may fuse their multiply-adds), float64 ones and pow CUDA's
+// libm, which is not glibc's: they agree with the CPU within a few ulp, not bit for bit.
 #pragma once
 #include <cstdint>
 
 #include "../common/macros.h"
+#include "../cpu/vmath.h"
 #include "common.cuh"
 
 namespace gnncompile {

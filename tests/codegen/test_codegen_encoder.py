@@ -28,7 +28,8 @@ SIDES = [P.COL, P.ROW, P.ENC, P.CONST, P.CONST, P.SLOT]
 PROGRAMS = {
     "relu_xj_enc": P.node("relu", P.node("add", I0, I2)),
     "gated": P.node("mul", P.node("relu", P.node("add", I0, I2)), P.node("add", I1, I5)),
-    # a libm call between reads of the encoder: the loops are cut there and the encoder read again
+    # a libm call between reads of the encoder (tanh in float64): the loops are cut there and the
+    # encoder read again; float32's tanh is vmath.h's, inline (one loop)
     "tanh_cut": P.node("mul", P.node("tanh", P.node("sub", I2, I1)), P.node("add", I2, I0)),
 }
 SHAPES = [(1, F), (3, F), (16, F), (33, F), (16, 14), (3, 1), (33, 7)]  # (D, W)
