@@ -21,8 +21,8 @@ def mha_forward(query, key, value, num_heads: int, in_proj_weight, in_proj_bias,
     """``F.multi_head_attention_forward(..., need_weights=False)`` for batched inputs (query
     [L, B, E], key and value [S, B, *]) with no attention mask, no bias_k / bias_v, no zero
     attention and no dropout (what the rewrite checks): the projections as torch computes them,
-    the attention by ``gnncompile::dense_attention`` with the boolean key padding mask [B, S]
-    (true: the key is ignored). Returns (output [L, B, E], None), as torch's."""
+    the attention by ``gnncompile::dense_attention`` with the key padding mask [B, S] (bool, true:
+    the key is ignored; or float, added to the logits, as nn.MultiheadAttention hands it over). Returns (output [L, B, E], None), as torch's."""
     tgt_len, bsz, embed_dim = query.shape
     src_len = key.shape[0]
     head_dim = embed_dim // num_heads

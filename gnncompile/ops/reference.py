@@ -1015,8 +1015,9 @@ def _check_dense_attention(q, k, v, key_padding_mask, scale, op: str):
     if not math.isfinite(scale):
         raise ValueError(f"{op}: scale must be finite, got {scale}")
     if key_padding_mask is not None:
-        if key_padding_mask.dtype != torch.bool:
-            raise ValueError(f"{op}: key_padding_mask must be bool (true: ignore the key), got {key_padding_mask.dtype}")
+        if key_padding_mask.dtype not in (torch.bool, q.dtype):
+            raise ValueError(f"{op}: key_padding_mask must be bool (true: ignore the key) or q's dtype (added to "
+                             f"the logits), got {key_padding_mask.dtype}")
         if key_padding_mask.dim() != 2 or tuple(key_padding_mask.shape) != (k.shape[0], k.shape[2]):
             raise ValueError(f"{op}: key_padding_mask must be [B, S] = [{k.shape[0]}, {k.shape[2]}], got "
                              f"{list(key_padding_mask.shape)}")
@@ -1025,8 +1026,10 @@ def _check_dense_attention(q, k, v, key_padding_mask, scale, op: str):
 def _dense_probs(q, k, key_padding_mask, scale, lse=None):
     """The masked, scaled logits' softmax (rows whose keys are all masked: 0) and its logsumexp."""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if key_padding_mask is not None:
+    if key_padding_mask is not None and key_padding_mask.dtype == torch.bool:
         s = s.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    elif key_padding_mask is not None:
+        s = s + key_padding_mask[:, None, None, :]
     if lse is None:
         lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse.unsqueeze(-1))
@@ -1034,8 +1037,8 @@ def _dense_probs(q, k, key_padding_mask, scale, lse=None):
 
 
 def dense_attention(q, k, v, key_padding_mask, scale: float, knobs: Sequence[int] = ()):
-    """Scaled dot-product attention over [B, H, L, D] with a key padding mask [B, S] (true: the
-    key is ignored), as native/cpu/dense_attention_core.h: out [B, H, L, D] and the logsumexp of
+    """Scaled dot-product attention over [B, H, L, D] with a key padding mask [B, S] (bool, true:
+    the key is ignored; or float, added to the logits), as native/cpu/dense_attention_core.h: out [B, H, L, D] and the logsumexp of
     each row's logits [B, H, L] (-inf, and out 0, where every key is masked)."""
     _check_dense_attention(q, k, v, key_padding_mask, scale, "gnncompile.dense_attention")
     p, lse = _dense_probs(q, k, key_padding_mask, scale)

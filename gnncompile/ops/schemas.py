@@ -141,8 +141,8 @@ _lib.define(
     "Tensor grad_k, Tensor grad_v, Tensor grad_qe, Tensor grad_edge_attr)"
 )
 
-# Scaled dot-product attention over dense [B, H, L, D] tensors with a key padding mask [B, S] (true:
-# the key is ignored), for the dense attention of graph transformers (GPSConv's
+# Scaled dot-product attention over dense [B, H, L, D] tensors with a key padding mask [B, S] (bool,
+# true: the key is ignored; or of q's dtype, added to the logits: its -inf keys are skipped), for the dense attention of graph transformers (GPSConv's
 # nn.MultiheadAttention; passes/dense_attention.py): out [B, H, L, D] and the logsumexp of each
 # row's scaled logits, lse [B, H, L] (q's dtype); rows whose keys are all masked give 0 (and lse
 # -inf), as torch's scaled_dot_product_attention. float32 / float64, D <= 64. A CPU kernel

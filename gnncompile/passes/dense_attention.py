@@ -12,7 +12,9 @@ hold, and otherwise leaves the call as written with the reason in the report (ex
 
 * the attention weights are not returned (``need_weights=False``, as GPSConv asks);
 * no ``attn_mask``, no ``is_causal``, no ``bias_k`` / ``bias_v``, no ``add_zero_attn``, no
-  ``static_k`` / ``static_v``; the key padding mask, if any, is boolean;
+  ``static_k`` / ``static_v``; the key padding mask, if any, is boolean or a float mask of the
+  inputs' dtype (``nn.MultiheadAttention`` turns a boolean one into 0 / -inf before the call:
+  the op skips the -inf keys and adds the other values to the logits, as torch does);
 * no attention dropout while training (``dropout_p == 0`` or ``training=False``);
 * batched float32 / float64 inputs on the CPU (the op has no CUDA kernel: on CUDA torch's
   fused attention stays);
@@ -86,12 +88,10 @@ def _check(n: Node) -> dict:
     kpm = a["key_padding_mask"]
     if kpm is not None:
         m = fake_tensor(kpm)
-        if m is None or m.dtype != torch.bool:
-            raise _Skip("the key padding mask is not boolean (a float mask is added to the logits)")
-    if a["use_separate_proj_weight"] is not True:
-        for name in ("in_proj_weight",):
-            if a[name] is None:
-                raise _Skip("no in_proj_weight")
+        if m is None or m.dim() != 2 or m.dtype not in (torch.bool, q.dtype):
+            raise _Skip("the key padding mask is neither boolean nor a [B, S] float mask of the inputs' dtype")
+    if a["use_separate_proj_weight"] is not True and a["in_proj_weight"] is None:
+        raise _Skip("no in_proj_weight")
     return a
 
 

@@ -38,26 +38,42 @@ void check_dense(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
   if (kpm.has_value() && kpm->defined()) {
     check_cpu(*kpm, op, "key_padding_mask");
-    TORCH_CHECK_VALUE(kpm->scalar_type() == at::kBool, op, ": key_padding_mask must be bool (true: ignore the key), got ",
+    TORCH_CHECK_VALUE(kpm->scalar_type() == at::kBool || kpm->scalar_type() == q.scalar_type(), op,
+                      ": key_padding_mask must be bool (true: ignore the key) or q's dtype (added to the logits), got ",
                       kpm->scalar_type());
     TORCH_CHECK_VALUE(kpm->dim() == 2 && kpm->size(0) == k.size(0) && kpm->size(1) == k.size(2), op,
                       ": key_padding_mask must be [B, S] = [", k.size(0), ", ", k.size(2), "], got ", kpm->sizes());
   }
 }
 
+// The kept keys of each batch (key_ptr [B + 1], ids); a float mask's values at them into bias
+// (left empty where they are all 0: nothing to add).
+template <typename T>
 void kept_keys(const std::optional<at::Tensor>& kpm, int64_t B, int64_t S, std::vector<int64_t>& key_ptr,
-               std::vector<int64_t>& ids) {
+               std::vector<int64_t>& ids, std::vector<T>& bias) {
   key_ptr.assign(static_cast<size_t>(B + 1), 0);
   ids.clear();
+  bias.clear();
   ids.reserve(static_cast<size_t>(B * S));
   const bool has = kpm.has_value() && kpm->defined();
   const at::Tensor m = has ? kpm->contiguous() : at::Tensor();
-  const bool* mp = has ? m.const_data_ptr<bool>() : nullptr;
+  const bool* mb = has && m.scalar_type() == at::kBool ? m.const_data_ptr<bool>() : nullptr;
+  const T* mf = has && m.scalar_type() != at::kBool ? m.const_data_ptr<T>() : nullptr;
+  bool nonzero = false;
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t s = 0; s < S; ++s)
-      if (mp == nullptr || !mp[b * S + s]) ids.push_back(s);
+    for (int64_t s = 0; s < S; ++s) {
+      if (mb != nullptr && mb[b * S + s]) continue;
+      if (mf != nullptr) {
+        const T x = mf[b * S + s];
+        if (std::isinf(x) && x < 0) continue;
+        bias.push_back(x);
+        nonzero = nonzero || x != T(0);
+      }
+      ids.push_back(s);
+    }
     key_ptr[static_cast<size_t>(b + 1)] = static_cast<int64_t>(ids.size());
   }
+  if (!nonzero) bias.clear();
 }
 
 template <typename T>
@@ -93,10 +109,12 @@ std::tuple<at::Tensor, at::Tensor> dense_attention_cpu(const at::Tensor& q, cons
   at::Tensor lse = at::empty({B, H, L}, q.options());
   if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
   std::vector<int64_t> key_ptr, ids;
-  kept_keys(kpm, B, S, key_ptr, ids);
   const int64_t qblocks = (L + kDenseQueryBlock - 1) / kDenseQueryBlock;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "dense_attention", [&] {
-    const DenseAttentionArgs<scalar_t> a = dense_args<scalar_t>(q, k, v, scale, key_ptr, ids);
+    std::vector<scalar_t> bias;
+    kept_keys<scalar_t>(kpm, B, S, key_ptr, ids, bias);
+    DenseAttentionArgs<scalar_t> a = dense_args<scalar_t>(q, k, v, scale, key_ptr, ids);
+    a.bias = bias.empty() ? nullptr : bias.data();
     scalar_t* o = out.data_ptr<scalar_t>();
     scalar_t* ls = lse.data_ptr<scalar_t>();
     dense_dispatch_dim<scalar_t>(D, [&](auto dp) {
@@ -135,9 +153,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dense_attention_backward_cpu(
   at::Tensor g_q = at::empty({B, H, L, D}, c), g_k = at::empty({B, H, S, D}, c), g_v = at::empty({B, H, S, D}, c);
   if (B * H == 0) return {g_q, g_k, g_v};
   std::vector<int64_t> key_ptr, ids;
-  kept_keys(kpm, B, S, key_ptr, ids);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "dense_attention", [&] {
-    const DenseAttentionArgs<scalar_t> a = dense_args<scalar_t>(q, k, v, scale, key_ptr, ids);
+    std::vector<scalar_t> bias;
+    kept_keys<scalar_t>(kpm, B, S, key_ptr, ids, bias);
+    DenseAttentionArgs<scalar_t> a = dense_args<scalar_t>(q, k, v, scale, key_ptr, ids);
+    a.bias = bias.empty() ? nullptr : bias.data();
     const scalar_t* o = out.const_data_ptr<scalar_t>();
     const scalar_t* ls = lse.const_data_ptr<scalar_t>();
     const scalar_t* g = grad.const_data_ptr<scalar_t>();

@@ -1,8 +1,9 @@
-// Scaled dot-product attention over dense [B, H, L, D] tensors with a key padding mask, for the
+// Scaled dot-product attention over dense [B, H, L, D] tensors with a key padding mask (boolean, or
+// an additive float mask: its -inf keys are masked, its other values added to the logits), for the
 // small head dims of graph transformers (GPSConv: D = channels / heads = 8), on the host.
 // Torch-free.
 //
-//   s[i, j]  = scale * <q[b, h, i], k[b, h, j]>          over the keys j that the mask keeps
+//   s[i, j]  = scale * <q[b, h, i], k[b, h, j]> (+ mask[b, j] for a float mask) over the keys j kept
 //   p[i, j]  = exp(s[i, j] - m_i) / l_i                   (m_i the row's max, l_i its sum of exps)
 //   out[i]   = sum_j p[i, j] v[b, h, j]                   [B, H, L, D]
 //   lse[i]   = m_i + log(l_i)                             [B, H, L], kept for the backward
@@ -53,6 +54,7 @@ struct DenseAttentionArgs {
   int64_t qs[4] = {0, 0, 0, 0}, ks[4] = {0, 0, 0, 0}, vs[4] = {0, 0, 0, 0};
   const int64_t* key_ptr = nullptr;  // [B + 1]: the kept keys of batch b are ids[key_ptr[b] .. key_ptr[b + 1])
   const int64_t* ids = nullptr;      // kept key positions, ascending within a batch
+  const T* bias = nullptr;           // per kept key (ids' order): a float mask's value added to the logits, or nullptr
   T scale = T(1);
 };
 
@@ -189,6 +191,7 @@ void dense_attention_forward_unit(const DenseAttentionArgs<T>& a, int64_t b, int
   const int64_t* ids = a.ids + a.key_ptr[b];
   const int64_t n = a.key_ptr[b + 1] - a.key_ptr[b];
   const int64_t np = dense_padded(n, key_block<T>());
+  const T* bias = a.bias != nullptr ? a.bias + a.key_ptr[b] : nullptr;
   T* o_bh = out + (b * a.H + h) * a.L * D;
   T* lse_bh = lse + (b * a.H + h) * a.L;
   if (n == 0) {
@@ -210,6 +213,8 @@ void dense_attention_forward_unit(const DenseAttentionArgs<T>& a, int64_t b, int
     const T* qi = q_bh + i * a.qs[2];
     for (int d = 0; d < Dp; ++d) qv[d] = d < D ? qi[d * a.qs[3]] : T(0);
     dense_scores<T, Dp>(qv, kt, np, a.scale, s);
+    if (bias != nullptr)
+      for (int64_t j = 0; j < n; ++j) s[j] += bias[j];
     for (int64_t j = n; j < np; ++j) s[j] = -std::numeric_limits<T>::infinity();
     const T m = dense_max(s, np);
     const T l = dense_exp_sum(s, np, m);
@@ -228,6 +233,7 @@ void dense_attention_backward_unit(const DenseAttentionArgs<T>& a, int64_t b, in
   const int64_t* ids = a.ids + a.key_ptr[b];
   const int64_t n = a.key_ptr[b + 1] - a.key_ptr[b];
   const int64_t np = dense_padded(n, key_block<T>());
+  const T* bias = a.bias != nullptr ? a.bias + a.key_ptr[b] : nullptr;
   const int64_t bh = b * a.H + h;
   T* gq_bh = g_q + bh * L * D;
   T* gk_bh = g_k + bh * S * D;
@@ -264,6 +270,8 @@ void dense_attention_backward_unit(const DenseAttentionArgs<T>& a, int64_t b, in
       di += d < D ? gi[d] * o_bh[i * D + d] : T(0);
     }
     dense_scores<T, Dp>(qv, kt, np, a.scale, p);
+    if (bias != nullptr)
+      for (int64_t j = 0; j < n; ++j) p[j] += bias[j];
     const T li = lse_bh[i];
     for (int64_t j = n; j < np; ++j) p[j] = -std::numeric_limits<T>::infinity();
     for (int64_t j = 0; j < np; ++j) p[j] = exp_approx(p[j] - li);

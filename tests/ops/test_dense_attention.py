@@ -69,6 +69,20 @@ def test_cross_attention_strided_inputs_and_no_mask(native, masked):
     torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
 
 
+def test_a_float_mask_is_added_to_the_logits_and_its_minus_inf_keys_skipped(native):
+    q, k, v, kpm = _inputs(3, 2, 40, 8, seed=6)
+    fmask = torch.randn(3, 40).masked_fill(kpm, float("-inf"))
+    g = torch.randn(3, 2, 40, 8)
+    got = _grads(lambda q, k, v: ops.dense_attention(q, k, v, fmask, 0.3, [])[0], q, k, v, g)
+    want = _grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=fmask[:, None, None, :],
+                                                                  scale=0.3), q, k, v, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    # MultiheadAttention's form of a boolean mask (0 / -inf) gives the boolean mask's result bit for bit
+    zero_inf = torch.zeros(3, 40).masked_fill(kpm, float("-inf"))
+    assert torch.equal(ops.dense_attention(q, k, v, zero_inf, 0.3, [])[0], ops.dense_attention(q, k, v, kpm, 0.3, [])[0])
+
+
 def test_rows_whose_keys_are_all_masked_give_zero_as_torch(native):
     q, k, v, kpm = _inputs(3, 2, 20, 8)
     kpm[1] = True  # an empty graph in the padded batch
@@ -118,6 +132,7 @@ def test_opcheck(native):
     ("kv", "k and v must have one shape"),
     ("heads", "disagree"),
     ("mask_dtype", "key_padding_mask must be bool"),
+    ("mask_float64", "key_padding_mask must be bool"),
     ("mask_shape", r"key_padding_mask must be \[B, S\]"),
     ("big_d", "head dim D must be at most 64"),
     ("scale", "scale must be finite"),
@@ -136,7 +151,9 @@ def test_bad_input_raises_a_clear_error(native, case, message):
     elif case == "heads":
         q = q[:, :1]
     elif case == "mask_dtype":
-        kpm = kpm.float()
+        kpm = kpm.int()
+    elif case == "mask_float64":
+        kpm = kpm.double()
     elif case == "mask_shape":
         kpm = kpm[:, :3]
     elif case == "big_d":
