@@ -14,12 +14,14 @@ from gnncompile.passes.dense_attention import MAX_HEAD_DIM
 from shared import _fresh_dynamo  # noqa: F401  (_fresh_dynamo resets Dynamo before each test)
 
 
-def _compiled(model, attention="fused"):
-    return gnncompile.compile(model, inner="eager", settings={"choices": {"guard": "off", "attention": attention}})
+def _compiled(model, attention="fused", dynamic=True):
+    return gnncompile.compile(model, inner="eager", settings={"capture_dynamic": dynamic,
+                                                              "choices": {"guard": "off", "attention": attention}})
 
 
-def _explain(model, *inputs, attention="fused"):
-    return gnncompile.explain(gnncompile.compile(model, settings={"choices": {"attention": attention}}), *inputs)
+def _explain(model, *inputs, attention="fused", dynamic=True):
+    return gnncompile.explain(gnncompile.compile(model, settings={"capture_dynamic": dynamic,
+                                                                  "choices": {"attention": attention}}), *inputs)
 
 
 def _close(model, compiled, inputs, tol=1e-5):
@@ -54,14 +56,27 @@ def _kinds(rep):
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_gpsconv_attention_is_rewritten_and_computes_what_eager_does(mode):
+    # capture_dynamic=False: to_dense_batch's sizes come in as graph inputs (graph breaks before)
     model = _gps()
     getattr(model, mode)()
     inputs = _gps_inputs()
-    rep = _explain(model, *inputs)
+    rep = _explain(model, *inputs, dynamic=False)
     assert _kinds(rep).count("dense_attention") == 1, rep
     assert rep.op_calls.get("dense_attention") == 1, rep.op_calls
     assert "dense_attention[4 heads of 8, key padding mask]" in str(rep)
     assert not [u for u in rep.unfused if u.op == "multi_head_attention"], rep
+    _close(model, _compiled(model, dynamic=False), inputs)
+
+
+def test_gpsconv_with_dynamic_capture_runs_the_attention_as_written():
+    # With the default capture_dynamic=True, to_dense_batch's padded length is an unbacked size and
+    # Dynamo breaks the graph at MultiheadAttention's call (torch's attention cannot be traced over
+    # it): the call runs eagerly, outside any graph the passes see; compiled still equals eager.
+    model = _gps()
+    inputs = _gps_inputs()
+    rep = _explain(model, *inputs)
+    assert "dense_attention" not in _kinds(rep)
+    assert any("multi_head_attention_forward" in b for b in map(str, rep.graph_breaks)), rep
     _close(model, _compiled(model), inputs)
 
 
@@ -146,5 +161,5 @@ def test_left_as_written_with_the_reason(case, reason):
 
 def test_choice_chain_leaves_it():
     model = _gps()
-    rep = _explain(model, *_gps_inputs(), attention="chain")
+    rep = _explain(model, *_gps_inputs(), attention="chain", dynamic=False)
     assert "dense_attention" not in _kinds(rep)
