@@ -4,6 +4,8 @@
     python -m benchmarks dense_attention --dims 8 --repeats 41
     python -m benchmarks dense_attention --zoo-json /tmp/yours/gps.json   # adds a zoo run's GPSConv line
 
+Then GPSConv's training step as the zoo builds it: eager, compiled with the default capture and
+compiled with capture_dynamic=False (``--gps-steps``, 0 for none).
 The shape of GPSConv's attention in the zoo (benchmarks/zoo.py: 2000 nodes in 8 graphs, width
 32, 4 heads): [B, H, L, D] with B = 8 graphs padded to L = 260 nodes, D = 32 / heads, a boolean
 key padding mask with ragged lengths (graph b keeps L - 5 b keys, as to_dense_batch's padding).
@@ -102,6 +104,46 @@ def measure(B: int, H: int, L: int, D: int, step: int, repeats: int, warmup: int
             "forward_gflops_per_s": {n: flops / (m["forward"] * 1e-3) / 1e9 for n, m in med.items()}}
 
 
+def measure_gps(nodes: int, degree: int, steps: int, warmup: int) -> Dict[str, Any]:
+    """GPSConv as the zoo builds it (benchmarks/zoo.py, same graph and seed), one training step
+    (forward, mean square, backward) of: the model as written, gnncompile.compile with the default
+    capture (the attention graph-breaks and runs as written) and with capture_dynamic=False (the
+    attention rewritten). The speed guard off on both compiled sides (it would keep the faster form
+    anyway): what the rewrite itself costs or saves. Outputs checked (1e-4) before timing; steps
+    interleaved, medians."""
+    from . import zoo
+
+    build, inputs = zoo._entries()["GPSConv"]
+    g = zoo.Graph(nodes, degree)
+    torch.manual_seed(0)
+    model = build(g)
+    args = inputs(g)
+    params = [p for p in model.parameters() if p.requires_grad]
+    sides = {"eager": model,
+             "compiled_default": gnncompile.compile(model, settings={"choices": {"guard": "off"}}),
+             "compiled_static_capture": gnncompile.compile(model, settings={"capture_dynamic": False,
+                                                                            "choices": {"guard": "off"}})}
+    fused = {}
+    for name, run in sides.items():
+        if name != "eager":
+            rep = gnncompile.explain(run, *args)
+            fused[name] = [f.kind for f in rep.fused]
+            err = (run(*args) - model(*args)).abs().max().item()
+            if err > 1e-4 * (1 + model(*args).abs().max().item()):
+                raise SystemExit(f"dense_attention: {name} disagrees with eager ({err:.2e})")
+    times: Dict[str, List[float]] = {n: [] for n in sides}
+    for r in range(warmup + steps):
+        order = list(sides) if r % 2 == 0 else list(reversed(list(sides)))
+        for name in order:
+            t0 = time.perf_counter()
+            zoo._step(sides[name], args, params)
+            if r >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    med = {n: statistics.median(t) * 1e3 for n, t in times.items()}
+    return {"nodes": nodes, "edges": nodes * degree, "steps": steps, "median_ms": med, "fused": fused,
+            "speedup_over_eager": {n: med["eager"] / m for n, m in med.items()}}
+
+
 def markdown(p: Dict[str, Any]) -> str:
     o = p["options"]
     lines = [f"# Dense attention with a key padding mask: gnncompile::dense_attention against torch", "",
@@ -120,6 +162,14 @@ def markdown(p: Dict[str, Any]) -> str:
                      f"{m['torch_math']['forward_backward']:.2f} | {m['gnncompile']['forward_backward']:.2f} | "
                      f"{m['torch_flash']['forward_backward'] / m['gnncompile']['forward_backward']:.2f}x | "
                      f"{r['max_rel_diff']:.1e} |")
+    gps = p.get("gps")
+    if gps:
+        m, x = gps["median_ms"], gps["speedup_over_eager"]
+        lines += ["", f"## GPSConv training step ({gps['nodes']} nodes, {gps['edges']} edges, 8 graphs: the zoo's "
+                  f"entry), medians of {gps['steps']} interleaved steps, speed guard off", "",
+                  "| side | ms | eager / side | fused |", "|---|---|---|---|"]
+        for n in m:
+            lines.append(f"| {n} | {m[n]:.2f} | {x[n]:.2f}x | {', '.join(gps['fused'].get(n, [])) or '-'} |")
     z = p.get("zoo")
     if z:
         lines += ["", "## GPSConv in the zoo (one training step, eager against gnncompile.compile)", "",
@@ -157,6 +207,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--gps-steps", type=int, default=40, help="GPSConv training steps per side (0: none)")
     ap.add_argument("--zoo-json", default=None, help="a zoo result holding GPSConv, added to the table")
     ap.add_argument("--zoo-command", default="", help="the command that produced --zoo-json")
     ap.add_argument("--name", default="dense_attention")
@@ -170,6 +221,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                "options": {"B": opts.batch, "H": opts.heads, "L": opts.length, "step": opts.step,
                            "threads": opts.threads, "repeats": opts.repeats, "warmup": opts.warmup},
                "rows": rows, "loadavg_before_after": [load0, _common.loadavg()]}
+    if opts.gps_steps:
+        payload["gps"] = measure_gps(2000, 8, opts.gps_steps, 5)
+        payload["loadavg_before_after"][1] = _common.loadavg()
     if opts.zoo_json:
         payload["zoo"] = _zoo(opts.zoo_json, opts.zoo_command)
     _common.write_results(Path(opts.results_dir), opts.name, payload, markdown, None)
