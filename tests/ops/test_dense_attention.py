@@ -107,7 +107,14 @@ def test_native_equals_reference_and_is_deterministic(native):
     want = reference.dense_attention_backward(q, k, v, kpm, 0.25, out, lse, g)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
-    again = ops.dense_attention_backward(q, k, v, kpm, 0.25, out, lse, g, [])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:  # the same bits whatever the number of threads
+        out1, _ = ops.dense_attention(q, k, v, kpm, 0.25, [])
+        again = ops.dense_attention_backward(q, k, v, kpm, 0.25, out, lse, g, [])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out, out1)
     for a, b in zip(got, again):
         assert torch.equal(a, b)
 
