@@ -527,3 +527,27 @@ torch.library.register_autograd("gnncompile::attention_dot", _attention_dot_back
 torch.library.register_autograd(
     "gnncompile::attention_dot_backward", _attention_double_backward, setup_context=_attention_bwd_setup
 )
+
+
+# dense_attention (graph transformers' dense attention): the backward recomputes the probabilities
+# from the forward's logsumexp; a second derivative is refused (no formula registered for the
+# backward op).
+def _dense_attention_setup(ctx, inputs, output):
+    q, k, v, key_padding_mask, scale, knobs = inputs
+    ctx.scale, ctx.knobs = scale, knobs
+    ctx.mark_non_differentiable(output[1])  # lse: statistics for the backward, not a result
+    ctx.save_for_backward(q, k, v, key_padding_mask, output[0], output[1])
+
+
+def _dense_attention_backward(ctx, grad_out, grad_lse):
+    q, k, v, key_padding_mask, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        return None, None, None, None, None, None
+    gq, gk, gv = ops.dense_attention_backward(q, k, v, key_padding_mask, ctx.scale, out, lse,
+                                              grad_out.contiguous(), ctx.knobs)
+    need = ctx.needs_input_grad
+    return (gq if need[0] else None, gk if need[1] else None, gv if need[2] else None, None, None, None)
+
+
+torch.library.register_autograd("gnncompile::dense_attention", _dense_attention_backward,
+                                setup_context=_dense_attention_setup)

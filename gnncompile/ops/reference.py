@@ -991,3 +991,66 @@ def hetero_neighbor_sample(colptrs, rows, perms, edge_src: Sequence[int], edge_d
     long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
     return ([long(v) for v in node], [long(o[0]) for o in out], [long(o[1]) for o in out],
             [long(o[2]) for o in out], long(n_nodes).reshape(NT, num_hops + 1), long(n_edges).reshape(T, num_hops))
+
+
+# ----------------------------------------------------------------------------- dense_attention
+DENSE_MAX_HEAD_DIM = 64  # native/cpu/dense_attention_core.h, kDenseMaxHeadDim
+
+
+def _check_dense_attention(q, k, v, key_padding_mask, scale, op: str):
+    """The checks of native/cpu/dense_attention.cpp, with its messages."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"{op}: q, k and v must be [B, H, L, D] tensors, got {list(q.shape)}, {list(k.shape)}, "
+                         f"{list(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"{op}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"{op}: supports float32 and float64, got {q.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"{op}: k and v must have one shape, got {list(k.shape)} and {list(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[1] != k.shape[1] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"{op}: q [B, H, L, D] and k [B, H, S, D] disagree: {list(q.shape)} and {list(k.shape)}")
+    if q.shape[3] > DENSE_MAX_HEAD_DIM:
+        raise ValueError(f"{op}: head dim D must be at most {DENSE_MAX_HEAD_DIM}, got {q.shape[3]}")
+    if not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be finite, got {scale}")
+    if key_padding_mask is not None:
+        if key_padding_mask.dtype not in (torch.bool, q.dtype):
+            raise ValueError(f"{op}: key_padding_mask must be bool (true: ignore the key) or q's dtype (added to "
+                             f"the logits), got {key_padding_mask.dtype}")
+        if key_padding_mask.dim() != 2 or tuple(key_padding_mask.shape) != (k.shape[0], k.shape[2]):
+            raise ValueError(f"{op}: key_padding_mask must be [B, S] = [{k.shape[0]}, {k.shape[2]}], got "
+                             f"{list(key_padding_mask.shape)}")
+
+
+def _dense_probs(q, k, key_padding_mask, scale, lse=None):
+    """The masked, scaled logits' softmax (rows whose keys are all masked: 0) and its logsumexp."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if key_padding_mask is not None and key_padding_mask.dtype == torch.bool:
+        s = s.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    elif key_padding_mask is not None:
+        s = s + key_padding_mask[:, None, None, :]
+    if lse is None:
+        lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    return torch.where(torch.isinf(lse).unsqueeze(-1) & (lse.unsqueeze(-1) < 0), torch.zeros_like(p), p), lse
+
+
+def dense_attention(q, k, v, key_padding_mask, scale: float, knobs: Sequence[int] = ()):
+    """Scaled dot-product attention over [B, H, L, D] with a key padding mask [B, S] (bool, true:
+    the key is ignored; or float, added to the logits), as native/cpu/dense_attention_core.h: out [B, H, L, D] and the logsumexp of
+    each row's logits [B, H, L] (-inf, and out 0, where every key is masked)."""
+    _check_dense_attention(q, k, v, key_padding_mask, scale, "gnncompile.dense_attention")
+    p, lse = _dense_probs(q, k, key_padding_mask, scale)
+    return torch.matmul(p, v).contiguous(), lse.contiguous()
+
+
+def dense_attention_backward(q, k, v, key_padding_mask, scale: float, out, lse, grad, knobs: Sequence[int] = ()):
+    """The gradients of :func:`dense_attention` for q, k and v, the probabilities recomputed from
+    the saved logsumexp."""
+    _check_dense_attention(q, k, v, key_padding_mask, scale, "gnncompile.dense_attention_backward")
+    p, _ = _dense_probs(q, k, key_padding_mask, scale, lse)
+    dp = torch.matmul(grad, v.transpose(-1, -2))
+    ds = p * (dp - (grad * out).sum(-1, keepdim=True)) * scale
+    return (torch.matmul(ds, k).contiguous(), torch.matmul(ds.transpose(-1, -2), q).contiguous(),
+            torch.matmul(p.transpose(-1, -2), grad).contiguous())

@@ -141,6 +141,21 @@ _lib.define(
     "Tensor grad_k, Tensor grad_v, Tensor grad_qe, Tensor grad_edge_attr)"
 )
 
+# Scaled dot-product attention over dense [B, H, L, D] tensors with a key padding mask [B, S] (bool,
+# true: the key is ignored; or of q's dtype, added to the logits: its -inf keys are skipped), for the dense attention of graph transformers (GPSConv's
+# nn.MultiheadAttention; passes/dense_attention.py): out [B, H, L, D] and the logsumexp of each
+# row's scaled logits, lse [B, H, L] (q's dtype); rows whose keys are all masked give 0 (and lse
+# -inf), as torch's scaled_dot_product_attention. float32 / float64, D <= 64. A CPU kernel
+# (native/cpu/dense_attention_core.h); no CUDA kernel: on CUDA the pass leaves torch's attention.
+_lib.define(
+    "dense_attention(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, float scale, int[] knobs) "
+    "-> (Tensor out, Tensor lse)"
+)
+_lib.define(
+    "dense_attention_backward(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, float scale, Tensor out, "
+    "Tensor lse, Tensor grad, int[] knobs) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)"
+)
+
 # Message programs (gnncompile/ops/program.py; the ops in gnncompile/ops/message.py): a per-edge
 # elementwise expression over inputs read per neighbour / destination / edge / not at all
 # (`sides`), reduced over each CSR row in one pass (message_reduce: sum, mean, max, min; `arg`
@@ -204,7 +219,8 @@ from . import _native  # noqa: E402,F401  (must come after the schemas are defin
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
               "segment_ids", "clone_structure", "transpose_structure", "fingerprint", "neighbor_sample",
               "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "attention", "attention_backward",
-              "attention_v2", "attention_v2_backward", "attention_dot", "attention_dot_backward"):
+              "attention_v2", "attention_v2_backward", "attention_dot", "attention_dot_backward",
+              "dense_attention", "dense_attention_backward"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
 
 ops = torch.ops.gnncompile
@@ -367,3 +383,16 @@ def _attention_dot_backward_fake(rowptr, col, perm, q, k, v, qe, edge_attr, scal
         g_ea = torch.empty_like(edge_attr, memory_format=c)
     return (torch.empty_like(q, memory_format=c), torch.empty_like(k, memory_format=c),
             torch.empty_like(v, memory_format=c), g_qe, g_ea)
+
+
+@torch.library.register_fake("gnncompile::dense_attention")
+def _dense_attention_fake(q, k, v, key_padding_mask, scale, knobs):
+    B, H, L, D = q.shape
+    return q.new_empty((B, H, L, D)), q.new_empty((B, H, L))
+
+
+@torch.library.register_fake("gnncompile::dense_attention_backward")
+def _dense_attention_backward_fake(q, k, v, key_padding_mask, scale, out, lse, grad, knobs):
+    c = torch.contiguous_format
+    return (torch.empty_like(q, memory_format=c), torch.empty_like(k, memory_format=c),
+            torch.empty_like(v, memory_format=c))

@@ -9,6 +9,7 @@ from . import hoisted as _hoisted  # noqa: F401  (defines gnncompile::hoisted)
 from . import message as _message  # noqa: F401  (message programs: reference, fake, autograd)
 from . import structure  # noqa: F401  (defines the structure ops)
 from . import vendor  # noqa: F401  (defines gnncompile::spmm_sparse, the spmm portfolio's vendor candidate)
+from .dense import mha_forward as MHA_FORWARD  # multi-head attention over gnncompile::dense_attention
 from .schemas import ops
 
 BUILD_CSR = ops.build_csr.default
@@ -19,6 +20,7 @@ EDGE_SOFTMAX = ops.edge_softmax.default
 ATTENTION = ops.attention.default
 ATTENTION_V2 = ops.attention_v2.default
 ATTENTION_DOT = ops.attention_dot.default
+DENSE_ATTENTION = ops.dense_attention.default
 GATHER = ops.gather.default
 CACHED_CSR = ops.cached_csr.default
 CACHED_CSC = ops.cached_csc.default
@@ -32,6 +34,6 @@ MESSAGE_EDGES = ops.message_edges.default
 NEIGHBOR_SAMPLE = ops.neighbor_sample.default  # called by gnncompile.data.neighbor
 HETERO_NEIGHBOR_SAMPLE = ops.hetero_neighbor_sample.default
 
-__all__ = ["BUILD_CSR", "SPMM", "SPMM_SPARSE", "SPMM_BF16", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
+__all__ = ["BUILD_CSR", "SPMM", "SPMM_SPARSE", "SPMM_BF16", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "DENSE_ATTENTION", "MHA_FORWARD", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
            "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES",
            "NEIGHBOR_SAMPLE", "HETERO_NEIGHBOR_SAMPLE"]

@@ -29,6 +29,7 @@ from torch.fx import GraphModule
 
 from .algebra import push_linear_to_nodes
 from .canonical import drop_identity_dropout
+from .dense_attention import fuse_dense_attention
 from .canonical import fast_dropout as fast_dropout_pass
 from .hoist import hoist as hoist_pass
 from .match import match
@@ -70,6 +71,8 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
                                         encoders=settings.edge_encoder == "inside",
                                         attention_cuda="attention_dot" in settings.cuda_unverified), order), order,
                      copy_structures, settings, attention=programs, portfolio=portfolio)
+    if programs and settings.attention == "fused":
+        fuse_dense_attention(graph, report)
     report.notes += list(dict.fromkeys(notes))
     report.linear_moved = moved
     report.dropouts = dropouts
@@ -83,7 +86,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
 
 
 FUSED_OPS = ("spmm", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
-             "attention_dot")
+             "attention_dot", "dense_attention")
 
 
 def fused_op_calls(gm: GraphModule) -> dict:
@@ -93,6 +96,7 @@ def fused_op_calls(gm: GraphModule) -> dict:
     from ..ops import targets
 
     by_target = {getattr(targets, name.upper()): name for name in FUSED_OPS}
+    by_target[targets.MHA_FORWARD] = "dense_attention"  # a multi-head attention around the op
     counts: dict = {}
 
     def walk(graph) -> None:

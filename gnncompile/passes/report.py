@@ -13,6 +13,7 @@ from typing import Dict, List
 class Fused:
     # 'spmm' | 'edge_softmax' | 'attention' (logits, softmax, dropout and aggregation in one op) |
     # 'attention_v2' (GATv2's) | 'attention_dot' (TransformerConv's dot-product attention) |
+    # 'dense_attention' (a multi-head attention over a padded dense batch, passes/dense_attention.py) |
     # 'degree' | 'message' (a message program over gathered inputs,
     # reduced in one pass) | 'segment' (a message computed outside, reduced over the CSR instead of
     # scattered; not counted as a fused chain) | 'edges' (a per-edge program, message_edges)
@@ -34,7 +35,7 @@ class Fused:
     def __str__(self) -> str:
         what = self.kind if self.kind != "spmm" else \
             f"spmm[{self.reduce}{', weighted' if self.weighted else ''}{', ' + self.detail if self.detail else ''}]"
-        if self.kind in ("attention", "attention_v2", "attention_dot"):
+        if self.kind in ("attention", "attention_v2", "attention_dot", "dense_attention"):
             what = f"{self.kind}[{self.detail}]" if self.detail else self.kind
         if self.kind in ("message", "segment", "edges"):
             what = f"{self.kind}[{self.reduce}: {self.detail}]"
