@@ -6,14 +6,14 @@
 The measurements behind ``gnncompile.passes.messages.encoder_inside`` (the rule
 ``Settings.choices['edge_encoder'] == 'auto'`` applies). Each entry runs in a process of its own:
 the model built from seed 0 (the zoo's entries on the zoo's graph: ``benchmarks.zoo``, 2000 nodes,
-in-degree 8; SchNet's radius graph about 113k edges), then three forms: ``eager``, and
-``gnncompile.compile`` with ``choices {'edge_encoder': 'inside' | 'outside', 'programs': 'always', 'guard': 'off'}``
+in-degree 8; SchNet's radius graph about 113k edges), then four forms: ``eager``, and
+``gnncompile.compile`` with ``choices {'edge_encoder': 'inside' | 'outside' | 'auto', 'programs': 'always', 'guard': 'off'}``
 (message programs at every size, the speed guard off: the forms themselves are measured); outputs and every parameter's
 gradient checked against eager first (1e-4 relative). Then ``--steps`` rounds of one step of each
 form (forward, the mean square of every output, backward), the order rotated each round;
 medians, and the 95% interval of each ratio over the rounds' pairs (``tuner.noise``). Also
-recorded: what ``'auto'`` decides for the entry (explain's message details and reasons, programs
-'always' too).
+recorded: where ``'auto'`` put each encoder (explain's details of the fused programs, with the
+reasons).
 
 Synthetic entries (``enc-D<d>[-W<w>]-<grad|nograd>``): ``GINEConv(Linear(w, w), edge_dim=d)`` (w
 32 where not given) on the zoo's graph whose edge features either are an input (no gradient) or
@@ -39,7 +39,7 @@ ZOO = ("GINEConv", "PNAConv", "CGConv", "PointNetConv", "PPFConv", "AttentiveFP"
        "SchNet")
 SYNTHETIC = ("enc-D8-nograd", "enc-D8-grad", "enc-D16-nograd", "enc-D16-grad", "enc-D32-nograd", "enc-D32-grad",
              "enc-D8-W128-grad", "enc-D16-W128-nograd", "enc-D16-W128-grad", "enc-D32-W128-nograd")
-FORMS = ("eager", "inside", "outside")
+FORMS = ("eager", "inside", "outside", "auto")
 CHOICES = {"programs": "always", "guard": "off"}
 
 
@@ -99,12 +99,8 @@ def child(name: str, nodes: int, degree: int, steps: int) -> dict:
     model, args = _build(name, g)
     params = [p for p in model.parameters() if p.requires_grad]
     out = {"name": name, "nodes": nodes}
-    auto = gnncompile.compile(model, settings={"choices": {"edge_encoder": "auto", **CHOICES}})
-    rep = gnncompile.explain(auto, *args)
-    out["auto"] = _details(rep)
-    torch._dynamo.reset()
     runs = {"eager": model}
-    for form in ("inside", "outside"):
+    for form in ("inside", "outside", "auto"):
         runs[form] = gnncompile.compile(model, settings={"choices": {"edge_encoder": form, **CHOICES}})
         out[f"{form}_details"] = _details(gnncompile.explain(runs[form], *args))
 
@@ -117,10 +113,11 @@ def child(name: str, nodes: int, degree: int, steps: int) -> dict:
 
     expect = grads(model)
     err = 0.0
-    for form in ("inside", "outside"):
+    for form in ("inside", "outside", "auto"):
         got = grads(runs[form])
         assert len(got) == len(expect), f"{name} {form}: {len(got)} outputs and gradients, eager {len(expect)}"
         err = max([err] + [((a - b).abs().max() / (1 + b.abs().max())).item() for a, b in zip(got, expect)])
+    out["auto"] = out.pop("auto_details")
     out["max_rel_err"] = err
     out["agree"] = err <= 1e-4
     for _ in range(3):
@@ -128,14 +125,15 @@ def child(name: str, nodes: int, degree: int, steps: int) -> dict:
             zoo._step(runs[form], args, params)
     times = {f: [] for f in FORMS}
     for i in range(steps):
-        order = FORMS[i % 3:] + FORMS[:i % 3]
+        order = FORMS[i % len(FORMS):] + FORMS[:i % len(FORMS)]
         for form in order:
             t0 = time.perf_counter()
             zoo._step(runs[form], args, params)
             times[form].append(time.perf_counter() - t0)
     for form in FORMS:
         out[f"{form}_ms"] = statistics.median(times[form]) * 1e3
-    for a, b in (("inside", "eager"), ("outside", "eager"), ("inside", "outside")):
+    for a, b in (("inside", "eager"), ("outside", "eager"), ("auto", "eager"), ("inside", "outside"),
+                 ("auto", "inside"), ("auto", "outside")):
         iv = noise.ratio_interval([1 / t for t in times[a]], [1 / t for t in times[b]])
         out[f"{a}_vs_{b}"] = [iv["ratio"], iv["low"], iv["high"]] if iv and iv["low"] is not None else None
     out["edges"] = _edges(model, args)
@@ -157,28 +155,37 @@ def _edges(model, args) -> int:
 
 
 def _auto_says(r: dict) -> str:
-    inside = any("lin(edge)" in d for d in r.get("auto", []))
-    return "inside" if inside else "outside"
+    """Where 'auto' put the entry's encoders: inside, outside, or 'k of n inside'."""
+    n = sum(d.count("lin(edge)") for d in r.get("inside_details", []))
+    k = sum(d.count("lin(edge)") for d in r.get("auto", []))
+    if n == 0:
+        return "-"
+    return "inside" if k == n else "outside" if k == 0 else f"{k} of {n} inside"
+
+
+def _iv(r: dict, key: str) -> str:
+    iv = r.get(key)
+    return f"{iv[0]:.2f}x [{iv[1]:.2f}, {iv[2]:.2f}]" if iv else "-"
 
 
 def markdown(p: dict) -> str:
-    lines = ["| entry | edges | eager ms | inside ms | outside ms | inside / outside (speed, 95% interval) | "
-             "faster form | auto puts it |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| entry | edges | eager ms | inside ms | outside ms | auto ms | inside / outside (speed, 95% "
+             "interval) | faster form | auto puts it | auto / eager |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in p["rows"]:
         if "error" in r:
-            lines.append(f"| {r['name']} | | | | | not run: {r['error'][:160]} | | |")
+            lines.append(f"| {r['name']} | | | | | | not run: {r['error'][:160]} | | | |")
             continue
         if not r.get("agree"):
-            lines.append(f"| {r['name']} | | | | | outputs differ (max rel err {r['max_rel_err']:.2e}) | | |")
+            lines.append(f"| {r['name']} | | | | | | outputs differ (max rel err {r['max_rel_err']:.2e}) | | | |")
             continue
         iv = r.get("inside_vs_outside")
-        span = f"{iv[0]:.2f}x [{iv[1]:.2f}, {iv[2]:.2f}]" if iv else "-"
         faster = "-" if not iv else "inside" if iv[1] > 1 else "outside" if iv[2] < 1 else "no difference measured"
         if not any("lin(edge)" in d for d in r.get("inside_details", [])):
             faster = "(no encoder)"
         lines.append(f"| {r['name']} | {r['edges']} | {r['eager_ms']:.2f} | {r['inside_ms']:.2f} | "
-                     f"{r['outside_ms']:.2f} | {span} | {faster} | {_auto_says(r)} |")
+                     f"{r['outside_ms']:.2f} | {r['auto_ms']:.2f} | {_iv(r, 'inside_vs_outside')} | {faster} | "
+                     f"{_auto_says(r)} | {_iv(r, 'auto_vs_eager')} |")
     lines += ["", "Why 'auto' keeps an encoder outside (explain's message details):", ""]
     said = [f"- {r['name']}: {d}" for r in p["rows"] for d in r.get("auto", []) if "computed outside" in d]
     lines += said or ["- (none)"]
@@ -225,8 +232,8 @@ def main(argv=None) -> dict:
             print(f"{name}: not run: {row['error'][-300:]}", flush=True)
         else:
             print(f"{name}: eager {row['eager_ms']:.2f} ms, inside {row['inside_ms']:.2f}, outside "
-                  f"{row['outside_ms']:.2f}; inside/outside {row['inside_vs_outside']}; auto: {_auto_says(row)}",
-                  flush=True)
+                  f"{row['outside_ms']:.2f}, auto {row['auto_ms']:.2f} ({_auto_says(row)}); inside/outside "
+                  f"{_iv(row, 'inside_vs_outside')}", flush=True)
     payload = {"machine": _common.machine(), "cpu": _common.cpu_model(), "threads": opts.threads,
                "nodes": opts.nodes, "degree": opts.degree, "steps": opts.steps, "rows": rows,
                "loadavg_before_after": [load_before, _common.loadavg()],
