@@ -50,7 +50,7 @@ class Config:
     cuda_unverified: str = ""
     spmm_impl: str = "auto"
     precision: str = "fp32"
-    edge_encoder: str = "inside"
+    edge_encoder: str = "auto"
     codegen: str = "auto"
     cxx: Optional[str] = None  # None: c++ on the PATH
     codegen_cache_mb: float = 256.0
@@ -89,7 +89,7 @@ SPMM_IMPLS = ("auto", "native", "torch_sparse")
 PRECISIONS = ("fp32", "bf16")
 #: a linear map of narrow edge features that only a message reads: computed per edge inside the
 #: message kernels (inside, the default: no E x W tensor) or as written, before them (outside)
-EDGE_ENCODER_MODES = ("inside", "outside")
+EDGE_ENCODER_MODES = ("auto", "inside", "outside")
 #: what compile(profile='auto') does with the profile of the nearest tuned device when this one has
 #: none (gnncompile.transfer): check it by a short A/B at first use, use only verdicts already
 #: cached, or never transfer
@@ -222,12 +222,16 @@ VARIABLES: Tuple[Variable, ...] = (
              "in bfloat16 (cast once before the op, accumulated in float32 in the kernel, float32 out; "
              "relative error about 2^-8 per element); fp32: the graph as written "
              "(gnncompile.passes.precision)"),
-    Variable("GNNCOMPILE_EDGE_ENCODER", "edge_encoder", _one_of(EDGE_ENCODER_MODES), "inside (default), outside",
+    Variable("GNNCOMPILE_EDGE_ENCODER", "edge_encoder", _one_of(EDGE_ENCODER_MODES),
+             "auto (default), inside, outside",
              "a linear map of edge features of width <= 32 that only a message program reads (GINE's "
              "lin(edge_attr)): inside computes it per edge inside the message kernels, so its E x W output "
              "is never stored (nor its E x W gradient: the backward accumulates the map's gradients over the "
-             "edges, gnncompile::message_encoder_grad); outside computes it as written and the kernels read it "
-             "(gnncompile.passes.messages)"),
+             "edges, gnncompile::message_encoder_grad); outside computes it as written and the kernels read it; "
+             "auto puts it inside where its products per edge cost less than that E x W tensor: where its input "
+             "width D (times 4/3 where its input needs a gradient) is at most min(W, 64) / 2 (GINE's "
+             "lin(edge_attr) inside, SchNet's filter outside), explain saying why not "
+             "(gnncompile.passes.messages.encoder_inside)"),
     Variable("GNNCOMPILE_CODEGEN", "codegen", _codegen, "auto (default), off / interpreter",
              "the message ops of a message program on the CPU (message_reduce, and the backward's "
              "message_sum_multi / message_edges): auto generates a kernel per program and op, compiles it "

@@ -52,9 +52,11 @@ Fields:
   once before the op, accumulated in float32 inside the kernel, float32 out, ``gnncompile::spmm_bf16``;
   :mod:`gnncompile.passes.precision`); explain says per op whether it does and why not.
   ``edge_encoder``: a linear map of edge features of width <= 32 that only a message program
-  reads, 'inside' (default: computed per edge inside the message kernels, its ``E x W`` output
-  never stored; :mod:`gnncompile.passes.messages`) or 'outside' (computed as written, read by the
-  kernels; ``$GNNCOMPILE_EDGE_ENCODER``).
+  reads, 'auto' (default: inside where its products per edge cost less than its ``E x W`` output,
+  by its widths and whether its input needs a gradient: GINE's map inside, SchNet's filter outside;
+  :func:`gnncompile.passes.messages.encoder_inside`), 'inside' (computed per edge inside
+  the message kernels, its ``E x W`` output never stored; :mod:`gnncompile.passes.messages`) or
+  'outside' (computed as written, read by the kernels; ``$GNNCOMPILE_EDGE_ENCODER``).
 * ``profile``: where the profile's settings came from (:attr:`gnncompile.profiles.Profile.label`:
   a path, "(defaults)", or a transfer: "<path> (transferred from <device key>, checked: 1.07x
   the defaults [0.98, 1.15])", "(defaults; transfer from <key> rejected: <reason>)").
@@ -179,7 +181,7 @@ class Settings:
         if precision not in PRECISIONS:
             raise ValueError(f"gnncompile settings: choices['precision'] must be one of {PRECISIONS} "
                              f"('bf16' is the opt-in lower precision), got {precision!r}")
-        encoder = dict(self.choices).get("edge_encoder", "inside")
+        encoder = dict(self.choices).get("edge_encoder", "auto")
         if encoder not in _config.EDGE_ENCODER_MODES:
             raise ValueError(f"gnncompile settings: choices['edge_encoder'] must be one of "
                              f"{_config.EDGE_ENCODER_MODES}, got {encoder!r}")
@@ -211,8 +213,8 @@ class Settings:
 
     @property
     def edge_encoder(self) -> str:
-        """The edge-encoder choice: 'inside' (default) or 'outside'."""
-        return dict(self.choices).get("edge_encoder", "inside")
+        """The edge-encoder choice: 'auto' (default), 'inside' or 'outside'."""
+        return dict(self.choices).get("edge_encoder", "auto")
 
     @property
     def attention(self) -> str:
@@ -301,7 +303,7 @@ class Settings:
                   ((("huge_pages", cfg.huge_pages),) if cfg.huge_pages != "auto" else ()) + \
                   ((("spmm_impl", cfg.spmm_impl),) if cfg.spmm_impl != "auto" else ()) + \
                   ((("precision", cfg.precision),) if cfg.precision != "fp32" else ()) + \
-                  ((("edge_encoder", cfg.edge_encoder),) if cfg.edge_encoder != "inside" else ()) + \
+                  ((("edge_encoder", cfg.edge_encoder),) if cfg.edge_encoder != "auto" else ()) + \
                   ((("cuda_unverified", cfg.cuda_unverified),) if cfg.cuda_unverified else ())
         return cls(inner=cfg.inner or "auto", slot_order=cfg.slot_order, capture_dynamic=cfg.capture_dynamic,
                    structure_check=check, choices=choices)

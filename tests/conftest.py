@@ -26,6 +26,10 @@ os.environ.setdefault("GNNCOMPILE_PROGRAMS", "always")
 # model's first calls and keep whichever was faster, which tests of the fused ops cannot
 # predict; tests/compiler/test_guard.py tests the guard.
 os.environ.setdefault("GNNCOMPILE_GUARD", "off")
+# Edge encoders inside the message programs wherever they can go: the default ('auto') keeps an
+# encoder whose input features need a gradient outside, and the tests of the kernels' encoder
+# path give their edge features a gradient; tests/passes/test_encoder_rule.py tests 'auto'.
+os.environ.setdefault("GNNCOMPILE_EDGE_ENCODER", "inside")
 # gnncompile's own spmm kernel everywhere: 'auto' would time it against torch.sparse.mm at the
 # first compile of each size class and cache the result in the user's profile folder, and which
 # one wins depends on the machine; tests/compiler/test_portfolio.py tests 'auto'.

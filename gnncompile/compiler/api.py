@@ -256,7 +256,12 @@ def _settings(prof, inner: str, reassociate: bool, settings: Any) -> Settings:
     if not isinstance(settings, Mapping):
         raise TypeError(f"gnncompile.compile: settings must be a Settings or a dict of settings, got "
                         f"{type(settings).__name__}")
-    return s.replace(**settings)
+    given = dict(settings)
+    if isinstance(given.get("choices"), (Mapping, tuple, list)):
+        # choices merge key by key: {"choices": {"guard": "off"}} keeps the configuration's and
+        # the profile's other choices ($GNNCOMPILE_EDGE_ENCODER, $GNNCOMPILE_PROGRAMS, ...)
+        given["choices"] = {**dict(s.choices), **dict(given["choices"])}
+    return s.replace(**given)
 
 
 def _device_types(model) -> set:
@@ -306,8 +311,9 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
             (GCNConv's ``A (X W) -> (A X) W`` where X is at most as wide as the output: no spmm
             in the backward; the products are added in another order).
         settings: a dict of settings applied last (``{"knobs": {"cpu": [4]}, "inner":
-            "eager"}``; see :class:`gnncompile.settings.Settings`), or a ``Settings`` used as
-            it is (the profile is then only recorded).
+            "eager"}``; see :class:`gnncompile.settings.Settings`; its ``choices`` are merged
+            key by key over those of the configuration and the profile), or a ``Settings`` used
+            as it is (the profile is then only recorded).
 
     Each rewritten graph piece is timed against its unrewritten form on its first calls and
     the faster is kept (the speed guard, :mod:`gnncompile.compiler.guard`; ``settings={"choices":

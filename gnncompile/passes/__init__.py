@@ -68,7 +68,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     order = node_order(graph)
     report = rewrite(graph, plan(match(graph, order, programs, settings.programs,
                                         attention=programs and settings.attention == "fused",
-                                        encoders=settings.edge_encoder == "inside",
+                                        encoders=settings.edge_encoder,
                                         attention_cuda="attention_dot" in settings.cuda_unverified), order), order,
                      copy_structures, settings, attention=programs, portfolio=portfolio)
     if programs and settings.attention == "fused":

@@ -494,13 +494,14 @@ def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
 
 
 def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always",
-          attention: bool = False, attention_cuda: bool = False, encoders: bool = True) -> Matches:
+          attention: bool = False, attention_cuda: bool = False, encoders: "bool | str" = True) -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
     read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs, where
     ``program_mode`` ('always', 'auto': where :func:`programs_pay`, 'never') says so;
     ``attention``: TransformerConv's message with an edge term is left to the fused attention,
     :func:`.attention_dot.leave_for_attention_dot`; on CUDA too with ``attention_cuda``;
-    ``encoders``: linear maps of narrow edge features inside the message programs,
+    ``encoders``: linear maps of narrow edge features inside the message programs, by
+    ``Settings.edge_encoder`` ('auto', 'inside', 'outside'; True / False: 'inside' / 'outside'),
     :mod:`.messages`)."""
     programs = programs and program_mode != "never"
     m = Matches()

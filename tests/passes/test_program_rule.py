@@ -93,6 +93,7 @@ def test_modes_on_a_small_low_degree_graph(mode):
 def test_environment_sets_the_default(monkeypatch):
     monkeypatch.delenv("GNNCOMPILE_GUARD", raising=False)  # (the suite turns the guard off)
     monkeypatch.delenv("GNNCOMPILE_SPMM_IMPL", raising=False)  # (the suite pins the native spmm)
+    monkeypatch.delenv("GNNCOMPILE_EDGE_ENCODER", raising=False)  # (the suite puts encoders inside)
     monkeypatch.setenv("GNNCOMPILE_PROGRAMS", "never")
     assert Settings.from_config().programs == "never"
     monkeypatch.setenv("GNNCOMPILE_PROGRAMS", "auto")
