@@ -18,7 +18,7 @@ used, so the timing part also runs with gnncompile imported from an earlier chec
 before / after table (``--before out.json`` adds it to the report): build the checkout with
 ``python -m benchmarks commit_ab --prepare-only --base REV`` (build/commit_ab/<sha>), then in that
 folder run this file as a script with ``--timing-only --json out.json`` from a Python whose
-sys.meta_path has the editable install's finder removed and whose sys.path starts with the folder
+meta path has the editable install's finder removed and whose import path starts with the folder
 (as commit_ab's child boots; PYTHONPATH alone still imports this checkout's gnncompile).
 
 Writes benchmarks/results/vmath.{json,md} (``--name``).

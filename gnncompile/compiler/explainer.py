@@ -238,6 +238,12 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     for reason, c in counters.get("graph_break", {}).items():
         if c > before.get(reason, 0) and one_line(_backend.plain_reason(reason), 60) not in known:
             rep.graph_breaks.append(GraphBreak(one_line(_backend.plain_reason(reason), 400)))
+    if settings.capture_dynamic and any("guard on data-dependent expression" in b.reason for b in rep.graph_breaks):
+        rep.notes.append("a graph break above is a data-dependent size torch cannot trace through (the padded "
+                         "length of to_dense_batch before nn.MultiheadAttention, for one): settings "
+                         "capture_dynamic=False ($GNNCOMPILE_CAPTURE_DYNAMIC=0) reads such values eagerly "
+                         "instead (a graph break where they are read), and what follows compiles with the "
+                         "size known: GPSConv's attention then fuses (benchmarks/results/dense_attention.md)")
     for msg, c in counters.get("unimplemented", {}).items():
         if c > before_unimplemented.get(msg, 0):
             frame = skipped_frame(msg)
