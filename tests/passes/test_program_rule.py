@@ -52,9 +52,10 @@ def test_rule():
 
 
 def test_rule_with_generated_kernels():
-    """Generated kernels keep the interpreter's thresholds (match.GENERATED_MIN_EDGES: the zoo
-    lost CGConv, AttentiveFP and PNAConv with a 10k-edge rule measured on GINE alone); the reason
-    names what runs the programs."""
+    """programs_pay under generated kernels keeps the interpreter's thresholds
+    (match.GENERATED_MIN_EDGES: the zoo lost CGConv, AttentiveFP and PNAConv with a 10k-edge rule
+    measured on GINE alone; cheap messages with an encoder inside take match.encoded_cheap_pays,
+    tested below); the reason names what runs the programs."""
     for e, r in [(12_000, 6_000), (60_000, 12_000), (200_000, 100_000)]:
         assert programs_pay(e, r, generated=True)[0] == programs_pay(e, r, generated=False)[0], (e, r)
     assert programs_pay(200_000, 40_000, generated=True)[0]
