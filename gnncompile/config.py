@@ -21,7 +21,7 @@ import os
 import threading
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple  # noqa: F401
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, Union  # noqa: F401
 
 #: the inner compilers gnncompile hands the rest of a graph to
 INNERS = ("eager", "aot_eager", "inductor")
@@ -41,7 +41,7 @@ class Config:
     """The parsed environment (see :data:`VARIABLES` for each field's variable)."""
 
     inner: Optional[str] = None
-    capture_dynamic: bool = True
+    capture_dynamic: Union[bool, str] = True  # True, False or 'outputs'
     slot_order: bool = True
     structure_check: str = "cpu"
     programs: str = "auto"
@@ -68,6 +68,16 @@ def _flag(name: str, raw: str) -> bool:
     if v in _FALSE:
         return False
     raise ConfigError(f"{name}={raw!r}: expected one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}")
+
+
+def _capture(name: str, raw: str) -> Union[bool, str]:
+    if raw.strip().lower() == "outputs":
+        return "outputs"
+    try:
+        return _flag(name, raw)
+    except ConfigError:
+        raise ConfigError(f"{name}={raw!r}: expected one of {'/'.join(_TRUE)}, {'/'.join(_FALSE)} "
+                          "or outputs") from None
 
 
 def _inner(name: str, raw: str) -> Optional[str]:
@@ -194,10 +204,11 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable("GNNCOMPILE_INNER", "inner", _inner, "eager, aot_eager, inductor, auto (unset)",
              "the inner compiler for the graph around the fused ops when compile(inner='auto') "
              "and the profile names none; unset: chosen per graph piece by its size"),
-    Variable("GNNCOMPILE_CAPTURE_DYNAMIC", "capture_dynamic", _flag, "1 (default) / 0",
+    Variable("GNNCOMPILE_CAPTURE_DYNAMIC", "capture_dynamic", _capture, "1 (default) / 0 / outputs",
              "trace ops with data-dependent output sizes (edge_index[:, mask]) and sizes read "
              "from data (int(batch.max()) + 1 in pooling with no graph count) into the graph "
-             "instead of breaking it there"),
+             "instead of breaking it there; outputs: the ops only. With 1, a compiled module whose "
+             "capture ended a graph piece at a data-dependent guard compiles again as with outputs"),
     Variable("GNNCOMPILE_SLOT_ORDER", "slot_order", _flag, "1 (default) / 0",
              "recompute per-edge inputs in CSR order (0: read them through the permutation; "
              "for A/B measurements)"),

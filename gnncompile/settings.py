@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import config as _config
 
@@ -107,7 +107,7 @@ class Settings:
     inner: str = "auto"
     reassociate: bool = False
     slot_order: bool = True
-    capture_dynamic: bool = True
+    capture_dynamic: Union[bool, str] = True
     structure_check: str = "cpu"
     threads: Optional[int] = None
     loader: Tuple[Tuple[str, Any], ...] = ()
@@ -121,7 +121,10 @@ class Settings:
         if self.structure_check not in _config.CHECK_MODES:
             raise ValueError(f"gnncompile settings: structure_check must be one of {_config.CHECK_MODES}, "
                              f"got {self.structure_check!r}")
-        for name in ("reassociate", "slot_order", "capture_dynamic"):
+        if not (isinstance(self.capture_dynamic, bool) or self.capture_dynamic == "outputs"):
+            raise TypeError(f"gnncompile settings: capture_dynamic must be True, False or 'outputs', got "
+                            f"{self.capture_dynamic!r}")
+        for name in ("reassociate", "slot_order"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"gnncompile settings: {name} must be True or False, got {getattr(self, name)!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)

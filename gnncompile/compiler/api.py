@@ -47,6 +47,11 @@ class CompiledModule(torch.nn.Module):
         # what the compiled graphs run with (their knobs are baked into them as op arguments)
         object.__setattr__(self, "gnncompile_settings", Settings() if settings is None else settings)
         object.__setattr__(self, "_capture", self.gnncompile_settings.capture_dynamic)
+        # set by compile(): the backend, and how to compile the model again (_capture_switch)
+        object.__setattr__(self, "_backend", None)
+        object.__setattr__(self, "_earlier", [])  # backends compiled before a capture switch
+        object.__setattr__(self, "_recompile", None)
+        object.__setattr__(self, "capture_note", "")
         # the whole call timed against the model as written (set by compile() unless the guard
         # is off; gnncompile.compiler.guard.ModelGuard)
         object.__setattr__(self, "_guard", None)
@@ -85,7 +90,10 @@ class CompiledModule(torch.nn.Module):
             return self._orig_mod(*args, **kwargs)
         try:
             with _backend.dynamic_output_shapes(self._capture):
-                return self._compiled(*args, **kwargs)
+                out = self._compiled(*args, **kwargs)
+            if self._capture is True and self._backend is not None and self._backend.data_dependent_breaks:
+                self._capture_switch()
+            return out
         except Exception as compiled_error:
             if self._options.get("fullgraph"):
                 raise  # compile(fullgraph=True): the user asked for the error
@@ -102,6 +110,29 @@ class CompiledModule(torch.nn.Module):
                           CompileFallbackWarning, stacklevel=3)
             _log.warning("compile %s failed (%s): running eagerly", type(self._orig_mod).__name__, why)
             return out
+
+    def _capture_switch(self) -> None:
+        """A piece ended at a graph break on a data-dependent guard: a size read from a tensor
+        (captured as an unbacked symbolic size) that torch then had to compare, as
+        ``scaled_dot_product_attention`` does with ``to_dense_batch``'s padded length in GPSConv.
+        What followed the break ran as written, outside every graph. The model is compiled
+        again with scalar reads left to eager (``capture_dynamic_output_shape_ops`` stays on): the
+        graph breaks where the value is read, and what follows is compiled with it as an input
+        (a symbolic size with a value, which torch can compare). Once per model; explain()
+        reports it."""
+        why = self._backend.data_dependent_breaks[0]
+        be, compiled = self._recompile()
+        # Dynamo may still run pieces of the first compile where a frame's guards hold (a frame
+        # without the break): their speed guards go on deciding, and are listed too
+        self._earlier.append(self._backend)
+        object.__setattr__(self, "_backend", be)
+        object.__setattr__(self, "_compiled", compiled)
+        object.__setattr__(self, "_capture", _backend.CAPTURE_OUTPUTS)
+        object.__setattr__(self, "capture_note", (
+            "compiled again with scalar reads left to eager: a graph piece ended at a data-dependent "
+            f"guard ({why[:160]}{' ...' if len(why) > 160 else ''}); the graph now breaks where the "
+            "value is read and what follows compiles with it known"))
+        _log.info("compile %s: %s", type(self._orig_mod).__name__, self.capture_note)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -324,6 +355,12 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     rule); ``.guard_decisions()`` on the returned module (or function) lists what was kept and why, and
     :func:`gnncompile.explain` prints it.
 
+    Sizes read from tensors are captured into the graph (``settings.capture_dynamic``, True by
+    default). Where such a size then ended a graph piece at a data-dependent guard (torch's
+    attention over ``to_dense_batch``'s padded length, in GPSConv), the returned module compiles
+    the model again after its first call with scalar reads left to eager (as
+    ``capture_dynamic='outputs'``); ``.capture_note`` and :func:`gnncompile.explain` say so.
+
     The settings the model runs with are ``.gnncompile_settings`` on the returned module (or
     function); :func:`gnncompile.explain` prints them and :func:`gnncompile.export` of the
     returned module uses them. The returned module pickles (``torch.save(m)``; ``torch.load(path, weights_only=False)``):
@@ -344,19 +381,25 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
                    fullgraph=fullgraph, workload=workload, reassociate=reassociate, settings=settings)
     _log.info("compile %s: profile %s; settings: %s", type(model).__name__, prof.summary(), s)
     huge_pages = _memory.apply(s.huge_pages, _device_types(model))
-    be = _backend.Backend(s)
-    compiled = torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
+    def build():
+        be = _backend.Backend(s)  # a new backend: Dynamo compiles its frames again for it
+        return be, torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
+
+    be, compiled = build()
     if isinstance(model, torch.nn.Module):
         out = CompiledModule(model, compiled, options, s)
         object.__setattr__(out, "gnncompile_profile", prof)
         object.__setattr__(out, "gnncompile_huge_pages", huge_pages)
+        object.__setattr__(out, "_backend", be)
+        object.__setattr__(out, "_recompile", build)
         guard = None
         if s.guard != "off":
-            guard = _guard.ModelGuard(out._run_compiled, model, be.verdict)
+            guard = _guard.ModelGuard(out._run_compiled, model, lambda grad: out._backend.verdict(grad))
             object.__setattr__(out, "_guard", guard)
             object.__setattr__(out, "_as_written", guard.as_written)
         object.__setattr__(out, "guard_decisions",
-                           lambda: be.guard_decisions() + (guard.decisions if guard is not None else []))
+                           lambda: [d for b in out._earlier + [out._backend] for d in b.guard_decisions()]
+                           + (guard.decisions if guard is not None else []))
         return out
     compiled_fn, capture = compiled, s.capture_dynamic
 

@@ -139,14 +139,20 @@ def choose_inner(example_inputs) -> str:
 #   read when the graph runs (as eager reads it), so graph-level readout compiles in the same
 #   piece as the layers and its reductions fuse as segment reductions.
 # Settings.capture_dynamic = False (GNNCOMPILE_CAPTURE_DYNAMIC=0) turns both off: the graph
-# breaks there again, as with plain torch.compile.
+# breaks there again, as with plain torch.compile. CAPTURE_OUTPUTS ("outputs") keeps the first
+# and reads scalars eagerly: what a compiled module switches to where a captured scalar ended a
+# piece at a data-dependent guard (CompiledModule._capture_switch).
 _CAPTURE_FLAGS = ("capture_dynamic_output_shape_ops", "capture_scalar_outputs")
+CAPTURE_OUTPUTS = "outputs"
+#: the words of Dynamo's graph-break reason when a guard needed the value of a captured size
+DATA_DEPENDENT = "guard on data-dependent expression"
 
 
 class dynamic_output_shapes:
     """Context manager: Dynamo captures ops with data-dependent output sizes and scalar reads
     while it is active (each flag restored afterwards; a no-op for a flag already on, and
-    entirely when ``on`` is False: a model's ``settings.capture_dynamic``)."""
+    entirely when ``on`` is False: a model's ``settings.capture_dynamic``). ``on`` =
+    :data:`CAPTURE_OUTPUTS` captures the ops only (scalar reads break the graph)."""
 
     __slots__ = ("_set", "_on")
 
@@ -155,7 +161,8 @@ class dynamic_output_shapes:
 
     def __enter__(self):
         cfg = torch._dynamo.config
-        self._set = [f for f in _CAPTURE_FLAGS if self._on and not getattr(cfg, f)]
+        flags = _CAPTURE_FLAGS[:1] if self._on == CAPTURE_OUTPUTS else _CAPTURE_FLAGS
+        self._set = [f for f in flags if self._on and not getattr(cfg, f)]
         for f in self._set:
             setattr(cfg, f, True)
         return self
@@ -283,6 +290,8 @@ class Backend:
         self.settings = Settings.from_config() if settings is None else settings
         self.rewrite = bool(rewrite)
         self.guards: List = []  # weak references to the speed guards of the pieces compiled here
+        # reasons of the graph breaks on a data-dependent guard that ended a piece compiled here
+        self.data_dependent_breaks: List[str] = []
         inner = self.settings.inner
         self._inner_fn = None if inner == "auto" else _inner(inner)  # ValueError for an unknown name
 
@@ -303,6 +312,8 @@ class Backend:
         report.inner = inner
         report.settings = self.settings
         report.graph_break, report.break_at = break_reason(gm)
+        if DATA_DEPENDENT in report.graph_break:
+            self.data_dependent_breaks.append(report.graph_break)
         report.compile_id = _compile_id()
         STATS["graphs"] += 1
         STATS["fused"] += report.num_fused

@@ -176,23 +176,32 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     decisions = getattr(model, "guard_decisions", None)
     guard = [str(d) for d in decisions()] if callable(decisions) else None
     huge_pages = getattr(model, "gnncompile_huge_pages", None)
-    if isinstance(model, CompiledModule):  # explain what its settings fuse
-        model = model.model
     if not isinstance(settings, Settings):
         settings = Settings.from_config()
-    before = dict(counters.get("graph_break", {}))
-    before_unimplemented = dict(counters.get("unimplemented", {}))
-    # the model's own settings, run by the eager inner compiler (no code generation)
-    be = _backend.Backend(settings.replace(inner="eager", choices={**dict(settings.choices), "guard": "off"}))
-    compiled = torch.compile(model, backend=be, dynamic=False)
+    capture, switched = settings.capture_dynamic, ""
+    if isinstance(model, CompiledModule):  # explain what its settings fuse, as it captures now
+        capture, note = model._capture, model.capture_note
+        model = model.model
+        if note:
+            switched = note
     cfg = torch._dynamo.config
-    # room for explain's own compile where a compiled model of the user's filled the function's
+    # room for explain's own compiles where a compiled model of the user's filled the function's
     # cache (its recompile limit): explain would otherwise see no piece at all
     room = {"recompile_limit": cfg.recompile_limit + 8,
             "accumulated_recompile_limit": cfg.accumulated_recompile_limit + 8}
-    with _backend.collect() as reports, _backend.dynamic_output_shapes(settings.capture_dynamic), \
-            cfg.patch(**room), _fresh_code(model):
-        compiled(*example_inputs, **example_kwargs)
+    for attempt in range(2):
+        before = dict(counters.get("graph_break", {}))
+        before_unimplemented = dict(counters.get("unimplemented", {}))
+        # the model's own settings, run by the eager inner compiler (no code generation)
+        be = _backend.Backend(settings.replace(inner="eager", choices={**dict(settings.choices), "guard": "off"}))
+        compiled = torch.compile(model, backend=be, dynamic=False)
+        with _backend.collect() as reports, _backend.dynamic_output_shapes(capture), \
+                cfg.patch(**room), _fresh_code(model):
+            compiled(*example_inputs, **example_kwargs)
+        if attempt or capture is not True or not be.data_dependent_breaks:
+            break
+        # what gnncompile.compile's module does after its first call (CompiledModule._capture_switch)
+        capture, switched = _backend.CAPTURE_OUTPUTS, be.data_dependent_breaks[0]
     rep = ExplainReport(num_graphs=len(reports), settings=settings, guard=guard,
                         huge_pages=huge_pages if isinstance(huge_pages, str) else None)
     for r in reports:
@@ -238,12 +247,19 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     for reason, c in counters.get("graph_break", {}).items():
         if c > before.get(reason, 0) and one_line(_backend.plain_reason(reason), 60) not in known:
             rep.graph_breaks.append(GraphBreak(one_line(_backend.plain_reason(reason), 400)))
-    if settings.capture_dynamic and any("guard on data-dependent expression" in b.reason for b in rep.graph_breaks):
-        rep.notes.append("a graph break above is a data-dependent size torch cannot trace through (the padded "
-                         "length of to_dense_batch before nn.MultiheadAttention, for one): settings "
-                         "capture_dynamic=False ($GNNCOMPILE_CAPTURE_DYNAMIC=0) reads such values eagerly "
-                         "instead (a graph break where they are read), and what follows compiles with the "
-                         "size known: GPSConv's attention then fuses (benchmarks/results/dense_attention.md)")
+    if switched.startswith("compiled again"):
+        rep.notes.append(switched)
+    elif switched:
+        rep.notes.append(
+            "scalar reads left to eager: with them captured, a graph piece ended at a data-dependent guard "
+            f"({one_line(switched, 160)}), and what followed ran as written. gnncompile.compile's module "
+            "compiles the model again this way after its first call (settings capture_dynamic='outputs' "
+            "compiles it so from the start)")
+    elif capture is True and any(_backend.DATA_DEPENDENT in b.reason for b in rep.graph_breaks):
+        rep.notes.append("a graph break above is a data-dependent size torch cannot trace through: it remains "
+                         "with scalar reads left to eager too; settings capture_dynamic=False "
+                         "($GNNCOMPILE_CAPTURE_DYNAMIC=0) also leaves ops with data-dependent output sizes to "
+                         "eager")
     for msg, c in counters.get("unimplemented", {}).items():
         if c > before_unimplemented.get(msg, 0):
             frame = skipped_frame(msg)

@@ -22,12 +22,13 @@ hold, and otherwise leaves the call as written with the reason in the report (ex
 
 Settings: ``choices['attention'] = 'chain'`` leaves it, as it leaves the graph attentions.
 
-GPSConv: with the default ``capture_dynamic=True``, ``to_dense_batch``'s padded length is an
-unbacked size; torch's attention cannot be traced over it (a data-dependent guard), so Dynamo
-breaks the graph at the call and runs it as written, outside any graph this pass sees (explain
-lists the graph break). With ``capture_dynamic=False`` the graph breaks at ``to_dense_batch``
-instead and the call is rewritten. (Dynamo refuses a substitution of the call: it is one of
-torch's in-graph functions.)
+GPSConv: under the full dynamic capture, ``to_dense_batch``'s padded length is an unbacked size;
+torch's attention compares it with 1 (a data-dependent guard), so Dynamo breaks the graph at the
+call and runs it as written, outside any graph this pass sees. A module of
+:func:`gnncompile.compile` then compiles the model again with scalar reads left to eager
+(``capture_dynamic='outputs'``, ``CompiledModule._capture_switch``): the graph breaks at
+``to_dense_batch``'s read and the call is rewritten. (Dynamo refuses a substitution of the call:
+it is one of torch's in-graph functions.)
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 import gnncompile
 from benchmarks import zoo
 from gnncompile.compiler import backend as _backend
+from gnncompile.ops.structure import clear_cache
 from gnncompile.passes import FUSED_OPS
 from gnncompile.passes.report import one_line
 
@@ -34,12 +35,19 @@ def test_explain_counts_agree_with_dynamo_and_the_profiler(name):
         warnings.simplefilter("ignore")
         model = build(g)
     args = inputs(g)
-    torch._dynamo.reset()
-    counters.clear()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        target = (gnncompile.compile(model, settings=zoo.ENTRY_SETTINGS[name]) if name in zoo.ENTRY_SETTINGS
-                  else model)  # an entry's own settings (GPSConv-static: capture_dynamic=False)
-        rep = gnncompile.explain(target, *args)
+    settings = zoo.ENTRY_SETTINGS.get(name)  # an entry's own (GPSConv-static: capture_dynamic=False)
+    for attempt in range(2):
+        torch._dynamo.reset()
+        counters.clear()
+        clear_cache()  # graph-only results of an attempt before: computed again, as explain counts
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            target = gnncompile.compile(model, settings=settings) if settings else model
+            rep = gnncompile.explain(target, *args)
+        if attempt or not any(n.startswith("scalar reads left to eager") for n in rep.notes):
+            break
+        # explain compiled twice (the capture switch, tests/compiler/test_capture_switch.py): count
+        # the form it reports alone, compiled that way from the start
+        settings = {**(settings or {}), "capture_dynamic": "outputs"}
     ran = {e.key.split("::", 1)[1]: e.count for e in prof.key_averages()
            if e.key.startswith("gnncompile::") and e.key.split("::", 1)[1] in FUSED_OPS}
     assert rep.num_graphs == counters["stats"]["unique_graphs"] >= 1, str(rep)

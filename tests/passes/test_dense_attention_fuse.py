@@ -68,16 +68,21 @@ def test_gpsconv_attention_is_rewritten_and_computes_what_eager_does(mode):
     _close(model, _compiled(model, dynamic=False), inputs)
 
 
-def test_gpsconv_with_dynamic_capture_runs_the_attention_as_written():
+def test_gpsconv_with_dynamic_capture_is_compiled_again_and_fuses():
     # With the default capture_dynamic=True, to_dense_batch's padded length is an unbacked size and
-    # Dynamo breaks the graph at MultiheadAttention's call (torch's attention cannot be traced over
-    # it): the call runs eagerly, outside any graph the passes see; compiled still equals eager.
+    # Dynamo breaks the graph at MultiheadAttention's call (torch's attention compares it with 1).
+    # The compiled module then compiles again with scalar reads left to eager, and the attention
+    # fuses; explain says so; compiled still equals eager.
     model = _gps()
     inputs = _gps_inputs()
     rep = _explain(model, *inputs)
-    assert "dense_attention" not in _kinds(rep)
-    assert any("multi_head_attention_forward" in b for b in map(str, rep.graph_breaks)), rep
-    _close(model, _compiled(model), inputs)
+    assert _kinds(rep).count("dense_attention") == 1, rep
+    assert not any("multi_head_attention_forward" in b for b in map(str, rep.graph_breaks)), rep
+    assert any(n.startswith("scalar reads left to eager") for n in rep.notes), rep.notes
+    compiled = _compiled(model)
+    _close(model, compiled, inputs)
+    assert compiled._capture == "outputs" and "data-dependent guard" in compiled.capture_note
+    assert compiled.capture_note in gnncompile.explain(compiled, *inputs).notes
 
 
 class _Plain(torch.nn.Module):
