@@ -208,7 +208,8 @@ VARIABLES: Tuple[Variable, ...] = (
              "trace ops with data-dependent output sizes (edge_index[:, mask]) and sizes read "
              "from data (int(batch.max()) + 1 in pooling with no graph count) into the graph "
              "instead of breaking it there; outputs: the ops only. With 1, a compiled module whose "
-             "capture ended a graph piece at a data-dependent guard compiles again as with outputs"),
+             "capture ended a graph piece at a data-dependent guard in torch's attention compiles "
+             "again as with outputs"),
     Variable("GNNCOMPILE_SLOT_ORDER", "slot_order", _flag, "1 (default) / 0",
              "recompute per-edge inputs in CSR order (0: read them through the permutation; "
              "for A/B measurements)"),

@@ -112,10 +112,11 @@ class CompiledModule(torch.nn.Module):
             return out
 
     def _capture_switch(self) -> None:
-        """A piece ended at a graph break on a data-dependent guard: a size read from a tensor
-        (captured as an unbacked symbolic size) that torch then had to compare, as
-        ``scaled_dot_product_attention`` does with ``to_dense_batch``'s padded length in GPSConv.
-        What followed the break ran as written, outside every graph. The model is compiled
+        """A piece ended at a graph break on a data-dependent guard in torch's attention
+        (``backend.SWITCH_CALLS``): a size read from a tensor (captured as an unbacked symbolic
+        size) that torch then had to compare, as ``scaled_dot_product_attention`` does with
+        ``to_dense_batch``'s padded length in GPSConv. The attention ran as written, outside
+        every graph. The model is compiled
         again with scalar reads left to eager (``capture_dynamic_output_shape_ops`` stays on): the
         graph breaks where the value is read, and what follows is compiled with it as an input
         (a symbolic size with a value, which torch can compare). Once per model; explain()
@@ -356,8 +357,8 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     :func:`gnncompile.explain` prints it.
 
     Sizes read from tensors are captured into the graph (``settings.capture_dynamic``, True by
-    default). Where such a size then ended a graph piece at a data-dependent guard (torch's
-    attention over ``to_dense_batch``'s padded length, in GPSConv), the returned module compiles
+    default). Where such a size then ended a graph piece at a data-dependent guard in torch's
+    attention (over ``to_dense_batch``'s padded length, in GPSConv), the returned module compiles
     the model again after its first call with scalar reads left to eager (as
     ``capture_dynamic='outputs'``); ``.capture_note`` and :func:`gnncompile.explain` say so.
 

@@ -256,10 +256,11 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
             "compiles the model again this way after its first call (settings capture_dynamic='outputs' "
             "compiles it so from the start)")
     elif capture is True and any(_backend.DATA_DEPENDENT in b.reason for b in rep.graph_breaks):
-        rep.notes.append("a graph break above is a data-dependent size torch cannot trace through: it remains "
-                         "with scalar reads left to eager too; settings capture_dynamic=False "
-                         "($GNNCOMPILE_CAPTURE_DYNAMIC=0) also leaves ops with data-dependent output sizes to "
-                         "eager")
+        rep.notes.append("a graph break above is a data-dependent size torch cannot trace through (a Python "
+                         "branch on a size read from a tensor, for one): settings capture_dynamic='outputs' "
+                         "reads such sizes eagerly instead (a graph break at each read; the compiled module "
+                         "switches to it by itself only for torch's attention, where the rewrite pays for the "
+                         "breaks), capture_dynamic=False also leaves ops with data-dependent output sizes to eager")
     for msg, c in counters.get("unimplemented", {}).items():
         if c > before_unimplemented.get(msg, 0):
             frame = skipped_frame(msg)

@@ -41,6 +41,23 @@ class Readout(torch.nn.Module):
         return global_add_pool(self.lin(x).relu(), batch)
 
 
+class Branch(torch.nn.Module):
+    """A Python branch on a captured size: a data-dependent break outside torch's attention,
+    which leaves the capture as it is."""
+
+    def __init__(self, dim=16):
+        super().__init__()
+        self.lin = torch.nn.Linear(dim, dim)
+
+    def forward(self, x, batch):
+        from torch_geometric.nn import global_add_pool
+
+        n = int(batch.max()) + 1
+        if n == 1:
+            return self.lin(x).sum(0, keepdim=True)
+        return global_add_pool(self.lin(x), batch, size=n)
+
+
 def _inputs(sizes, dim=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     batch = torch.cat([torch.full((s,), i) for i, s in enumerate(sizes)])
@@ -98,6 +115,17 @@ def test_no_switch_without_a_data_dependent_break():
     _check(model, compiled, _inputs([5, 9, 7]))
     assert compiled._capture is True and compiled.capture_note == ""
     assert not compiled._backend.data_dependent_breaks
+
+
+def test_a_data_dependent_break_outside_attention_does_not_switch():
+    torch.manual_seed(0)
+    model = Branch()
+    compiled = _compile(model)
+    _check(model, compiled, _inputs([5, 9, 7]))
+    assert compiled._capture is True and compiled.capture_note == ""
+    rep = gnncompile.explain(compiled, *_inputs([5, 9, 7]))
+    assert any(_backend.DATA_DEPENDENT in b.reason for b in rep.graph_breaks), rep
+    assert any("capture_dynamic='outputs'" in n for n in rep.notes), rep.notes
 
 
 def test_capture_off_never_switches():
