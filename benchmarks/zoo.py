@@ -127,9 +127,10 @@ def _to_hetero(g: Graph):
 
 #: settings an entry compiles with beyond the guard's (the entry's name says it): GPSConv with
 #: capture_dynamic=False, under which to_dense_batch's padded length is read as a value (one graph
-#: break) and the attention after it compiles and fuses (gnncompile::dense_attention); under the
+#: break) and the attention after it compiles and fuses (gnncompile::dense_attention). Under the
 #: default capture that length is a data-dependent size and Dynamo breaks the graph at the
-#: attention instead (HISTORY section 31)
+#: attention (HISTORY section 31), after which the compiled module compiles again with scalar
+#: reads left to eager (HISTORY section 32): the GPSConv entry fuses the attention too
 ENTRY_SETTINGS: Dict[str, dict] = {"GPSConv-static": {"capture_dynamic": False}}
 
 
