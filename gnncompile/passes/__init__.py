@@ -66,11 +66,11 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     notes: list = []
     moved = push_linear_to_nodes(graph, settings.reassociate, notes) if programs else 0
     order = node_order(graph)
-    report = rewrite(graph, plan(match(graph, order, programs, settings.programs,
-                                        attention=programs and settings.attention == "fused",
-                                        encoders=settings.edge_encoder,
-                                        attention_cuda="attention_dot" in settings.cuda_unverified), order), order,
-                     copy_structures, settings, attention=programs, portfolio=portfolio)
+    matches = match(graph, order, programs, settings.programs, attention=programs and settings.attention == "fused",
+                    encoders=settings.edge_encoder, attention_cuda="attention_dot" in settings.cuda_unverified)
+    notes += matches.notes
+    report = rewrite(graph, plan(matches, order), order, copy_structures, settings, attention=programs,
+                     portfolio=portfolio)
     if programs and settings.attention == "fused":
         fuse_dense_attention(graph, report)
     report.notes += list(dict.fromkeys(notes))
@@ -85,7 +85,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
+FUSED_OPS = ("spmm", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "message_softmax", "attention", "attention_v2",
              "attention_dot", "dense_attention")
 
 

@@ -125,6 +125,7 @@ class Matches:
     degrees: List[Tuple[Degree, Node]] = field(default_factory=list)  # (match, scatter node)
     unfused: Dict[Node, str] = field(default_factory=dict)  # node -> reason
     claimed: List[Node] = field(default_factory=list)  # scatters a softmax replaces
+    notes: List[str] = field(default_factory=list)  # why a chain was matched in a smaller form
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -512,6 +513,25 @@ def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
     return programs_pay(index.shape[0], buffer.shape[0])
 
 
+# gnncompile::message_softmax (one pass per row: every edge's message and two exps per feature)
+# against the chain as written (a message program computing the messages, edge_softmax over the
+# E x F scores, a program for the weighted sum): below this many edges the chain stays as written
+# under generated kernels (small graphs: the one-pass kernel runs the interpreter, the chain's
+# programs run generated kernels).
+SOFTMAX_MIN_EDGES = 5_000
+
+
+def softmax_pays(sc: "Scatter", program_mode: str) -> Tuple[bool, str]:
+    """Whether a softmax aggregation over ``sc``'s edges runs as one message_softmax
+    (:data:`SOFTMAX_MIN_EDGES` under generated kernels, with programs 'auto'), and why not."""
+    index = fake_tensor(sc.index)
+    e = size_hint(index.shape[0]) if index is not None and index.dim() > 0 else None
+    if program_mode != "auto" or e is None or e >= SOFTMAX_MIN_EDGES or not _generated():
+        return True, ""
+    return False, (f"{e} edges is below SOFTMAX_MIN_EDGES ({SOFTMAX_MIN_EDGES}), where generated kernels run the "
+                   "chain as written faster than the one-pass interpreter kernel")
+
+
 def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always",
           attention: bool = False, attention_cuda: bool = False, encoders: "bool | str" = True) -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
@@ -563,6 +583,21 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
                 if leave_for_attention_dot(sc.message, stops, attention_cuda):
                     m.unfused[n] = LEFT
                     continue
+            sm = next((s for s in m.softmaxes if s.anchor in getattr(sc.message, "args", ())), None)
+            if sm is not None:  # the sum of a softmax aggregation: one message_softmax, where it pays
+                from .messages import match_softmax_program
+
+                try:
+                    prog = match_softmax_program(sc, sm, writes, stops - {sm.anchor}, encoders)
+                    pays, why = softmax_pays(sc, program_mode)
+                    if pays:
+                        m.aggregates.append(prog)
+                        m.softmaxes.remove(sm)
+                        m.claimed += list(sm.internals)
+                        continue
+                    m.notes.append(f"'{n.name}': softmax aggregation kept as edge_softmax + program: {why}")
+                except NoMatch as e:
+                    m.notes.append(f"'{n.name}': softmax aggregation not fused into one pass: {e}")
             try:
                 prog = match_program(sc, IndexRef.of(sc.index), writes, stops, encoders)
             except NoMatch as e:
@@ -596,5 +631,5 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     return m
 
 
-__all__ = ["PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
+__all__ = ["SOFTMAX_MIN_EDGES", "softmax_pays", "PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
            "gather_of", "read_scatter", "match_aggregate", "match_degree", "match_softmax", "match"]

@@ -23,6 +23,7 @@ feature). The program then reads leaf ``k`` of width ``W_k`` at feature ``f // (
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -593,6 +594,89 @@ def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=(), encoders
                    ops=tuple(dict.fromkeys(b.ops)), kept=tuple(b.kept))
 
 
+# ----------------------------------------------------------------------------- softmax aggregation
+@dataclass
+class SoftmaxProgram(Program):
+    """PyG's softmax aggregation (``SoftmaxAggregation``: ``alpha = softmax(m * t, I)``, then
+    ``scatter(m * alpha, I, sum)``) of a message program's messages ``m``: one
+    ``gnncompile::message_softmax`` (one pass per row, an online maximum, no ``E x F`` scores);
+    ``temperature``: the parameter ``t`` (a node, ``[Wt]`` / ``[1, Wt]`` with Wt 1 or the width)
+    or a number (1.0 where the scores are the messages themselves)."""
+
+    temperature: Any = 1.0
+    softmax: Any = None  # the match.Softmax it absorbs
+
+
+def _temperature(a: Node, m: Node, F: int) -> Optional[Any]:
+    """``t`` where the scores ``a`` are ``m * t`` / ``t * m`` (a number, or a tensor without the
+    edge dimension of Wt = 1 or F values, shaped [Wt] or [1, Wt]), 1.0 where ``a`` is ``m``; None
+    otherwise."""
+    if a is m:
+        return 1.0
+    if opname(a) != "mul" or len(a.args) != 2 or a.kwargs:
+        return None
+    x, t = a.args
+    if x is not m:
+        x, t = t, x
+    if x is not m:
+        return None
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return float(t)
+    tv = fake_tensor(t) if isinstance(t, Node) else None
+    mv = fake_tensor(m)
+    if tv is None or mv is None or tv.dtype != mv.dtype or tv.device != mv.device or tv.dim() not in (1, 2):
+        return None
+    shape = _static(tv.shape)
+    if shape is None or (tv.dim() == 2 and shape[0] != 1) or shape[-1] not in (1, F):
+        return None
+    return t
+
+
+def match_softmax_program(sc: Scatter, sm: Any, writes: Writes, stops=(), encoders: "bool | str" = True
+                          ) -> SoftmaxProgram:
+    """``sc`` (a sum of ``m * alpha``) with ``alpha`` the fused softmax ``sm`` of scores ``m * t``
+    (or ``m``) over the same index, as one :class:`SoftmaxProgram`; raises NoMatch saying why
+    not. The softmax's scores, its internal scatters and ``alpha`` must have no other reader."""
+    msg = sc.message
+    if sc.reduce != "sum" or opname(msg) != "mul" or len(msg.args) != 2 or msg.kwargs:
+        raise NoMatch("not a sum of messages times a softmax")
+    m, alpha = msg.args
+    if alpha is not sm.anchor:
+        m, alpha = alpha, m
+    if alpha is not sm.anchor or not isinstance(m, Node):
+        raise NoMatch("not a sum of messages times a softmax")
+    if IndexRef.of(sc.index) != sm.dst:
+        raise NoMatch("the softmax groups the edges by another index than the sum")
+    mv, av = fake_tensor(m), fake_tensor(sm.scores)
+    if mv is None or av is None or mv.dim() != 2 or av.shape != mv.shape:
+        raise NoMatch("the softmax's scores are not [E, F] like the messages")
+    if set(alpha.users) != {msg} or set(msg.users) != {sc.node}:
+        raise NoMatch("the softmax's weights or the weighted messages are read elsewhere")
+    F = _static(mv.shape[1:])
+    if F is None or len(F) != 1:
+        raise NoMatch("messages of a symbolic or multi-dimensional feature size")
+    t = _temperature(sm.scores, m, F[0])
+    if t is None:
+        raise NoMatch("the softmax's scores are not the messages times a temperature")
+    internal = set(sm.internals) | {sm.anchor}
+    a = sm.scores
+    if a is not m:  # scores m * t: read only by the softmax (its sub and the detached max)
+        readers = {u for u in a.users}
+        ok = all(opname(u) == "sub" or (opname(u) == "detach" and set(u.users) <= internal) or u in internal
+                 for u in readers)
+        if not ok:
+            raise NoMatch("the softmax's scores are read outside the softmax")
+    prog = match_program(dataclasses.replace(sc, message=m), IndexRef.of(sc.index), writes, stops, encoders)
+    if prog.x is None and prog.gathers == 0:
+        raise NoMatch("messages that gather no node features")
+    if isinstance(t, Node) and writes.first_write(t, writes.pos[sm.scores] - 1, writes.pos[sc.node]) is not None:
+        raise NoMatch("the temperature is written in place before the sum")
+    needs_csc = any(lf.side == P.COL and fake_tensor(lf.node).requires_grad for lf in prog.leaves)
+    fields = {k: getattr(prog, k) for k in prog.__dataclass_fields__}
+    fields.update(reduce="softmax", needs_csc=needs_csc, temperature=t, softmax=sm)
+    return SoftmaxProgram(**fields)
+
+
 # ----------------------------------------------------------------------------- edge programs
 _GEMM_USERS = ("linear", "matmul", "mm")
 _ELEMENTWISE = set(_BINARY) | set(_UNARY) | set(_PARAMETRIC) | {"gelu", "clamp", "clip", "clamp_min", "clamp_max"}
@@ -639,4 +723,5 @@ def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], wri
     return out
 
 
-__all__ = ["Leaf", "Program", "EdgeProgram", "match_program", "match_edge_programs"]
+__all__ = ["Leaf", "Program", "EdgeProgram", "SoftmaxProgram", "match_program", "match_softmax_program",
+           "match_edge_programs"]

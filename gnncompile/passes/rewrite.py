@@ -27,7 +27,7 @@ from ..ops.checks import FLOAT_DTYPES
 from .canonical import PURE, argument, fake_tensor, layer_of, opname, size_key
 from ..ops import program as P
 from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
-from .messages import EdgeProgram, Program
+from .messages import EdgeProgram, Program, SoftmaxProgram
 from .plan import Plan, SharedStructure
 from .portfolio import choose_implementations
 from .order import aggregate_first
@@ -215,7 +215,7 @@ def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     ``m``, reshaped to the message's shape. The same program over the same inputs and structure
     (PNA's mean, and the mean inside its std) is computed once."""
     key = (isinstance(m, EdgeProgram), tuple((lf.node, lf.side) for lf in m.leaves), tuple(m.code),
-           tuple(m.consts), m.reduce, m.width, m.shape)
+           tuple(m.consts), m.reduce, m.width, m.shape, getattr(m, "temperature", None))
     if key in b.programs:
         return b.programs[key]
     out = _emit_program(graph, m, b, knobs)
@@ -279,6 +279,14 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool =
         out = graph.call_function(targets.MESSAGE_EDGES, (*b.csr, ins, sides, list(m.code), list(m.consts),
                                                           m.width, m.width, by_slot, knobs, csc, None))
         return graph.call_method("reshape", (out, (-1, *m.shape)))
+    if isinstance(m, SoftmaxProgram):  # one pass: the softmax aggregation (the interpreter's kernel)
+        t = m.temperature
+        tt = (graph.call_method("reshape", (t, (1, -1))) if isinstance(t, Node)
+              else graph.call_method("new_full", (ins[0], (1, 1), float(t))))
+        call = graph.call_function(targets.MESSAGE_SOFTMAX, (*b.csr, ins, sides, list(m.code), list(m.consts),
+                                                             m.width, tt, knobs, csc))
+        out = graph.call_function(operator.getitem, (call, 0))
+        return graph.call_method("reshape", (out, (-1, *m.shape)))
     _prepare_generated(m, sides, b)
     call = graph.call_function(targets.MESSAGE_REDUCE, (*b.csr, ins, sides, list(m.code),
                                                         list(m.consts), m.width, m.reduce, knobs, csc, None))
@@ -295,6 +303,8 @@ def _fused(graph, m: Match, b: Built, settings: Settings) -> Tuple[Node, Fused]:
         if isinstance(m, Program):
             knobs = settings.knobs_for(fake_tensor(m.leaves[0].node).device, "message")
             kind = "edges" if isinstance(m, EdgeProgram) else ("message" if m.gathers else "segment")
+            if isinstance(m, SoftmaxProgram):
+                kind = "message_softmax"
             return _fused_program(graph, m, b, knobs), Fused(kind, m.reduce, layer, False, at, m.describe())
         if isinstance(m, Aggregate):
             knobs = settings.knobs_for(fake_tensor(m.x).device, "spmm")

@@ -346,6 +346,40 @@ std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
   return {out, arg};
 }
 
+// gnncompile::message_softmax: the softmax aggregation of the program's messages with
+// temperature t ([1, Wt], Wt dividing F, the inputs' dtype), one pass per row (softmax_rows):
+// (out [M, F], lse [M, F]). The interpreter only (no generated kernel of this op).
+std::tuple<at::Tensor, at::Tensor> message_softmax_cpu(
+    const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in, at::TensorList inputs,
+    c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts, int64_t F, const at::Tensor& t_in,
+    c10::IntArrayRef knobs, at::TensorList /*csc: backward only*/) {
+  const Call c = prepare(rowptr_in, col_in, perm_in, inputs, sides, code, consts, F, std::nullopt,
+                         "gnncompile.message_softmax");
+  check_cpu(t_in, c.op, "t");
+  TORCH_CHECK_TYPE(t_in.scalar_type() == c.in.tensors[0].scalar_type(), c.op, ": t has dtype ", t_in.scalar_type(),
+                   ", the inputs ", c.in.tensors[0].scalar_type());
+  TORCH_CHECK_VALUE(t_in.dim() == 2 && t_in.size(0) == 1 && t_in.size(1) >= 1 && F % t_in.size(1) == 0, c.op,
+                    ": t has shape ", t_in.sizes(), ", not [1, Wt] with Wt dividing ", F);
+  const at::Tensor t = t_in.contiguous();
+  const auto opts = c.in.tensors[0].options();
+  at::Tensor out = at::empty({c.M, F}, opts);
+  at::Tensor lse = at::empty({c.M, F}, opts);
+  run(c, sides, consts, F, [&](auto& a, auto tile) {
+    using A = std::decay_t<decltype(a)>;
+    using S = typename A::scalar_type;
+    constexpr int TILE = decltype(tile)::value;
+    a.out = out.data_ptr<S>();
+    a.prefetch = prefetch_distance(knobs);
+    const S* tp = t.const_data_ptr<S>();
+    const int64_t tdiv = F / t.size(1);
+    S* lp = lse.data_ptr<S>();
+    return parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
+      return msg::softmax_rows<S, typename A::acc_type, typename A::index_type, TILE>(a, tp, tdiv, lp, r0, r1);
+    });
+  });
+  return {out, lse};
+}
+
 at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
                              at::TensorList inputs, c10::IntArrayRef sides, c10::IntArrayRef code,
                              c10::ArrayRef<double> consts, int64_t F, int64_t out_width, bool by_slot,
@@ -536,6 +570,7 @@ TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
   m.impl("message_sum_multi", &message_sum_multi_cpu);
   m.impl("message_reduce", &message_reduce_cpu);
   m.impl("message_edges", &message_edges_cpu);
+  m.impl("message_softmax", &message_softmax_cpu);
 }
 
 }  // namespace cpu
