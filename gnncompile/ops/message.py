@@ -739,6 +739,7 @@ def _softmax_setup(ctx, inputs, output):
     ctx.empty = (len(consts) == 0, len(knobs) == 0)
     ctx.need = [x.requires_grad for x in ins]
     ctx.need_t = t.requires_grad
+    ctx.mark_non_differentiable(output[1])  # lse: a statistic for the backward
     ctx.save_for_backward(rowptr, col, perm, output[0], output[1], t, *csc, *ins)
 
 
@@ -746,16 +747,14 @@ def _softmax_backward(ctx, grad_out, grad_lse):
     """From the saved per-row statistics (out, lse): the messages recomputed per edge by the
     derivative programs, whose upstream gradient is ``q * alpha * (1 + t (m - out))`` (program.
     softmax_upstream), and t's gradient, the sum of ``q * alpha * m * (m - out)`` over the edges
-    (one message_reduce pass). No [E, F] tensor. (lse is a statistic for this backward: a
-    gradient flowing into it is not supported.)"""
+    (one message_reduce pass). No [E, F] tensor. (lse, a statistic for this backward, is marked
+    non-differentiable.)"""
     sides, code, consts, F, knobs, n, n_csc = ctx.meta
     saved = ctx.saved_tensors
     rowptr, col, perm, out, lse, t = saved[:6]
     csc = list(saved[6:6 + n_csc])
     ins = list(saved[6 + n_csc:6 + n_csc + n])
     csr = (rowptr, col, perm)
-    if grad_lse is not None and bool((grad_lse != 0).any()):
-        raise RuntimeError("gnncompile.message_softmax: no gradient through lse (a statistic of the backward)")
     q = grad_out.contiguous()
     extra = [q, out, lse, t]
     grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, extra, P.ROW, knobs, extreme="softmax")

@@ -482,7 +482,7 @@ class _Builder:
         return e, fs
 
 
-def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node) -> Set[Node]:
+def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node, absorbed=()) -> Set[Node]:
     """The edge encoders of ``b`` below an operation of the program whose value something
     outside the program reads too (the root: something besides ``anchor``): other programs
     over that value recompute it, each with the encoder, where reading the map as computed
@@ -494,7 +494,7 @@ def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node) -> Set[Node]
     for m in inner:
         readers = [u for u in m.users if u not in inner and reads_value(u, m)]
         if m is root:
-            readers = [] if root is anchor else [u for u in readers if u is not anchor]
+            readers = [] if root is anchor else [u for u in readers if u is not anchor and u not in absorbed]
         if not readers:
             continue
         todo, seen = [m], set()
@@ -511,7 +511,7 @@ def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node) -> Set[Node]
 
 
 def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=(),
-           encoders: "bool | str" = True):
+           encoders: "bool | str" = True, absorbed=()):
     mv = fake_tensor(message)
     if not isinstance(message, Node) or mv is None:
         raise NoMatch("message is not a tensor of the graph")
@@ -535,7 +535,7 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
         # reductions) would be computed by each: read as computed once
         outside = {n for n in b.encoders
                    if any(u not in b.memo or u in b.leafed for u in n.users if reads_value(u, n))}
-        outside |= _encoders_under_shared(b, message, anchor)
+        outside |= _encoders_under_shared(b, message, anchor, absorbed)
         if not shared and not outside:
             break
         stops |= set(shared)
@@ -568,10 +568,12 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
     return b, code, consts, F, fs, gathers
 
 
-def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=(), encoders: "bool | str" = True) -> Program:
+def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=(), encoders: "bool | str" = True,
+                  absorbed=()) -> Program:
     """``sc`` as a message program (with edge encoders inside where ``encoders``); raises NoMatch
-    saying why not."""
-    b, code, consts, F, fs, gathers = _build(sc.message, dst, sc.index, sc.node, writes, stops, encoders)
+    saying why not. ``absorbed``: readers of the message that the fused op replaces too (a softmax
+    aggregation's scores and weighted messages), not counted as other readers."""
+    b, code, consts, F, fs, gathers = _build(sc.message, dst, sc.index, sc.node, writes, stops, encoders, absorbed)
     if sc.reduce in ("max", "min"):  # torch's formula for ties: its derivatives must fit the kernels too
         for k, lf in enumerate(b.leaves):
             if fake_tensor(lf.node).requires_grad:
@@ -650,7 +652,8 @@ def match_softmax_program(sc: Scatter, sm: Any, writes: Writes, stops=(), encode
     mv, av = fake_tensor(m), fake_tensor(sm.scores)
     if mv is None or av is None or mv.dim() != 2 or av.shape != mv.shape:
         raise NoMatch("the softmax's scores are not [E, F] like the messages")
-    if set(alpha.users) != {msg} or set(msg.users) != {sc.node}:
+    if any(u is not msg and reads_value(u, alpha) for u in alpha.users) or \
+            any(u is not sc.node and reads_value(u, msg) for u in msg.users):
         raise NoMatch("the softmax's weights or the weighted messages are read elsewhere")
     F = _static(mv.shape[1:])
     if F is None or len(F) != 1:
@@ -660,13 +663,15 @@ def match_softmax_program(sc: Scatter, sm: Any, writes: Writes, stops=(), encode
         raise NoMatch("the softmax's scores are not the messages times a temperature")
     internal = set(sm.internals) | {sm.anchor}
     a = sm.scores
+    sub = sm.anchor.args[0].args[0]  # exp(a - max[i]) / sum[i]
+    detached = {u for u in a.users if opname(u) == "detach"
+                and all(w in internal for w in u.users if reads_value(w, u))}
     if a is not m:  # scores m * t: read only by the softmax (its sub and the detached max)
-        readers = {u for u in a.users}
-        ok = all(opname(u) == "sub" or (opname(u) == "detach" and set(u.users) <= internal) or u in internal
-                 for u in readers)
-        if not ok:
+        readers = [u for u in a.users if reads_value(u, a)]
+        if not all(u is sub or u in internal or u in detached for u in readers):
             raise NoMatch("the softmax's scores are read outside the softmax")
-    prog = match_program(dataclasses.replace(sc, message=m), IndexRef.of(sc.index), writes, stops, encoders)
+    prog = match_program(dataclasses.replace(sc, message=m), IndexRef.of(sc.index), writes, stops, encoders,
+                         absorbed={msg, a, sub, *detached})
     if prog.x is None and prog.gathers == 0:
         raise NoMatch("messages that gather no node features")
     if isinstance(t, Node) and writes.first_write(t, writes.pos[sm.scores] - 1, writes.pos[sc.node]) is not None:

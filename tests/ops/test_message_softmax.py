@@ -149,3 +149,11 @@ def test_bad_input_raises():
     bad_col[0] = N_SRC + 5
     with pytest.raises((ValueError, IndexError, RuntimeError)):
         ops.message_softmax(csr[0], bad_col, csr[2], ins, SIDES, code, consts, 8, torch.ones(1, 1), [], [])
+
+
+def test_lse_is_not_differentiable():
+    code, consts = P.encode(PROGRAMS["genconv"])
+    csr, _, _ = _structure(7)
+    ins = [x.requires_grad_() for x in _inputs(torch.float64, 4)]
+    out, lse = ops.message_softmax(*csr, ins, SIDES, code, consts, 4, torch.ones(1, 1, dtype=torch.float64), [], [])
+    assert out.requires_grad and not lse.requires_grad
