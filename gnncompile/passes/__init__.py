@@ -41,7 +41,7 @@ from ..settings import DEFAULT, Settings
 
 def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: bool = False,
         hoist: bool = False, fast_dropout: bool = False, programs: bool = True,
-        portfolio: Optional[Callable] = None) -> PassReport:
+        portfolio: Optional[Callable] = None, softmax_programs: bool = True) -> PassReport:
     """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
 
     ``settings`` (:class:`gnncompile.settings.Settings`; default: the defaults, no knobs): the
@@ -58,7 +58,9 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     the fused attention (:mod:`.attention`); export turns them off (its graphs keep the messages
     as standard ops). ``portfolio``: the implementation decision of each fused spmm
     (:func:`gnncompile.compiler.portfolio.decide`, which compiled graphs get from the backend;
-    None: every spmm runs the native op, as in export)."""
+    None: every spmm runs the native op, as in export). ``softmax_programs``: a softmax
+    aggregation of a message program becomes one ``message_softmax`` (export: False, the chain
+    edge_softmax + program stays, and a note says why)."""
     settings = DEFAULT if settings is None else settings
     graph = gm.graph
     drop_identity_dropout(graph)
@@ -67,7 +69,8 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     moved = push_linear_to_nodes(graph, settings.reassociate, notes) if programs else 0
     order = node_order(graph)
     matches = match(graph, order, programs, settings.programs, attention=programs and settings.attention == "fused",
-                    encoders=settings.edge_encoder, attention_cuda="attention_dot" in settings.cuda_unverified)
+                    encoders=settings.edge_encoder, attention_cuda="attention_dot" in settings.cuda_unverified,
+                    softmax_programs=softmax_programs)
     notes += matches.notes
     report = rewrite(graph, plan(matches, order), order, copy_structures, settings, attention=programs,
                      portfolio=portfolio)

@@ -533,7 +533,8 @@ def softmax_pays(sc: "Scatter", program_mode: str) -> Tuple[bool, str]:
 
 
 def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always",
-          attention: bool = False, attention_cuda: bool = False, encoders: "bool | str" = True) -> Matches:
+          attention: bool = False, attention_cuda: bool = False, encoders: "bool | str" = True,
+          softmax_programs: bool = True) -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
     read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs, where
     ``program_mode`` ('always', 'auto': where :func:`programs_pay`, 'never') says so;
@@ -541,7 +542,9 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     :func:`.attention_dot.leave_for_attention_dot`; on CUDA too with ``attention_cuda``;
     ``encoders``: linear maps of narrow edge features inside the message programs, by
     ``Settings.edge_encoder`` ('auto', 'inside', 'outside'; True / False: 'inside' / 'outside'),
-    :mod:`.messages`)."""
+    :mod:`.messages`; ``softmax_programs``: a softmax aggregation of a message program as one
+    ``message_softmax``, :func:`.messages.match_softmax_program`, else the chain edge_softmax +
+    program, with a note)."""
     programs = programs and program_mode != "never"
     m = Matches()
     writes = Writes(graph)
@@ -584,7 +587,10 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
                     m.unfused[n] = LEFT
                     continue
             sm = next((s for s in m.softmaxes if s.anchor in getattr(sc.message, "args", ())), None)
-            if sm is not None:  # the sum of a softmax aggregation: one message_softmax, where it pays
+            if sm is not None and not softmax_programs:
+                m.notes.append(f"'{n.name}': softmax aggregation kept as edge_softmax + program: export "
+                               "(gnncompile::message_softmax has no ONNX form)")
+            elif sm is not None:  # the sum of a softmax aggregation: one message_softmax, where it pays
                 from .messages import match_softmax_program
 
                 try:
