@@ -80,6 +80,7 @@ FUSED = {
     "user-var": 1,  # before message programs: 0
     "user-softmax": 1,  # before message programs: 1 (edge_softmax)
     "user-softmax-channels": 1,  # message_softmax, one learnable t per channel
+    "user-softmax-semi-grad": 1,  # semi_grad: alpha computed without gradient
     "user-powermean": 1,  # before message programs: 0
     "user-sum-max": 2,  # before message programs: 0
     "user-heads-max": 1,  # before message programs: 0
@@ -287,6 +288,7 @@ CASES = {
     "user-var": (lambda: NegDiv("var"), XEI),
     "user-softmax": (lambda: SoftplusClampExp(SoftmaxAggregation(learn=True)), XEIW),
     "user-softmax-channels": (lambda: SoftplusClampExp(SoftmaxAggregation(learn=True, channels=F)), XEIW),
+    "user-softmax-semi-grad": (lambda: SoftplusClampExp(SoftmaxAggregation(t=0.7, semi_grad=True)), XEIW),
     "user-powermean": (lambda: PowLearned(PowerMeanAggregation(learn=True)), XEIW),
     "user-sum-max": (lambda: TanhW(["sum", "max"]), XEIW),
     "user-heads-max": (lambda: HeadsMP("max"), ("x", "ei", "wh")),
