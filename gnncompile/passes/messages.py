@@ -634,6 +634,19 @@ def _temperature(a: Node, m: Node, F: int) -> Optional[Any]:
     return t
 
 
+def _grad_enabled_at(n: Node) -> bool:
+    """Whether gradient mode is on at node ``n`` of its graph (Dynamo records ``torch.no_grad()``
+    blocks as calls of ``torch._C._set_grad_enabled``)."""
+    on = True
+    for m in n.graph.nodes:
+        if m is n:
+            return on
+        if m.op == "call_function" and m.target is torch._C._set_grad_enabled and m.args \
+                and isinstance(m.args[0], bool):
+            on = m.args[0]
+    return on
+
+
 def match_softmax_program(sc: Scatter, sm: Any, writes: Writes, stops=(), encoders: "bool | str" = True
                           ) -> SoftmaxProgram:
     """``sc`` (a sum of ``m * alpha``) with ``alpha`` the fused softmax ``sm`` of scores ``m * t``
@@ -655,6 +668,9 @@ def match_softmax_program(sc: Scatter, sm: Any, writes: Writes, stops=(), encode
     if any(u is not msg and reads_value(u, alpha) for u in alpha.users) or \
             any(u is not sc.node and reads_value(u, msg) for u in msg.users):
         raise NoMatch("the softmax's weights or the weighted messages are read elsewhere")
+    if _grad_enabled_at(sc.node) and not (_grad_enabled_at(sm.anchor) and _grad_enabled_at(sm.scores)):
+        # SoftmaxAggregation(semi_grad=True): no gradient through alpha, which the op's backward has
+        raise NoMatch("the softmax's weights are computed without gradient (semi_grad)")
     F = _static(mv.shape[1:])
     if F is None or len(F) != 1:
         raise NoMatch("messages of a symbolic or multi-dimensional feature size")

@@ -80,7 +80,7 @@ FUSED = {
     "user-var": 1,  # before message programs: 0
     "user-softmax": 1,  # before message programs: 1 (edge_softmax)
     "user-softmax-channels": 1,  # message_softmax, one learnable t per channel
-    "user-softmax-semi-grad": 1,  # semi_grad: alpha computed without gradient
+    "user-softmax-semi-grad": 1,  # edge_softmax: semi_grad (alpha without gradient) is not one message_softmax
     "user-powermean": 1,  # before message programs: 0
     "user-sum-max": 2,  # before message programs: 0
     "user-heads-max": 1,  # before message programs: 0
@@ -93,7 +93,7 @@ UNFUSED_OK = {
     # two towers are stacked into one message: a program computes one expression per message
     "PNAConv-towers2",
     # the message read twice, with products below it: computed per edge once (see FUSED)
-    "user-std", "user-var", "user-softmax",
+    "user-std", "user-var", "user-softmax", "user-softmax-semi-grad",
 }
 
 N, E, F, D, H, C = 24, 96, 8, 6, 2, 4  # nodes, edges, node / edge features, heads, per-head channels

@@ -158,8 +158,9 @@ def test_softmax_aggregation_rule(monkeypatch):
     aggregation is one message_softmax from 5000 edges; below, the chain as written stays
     (edge_softmax) and explain's notes say why; under the interpreter it is fused at any size.
     Compiled equals eager where it is fused."""
-    from gnncompile.passes import match
+    import importlib
 
+    match = importlib.import_module("gnncompile.passes.match")
     settings = {"choices": {"programs": "auto", "edge_encoder": "inside"}}
     big, small = _inputs(n=600, degree=10), _inputs(n=400, degree=10)  # 6000 and 4000 edges
     monkeypatch.setattr(match, "_generated", lambda: True)
