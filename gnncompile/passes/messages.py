@@ -647,24 +647,29 @@ def _grad_enabled_at(n: Node) -> bool:
     return on
 
 
+class NotSoftmaxAggregation(NoMatch):
+    """The chain is not a softmax aggregation of messages (nothing to say in explain)."""
+
+
 def match_softmax_program(sc: Scatter, sm: Any, writes: Writes, stops=(), encoders: "bool | str" = True
                           ) -> SoftmaxProgram:
     """``sc`` (a sum of ``m * alpha``) with ``alpha`` the fused softmax ``sm`` of scores ``m * t``
     (or ``m``) over the same index, as one :class:`SoftmaxProgram`; raises NoMatch saying why
-    not. The softmax's scores, its internal scatters and ``alpha`` must have no other reader."""
+    not (:class:`NotSoftmaxAggregation` where the chain is no softmax aggregation). The softmax's
+    scores, its internal scatters and ``alpha`` must have no other reader."""
     msg = sc.message
     if sc.reduce != "sum" or opname(msg) != "mul" or len(msg.args) != 2 or msg.kwargs:
-        raise NoMatch("not a sum of messages times a softmax")
+        raise NotSoftmaxAggregation("not a sum of messages times a softmax")
     m, alpha = msg.args
     if alpha is not sm.anchor:
         m, alpha = alpha, m
     if alpha is not sm.anchor or not isinstance(m, Node):
-        raise NoMatch("not a sum of messages times a softmax")
+        raise NotSoftmaxAggregation("not a sum of messages times a softmax")
     if IndexRef.of(sc.index) != sm.dst:
         raise NoMatch("the softmax groups the edges by another index than the sum")
     mv, av = fake_tensor(m), fake_tensor(sm.scores)
     if mv is None or av is None or mv.dim() != 2 or av.shape != mv.shape:
-        raise NoMatch("the softmax's scores are not [E, F] like the messages")
+        raise NotSoftmaxAggregation("the softmax's scores are not [E, F] like the messages")
     if any(u is not msg and reads_value(u, alpha) for u in alpha.users) or \
             any(u is not sc.node and reads_value(u, msg) for u in msg.users):
         raise NoMatch("the softmax's weights or the weighted messages are read elsewhere")
@@ -676,7 +681,7 @@ def match_softmax_program(sc: Scatter, sm: Any, writes: Writes, stops=(), encode
         raise NoMatch("messages of a symbolic or multi-dimensional feature size")
     t = _temperature(sm.scores, m, F[0])
     if t is None:
-        raise NoMatch("the softmax's scores are not the messages times a temperature")
+        raise NotSoftmaxAggregation("the softmax's scores are not the messages times a temperature")
     internal = set(sm.internals) | {sm.anchor}
     a = sm.scores
     sub = sm.anchor.args[0].args[0]  # exp(a - max[i]) / sum[i]
@@ -744,5 +749,6 @@ def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], wri
     return out
 
 
-__all__ = ["Leaf", "Program", "EdgeProgram", "SoftmaxProgram", "match_program", "match_softmax_program",
+__all__ = ["Leaf", "Program", "EdgeProgram", "SoftmaxProgram", "NotSoftmaxAggregation", "match_program",
+           "match_softmax_program",
            "match_edge_programs"]
