@@ -129,6 +129,9 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
                          f"{len(spec.sides)}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", symbol):
         raise ValueError(f"gnncompile.codegen: {symbol!r} is not a C identifier")
+    if spec.op == "softmax":
+        raise ValueError("gnncompile.codegen: no CUDA kernel for 'softmax' (message_softmax runs its torch "
+                         "reference on CUDA)")
     if spec.op == "encgrad":
         raise ValueError("gnncompile.codegen: no CUDA kernel for 'encgrad' (message_encoder_grad runs its torch "
                          "reference on CUDA)")

@@ -46,7 +46,7 @@ _REDUCE_NAMES = {0: "Sum", 1: "Mean", 2: "Max", 3: "Min"}
 TILE = {"float32": 128, "float64": 64}  # features per tile: as the interpreter and the tuned spmm
 
 
-KINDS = ("reduce", "multi", "edges", "encgrad")
+KINDS = ("reduce", "multi", "edges", "encgrad", "softmax")
 MAX_RESULTS = 16  # kMaxResults (native/cpu/message_core.h)
 
 
@@ -57,7 +57,9 @@ class Spec:
     ``op`` is the native op the kernel stands in for: 'reduce' (``message_reduce``, its
     ``reduce``), 'multi' (``message_sum_multi``, the program's ``results`` slots each summed over
     the row) or 'edges' (``message_edges``: written per edge at ``perm[j]``, or at ``j`` with
-    ``by_slot``; ``out`` 'f' for an output of width F, 'g' for group sums of F / out_width)."""
+    ``by_slot``; ``out`` 'f' for an output of width F, 'g' for group sums of F / out_width) or
+    'softmax' (``message_softmax``: the softmax aggregation of the messages with the temperature
+    read from the last input, a constant the program does not read; out and lse per row)."""
 
     code: Tuple[int, ...]
     consts: Tuple[float, ...]
@@ -86,6 +88,8 @@ class Spec:
             return "m" + ".".join(str(r) for r in self.results)
         if self.op == "encgrad":
             return f"n{self.enc}.{int(self.need_features)}{self.out}"
+        if self.op == "softmax":
+            return "s"
         return f"e{int(self.by_slot)}{self.out}"
 
     def key(self) -> str:
@@ -147,6 +151,8 @@ def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int]
             raise ValueError(f"gnncompile.codegen: an 'encgrad' kernel's out_width is its encoder's width "
                              f"{widths[int(enc) + 1]}, got {out_width}")
         out = "f" if int(out_width) == int(F) else "g"
+    elif op == "softmax" and (not sides or int(sides[-1]) != P.CONST):
+        raise ValueError("gnncompile.codegen: a 'softmax' kernel reads its temperature from its last input, a constant")
     elif results or out_width is not None or by_slot:
         raise ValueError("gnncompile.codegen: results / out_width / by_slot belong to 'multi' and 'edges' kernels")
     return Spec(tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
@@ -634,7 +640,7 @@ extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int
 """
 
 _WHAT = {"reduce": "message_reduce", "multi": "message_sum_multi", "edges": "message_edges",
-         "encgrad": "message_encoder_grad"}
+         "encgrad": "message_encoder_grad", "softmax": "message_softmax"}
 
 
 def _input_pointers(k: int, kind: str) -> List[str]:
@@ -787,6 +793,32 @@ def emit(spec: Spec) -> str:
         store = [f"  {{ scalar_t* o = static_cast<scalar_t*>(a.out) + ({k} * a.M + row) * F + f0;\n"
                  f"    for (int t = 0; t < n; ++t) o[t] = from_acc<scalar_t>(acc{k}[t]); }}"
                  for k in range(len(spec.results))]
+        reduce = "Sum"
+    elif spec.op == "softmax":  # the interpreter's softmax_rows (message_core.h), step for step
+        T = len(sides) - 1  # the temperature: the last input, a constant
+        tread = {"s": f"s{T}", "f": f"acc_t(p{T}[f])"}.get(kinds[T], f"acc_t(p{T}[f / div{T}])")
+        acc = ["  alignas(64) acc_t mx[TILE];", "  alignas(64) acc_t sm[TILE];", "  alignas(64) acc_t ws[TILE];",
+               "  alignas(64) acc_t tt[TILE];", "  for (int t = 0; t < n; ++t) {", "    const int64_t f = f0 + t;",
+               "    (void)f;", f"    tt[t] = {tread};", "    mx[t] = -std::numeric_limits<acc_t>::infinity();",
+               "    sm[t] = acc_t(0);", "    ws[t] = acc_t(0);", "  }"]
+        fold = [f"      const acc_t v_ = {res};", "      const acc_t z_ = tt[t] * v_;",
+                "      const acc_t m_ = z_ > mx[t] ? z_ : mx[t];", "      const acc_t c_ = vm::exp(mx[t] - m_);",
+                "      const acc_t p_ = vm::exp(z_ - m_);", "      sm[t] = sm[t] * c_ + p_;",
+                "      ws[t] = ws[t] * c_ + p_ * v_;", "      mx[t] = m_;"]
+        tail_reads = [res]
+        store = ["  scalar_t* o = static_cast<scalar_t*>(a.out) + row * F + f0;",
+                 "  scalar_t* l = static_cast<scalar_t*>(a.out2) + row * F + f0;",
+                 "  if (end > begin) {",
+                 "    for (int t = 0; t < n; ++t) {",
+                 "      o[t] = from_acc<scalar_t>(ws[t] / sm[t]);",
+                 "      l[t] = from_acc<scalar_t>(mx[t] + vm::log(sm[t]));",
+                 "    }",
+                 "  } else {",
+                 "    for (int t = 0; t < n; ++t) {",
+                 "      o[t] = scalar_t(0);",
+                 "      l[t] = scalar_t(0);",
+                 "    }",
+                 "  }"]
         reduce = "Sum"
     else:
         acc = ["  alignas(64) acc_t acc[TILE];", "  int32_t win[kArg ? TILE : 1];", "  acc_t eq[kArg ? TILE : 1];",

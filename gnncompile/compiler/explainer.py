@@ -240,7 +240,7 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         else:
             del seen[key]
     rep.graph_breaks = list(seen.values())
-    if any(f.kind in ("message", "segment", "edges") for f in rep.fused):
+    if any(f.kind in ("message", "segment", "edges", "message_softmax") for f in rep.fused):
         from .. import codegen
         rep.message_kernels = codegen.describe()
     known = {one_line(r.graph_break, 60) for r in reports if r.graph_break}

@@ -227,7 +227,9 @@ def optimize(model, example_inputs: Sequence[Any], dynamic: bool = True, for_onn
             except Exception as e:
                 raise fail(model, "graph capture (torch._dynamo.export)", e) from e
             layers = _layers_of(gm.graph)
-            report = passes.run(gm, settings, programs=programs)
+            # a softmax aggregation stays edge_softmax + a message program (message_softmax has
+            # no ONNX function: the chain's ops have, and a pt2 program keeps what ONNX gets)
+            report = passes.run(gm, settings, programs=programs, softmax_programs=False)
             _carry_layers(gm.graph, layers)
             log_fusions(_log, f"export of {type(model).__name__}", report)
             _pure_structures(gm)

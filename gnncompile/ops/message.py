@@ -135,6 +135,53 @@ def message_edges(rowptr, col, perm, inputs, sides, code, consts, width: int, ou
     return out
 
 
+def _check_temperature(t, inputs, width: int, op: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[0] != 1 or t.shape[1] < 1 or width % t.shape[1]:
+        shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{op}: t has shape {shape}, not [1, Wt] with Wt dividing {width}")
+    if t.dtype != inputs[0].dtype or t.device != inputs[0].device:
+        raise TypeError(f"{op}: t is {t.dtype} on {t.device}, the inputs {inputs[0].dtype} on {inputs[0].device}")
+
+
+def message_softmax(rowptr, col, perm, inputs, sides, code, consts, width: int, t,
+                    knobs: Sequence[int] = (), csc: Sequence[torch.Tensor] = ()):
+    """Reference (and the CUDA path): PyG's softmax aggregation of the program's messages ``m``
+    ([E, F] here) with temperature ``t`` ([1, Wt], feature f reads t[f // (F / Wt)]): per row and
+    feature, ``out = sum softmax(t * m) * m`` and ``lse = log sum exp(t * m)`` (0 and 0 for a row
+    without edges). The native CPU kernel computes both in one pass per row with an online
+    maximum (native/cpu/message_core.h, softmax_rows), no [E, F] tensor."""
+    op = "gnncompile.message_softmax"
+    _check(rowptr, col, perm, inputs, sides, width, op)
+    _check_temperature(t, inputs, width, op)
+    M, E, F = rowptr.numel() - 1, col.numel(), width
+    vals, rows = _slot_values(rowptr, col, perm, inputs, sides)
+    m = P.evaluate(code, consts, vals, F).expand(E, F)
+    z = m * _group_spread(t, F)
+    idx = rows.view(-1, 1).expand(E, F)
+    x0 = inputs[0]
+    mx = torch.full((M, F), -torch.inf, dtype=x0.dtype, device=x0.device).scatter_reduce(0, idx, z, "amax")
+    p = torch.exp(z - mx.index_select(0, rows))
+    s = torch.zeros(M, F, dtype=x0.dtype, device=x0.device).index_add_(0, rows, p)
+    w = torch.zeros(M, F, dtype=x0.dtype, device=x0.device).index_add_(0, rows, p * m)
+    has = (rowptr[1:] > rowptr[:-1]).view(-1, 1)
+    zero = torch.zeros_like(s)
+    return torch.where(has, w / s, zero), torch.where(has, mx + torch.log(s), zero)
+
+
+def _group_spread(t: torch.Tensor, F: int) -> torch.Tensor:
+    """[1, Wt] -> [1, F]: t's column f // (F / Wt) at feature f."""
+    return t if t.shape[1] == F else t.repeat_interleave(F // t.shape[1], dim=1)
+
+
+_lib.impl("message_softmax", message_softmax, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("gnncompile::message_softmax")
+def _message_softmax_fake(rowptr, col, perm, inputs, sides, code, consts, width, t, knobs, csc):
+    M = rowptr.shape[0] - 1
+    return inputs[0].new_empty((M, width)), inputs[0].new_empty((M, width))
+
+
 def message_sum_multi(rowptr, col, perm, inputs, sides, code, consts, results, width: int,
                       knobs: Sequence[int] = (), slot=None):
     """Reference: every result slot of the program, summed over each row: [K, M, width]."""
@@ -317,11 +364,13 @@ def _encoders(sides) -> List[int]:
 
 
 def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs,
-                   extreme: bool = False) -> List[Optional[torch.Tensor]]:
+                   extreme: "bool | str" = False) -> List[Optional[torch.Tensor]]:
     """Gradients of every input of a sum-like program (``message_reduce`` sum / mean, or
     ``message_edges``) given ``g``, the upstream gradient read on side ``g_side``; with
-    ``extreme``, of a max / min reduction by torch's formula (ops/extremes.py), ``g`` being the
-    pair (reduced values, gradient shares), read per destination. Outside a double backward,
+    ``extreme`` True, of a max / min reduction by torch's formula (ops/extremes.py), ``g`` being the
+    pair (reduced values, gradient shares), read per destination; with ``extreme`` 'softmax', of a
+    softmax aggregation (message_softmax), ``g`` being (gradient, result, lse, t), the first three
+    read per destination, t a constant (program.softmax_upstream). Outside a double backward,
     the gradients read per destination (and constants) share one pass over the CSR and those
     read per neighbour one pass over the CSC (``message_sum_multi``). An edge encoder's gradients
     come, outside a double backward, from one pass over the edges that accumulates its weight's
@@ -336,6 +385,8 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
     need = [any(need_enc[k]) if k in need_enc else bool(nk) for k, nk in enumerate(need)]
     extra = list(g) if extreme else [g]
     ins, sides_g = list(inputs) + extra, list(sides) + [g_side] * len(extra)
+    if extreme == "softmax":  # (q, y, lse) per destination, t a constant: program.softmax_upstream
+        sides_g[-1] = P.CONST
     slot_t = v_rows = None
     out: List[Optional[torch.Tensor]] = [None] * n
     groups = {P.ROW: [], P.COL: []}
@@ -364,7 +415,7 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         W, side = t.shape[1], sides[k]
         if side == P.ENC:
             W = inputs[k + 1].shape[1]
-        if side == P.ENC and multi and not extreme and ENCODER_GRAD == "accumulate":
+        if side == P.ENC and multi and extreme is not True and ENCODER_GRAD == "accumulate":
             # outside a double backward: the encoder's gradients accumulated over the edges by
             # one pass (message_encoder_grad), its [E, W] value gradient never formed
             nk = need_enc.pop(k)
@@ -682,6 +733,45 @@ def _extreme_grads_encoded(csr, ins, sides, code, consts, F, need, arg, out, g, 
 torch.library.register_autograd("gnncompile::message_reduce", _reduce_backward, setup_context=_reduce_setup)
 
 
+def _softmax_setup(ctx, inputs, output):
+    rowptr, col, perm, ins, sides, code, consts, width, t, knobs, csc = inputs
+    ctx.meta = (list(sides), list(code), list(consts), width, list(knobs), len(ins), len(csc))
+    ctx.empty = (len(consts) == 0, len(knobs) == 0)
+    ctx.need = [x.requires_grad for x in ins]
+    ctx.need_t = t.requires_grad
+    ctx.mark_non_differentiable(output[1])  # lse: a statistic for the backward
+    ctx.save_for_backward(rowptr, col, perm, output[0], output[1], t, *csc, *ins)
+
+
+def _softmax_backward(ctx, grad_out, grad_lse):
+    """From the saved per-row statistics (out, lse): the messages recomputed per edge by the
+    derivative programs, whose upstream gradient is ``q * alpha * (1 + t (m - out))`` (program.
+    softmax_upstream), and t's gradient, the sum of ``q * alpha * m * (m - out)`` over the edges
+    (one message_reduce pass). No [E, F] tensor. (lse, a statistic for this backward, is marked
+    non-differentiable.)"""
+    sides, code, consts, F, knobs, n, n_csc = ctx.meta
+    saved = ctx.saved_tensors
+    rowptr, col, perm, out, lse, t = saved[:6]
+    csc = list(saved[6:6 + n_csc])
+    ins = list(saved[6 + n_csc:6 + n_csc + n])
+    csr = (rowptr, col, perm)
+    q = grad_out.contiguous()
+    extra = [q, out, lse, t]
+    grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, extra, P.ROW, knobs, extreme="softmax")
+    dt = None
+    if ctx.need_t:
+        dcode, dconsts = P.softmax_temperature_grad(code, consts, n)
+        all_ins, all_sides = ins + extra, list(sides) + [P.ROW, P.ROW, P.ROW, P.CONST]
+        _generated("reduce", rowptr, all_ins, all_sides, dcode, dconsts, F)
+        r = ops.message_reduce(*csr, all_ins, all_sides, dcode, dconsts, F, "sum", knobs, [], None)[0]
+        dt = _finish(r, t, P.CONST)
+    ret = (None, None, None, grads, None, None, None, None, dt, None, [None] * n_csc)
+    return _fix_empty(ret, ctx)
+
+
+torch.library.register_autograd("gnncompile::message_softmax", _softmax_backward, setup_context=_softmax_setup)
+
+
 def _edges_setup(ctx, inputs, output):
     rowptr, col, perm, ins, sides, code, consts, width, out_width, by_slot, knobs, csc, slot = inputs
     if slot is not None:
@@ -709,4 +799,4 @@ def _edges_backward(ctx, grad):
 torch.library.register_autograd("gnncompile::message_edges", _edges_backward, setup_context=_edges_setup)
 
 
-__all__ = ["message_reduce", "message_edges"]
+__all__ = ["message_reduce", "message_edges", "message_softmax"]

@@ -327,17 +327,50 @@ def backward_expr(root: Expr, grad: Expr) -> Dict[int, Expr]:
     return out
 
 
-def upstream(root: Expr, n_inputs: int, extreme: bool = False) -> Expr:
+def upstream(root: Expr, n_inputs: int, extreme: "bool | str" = False) -> Expr:
     """The upstream gradient of a program's derivatives: input ``n_inputs`` (``G``); for a max /
-    min reduction's formula (``extreme``), ``eq(m, y) * q`` with ``y`` the reduced value and ``q``
-    the gradient share (inputs ``n_inputs`` and ``n_inputs + 1``; see ops/extremes.py)."""
+    min reduction's formula (``extreme`` True), ``eq(m, y) * q`` with ``y`` the reduced value and
+    ``q`` the gradient share (inputs ``n_inputs`` and ``n_inputs + 1``; see ops/extremes.py); for
+    a softmax aggregation (``extreme`` 'softmax': gnncompile::message_softmax, out = sum of
+    alpha * m with alpha = softmax(t * m)), ``d out / d m`` per edge times the row's gradient,
+    :func:`softmax_upstream`."""
+    if extreme == "softmax":
+        return softmax_upstream(root, n_inputs)
     if not extreme:
         return inp(n_inputs)
     return node("mul", node("eq", root, inp(n_inputs)), inp(n_inputs + 1))
 
 
+def _softmax_alpha(root: Expr, n_inputs: int) -> Expr:
+    t, lse = inp(n_inputs + 3), inp(n_inputs + 2)
+    return node("exp", node("sub", node("mul", t, root), lse))
+
+
+def softmax_upstream(root: Expr, n_inputs: int) -> Expr:
+    """The gradient reaching message ``m`` (``root``) of a softmax aggregation: with the row's
+    upstream gradient ``q``, its result ``y`` and log-sum-exp ``lse`` (inputs ``n_inputs`` to
+    ``n_inputs + 2``, read per destination) and the temperature ``t`` (input ``n_inputs + 3``, a
+    constant), ``alpha = exp(t * m - lse)`` and ``q * alpha * (1 + t * (m - y))``
+    (``d/dm_e sum_k alpha_k m_k = alpha_e + t alpha_e (m_e - y)``)."""
+    q, y, t = inp(n_inputs), inp(n_inputs + 1), inp(n_inputs + 3)
+    scale = node("add", const(1.0), node("mul", t, node("sub", root, y)))
+    return node("mul", node("mul", q, _softmax_alpha(root, n_inputs)), scale)
+
+
+def softmax_temperature_grad(code: Sequence[int], consts: Sequence[float], n_inputs: int
+                             ) -> Tuple[List[int], List[float]]:
+    """The program whose sum over every edge (and, for one temperature shared by the features,
+    every feature) is the temperature's gradient of a softmax aggregation of program (code,
+    consts): ``q * alpha * m * (m - y)`` (inputs as :func:`softmax_upstream`)."""
+    root = decode(tuple(code), tuple(consts))
+    q, y = inp(n_inputs), inp(n_inputs + 1)
+    e = node("mul", node("mul", q, _softmax_alpha(root, n_inputs)), node("mul", root, node("sub", root, y)))
+    c, cs = encode(e)
+    return list(c), list(cs)
+
+
 @functools.lru_cache(maxsize=512)
-def derivative(code: Tuple[int, ...], consts: Tuple[float, ...], k: int, n_inputs: int, extreme: bool = False
+def derivative(code: Tuple[int, ...], consts: Tuple[float, ...], k: int, n_inputs: int, extreme: "bool | str" = False
                ) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
     """The program ``G * d m / d input k`` of program (code, consts), with ``G`` the upstream
     gradient (:func:`upstream`); a program of the constant 0 when m ignores input k."""

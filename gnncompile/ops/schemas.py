@@ -173,6 +173,15 @@ _lib.define(
     "float[] consts, int width, int out_width, bool by_slot, int[] knobs, Tensor[] csc, Tensor? slot) -> Tensor"
 )
 
+# PyG's softmax aggregation (SoftmaxAggregation) of a program's messages m with temperature t
+# ([1, Wt], Wt dividing width: one per channel or one for all): out = sum over each row's edges of
+# softmax(t * m) * m, per feature, in one pass per row with an online maximum; lse = the per-row,
+# per-feature log-sum-exp of t * m (0 for a row without edges), which the backward reads.
+_lib.define(
+    "message_softmax(Tensor rowptr, Tensor col, Tensor perm, Tensor[] inputs, int[] sides, int[] code, "
+    "float[] consts, int width, Tensor t, int[] knobs, Tensor[] csc) -> (Tensor out, Tensor lse)"
+)
+
 # Several results of one program (their slots: `results`), each summed over every row: [K, M, F].
 # The backward passes of message programs (no autograd of its own).
 _lib.define(

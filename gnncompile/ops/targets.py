@@ -31,9 +31,10 @@ HOISTED = ops.hoisted.default
 DROPOUT = ops.dropout.default
 MESSAGE_REDUCE = ops.message_reduce.default
 MESSAGE_EDGES = ops.message_edges.default
+MESSAGE_SOFTMAX = ops.message_softmax.default
 NEIGHBOR_SAMPLE = ops.neighbor_sample.default  # called by gnncompile.data.neighbor
 HETERO_NEIGHBOR_SAMPLE = ops.hetero_neighbor_sample.default
 
 __all__ = ["BUILD_CSR", "SPMM", "SPMM_SPARSE", "SPMM_BF16", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "DENSE_ATTENTION", "MHA_FORWARD", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
-           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES",
+           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES", "MESSAGE_SOFTMAX",
            "NEIGHBOR_SAMPLE", "HETERO_NEIGHBOR_SAMPLE"]

@@ -41,7 +41,7 @@ from ..settings import DEFAULT, Settings
 
 def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: bool = False,
         hoist: bool = False, fast_dropout: bool = False, programs: bool = True,
-        portfolio: Optional[Callable] = None) -> PassReport:
+        portfolio: Optional[Callable] = None, softmax_programs: bool = True) -> PassReport:
     """Rewrites ``gm`` in place (and recompiles it); returns the report of what was fused.
 
     ``settings`` (:class:`gnncompile.settings.Settings`; default: the defaults, no knobs): the
@@ -58,7 +58,9 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     the fused attention (:mod:`.attention`); export turns them off (its graphs keep the messages
     as standard ops). ``portfolio``: the implementation decision of each fused spmm
     (:func:`gnncompile.compiler.portfolio.decide`, which compiled graphs get from the backend;
-    None: every spmm runs the native op, as in export)."""
+    None: every spmm runs the native op, as in export). ``softmax_programs``: a softmax
+    aggregation of a message program becomes one ``message_softmax`` (export: False, the chain
+    edge_softmax + program stays, and a note says why)."""
     settings = DEFAULT if settings is None else settings
     graph = gm.graph
     drop_identity_dropout(graph)
@@ -66,11 +68,12 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     notes: list = []
     moved = push_linear_to_nodes(graph, settings.reassociate, notes) if programs else 0
     order = node_order(graph)
-    report = rewrite(graph, plan(match(graph, order, programs, settings.programs,
-                                        attention=programs and settings.attention == "fused",
-                                        encoders=settings.edge_encoder,
-                                        attention_cuda="attention_dot" in settings.cuda_unverified), order), order,
-                     copy_structures, settings, attention=programs, portfolio=portfolio)
+    matches = match(graph, order, programs, settings.programs, attention=programs and settings.attention == "fused",
+                    encoders=settings.edge_encoder, attention_cuda="attention_dot" in settings.cuda_unverified,
+                    softmax_programs=softmax_programs)
+    notes += matches.notes
+    report = rewrite(graph, plan(matches, order), order, copy_structures, settings, attention=programs,
+                     portfolio=portfolio)
     if programs and settings.attention == "fused":
         fuse_dense_attention(graph, report)
     report.notes += list(dict.fromkeys(notes))
@@ -85,7 +88,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "attention", "attention_v2",
+FUSED_OPS = ("spmm", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "message_softmax", "attention", "attention_v2",
              "attention_dot", "dense_attention")
 
 

@@ -125,6 +125,7 @@ class Matches:
     degrees: List[Tuple[Degree, Node]] = field(default_factory=list)  # (match, scatter node)
     unfused: Dict[Node, str] = field(default_factory=dict)  # node -> reason
     claimed: List[Node] = field(default_factory=list)  # scatters a softmax replaces
+    notes: List[str] = field(default_factory=list)  # why a chain was matched in a smaller form
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -512,8 +513,29 @@ def _program_pays(sc: "Scatter") -> Tuple[bool, str]:
     return programs_pay(index.shape[0], buffer.shape[0])
 
 
+# gnncompile::message_softmax (one pass per row: every edge's message and two exps per feature)
+# against the chain as written (edge_softmax over the E x F scores, a program for the weighted
+# sum): below this many edges, with programs 'auto' under generated kernels, the chain stays as
+# written (where the one pass's fixed costs, its kernels built at compile time and the backward's
+# CSC, are not repaid). A first estimate, not measured by the change that introduced it; what was
+# measured: the zoo's GENConv (16k edges) 2.64x eager with it (benchmarks/results/zoo_genconv.md).
+SOFTMAX_MIN_EDGES = 5_000
+
+
+def softmax_pays(sc: "Scatter", program_mode: str) -> Tuple[bool, str]:
+    """Whether a softmax aggregation over ``sc``'s edges runs as one message_softmax
+    (:data:`SOFTMAX_MIN_EDGES` under generated kernels, with programs 'auto'), and why not."""
+    index = fake_tensor(sc.index)
+    e = size_hint(index.shape[0]) if index is not None and index.dim() > 0 else None
+    if program_mode != "auto" or e is None or e >= SOFTMAX_MIN_EDGES or not _generated():
+        return True, ""
+    return False, (f"{e} edges is below SOFTMAX_MIN_EDGES ({SOFTMAX_MIN_EDGES}) under generated kernels "
+                   "(settings={'choices': {'programs': 'always'}} fuses it anyway)")
+
+
 def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: str = "always",
-          attention: bool = False, attention_cuda: bool = False, encoders: "bool | str" = True) -> Matches:
+          attention: bool = False, attention_cuda: bool = False, encoders: "bool | str" = True,
+          softmax_programs: bool = True) -> Matches:
     """Every scatter of ``graph`` explained (``order``: the position of every node; ``programs``:
     read the messages that are not ``x[j]`` / ``x[j] * w`` as message programs, where
     ``program_mode`` ('always', 'auto': where :func:`programs_pay`, 'never') says so;
@@ -521,7 +543,9 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     :func:`.attention_dot.leave_for_attention_dot`; on CUDA too with ``attention_cuda``;
     ``encoders``: linear maps of narrow edge features inside the message programs, by
     ``Settings.edge_encoder`` ('auto', 'inside', 'outside'; True / False: 'inside' / 'outside'),
-    :mod:`.messages`)."""
+    :mod:`.messages`; ``softmax_programs``: a softmax aggregation of a message program as one
+    ``message_softmax``, :func:`.messages.match_softmax_program`, else the chain edge_softmax +
+    program, with a note)."""
     programs = programs and program_mode != "never"
     m = Matches()
     writes = Writes(graph)
@@ -563,6 +587,24 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
                 if leave_for_attention_dot(sc.message, stops, attention_cuda):
                     m.unfused[n] = LEFT
                     continue
+            sm = next((s for s in m.softmaxes if s.anchor in getattr(sc.message, "args", ())), None)
+            if sm is not None:  # the sum of a softmax aggregation: one message_softmax, where it pays
+                from .messages import NotSoftmaxAggregation, match_softmax_program
+
+                try:
+                    prog = match_softmax_program(sc, sm, writes, stops - {sm.anchor}, encoders)
+                    pays, why = softmax_pays(sc, program_mode) if softmax_programs else (
+                        False, "export (gnncompile::message_softmax has no ONNX form)")
+                    if pays:
+                        m.aggregates.append(prog)
+                        m.softmaxes.remove(sm)
+                        m.claimed += list(sm.internals)
+                        continue
+                    m.notes.append(f"'{n.name}': softmax aggregation kept as edge_softmax + program: {why}")
+                except NotSoftmaxAggregation:
+                    pass
+                except NoMatch as e:
+                    m.notes.append(f"'{n.name}': softmax aggregation not fused into one pass: {e}")
             try:
                 prog = match_program(sc, IndexRef.of(sc.index), writes, stops, encoders)
             except NoMatch as e:
@@ -596,5 +638,5 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     return m
 
 
-__all__ = ["PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
+__all__ = ["SOFTMAX_MIN_EDGES", "softmax_pays", "PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
            "gather_of", "read_scatter", "match_aggregate", "match_degree", "match_softmax", "match"]

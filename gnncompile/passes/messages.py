@@ -23,6 +23,7 @@ feature). The program then reads leaf ``k`` of width ``W_k`` at feature ``f // (
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -481,7 +482,7 @@ class _Builder:
         return e, fs
 
 
-def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node) -> Set[Node]:
+def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node, absorbed=()) -> Set[Node]:
     """The edge encoders of ``b`` below an operation of the program whose value something
     outside the program reads too (the root: something besides ``anchor``): other programs
     over that value recompute it, each with the encoder, where reading the map as computed
@@ -493,7 +494,7 @@ def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node) -> Set[Node]
     for m in inner:
         readers = [u for u in m.users if u not in inner and reads_value(u, m)]
         if m is root:
-            readers = [] if root is anchor else [u for u in readers if u is not anchor]
+            readers = [] if root is anchor else [u for u in readers if u is not anchor and u not in absorbed]
         if not readers:
             continue
         todo, seen = [m], set()
@@ -510,7 +511,7 @@ def _encoders_under_shared(b: "_Builder", root: Node, anchor: Node) -> Set[Node]
 
 
 def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: Writes, stops=(),
-           encoders: "bool | str" = True):
+           encoders: "bool | str" = True, absorbed=()):
     mv = fake_tensor(message)
     if not isinstance(message, Node) or mv is None:
         raise NoMatch("message is not a tensor of the graph")
@@ -534,7 +535,7 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
         # reductions) would be computed by each: read as computed once
         outside = {n for n in b.encoders
                    if any(u not in b.memo or u in b.leafed for u in n.users if reads_value(u, n))}
-        outside |= _encoders_under_shared(b, message, anchor)
+        outside |= _encoders_under_shared(b, message, anchor, absorbed)
         if not shared and not outside:
             break
         stops |= set(shared)
@@ -567,10 +568,12 @@ def _build(message: Any, dst: IndexRef, dst_index: Node, anchor: Node, writes: W
     return b, code, consts, F, fs, gathers
 
 
-def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=(), encoders: "bool | str" = True) -> Program:
+def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=(), encoders: "bool | str" = True,
+                  absorbed=()) -> Program:
     """``sc`` as a message program (with edge encoders inside where ``encoders``); raises NoMatch
-    saying why not."""
-    b, code, consts, F, fs, gathers = _build(sc.message, dst, sc.index, sc.node, writes, stops, encoders)
+    saying why not. ``absorbed``: readers of the message that the fused op replaces too (a softmax
+    aggregation's scores and weighted messages), not counted as other readers."""
+    b, code, consts, F, fs, gathers = _build(sc.message, dst, sc.index, sc.node, writes, stops, encoders, absorbed)
     if sc.reduce in ("max", "min"):  # torch's formula for ties: its derivatives must fit the kernels too
         for k, lf in enumerate(b.leaves):
             if fake_tensor(lf.node).requires_grad:
@@ -591,6 +594,113 @@ def match_program(sc: Scatter, dst: IndexRef, writes: Writes, stops=(), encoders
                    reduce=sc.reduce, x=col, src=src_ref, src_index=src_index, needs_csc=needs_csc,
                    leaves=b.leaves, code=code, consts=consts, width=F, shape=fs, gathers=gathers,
                    ops=tuple(dict.fromkeys(b.ops)), kept=tuple(b.kept))
+
+
+# ----------------------------------------------------------------------------- softmax aggregation
+@dataclass
+class SoftmaxProgram(Program):
+    """PyG's softmax aggregation (``SoftmaxAggregation``: ``alpha = softmax(m * t, I)``, then
+    ``scatter(m * alpha, I, sum)``) of a message program's messages ``m``: one
+    ``gnncompile::message_softmax`` (one pass per row, an online maximum, no ``E x F`` scores);
+    ``temperature``: the parameter ``t`` (a node, ``[Wt]`` / ``[1, Wt]`` with Wt 1 or the width)
+    or a number (1.0 where the scores are the messages themselves)."""
+
+    temperature: Any = 1.0
+    softmax: Any = None  # the match.Softmax it absorbs
+
+
+def _temperature(a: Node, m: Node, F: int) -> Optional[Any]:
+    """``t`` where the scores ``a`` are ``m * t`` / ``t * m`` (a number, or a tensor without the
+    edge dimension of Wt = 1 or F values, shaped [Wt] or [1, Wt]), 1.0 where ``a`` is ``m``; None
+    otherwise."""
+    if a is m:
+        return 1.0
+    if opname(a) != "mul" or len(a.args) != 2 or a.kwargs:
+        return None
+    x, t = a.args
+    if x is not m:
+        x, t = t, x
+    if x is not m:
+        return None
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return float(t)
+    tv = fake_tensor(t) if isinstance(t, Node) else None
+    mv = fake_tensor(m)
+    if tv is None or mv is None or tv.dtype != mv.dtype or tv.device != mv.device or tv.dim() not in (1, 2):
+        return None
+    shape = _static(tv.shape)
+    if shape is None or (tv.dim() == 2 and shape[0] != 1) or shape[-1] not in (1, F):
+        return None
+    return t
+
+
+def _grad_enabled_at(n: Node) -> bool:
+    """Whether gradient mode is on at node ``n`` of its graph (Dynamo records ``torch.no_grad()``
+    blocks as calls of ``torch._C._set_grad_enabled``)."""
+    on = True
+    for m in n.graph.nodes:
+        if m is n:
+            return on
+        if m.op == "call_function" and m.target is torch._C._set_grad_enabled and m.args \
+                and isinstance(m.args[0], bool):
+            on = m.args[0]
+    return on
+
+
+class NotSoftmaxAggregation(NoMatch):
+    """The chain is not a softmax aggregation of messages (nothing to say in explain)."""
+
+
+def match_softmax_program(sc: Scatter, sm: Any, writes: Writes, stops=(), encoders: "bool | str" = True
+                          ) -> SoftmaxProgram:
+    """``sc`` (a sum of ``m * alpha``) with ``alpha`` the fused softmax ``sm`` of scores ``m * t``
+    (or ``m``) over the same index, as one :class:`SoftmaxProgram`; raises NoMatch saying why
+    not (:class:`NotSoftmaxAggregation` where the chain is no softmax aggregation). The softmax's
+    scores, its internal scatters and ``alpha`` must have no other reader."""
+    msg = sc.message
+    if sc.reduce != "sum" or opname(msg) != "mul" or len(msg.args) != 2 or msg.kwargs:
+        raise NotSoftmaxAggregation("not a sum of messages times a softmax")
+    m, alpha = msg.args
+    if alpha is not sm.anchor:
+        m, alpha = alpha, m
+    if alpha is not sm.anchor or not isinstance(m, Node):
+        raise NotSoftmaxAggregation("not a sum of messages times a softmax")
+    if IndexRef.of(sc.index) != sm.dst:
+        raise NoMatch("the softmax groups the edges by another index than the sum")
+    mv, av = fake_tensor(m), fake_tensor(sm.scores)
+    if mv is None or av is None or mv.dim() != 2 or av.shape != mv.shape:
+        raise NotSoftmaxAggregation("the softmax's scores are not [E, F] like the messages")
+    if any(u is not msg and reads_value(u, alpha) for u in alpha.users) or \
+            any(u is not sc.node and reads_value(u, msg) for u in msg.users):
+        raise NoMatch("the softmax's weights or the weighted messages are read elsewhere")
+    if _grad_enabled_at(sc.node) and not (_grad_enabled_at(sm.anchor) and _grad_enabled_at(sm.scores)):
+        # SoftmaxAggregation(semi_grad=True): no gradient through alpha, which the op's backward has
+        raise NoMatch("the softmax's weights are computed without gradient (semi_grad)")
+    F = _static(mv.shape[1:])
+    if F is None or len(F) != 1:
+        raise NoMatch("messages of a symbolic or multi-dimensional feature size")
+    t = _temperature(sm.scores, m, F[0])
+    if t is None:
+        raise NotSoftmaxAggregation("the softmax's scores are not the messages times a temperature")
+    internal = set(sm.internals) | {sm.anchor}
+    a = sm.scores
+    sub = sm.anchor.args[0].args[0]  # exp(a - max[i]) / sum[i]
+    detached = {u for u in a.users if opname(u) == "detach"
+                and all(w in internal for w in u.users if reads_value(w, u))}
+    if a is not m:  # scores m * t: read only by the softmax (its sub and the detached max)
+        readers = [u for u in a.users if reads_value(u, a)]
+        if not all(u is sub or u in internal or u in detached for u in readers):
+            raise NoMatch("the softmax's scores are read outside the softmax")
+    prog = match_program(dataclasses.replace(sc, message=m), IndexRef.of(sc.index), writes, stops, encoders,
+                         absorbed={msg, a, sub, *detached})
+    if prog.x is None and prog.gathers == 0:
+        raise NoMatch("messages that gather no node features")
+    if isinstance(t, Node) and writes.first_write(t, writes.pos[sm.scores] - 1, writes.pos[sc.node]) is not None:
+        raise NoMatch("the temperature is written in place before the sum")
+    needs_csc = any(lf.side == P.COL and fake_tensor(lf.node).requires_grad for lf in prog.leaves)
+    fields = {k: getattr(prog, k) for k in prog.__dataclass_fields__}
+    fields.update(reduce="softmax", needs_csc=needs_csc, temperature=t, softmax=sm)
+    return SoftmaxProgram(**fields)
 
 
 # ----------------------------------------------------------------------------- edge programs
@@ -639,4 +749,6 @@ def match_edge_programs(graph, structures: List[Tuple[IndexRef, str, Node]], wri
     return out
 
 
-__all__ = ["Leaf", "Program", "EdgeProgram", "match_program", "match_edge_programs"]
+__all__ = ["Leaf", "Program", "EdgeProgram", "SoftmaxProgram", "NotSoftmaxAggregation", "match_program",
+           "match_softmax_program",
+           "match_edge_programs"]

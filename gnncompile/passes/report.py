@@ -16,7 +16,8 @@ class Fused:
     # 'dense_attention' (a multi-head attention over a padded dense batch, passes/dense_attention.py) |
     # 'degree' | 'message' (a message program over gathered inputs,
     # reduced in one pass) | 'segment' (a message computed outside, reduced over the CSR instead of
-    # scattered; not counted as a fused chain) | 'edges' (a per-edge program, message_edges)
+    # scattered; not counted as a fused chain) | 'edges' (a per-edge program, message_edges) |
+    # 'message_softmax' (a softmax aggregation of a message program in one pass)
     kind: str
     reduce: str
     layer: str
@@ -37,7 +38,7 @@ class Fused:
             f"spmm[{self.reduce}{', weighted' if self.weighted else ''}{', ' + self.detail if self.detail else ''}]"
         if self.kind in ("attention", "attention_v2", "attention_dot", "dense_attention"):
             what = f"{self.kind}[{self.detail}]" if self.detail else self.kind
-        if self.kind in ("message", "segment", "edges"):
+        if self.kind in ("message", "segment", "edges", "message_softmax"):
             what = f"{self.kind}[{self.reduce}: {self.detail}]"
         return (f"{what:<26} in {self.layer}  (at {self.node})" + (f"; {self.note}" if self.note else "")
                 + (f"; {self.impl}" if self.impl and self.kind == "spmm" else "")

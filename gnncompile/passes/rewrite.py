@@ -27,7 +27,7 @@ from ..ops.checks import FLOAT_DTYPES
 from .canonical import PURE, argument, fake_tensor, layer_of, opname, size_key
 from ..ops import program as P
 from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
-from .messages import EdgeProgram, Program
+from .messages import EdgeProgram, Program, SoftmaxProgram
 from .plan import Plan, SharedStructure
 from .portfolio import choose_implementations
 from .order import aggregate_first
@@ -215,7 +215,7 @@ def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     ``m``, reshaped to the message's shape. The same program over the same inputs and structure
     (PNA's mean, and the mean inside its std) is computed once."""
     key = (isinstance(m, EdgeProgram), tuple((lf.node, lf.side) for lf in m.leaves), tuple(m.code),
-           tuple(m.consts), m.reduce, m.width, m.shape)
+           tuple(m.consts), m.reduce, m.width, m.shape, getattr(m, "temperature", None))
     if key in b.programs:
         return b.programs[key]
     out = _emit_program(graph, m, b, knobs)
@@ -223,9 +223,11 @@ def _fused_program(graph, m: Program, b: Built, knobs: List[int]) -> Node:
     return out
 
 
-def _prepare_generated(m: Program, sides: List[int], b: Built, by_slot: Optional[bool] = None) -> None:
+def _prepare_generated(m: Program, sides: List[int], b: Built, by_slot: Optional[bool] = None,
+                       temperature: int = 0) -> None:
     """With $GNNCOMPILE_CODEGEN=auto, the generated kernel of a CPU message_reduce (of a
-    message_edges with ``by_slot`` given) is built (or loaded from the disk cache) and registered
+    message_edges with ``by_slot`` given; of a message_softmax with ``temperature``, t's width) is
+    built (or loaded from the disk cache) and registered
     now, at compile time (gnncompile.codegen); the graph calls the same op either way. The
     backward's derivative programs are prepared when the backward is traced (ops/message.py)."""
     from .. import codegen
@@ -240,7 +242,10 @@ def _prepare_generated(m: Program, sides: List[int], b: Built, by_slot: Optional
         return
     # every input's columns: an edge encoder's features have D (its values the width of its weight)
     widths = [lf.depth if lf.side == P.ENC else lf.width for lf in m.leaves]
-    if by_slot is None:
+    if temperature:  # message_softmax: its temperature, of that width, read as one more constant input
+        spec = codegen.make_spec(m.code, m.consts, list(sides) + [P.CONST], widths + [temperature], m.width, "sum",
+                                 leaf.dtype, index.dtype, op="softmax")
+    elif by_slot is None:
         spec = codegen.make_spec(m.code, m.consts, sides, widths, m.width, m.reduce, leaf.dtype, index.dtype)
     else:
         spec = codegen.make_spec(m.code, m.consts, sides, widths, m.width, "sum", leaf.dtype,
@@ -279,6 +284,16 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool =
         out = graph.call_function(targets.MESSAGE_EDGES, (*b.csr, ins, sides, list(m.code), list(m.consts),
                                                           m.width, m.width, by_slot, knobs, csc, None))
         return graph.call_method("reshape", (out, (-1, *m.shape)))
+    if isinstance(m, SoftmaxProgram):  # one pass: the softmax aggregation
+        t = m.temperature
+        tv = fake_tensor(t) if isinstance(t, Node) else None
+        _prepare_generated(m, sides, b, temperature=tv.numel() if tv is not None else 1)
+        tt = (graph.call_method("reshape", (t, (1, -1))) if isinstance(t, Node)
+              else graph.call_method("new_full", (ins[0], (1, 1), float(t))))
+        call = graph.call_function(targets.MESSAGE_SOFTMAX, (*b.csr, ins, sides, list(m.code), list(m.consts),
+                                                             m.width, tt, knobs, csc))
+        out = graph.call_function(operator.getitem, (call, 0))
+        return graph.call_method("reshape", (out, (-1, *m.shape)))
     _prepare_generated(m, sides, b)
     call = graph.call_function(targets.MESSAGE_REDUCE, (*b.csr, ins, sides, list(m.code),
                                                         list(m.consts), m.width, m.reduce, knobs, csc, None))
@@ -295,6 +310,8 @@ def _fused(graph, m: Match, b: Built, settings: Settings) -> Tuple[Node, Fused]:
         if isinstance(m, Program):
             knobs = settings.knobs_for(fake_tensor(m.leaves[0].node).device, "message")
             kind = "edges" if isinstance(m, EdgeProgram) else ("message" if m.gathers else "segment")
+            if isinstance(m, SoftmaxProgram):
+                kind = "message_softmax"
             return _fused_program(graph, m, b, knobs), Fused(kind, m.reduce, layer, False, at, m.describe())
         if isinstance(m, Aggregate):
             knobs = settings.knobs_for(fake_tensor(m.x).device, "spmm")

@@ -266,7 +266,7 @@ void run(const Call& c, c10::IntArrayRef sides, c10::ArrayRef<double> consts, in
 // over the same row split; false when none is registered for its key.
 bool run_generated(const Call& c, const std::string& op_key, c10::IntArrayRef sides, c10::IntArrayRef code,
                    c10::ArrayRef<double> consts, int64_t F, c10::IntArrayRef knobs, at::Tensor& out, at::Tensor* arg,
-                   int64_t out_width, bool always) {
+                   int64_t out_width, bool always, void* out2 = nullptr) {
   const auto dtype = c.in.tensors[0].scalar_type();
   const auto itype = c.rowptr.scalar_type();
   std::vector<int64_t> widths, divs;
@@ -297,7 +297,7 @@ bool run_generated(const Call& c, const std::string& op_key, c10::IntArrayRef si
   g.arg = arg != nullptr && arg->numel() > 0 ? arg->data_ptr<int64_t>() : nullptr;
   g.out_width = out_width;
   g.M = c.M;
-  g.out2 = nullptr;
+  g.out2 = out2;
   Status st = Status::Ok;
   if (F > 0 || always) {  // message_edges walks the edges (and checks them) as its interpreter does
     GNN_DISPATCH_INDEX(itype, c.op, [&] {
@@ -344,6 +344,49 @@ std::tuple<at::Tensor, at::Tensor> message_reduce_cpu(
     });
   });
   return {out, arg};
+}
+
+// gnncompile::message_softmax: the softmax aggregation of the program's messages with
+// temperature t ([1, Wt], Wt dividing F, the inputs' dtype), one pass per row (softmax_rows):
+// (out [M, F], lse [M, F]). t is checked and read as one more constant input after the
+// program's (which the program does not read): the generated kernel of the call (op key "s")
+// reads it there too.
+std::tuple<at::Tensor, at::Tensor> message_softmax_cpu(
+    const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in, at::TensorList inputs,
+    c10::IntArrayRef sides, c10::IntArrayRef code, c10::ArrayRef<double> consts, int64_t F, const at::Tensor& t_in,
+    c10::IntArrayRef knobs, at::TensorList /*csc: backward only*/) {
+  const char* op = "gnncompile.message_softmax";
+  check_cpu(t_in, op, "t");
+  TORCH_CHECK_VALUE(t_in.dim() == 2 && t_in.size(0) == 1 && t_in.size(1) >= 1 && F % t_in.size(1) == 0, op,
+                    ": t has shape ", t_in.sizes(), ", not [1, Wt] with Wt dividing ", F);
+  TORCH_CHECK_TYPE(inputs.empty() || t_in.scalar_type() == inputs[0].scalar_type(), op, ": t has dtype ",
+                   t_in.scalar_type(), ", the inputs ", inputs[0].scalar_type());
+  std::vector<at::Tensor> all(inputs.begin(), inputs.end());
+  all.push_back(t_in);
+  std::vector<int64_t> all_sides(sides.begin(), sides.end());
+  all_sides.push_back(msg::Global);
+  const Call c = prepare(rowptr_in, col_in, perm_in, all, all_sides, code, consts, F, std::nullopt, op);
+  const at::Tensor& t = c.in.tensors.back();
+  const auto opts = c.in.tensors[0].options();
+  at::Tensor out = at::empty({c.M, F}, opts);
+  at::Tensor lse = at::empty({c.M, F}, opts);
+  if (any_generated() &&
+      run_generated(c, "s", all_sides, code, consts, F, knobs, out, nullptr, F, false, lse.data_ptr()))
+    return {out, lse};
+  run(c, all_sides, consts, F, [&](auto& a, auto tile) {
+    using A = std::decay_t<decltype(a)>;
+    using S = typename A::scalar_type;
+    constexpr int TILE = decltype(tile)::value;
+    a.out = out.data_ptr<S>();
+    a.prefetch = prefetch_distance(knobs);
+    const S* tp = t.const_data_ptr<S>();
+    const int64_t tdiv = F / t.size(1);
+    S* lp = lse.data_ptr<S>();
+    return parallel_rows(a.rowptr, c.M, knobs, [&](int64_t r0, int64_t r1) {
+      return msg::softmax_rows<S, typename A::acc_type, typename A::index_type, TILE>(a, tp, tdiv, lp, r0, r1);
+    });
+  });
+  return {out, lse};
 }
 
 at::Tensor message_edges_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
@@ -536,6 +579,7 @@ TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
   m.impl("message_sum_multi", &message_sum_multi_cpu);
   m.impl("message_reduce", &message_reduce_cpu);
   m.impl("message_edges", &message_edges_cpu);
+  m.impl("message_softmax", &message_softmax_cpu);
 }
 
 }  // namespace cpu

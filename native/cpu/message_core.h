@@ -18,6 +18,8 @@
 //    thread per row, in CSR order: deterministic, no atomics. max/min record the CSR slot of
 //    the chosen edge (NaN wins), or how many edges tie (arg_fold in common/macros.h), for the
 //    backward pass.
+//  * message_softmax: the messages of a row reduced by PyG's softmax aggregation with a
+//    temperature t, in one pass with an online maximum (softmax_rows), out and lse per (row, feature).
 //  * message_edges: the message of every edge written to out[e] (out[j] with by_slot: CSR order;
 //    grouped sums: column g of a [E, W_out] output sums features [g * F / W_out, (g + 1) * F / W_out)).
 //  * message_encoder_grad: an edge encoder's gradients from a derivative program, walked as
@@ -355,6 +357,68 @@ Status reduce_rows(const Args<scalar_t, acc_t, index_t>& a, int64_t row_begin, i
       }
       store_reduced<scalar_t, R>(acc, win, eq, begin, end - begin, n, a.out + row * a.F + f0,
                                  kArg ? a.arg + row * a.F + f0 : nullptr);
+    }
+  }
+  return Status::Ok;
+}
+
+// message_softmax: PyG's softmax aggregation of the messages (SoftmaxAggregation: alpha =
+// softmax(t * m) over each row's edges, per feature; out = sum of alpha * m) in one pass over a
+// row's edges per tile, with an online maximum: per feature the running maximum mx of t * m, the
+// running sum s of exp(t * m - mx) and the running weighted sum w of exp(t * m - mx) * m, both
+// rescaled by exp(mx_old - mx_new) when the maximum grows. At the row's end out = w / s and
+// lse = mx + log(s) (the backward's statistics: alpha = exp(t * m - lse)); a row without edges
+// gets 0 and 0. temp: t [Wt] read at feature f / temp_div. No per-edge value is stored.
+template <typename scalar_t, typename acc_t, typename index_t, int TILE>
+Status softmax_rows(const Args<scalar_t, acc_t, index_t>& a, const scalar_t* temp, int64_t temp_div, scalar_t* lse,
+                    int64_t row_begin, int64_t row_end) {
+  alignas(64) acc_t s[kMaxSlots][TILE];
+  const acc_t* reg[kMaxSlots];
+  alignas(64) acc_t mx[TILE];
+  alignas(64) acc_t sum[TILE];
+  alignas(64) acc_t ws[TILE];
+  alignas(64) acc_t tt[TILE];
+  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    if (!row_ok(a.rowptr, row, a.num_edges)) return Status::BadRowptr;
+    const int64_t begin = static_cast<int64_t>(a.rowptr[row]), end = static_cast<int64_t>(a.rowptr[row + 1]);
+    for (int64_t f0 = 0; f0 < a.F; f0 += TILE) {
+      const int n = static_cast<int>(a.F - f0 < TILE ? a.F - f0 : TILE);
+      for (int t = 0; t < n; ++t) {
+        tt[t] = to_float(temp[(f0 + t) / temp_div]);
+        mx[t] = kNegInf;
+        sum[t] = acc_t(0);
+        ws[t] = acc_t(0);
+      }
+      for (int64_t j = begin; j < end; ++j) {
+        prefetch_ahead<scalar_t, acc_t, index_t, TILE>(a, j, begin, end, f0, n);
+        int64_t src, e, sl;
+        const Status st = edge_of(a, j, src, e, sl);
+        if (st != Status::Ok) return st;
+        const acc_t* v = eval<scalar_t, acc_t, index_t, TILE>(a, s, reg, row, src, e, sl, f0, n);
+        for (int t = 0; t < n; ++t) {
+          const acc_t z = tt[t] * v[t];
+          const acc_t m_new = z > mx[t] ? z : mx[t];
+          const acc_t c = vm::exp(mx[t] - m_new);
+          const acc_t p = vm::exp(z - m_new);
+          sum[t] = sum[t] * c + p;
+          ws[t] = ws[t] * c + p * v[t];
+          mx[t] = m_new;
+        }
+      }
+      scalar_t* o = a.out + row * a.F + f0;
+      scalar_t* l = lse + row * a.F + f0;
+      if (end > begin) {
+        for (int t = 0; t < n; ++t) {
+          o[t] = from_acc<scalar_t>(ws[t] / sum[t]);
+          l[t] = from_acc<scalar_t>(mx[t] + vm::log(sum[t]));
+        }
+      } else {
+        for (int t = 0; t < n; ++t) {
+          o[t] = scalar_t(0);
+          l[t] = scalar_t(0);
+        }
+      }
     }
   }
   return Status::Ok;

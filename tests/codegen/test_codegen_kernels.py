@@ -424,3 +424,30 @@ def test_compiled_model_prepares_and_runs_generated_kernels(tmp_path):
     assert codegen.calls() == before
     assert torch.equal(out, ref)
     torch.testing.assert_close(out, conv(x, ei, ea))
+
+
+# ----------------------------------------------------------------------------- message_softmax
+@pytest.mark.parametrize("Wt", [1, 7, F])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_generated_equals_interpreter(gen, dtype, Wt):
+    """gnncompile::message_softmax (the temperature read as one more constant input, op key "s"):
+    out and lse bit for bit the interpreter's, an edge encoder inside the program too."""
+    rowptr, col, perm = _structure(3)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(N_SRC, F, dtype=dtype, generator=g)
+    a = torch.randn(E, 5, dtype=dtype, generator=g)
+    wt, b = torch.randn(5, F, dtype=dtype, generator=g), torch.randn(1, F, dtype=dtype, generator=g)
+    ins, sides = [x, a, wt, b], [P.COL, P.ENC, P.CONST, P.CONST]
+    code, consts = P.encode(P.node("add", P.node("relu", P.node("add", I0, I1)), P.const(1e-7)))
+    t = torch.rand(1, Wt, dtype=dtype, generator=g) * 2 + 0.1
+    codegen.reset()
+    ref = ops.message_softmax(rowptr, col, perm, ins, sides, code, consts, F, t, [], [])
+    spec = codegen.make_spec(code, consts, sides + [P.CONST], [F, 5, F, F, Wt], F, "sum", dtype, rowptr.dtype,
+                             op="softmax")
+    assert codegen.prepare_spec(spec), "the kernel was not built"
+    before = codegen.calls()
+    out = ops.message_softmax(rowptr, col, perm, ins, sides, code, consts, F, t, [], [])
+    assert codegen.calls() == before + 1
+    for r, o in zip(ref, out):
+        assert torch.equal(_bits(r), _bits(o))
+    assert torch.isfinite(out[0]).all() and (out[0] != 0).any()

@@ -23,7 +23,8 @@ from gnncompile.passes.report import one_line
 ENTRIES = zoo._entries()
 FAST = {"GCNConv", "GATConv", "GINEConv", "HGTConv", "SchNet"}  # the rest are marked slow
 KIND_OP = {"spmm": "spmm", "edge_softmax": "edge_softmax", "attention": "attention", "attention_v2": "attention_v2", "attention_dot": "attention_dot", "dense_attention": "dense_attention", "degree": "csr_degree", "message": "message_reduce",
-           "segment": "message_reduce", "edges": "message_edges"}
+           "segment": "message_reduce", "edges": "message_edges",
+           "message_softmax": "message_softmax"}
 
 
 @pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in ENTRIES])

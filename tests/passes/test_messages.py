@@ -35,7 +35,9 @@ FUSED = {
     "GATConv-edge_dim": 2,  # the fused attention + the mean of the self loops' edge attributes (was 3: edge_softmax + 2 spmm)
     "GATv2Conv-edge_dim": 2,  # attention_v2 + the mean of the self loops' edge attributes (was 3: edge_softmax + 2 spmm)
     "TransformerConv-edge_dim": 1,  # attention_dot (was 2: edge_softmax + a message program; before message programs: 1)
-    "GENConv-softmax": 2,  # before message programs: 1 (edge_softmax)
+    "GENConv-softmax": 1,  # message_softmax (was 2: edge_softmax + a message program; before message programs: 1)
+    "GENConv-softmax-fixed-t": 1,  # message_softmax, t a number
+    "GENConv-softmax-t1": 1,  # message_softmax, t = 1 (the scores are the messages)
     "GENConv-powermean": 1,  # before message programs: 0
     "PNAConv": 5,  # before message programs: 0
     "PNAConv-towers2": 0,  # before message programs: 0
@@ -77,6 +79,8 @@ FUSED = {
     "user-std": 1,  # before message programs: 0
     "user-var": 1,  # before message programs: 0
     "user-softmax": 1,  # before message programs: 1 (edge_softmax)
+    "user-softmax-channels": 1,  # message_softmax, one learnable t per channel
+    "user-softmax-semi-grad": 1,  # edge_softmax: semi_grad (alpha without gradient) is not one message_softmax
     "user-powermean": 1,  # before message programs: 0
     "user-sum-max": 2,  # before message programs: 0
     "user-heads-max": 1,  # before message programs: 0
@@ -89,7 +93,7 @@ UNFUSED_OK = {
     # two towers are stacked into one message: a program computes one expression per message
     "PNAConv-towers2",
     # the message read twice, with products below it: computed per edge once (see FUSED)
-    "user-std", "user-var", "user-softmax",
+    "user-std", "user-var", "user-softmax", "user-softmax-semi-grad",
 }
 
 N, E, F, D, H, C = 24, 96, 8, 6, 2, 4  # nodes, edges, node / edge features, heads, per-head channels
@@ -239,6 +243,8 @@ CASES = {
     "GATv2Conv-edge_dim": (lambda: gnn.GATv2Conv(F, C, heads=H, edge_dim=D), XEIA),
     "TransformerConv-edge_dim": (lambda: gnn.TransformerConv(F, C, heads=H, edge_dim=D), XEIA),
     "GENConv-softmax": (lambda: gnn.GENConv(F, F, aggr="softmax", learn_t=True, edge_dim=D), XEIA),
+    "GENConv-softmax-fixed-t": (lambda: gnn.GENConv(F, F, aggr="softmax", t=0.4, edge_dim=D), XEIA),
+    "GENConv-softmax-t1": (lambda: gnn.GENConv(F, F, aggr="softmax", edge_dim=D), XEIA),
     "GENConv-powermean": (lambda: gnn.GENConv(F, F, aggr="powermean", learn_p=True, edge_dim=D), XEIA),
     "PNAConv": (lambda: gnn.PNAConv(F, F, PNA_AGGR, PNA_SCALERS, _deg_histogram(), edge_dim=D, towers=1),
                 XEIA),
@@ -281,6 +287,8 @@ CASES = {
     "user-std": (lambda: SqDiffDiv("std"), XEIW),
     "user-var": (lambda: NegDiv("var"), XEI),
     "user-softmax": (lambda: SoftplusClampExp(SoftmaxAggregation(learn=True)), XEIW),
+    "user-softmax-channels": (lambda: SoftplusClampExp(SoftmaxAggregation(learn=True, channels=F)), XEIW),
+    "user-softmax-semi-grad": (lambda: SoftplusClampExp(SoftmaxAggregation(t=0.7, semi_grad=True)), XEIW),
     "user-powermean": (lambda: PowLearned(PowerMeanAggregation(learn=True)), XEIW),
     "user-sum-max": (lambda: TanhW(["sum", "max"]), XEIW),
     "user-heads-max": (lambda: HeadsMP("max"), ("x", "ei", "wh")),

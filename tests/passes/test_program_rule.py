@@ -140,3 +140,41 @@ def test_cheap_encoded_messages_pay_from_10k_edges_under_generated_kernels(monke
     monkeypatch.setattr(codegen, "enabled", lambda: False)
     rep = gnncompile.explain(gnncompile.compile(Layer(), settings=settings), *inputs)
     assert not _program_fused(rep), str(rep)
+
+
+class GENLayer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from torch_geometric.nn import GENConv
+
+        self.conv = GENConv(16, 16, aggr="softmax", learn_t=True, edge_dim=4)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv(x, edge_index, edge_attr)
+
+
+def test_softmax_aggregation_rule(monkeypatch):
+    """match.SOFTMAX_MIN_EDGES: with programs 'auto' under generated kernels, GENConv's softmax
+    aggregation is one message_softmax from 5000 edges; below, the chain as written stays
+    (edge_softmax) and explain's notes say why; under the interpreter it is fused at any size.
+    Compiled equals eager where it is fused."""
+    import importlib
+
+    match = importlib.import_module("gnncompile.passes.match")
+    settings = {"choices": {"programs": "auto", "edge_encoder": "inside"}}
+    big, small = _inputs(n=600, degree=10), _inputs(n=400, degree=10)  # 6000 and 4000 edges
+    monkeypatch.setattr(match, "_generated", lambda: True)
+    for inp, fused in [(big, True), (small, False)]:
+        torch.manual_seed(0)
+        model = GENLayer()
+        compiled = gnncompile.compile(model, settings=settings)
+        rep = gnncompile.explain(compiled, *inp)
+        kinds = [f.kind for f in rep.fused]
+        assert ("message_softmax" in kinds) == fused, str(rep)
+        if fused:
+            check_same(model, compiled, inp)
+        else:
+            assert "edge_softmax" in kinds and any("SOFTMAX_MIN_EDGES" in n for n in rep.notes), str(rep)
+    monkeypatch.setattr(match, "_generated", lambda: False)
+    rep = gnncompile.explain(gnncompile.compile(GENLayer(), settings=settings), *small)
+    assert "message_softmax" in [f.kind for f in rep.fused], str(rep)
