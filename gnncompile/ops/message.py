@@ -12,7 +12,9 @@ stored. With ``G`` the upstream gradient and ``d_k = G * dm/d(input k)``:
   input ``message_edges(CSR, d_k)`` summed to its width; a constant input the total of
   ``message_reduce(CSR, d_k, sum)``.
 * max / min: ``d_k`` evaluated at the chosen edge of every (row, feature) (``[M, F]`` tensors)
-  and added to the rows it was read from.
+  and added to the rows it was read from; a program that only loads per-edge messages (computed
+  beforehand: EdgeCNN's) gets torch's formula in one pass per row instead
+  (``gnncompile::extreme_edges_backward``, :func:`loaded_edges`).
 * message_edges (whose gradient is per edge): the same, with ``G`` read per edge.
 """
 from __future__ import annotations
