@@ -27,6 +27,11 @@ the winner when one message reached the extreme, ``-N`` for a tie of ``N``, or
   edges of those rows (the kernels' CSR and CSC passes over a structure of those rows): the
   message program's derivatives with the upstream gradient ``eq(m, y) * (g / N)`` per edge
   (``gnncompile.ops.message.formula_grads``).
+
+A message program that only loads per-edge messages computed beforehand (EdgeCNN's max over its
+MLP's output) needs neither: its messages' gradient is the formula itself, ``(m == y) * (g / N)``,
+computed in one pass per row by ``gnncompile::extreme_edges_backward`` with the rule of
+:func:`torch_rule` passed as its arguments (``gnncompile.ops.message.loaded_edges``).
 """
 from __future__ import annotations
 

@@ -12,7 +12,9 @@ stored. With ``G`` the upstream gradient and ``d_k = G * dm/d(input k)``:
   input ``message_edges(CSR, d_k)`` summed to its width; a constant input the total of
   ``message_reduce(CSR, d_k, sum)``.
 * max / min: ``d_k`` evaluated at the chosen edge of every (row, feature) (``[M, F]`` tensors)
-  and added to the rows it was read from.
+  and added to the rows it was read from; a program that only loads per-edge messages (computed
+  beforehand: EdgeCNN's) gets torch's formula in one pass per row instead
+  (``gnncompile::extreme_edges_backward``, :func:`loaded_edges`).
 * message_edges (whose gradient is per edge): the same, with ``G`` read per edge.
 """
 from __future__ import annotations
@@ -579,6 +581,37 @@ def formula_grads(csr, inputs, sides, code, consts, F, need, arg, out, grad, kno
             grads[k].add_(g)
 
 
+def loaded_edges(code, sides, widths, F: int, dtype: torch.dtype) -> Optional[int]:
+    """The input a max / min program only loads, if it is read per edge at full width ``F`` in
+    float32 / float64 (its messages computed beforehand, as written: EdgeCNN's max over its MLP's
+    output): its index; else None. The backward of such a program is torch's formula in one pass
+    per row (:func:`_loaded_edges_grads`)."""
+    if len(code) != P.INSTR or int(code[0]) != P.OPCODE["in"]:
+        return None
+    k = int(code[2])
+    if sides[k] not in (P.EDGE, P.SLOT) or widths[k] != F or dtype not in (torch.float32, torch.float64):
+        return None
+    return k
+
+
+def _loaded_edges_grads(csr, ins, sides, code, F, need, out, g, knobs) -> List[Optional[torch.Tensor]]:
+    """max / min of a program that loads per-edge messages (:func:`loaded_edges`): the messages'
+    gradient ``(m == y) * (g / N)`` by gnncompile::extreme_edges_backward, one pass per row (the
+    messages equal to the extreme counted, then the gradient shared among them: torch's formula,
+    ops/extremes.py, ties, NaN and infinities included), where the general path evaluates the fast
+    form over [M, F] records and gathers, then the formula in the rows where that differs. Outside
+    a double backward only (the op has no derivative)."""
+    rowptr, _, perm = csr
+    k = int(code[2])
+    counts_zeros, nan_gives_nan = extremes.torch_rule()
+    grads: List[Optional[torch.Tensor]] = [torch.zeros_like(t) if nk and i != k else None
+                                           for i, (t, nk) in enumerate(zip(ins, need))]
+    if need[k]:
+        grads[k] = ops.extreme_edges_backward(rowptr, perm, ins[k], out, g, sides[k] == P.SLOT, counts_zeros,
+                                              nan_gives_nan, list(knobs))
+    return grads
+
+
 def _extreme_grads(csr, ins, sides, code, consts, F, need, arg, out, g, knobs,
                    csc: Sequence[torch.Tensor] = ()) -> List[Optional[torch.Tensor]]:
     """max / min: the fast form (traced: tensor operations only) and torch's formula in the rows
@@ -694,6 +727,9 @@ def _reduce_backward(ctx, grad_out, grad_arg):
         grads = _segment_grads(csr, csc, ins, sides, code, consts, F, ctx.need, g, P.ROW, knobs)
     elif _encoders(sides):
         grads = _extreme_grads_encoded(csr, ins, sides, code, consts, F, ctx.need, arg, out, g, knobs, csc)
+    elif loaded_edges(code, sides, [t.shape[1] for t in ins], F, ins[0].dtype) is not None and \
+            not torch.is_grad_enabled():
+        grads = _loaded_edges_grads(csr, ins, sides, code, F, ctx.need, out, g, knobs)
     else:
         grads = _extreme_grads(csr, ins, sides, code, consts, F, ctx.need, arg, out, g, knobs, csc)
     return _fix_empty(_backward_return(n_csc, grads), ctx)

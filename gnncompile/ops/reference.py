@@ -251,6 +251,48 @@ def edge_softmax_backward(rowptr, perm, out, grad, knobs: Sequence[int] = ()):
     return res.reshape(out.shape).to(out.dtype)
 
 
+def extreme_edges_backward(rowptr, perm, messages, out, grad, by_slot: bool, count_zeros: bool,
+                           nan_gives_nan: bool, knobs: Sequence[int] = ()):
+    """torch's max / min gradient (``scatter_reduce`` amax / amin, ops/extremes.py) of per-edge
+    messages reduced over a CSR: ``(m == y) * (g / N)`` per edge and feature, ``N`` the messages
+    of the row equal to its extreme ``y`` (``out``), plus 1 where ``count_zeros`` and ``y == 0``;
+    ``N = 0`` (a NaN extreme) divides by zero where ``nan_gives_nan``, else counts as 1.
+    ``messages`` and the result are [E, F] in the user's edge order (through perm), or in CSR slot
+    order with ``by_slot``; ``out`` and ``grad`` [M, F]."""
+    op = "gnncompile.extreme_edges_backward"
+    E, M, p, rows = _edge_rows(rowptr, perm, op)
+    _check_extreme_edges(messages, out, grad, E, M, op)
+    m = messages if by_slot else messages.index_select(0, p)
+    y = out.index_select(0, rows)
+    eq = (m == y).to(messages.dtype)
+    n = torch.zeros_like(out)
+    if count_zeros:
+        n = n + (out == 0).to(out.dtype)
+    n = n.index_add(0, rows, eq)
+    if not nan_gives_nan:
+        n = torch.where(n == 0, torch.ones_like(n), n)
+    res = eq * (grad / n).index_select(0, rows)
+    if by_slot:
+        return res
+    ret = torch.empty_like(res)
+    ret[p] = res
+    return ret
+
+
+def _check_extreme_edges(messages, out, grad, E: int, M: int, op: str) -> None:
+    """The shapes and dtypes extreme_edges_backward takes (the native glue's checks, same words)."""
+    if messages.dim() != 2 or messages.shape[0] != E:
+        raise ValueError(f"{op}: messages must be [E, F] with E = {E} edges, got {list(messages.shape)}")
+    F = messages.shape[1]
+    for name, t in (("out", out), ("grad", grad)):
+        if t.dim() != 2 or list(t.shape) != [M, F]:
+            raise ValueError(f"{op}: {name} must be [M, F] = [{M}, {F}], got {list(t.shape)}")
+    if messages.dtype not in (torch.float32, torch.float64) or out.dtype != messages.dtype or \
+            grad.dtype != messages.dtype:
+        raise TypeError(f"{op}: messages, out and grad must share one dtype, float32 or float64; got "
+                        f"{messages.dtype}, {out.dtype}, {grad.dtype}")
+
+
 def clone_structure(tensors):
     """Copies of the tensors (the native kernel also carries over what is known of each, so that
     the copies are not validated again)."""

@@ -60,6 +60,17 @@ _lib.define(
     "arg_edge_dot(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor arg, Tensor grad, int heads, "
     "int[] knobs) -> Tensor"
 )
+# torch's max / min gradient (ops/extremes.py) of messages computed beforehand and reduced as they
+# are (a message program that loads one per-edge input: EdgeCNN's max over its MLP's output), in one
+# pass per CSR row: count the messages equal to the extreme, then share the gradient among them,
+# (m == y) * (g / N) per edge, ties, NaN and infinities as torch's scatter_reduce backward gives
+# them. messages and the result: [E, F] in the user's edge order (through perm), or in CSR slot
+# order with by_slot; out (the reduced values) and grad [M, F]; count_zeros and nan_gives_nan: the
+# installed torch's rule (extremes.torch_rule). float32 / float64.
+_lib.define(
+    "extreme_edges_backward(Tensor rowptr, Tensor perm, Tensor messages, Tensor out, Tensor grad, bool by_slot, "
+    "bool count_zeros, bool nan_gives_nan, int[] knobs) -> Tensor"
+)
 # Copies of a structure's tensors (any tensors: Tensor.clone each) that keep what the native code
 # knows of each original (built by build_csr, or validated once: native/common/trust.h), so that
 # ops need not validate the copies again: the copies the compiled path hands out (ops/structure.py,
@@ -227,7 +238,7 @@ from . import _native  # noqa: E402,F401  (must come after the schemas are defin
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
               "segment_ids", "clone_structure", "transpose_structure", "fingerprint", "neighbor_sample",
-              "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "attention", "attention_backward",
+              "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "extreme_edges_backward", "attention", "attention_backward",
               "attention_v2", "attention_v2_backward", "attention_dot", "attention_dot_backward",
               "dense_attention", "dense_attention_backward"):
     _lib.impl(_name, getattr(reference, _name), "CompositeExplicitAutograd")
@@ -327,6 +338,11 @@ def _edge_softmax_backward_fake(rowptr, perm, out, grad, knobs):
 @torch.library.register_fake("gnncompile::arg_route")
 def _arg_route_fake(rowptr, col, perm, weight, arg, grad, num_src, knobs, rowptr_t=None, col_t=None, perm_t=None):
     return grad.new_empty((num_src,) + tuple(grad.shape[1:]))
+
+
+@torch.library.register_fake("gnncompile::extreme_edges_backward")
+def _extreme_edges_backward_fake(rowptr, perm, messages, out, grad, by_slot, count_zeros, nan_gives_nan, knobs):
+    return torch.empty_like(messages, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("gnncompile::arg_edge_dot")

@@ -24,6 +24,7 @@ from torch.fx import Node
 
 from ..ops import targets
 from ..ops.checks import FLOAT_DTYPES
+from ..ops.message import loaded_edges
 from .canonical import PURE, argument, fake_tensor, layer_of, opname, size_key
 from ..ops import program as P
 from .match import Aggregate, Degree, IndexRef, Match, Softmax, gather_of
@@ -382,6 +383,11 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
             why = (f"message kept as written ({'; '.join(m.kept)})" if m.kept else
                    f"message built by '{built_by}' reads no gathered node features in an elementwise expression")
             line.note = f"{why}: each row's message is computed beforehand, as written, then reduced here"
+            leaf = fake_tensor(m.leaves[0].node)
+            if m.reduce in ("max", "min") and leaf is not None and loaded_edges(
+                    m.code, [lf.side for lf in m.leaves], [lf.width for lf in m.leaves], m.width, leaf.dtype) is not None:
+                line.note += ("; its gradient in one pass per row (gnncompile::extreme_edges_backward: the messages "
+                              "equal to the extreme counted, the gradient shared among them, as torch's)")
         outs.append((m, out))
     # replace only now: chains may read other chains' anchors (a hop's output feeds the next)
     new_order = node_order(graph)
