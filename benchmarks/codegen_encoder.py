@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import statistics
 import sys
@@ -290,7 +291,9 @@ def markdown(p: dict) -> str:
              f"CPU: {p['cpu']}, {p['threads']} threads; {r['N']:,} nodes / {r['E']:,} edges power-law, "
              f"F = {r['F']}, D = {r['D']}, {r['dtype']}; compiler: {p['compiler']}; flags: {' '.join(p['flags'])}. "
              f"{_common.load_text(p['loadavg_before_after'])}.", "",
-             "Program: the forward sum over every row of relu(x_j + lin(a_e)), lin(a_e) = b + a_e @ Wt.", "",
+             "Program: the forward sum over every row of relu(x_j + lin(a_e)), lin(a_e) = b + a_e @ Wt." +
+             ("" if not p.get("env") else " Environment: " + ", ".join(f"{k}={v}" for k, v in p["env"].items())
+              + "."), "",
              "Agreement (checked before timing): " + ", ".join(f"{k} = {v}" for k, v in r["agreement"].items()) + ".",
              "", "| variant | median ms | min ms | ratio to spmm (median of rounds) |", "|---|---|---|---|"]
     for k, v in r["forward_sum"].items():
@@ -304,6 +307,12 @@ def markdown(p: dict) -> str:
                      f"{fs['matvec_only']['ratio_to_spmm']:.2f}x the spmm.")
     lines.append("")
     return "\n".join(lines)
+
+
+def _allocator_env() -> dict:
+    """The allocator settings of this run that change the figures (GLIBC_TUNABLES=glibc.malloc.hugetlb=1:
+    transparent huge pages for the tensors, fewer TLB misses on the random reads)."""
+    return {k: os.environ[k] for k in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_") if k in os.environ}
 
 
 def main(argv=None) -> int:
@@ -333,7 +342,7 @@ def main(argv=None) -> int:
         return 0
     res = run(N, 128, args.dim, rounds)
     payload = {"command": _common.command("codegen_encoder", argv), "cpu": _common.cpu_model(),
-               "threads": args.threads, "machine": _common.machine(),
+               "threads": args.threads, "machine": _common.machine(), "env": _allocator_env(),
                "compiler": build._compiler_identity(build.compiler()),
                "flags": build.module_flags() + list(build.BASE_FLAGS), "result": res,
                "loadavg_before_after": [load0, _common.loadavg()]}
