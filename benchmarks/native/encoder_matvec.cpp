@@ -1,7 +1,8 @@
 // An edge encoder's mat-vec alone (native/cpu/encoder_core.h's encode_run), torch-free, on one
 // thread, every operand in L1: what the arithmetic of gnncompile's encoder-inside kernel costs
 // per edge at D = 16 features and 128 columns (2048 products and 2048 sums, unfused), against
-// hand-written forms of the same sums in the same order (equal results: the printed checks):
+// hand-written forms of the same sums in the same order (equal results: the printed checks, the sum
+// of the last edge's columns; z8x2's last call ends at the one before):
 //
 //   encode_run  the shared code (8 vectors of 256 bits per block, 2 blocks of 64 columns)
 //   y16         all 128 columns in 16 vectors of 256 bits
@@ -12,7 +13,7 @@
 //       benchmarks/native/encoder_matvec.cpp -o /tmp/encoder_matvec && /tmp/encoder_matvec
 //
 // ns per edge, two passes. Measured on a 2-core AMD EPYC (family 25 model 17, Zen 4), GCC 12.2:
-// encode_run 66-70, y16 64, z8 66, z8x2 90-93 (benchmarks/results/README.md, codegen_encoder_zen4).
+// encode_run 65-70, y16 63-64, z8 66, z8x2 87-93 (benchmarks/results/README.md, codegen_encoder_zen4).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
