@@ -17,12 +17,20 @@ linear map (Wt [D, F], b [1, F]), float32, N(0, 1). Variants, each the forward s
                        the encoder costs, its feature rows read through the edge permutation
   materialized         the unfused alternative: e = torch.addmm(b, a, Wt) ([E, F] written), then
                        the generated kernel of relu(x_j + e) reading e per edge
+  gather_only          a floor, not a result: the generated kernel's own source with the mat-vec
+                       replaced by one add per column (e[t] = b[t] + a_e[0]): the same walk, the
+                       same gather of x_j, the same read of each edge's feature row (one cache
+                       line at D = 16), the same relu and sum, without the D products per column.
+                       What the kernel would cost if the encoder's arithmetic were free
+  matvec_only          a floor, not a result: encoder_alone's kernel with every edge reading edge
+                       0's features (perm all 0): the mat-vec's arithmetic and the walk, no x_j, no
+                       feature row from memory. What the kernel would cost if memory were free
 
 Agreement before any timing: generated and interpreted results bit for bit; the materialized
 variant close to them (addmm sums in its own order). Then --rounds rounds, each calling every
 variant once in turn; medians, and the median of the rounds' ratios to spmm.
 
-Writes benchmarks/results/codegen_encoder[_quick].{json,md}.
+Writes benchmarks/results/codegen_encoder[_quick].{json,md} (--out NAME: NAME.{json,md}).
 
 --backward: the backward of the same sum (upstream gradient N(0, 1)), the encoder's gradients
 (a, Wt, b) by the two paths of gnncompile/ops/message.py (ENCODER_GRAD), generated kernels on:
@@ -42,6 +50,9 @@ tolerance, generated == interpreter bit for bit. Writes codegen_encoder_backward
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import re
 import statistics
 import sys
 import time
@@ -57,6 +68,8 @@ from gnncompile.ops.schemas import ops
 
 from . import _common
 from .codegen import _rounds, _summary  # (interleaved rounds, medians and ratios: as codegen's)
+
+_emit = importlib.import_module("gnncompile.codegen.emit")  # (the package's name emit is its function)
 
 
 def run(N: int, F: int, D: int, rounds: int) -> dict:
@@ -86,6 +99,12 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
 
     def run_alone():
         return ops.message_reduce(rowptr, col, perm, [a, wt, b], [P.ENC, P.CONST, P.CONST], *alone, F, "sum", knobs,
+                                  [], None)[0]
+
+    perm0 = torch.zeros_like(perm)
+
+    def run_matvec_only():
+        return ops.message_reduce(rowptr, col, perm0, [a, wt, b], [P.ENC, P.CONST, P.CONST], *alone, F, "sum", knobs,
                                   [], None)[0]
 
     def run_spmm():
@@ -126,12 +145,40 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
                                                                               ref_alone.view(torch.int32))
     if not agreement["encoder_alone_generated_vs_interpreter_bitwise"]:
         raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
+    key, gather_addr = gather_only_kernel(enc_ins, enc_sides, code, consts, F, rowptr.dtype)
+
+    def gather_only():  # the floor kernel, registered under the encoder's key for its own call only
+        codegen.resume()
+        codegen._native().register(key, gather_addr)
+
+    calls = codegen.calls()
+    gather_only()
+    run_enc()
+    if codegen.calls() != calls + 1:
+        raise RuntimeError("codegen_encoder benchmark: the gather_only kernel did not run")
     times = _rounds({"spmm": (codegen.resume, run_spmm), "generated": (codegen.resume, run_enc),
+                     "gather_only": (gather_only, run_enc),
                      "materialized": (codegen.resume, run_materialized), "interpreter": (interp, run_enc),
-                     "encoder_alone": (codegen.resume, run_alone)}, rounds)
+                     "encoder_alone": (codegen.resume, run_alone),
+                     "matvec_only": (codegen.resume, run_matvec_only)}, rounds)
     codegen.reset()
     return {"N": N, "E": E, "F": F, "D": D, "dtype": "float32", "prepare_in_process_s": prepare_s,
             "agreement": agreement, "forward_sum": _summary(times, "spmm")}
+
+
+_ENCODE_CALL = re.compile(r"encode_run<acc_t>\((p\d+), (\d+), (wt\d+) \+ f0, (ew\d+), (bs\d+) \+ f0, n, (e\d+)\);")
+
+
+def gather_only_kernel(inputs, sides, code, consts, F: int, index_dtype):
+    """The key of the encoder program's generated kernel, and the address of the floor kernel:
+    its source with the encoder's mat-vec (encode_run) replaced by e[t] = b[t] + a_e[0]."""
+    spec = _emit.make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], F, "sum", inputs[0].dtype,
+                           index_dtype)
+    src, n = _ENCODE_CALL.subn(lambda m: f"for (int t = 0; t < n; ++t) {m[6]}[t] = acc_t({m[5]}[f0 + t]) + "
+                                         f"acc_t({m[1]}[0]);", _emit.emit(spec))
+    if n != 1:
+        raise RuntimeError("codegen_encoder benchmark: the generated source has no encode_run call to replace")
+    return spec.key(), build.load_kernel(src)
 
 
 def run_backward(N: int, F: int, D: int, rounds: int) -> dict:
@@ -244,14 +291,28 @@ def markdown(p: dict) -> str:
              f"CPU: {p['cpu']}, {p['threads']} threads; {r['N']:,} nodes / {r['E']:,} edges power-law, "
              f"F = {r['F']}, D = {r['D']}, {r['dtype']}; compiler: {p['compiler']}; flags: {' '.join(p['flags'])}. "
              f"{_common.load_text(p['loadavg_before_after'])}.", "",
-             "Program: the forward sum over every row of relu(x_j + lin(a_e)), lin(a_e) = b + a_e @ Wt.", "",
+             "Program: the forward sum over every row of relu(x_j + lin(a_e)), lin(a_e) = b + a_e @ Wt." +
+             ("" if not p.get("env") else " Environment: " + ", ".join(f"{k}={v}" for k, v in p["env"].items())
+              + "."), "",
              "Agreement (checked before timing): " + ", ".join(f"{k} = {v}" for k, v in r["agreement"].items()) + ".",
              "", "| variant | median ms | min ms | ratio to spmm (median of rounds) |", "|---|---|---|---|"]
     for k, v in r["forward_sum"].items():
         lines.append(f"| {k} | {v['median_ms']:.1f} | {v['min_ms']:.1f} | {v['ratio_to_spmm']:.2f}x |")
     gen = r["forward_sum"]["generated"]["ratio_to_spmm"]
-    lines += ["", f"Generated (encoder inside) / spmm of x_j = {gen:.2f} (issue 25's target: within 1.5x).", ""]
+    lines += ["", f"Generated (encoder inside) / spmm of x_j = {gen:.2f} (issue 25's target: within 1.5x)."]
+    fs = r["forward_sum"]
+    if "gather_only" in fs and "matvec_only" in fs:
+        lines.append(f"Floors (not results: kernels that leave a part out): the gather and walk without the "
+                     f"mat-vec {fs['gather_only']['ratio_to_spmm']:.2f}x, the mat-vec without memory "
+                     f"{fs['matvec_only']['ratio_to_spmm']:.2f}x the spmm.")
+    lines.append("")
     return "\n".join(lines)
+
+
+def _allocator_env() -> dict:
+    """The allocator settings of this run that change the figures (GLIBC_TUNABLES=glibc.malloc.hugetlb=1:
+    transparent huge pages for the tensors, fewer TLB misses on the random reads)."""
+    return {k: os.environ[k] for k in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_") if k in os.environ}
 
 
 def main(argv=None) -> int:
@@ -261,6 +322,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--dim", type=int, default=16, help="D, the edge features")
     ap.add_argument("--backward", action="store_true", help="the encoder's gradients: per edge vs accumulated")
+    ap.add_argument("--out", default=None, help="the results' file name (without .json / .md); default "
+                    "codegen_encoder[_backward][_quick]")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     N = 10_000 if args.quick else 100_000
@@ -273,16 +336,18 @@ def main(argv=None) -> int:
                    "compiler": build._compiler_identity(build.compiler()),
                    "flags": build.module_flags() + list(build.BASE_FLAGS), "result": res,
                    "loadavg_before_after": [load0, _common.loadavg()]}
-        _common.write_results(_common.RESULTS, "codegen_encoder_backward" + ("_quick" if args.quick else ""), payload,
+        _common.write_results(_common.RESULTS, args.out or "codegen_encoder_backward" + ("_quick" if args.quick else ""),
+                              payload,
                               markdown_backward)
         return 0
     res = run(N, 128, args.dim, rounds)
     payload = {"command": _common.command("codegen_encoder", argv), "cpu": _common.cpu_model(),
-               "threads": args.threads, "machine": _common.machine(),
+               "threads": args.threads, "machine": _common.machine(), "env": _allocator_env(),
                "compiler": build._compiler_identity(build.compiler()),
                "flags": build.module_flags() + list(build.BASE_FLAGS), "result": res,
                "loadavg_before_after": [load0, _common.loadavg()]}
-    _common.write_results(_common.RESULTS, "codegen_encoder_quick" if args.quick else "codegen_encoder", payload,
+    _common.write_results(_common.RESULTS, args.out or ("codegen_encoder_quick" if args.quick else "codegen_encoder"),
+                          payload,
                           markdown)
     return 0
 
