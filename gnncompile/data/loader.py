@@ -47,6 +47,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
+from torch.autograd.graph import increment_version as _increment_version
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -420,7 +421,7 @@ def _worker_setup(parent: int, death_signal: bool) -> None:
         os._exit(0)
 
 
-def _worker_loop(store: _Store, slots, jobs, results, parent: int, death_signal: bool) -> None:
+def _worker_loop(store: _Store, slots, struct_slots, jobs, results, parent: int, death_signal: bool) -> None:
     _worker_setup(parent, death_signal)
     torch.set_num_threads(1)
     while True:
@@ -435,9 +436,61 @@ def _worker_loop(store: _Store, slots, jobs, results, parent: int, death_signal:
         tag, batch_no, slot, idx = job
         try:
             used = store.collate_into(torch.tensor(idx, dtype=torch.long), slots[slot])
+            if struct_slots is not None:
+                _build_structure_into(store, slots[slot], used, struct_slots[slot])
             results.put((tag, batch_no, slot, used, None))
         except Exception:  # reported to the main process
             results.put((tag, batch_no, slot, None, traceback.format_exc()))
+
+
+# The structure a slot carries with structures=True (workers): CSR by destination, then its CSC
+_STRUCT_KEYS = ("rowptr", "col", "perm", "rowptr_t", "col_t", "perm_t")
+
+
+def _edge_index_column(store: "_Store") -> Optional["_Column"]:
+    """The store's ``edge_index`` column when the loader can prepare its structure: int64
+    ``[2, E]`` concatenated along dim 1 (PyG's layout); None otherwise."""
+    for c in store.columns:
+        if c.key == "edge_index":
+            v = c.values
+            ok = c.cat_dim == 1 and v.dim() == 2 and v.size(0) == 2 and v.dtype == torch.int64 and not c.stacked
+            return c if ok else None
+    return None
+
+
+def _structure_buffers(store: "_Store", shared: bool) -> Dict[str, torch.Tensor]:
+    """One slot's structure buffers (largest batch): rowptrs of node_capacity + 1, the rest of
+    the edge capacity."""
+    edges = _edge_index_column(store).capacity
+    bufs = {k: torch.empty(store.node_capacity + 1 if k.startswith("rowptr") else edges, dtype=torch.long)
+            for k in _STRUCT_KEYS}
+    if shared:
+        for t in bufs.values():
+            t.share_memory_()
+    return bufs
+
+
+def _build_structure_into(store: "_Store", bufs: Dict[str, torch.Tensor], used: Dict[str, Any],
+                          sbufs: Dict[str, torch.Tensor]) -> None:
+    """In a worker: the CSR (by destination, num_dst = num_src = the batch's nodes) and CSC of
+    the batch just collated into ``bufs``, written into the slot's structure buffers;
+    ``used["_struct"]`` tells the parent (nodes, edges, source min / max, the content
+    fingerprint of the edge_index they were built from). An edge_index that does not build
+    (an index out of range) leaves no ``_struct``: the model's own lookup raises as usual."""
+    from ..ops import structure as S
+
+    N, E = used["_num_nodes"], used["edge_index"]
+    ei = _used(bufs["edge_index"], 1, E)
+    try:
+        fp = S.fingerprint(ei)  # of the content the structure is built from
+        s = S.build(ei, N)
+        s.check_sources(N)
+        built = (s.rowptr, s.col, s.perm) + tuple(S.transpose_structure(s.rowptr, s.col, s.perm, N))
+    except (IndexError, ValueError, RuntimeError):
+        return
+    for k, t in zip(_STRUCT_KEYS, built):
+        sbufs[k][:t.numel()].copy_(t)
+    used["_struct"] = (N, E, s.src_min, s.src_max, fp)
 
 
 def _count(name: str, value, minimum: int) -> int:
@@ -545,7 +598,8 @@ class PooledLoader:
                  drop_last: bool = False, generator: Optional[torch.Generator] = None,
                  follow_batch: Optional[List[str]] = None, exclude_keys: Optional[List[str]] = None,
                  pool_size: int = 2, num_workers: int = 0, pin_memory: bool = False,
-                 persistent_workers: bool = False, device=None, timeout: float = 120.0) -> None:
+                 persistent_workers: bool = False, device=None, timeout: float = 120.0,
+                 structures: Optional[bool] = None) -> None:
         self._workers: list = []
         self._pass = None
         self._abandoned: List[Any] = []  # generators of passes dropped half-way, not yet closed
@@ -570,6 +624,9 @@ class PooledLoader:
         self._persistent_asked = bool(persistent_workers)
         self.persistent_workers = self._persistent_asked and self.num_workers > 0
         self.timeout = float(timeout)
+        if structures is not None and not isinstance(structures, bool):
+            raise ValueError(f"PooledLoader: structures must be True, False or None, got {structures!r}")
+        self.structures = structures
         self._store: Optional[_Store] = None
         if len(dataset) > 0 and getattr(dataset, "transform", None) is None:
             try:
@@ -580,6 +637,13 @@ class PooledLoader:
             self._store.set_capacity(self.batch_size)
             self.pool_size = self._pool_slots(self.pool_size)
             self._allocate_pool()
+
+    @property
+    def _structures(self) -> bool:
+        """Whether the batches' structures are prepared (``structures``; None: with workers)."""
+        want = self.num_workers > 0 if self.structures is None else self.structures
+        return (want and not self.cuda and self._store is not None
+                and _edge_index_column(self._store) is not None)
 
     def _pool_slots(self, requested: int, clamp_to_epoch: bool = True) -> int:
         """``requested`` slots, less those an epoch never uses and those over the memory budget."""
@@ -595,6 +659,10 @@ class PooledLoader:
     def _allocate_pool(self) -> None:
         shared = self.num_workers > 0
         self._shared_pool = shared
+        self._unhand_all()
+        self._handed = [None] * self.pool_size
+        self._sbufs = ([_structure_buffers(self._store, shared) for _ in range(self.pool_size)]
+                       if self._structures and shared else None)
         self._host = []
         for _ in range(self.pool_size):
             bufs = self._store.allocate(pin=self.pin_memory and not shared)
@@ -649,7 +717,7 @@ class PooledLoader:
         # when that is the main thread (its exit is the process's). Workers forked from another
         # thread rely on their getppid() poll alone to die with the parent.
         death_signal = sys.platform.startswith("linux") and threading.current_thread() is threading.main_thread()
-        args = (self._store, self._host, self._jobs, self._results, os.getpid(), death_signal)
+        args = (self._store, self._host, self._sbufs, self._jobs, self._results, os.getpid(), death_signal)
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])  # see _worker_setup
         try:
             for _ in range(self.num_workers):
@@ -787,7 +855,10 @@ class PooledLoader:
 
     def _deliver(self, slot: int, idx: torch.Tensor, used: Dict[str, int]) -> Batch:
         if not self.cuda:
-            return self._store.make_batch(idx, self._host[slot], used)
+            batch = self._store.make_batch(idx, self._host[slot], used)
+            if self._structures:
+                self._hand_structure(slot, batch, used)
+            return batch
         stream = self._stream
         if self._released[slot] is not None:
             stream.wait_event(self._released[slot])
@@ -804,7 +875,57 @@ class PooledLoader:
         torch.cuda.current_stream(self.device).wait_event(ev)
         return self._store.make_batch(idx, self._dev[slot], used)
 
+    def _hand_structure(self, slot: int, batch: Batch, used: Dict[str, Any]) -> None:
+        """Puts the structure of ``batch.edge_index`` in the structure cache, by identity (see
+        the class docstring, ``structures``): adopted from the worker that built it into the
+        slot, or built here (no workers)."""
+        from ..ops import structure as S
+
+        ei = batch.edge_index
+        N = used["_num_nodes"]
+        if self._sbufs is None:  # no workers: built here, fresh tensors (build_csr records them)
+            try:
+                S.CACHE.prepare(ei, N)
+            except (IndexError, ValueError, RuntimeError):
+                return  # a bad edge_index: the model's own lookup raises as usual
+            self._handed[slot] = (weakref.ref(ei), None)
+            return
+        st = used.get("_struct")
+        if st is None:
+            return
+        N, E, lo, hi, fp = st
+        sb = self._sbufs[slot]
+        ts = [_used(sb[k], 0, N + 1 if k.startswith("rowptr") else E) for k in _STRUCT_KEYS]
+        adopt = S.ops.adopt_worker_structure
+        adopt(ts[0], ts[1], ts[2], N)  # built by build_csr in our worker: recorded, not validated
+        adopt(ts[3], ts[4], ts[5], N)
+        S.CACHE.adopt(ei, S.Structure(ts[0], ts[1], ts[2], N, lo, hi, csc={N: tuple(ts[3:])}), fp)
+        self._handed[slot] = (weakref.ref(ei), ts)
+
+    def _unhand(self, slot: int) -> None:
+        """The slot is about to be filled again: its batch's prepared entry leaves the cache,
+        and the structure tensors on the slot's memory get a new version (the native record,
+        and autograd, then know them as changed)."""
+        h = self._handed[slot]
+        if h is None:
+            return
+        self._handed[slot] = None
+        from ..ops import structure as S
+
+        ref, ts = h
+        ei = ref()
+        if ei is not None:
+            S.CACHE.discard(ei)
+        for t in ts or ():
+            _increment_version(t)
+
+    def _unhand_all(self) -> None:
+        for slot in range(len(getattr(self, "_handed", ()))):
+            self._unhand(slot)
+
     def _release(self, slot: int) -> None:
+        if self._structures:
+            self._unhand(slot)
         if self.cuda:
             ev = torch.cuda.Event()
             ev.record(torch.cuda.current_stream(self.device))
@@ -813,6 +934,7 @@ class PooledLoader:
                 self._copied[slot].synchronize()  # the host buffer may be refilled now
 
     def _iter_inline(self, batches):
+        self._unhand_all()  # the slots of an earlier pass are filled again
         for i, b in enumerate(batches):
             slot = i % self.pool_size
             if i >= self.pool_size:
@@ -843,6 +965,7 @@ class PooledLoader:
             if self._workers:
                 self._stop_workers()
             self._start_workers()
+        self._unhand_all()  # the slots of an earlier pass are filled again
         self._tag += 1
         tag = self._tag
         n = len(batches)

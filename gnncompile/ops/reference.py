@@ -299,6 +299,11 @@ def clone_structure(tensors):
     return [t.clone() for t in tensors]
 
 
+def adopt_worker_structure(rowptr, col, perm, num_src: int):
+    """Without the native module there is no record of validated structures: nothing to do."""
+    return None
+
+
 def transpose_structure(rowptr, col, perm, num_src: int):
     """CSC (by source) from CSR (by destination), with perm_t in original edge ids: build_csr of
     the (col, row) pairs in CSR slot order, perm_t = perm[slot]."""

@@ -79,6 +79,11 @@ _lib.define("clone_structure(Tensor[] tensors) -> Tensor[]")
 # The CSC (by source, num_src rows) of a CSR (by destination), perm_t in original edge ids; the
 # native kernel records it as valid where the CSR's perm is known (no validation at first use).
 _lib.define("transpose_structure(Tensor rowptr, Tensor col, Tensor perm, int num_src) -> (Tensor, Tensor, Tensor)")
+# Records a CPU structure that build_csr built in one of the PooledLoader's worker processes (in a
+# slot shared with this process) as valid, as build_csr's own outputs are (native/common/trust.cpp:
+# the loader's entry point, not for other callers; without the native module there is no record:
+# a no-op).
+_lib.define("adopt_worker_structure(Tensor rowptr, Tensor col, Tensor perm, int num_src) -> ()")
 # A 64-bit content fingerprint of an index tensor (0-d int64 on its device; native/common/
 # fingerprint.h): the structure cache compares it to notice edits that bypass the version counter.
 _lib.define("fingerprint(Tensor index) -> Tensor")
@@ -237,7 +242,8 @@ _lib.define("hetero_neighbor_sample(Tensor[] colptrs, Tensor[] rows, Tensor?[] p
 from . import _native  # noqa: E402,F401  (must come after the schemas are defined)
 
 for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
-              "segment_ids", "clone_structure", "transpose_structure", "fingerprint", "neighbor_sample",
+              "segment_ids", "clone_structure", "transpose_structure", "adopt_worker_structure", "fingerprint",
+              "neighbor_sample",
               "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "extreme_edges_backward", "attention", "attention_backward",
               "attention_v2", "attention_v2_backward", "attention_dot", "attention_dot_backward",
               "dense_attention", "dense_attention_backward"):

@@ -160,6 +160,9 @@ class _Entry:
     owners: Dict[int, _identity.Identity] = field(default_factory=dict)
     content: Optional[Tensor] = None  # private copy, for entries shared by content
     fingerprint: object = None  # fingerprint() of the content it was built from
+    # False for the entries a loader prepared (StructureCache.prepare / adopt): found by identity
+    # only, never copied into the shared entries (a batch's edge_index is gone after its step)
+    shareable: bool = True
 
     def verdict(self, look: _identity.Look) -> str:
         """The identity rule's verdict on ``look`` against the owner of its id (OTHER: none)."""
@@ -184,6 +187,7 @@ class StructureCache:
         self.identity_hits = 0
         self.content_hits = 0
         self.stale = 0
+        self.prepared = 0
 
     def _forget(self, key: int) -> None:
         with self._lock:
@@ -229,7 +233,7 @@ class StructureCache:
             o = _identity.Identity(look, self._forget, content_fingerprint=entry.fingerprint)
             entry.owners[o.key] = o
             self._live[o.key] = entry
-        if share:
+        if share and entry.shareable:
             if entry.content is None:
                 entry.content = edge_index.detach().clone()
             self._shared[id(entry)] = entry
@@ -262,11 +266,75 @@ class StructureCache:
             self._adopt(entry, look, share, owned=how == "identity").by_num_dst[num_dst] = s
         return s
 
+    # ------------------------------------------------------------------ prepared ahead (loaders)
+    def prepare(self, edge_index: Tensor, num_dst: int, num_src: Optional[int] = None) -> Structure:
+        """Builds (or finds, by identity) the CSR of ``edge_index`` for ``num_dst`` destinations
+        and its CSC for ``num_src`` sources (default ``num_dst``), ahead of the compiled model's
+        ``cached_csr`` / ``cached_csc``, which then hit by identity (under the usual rule: an
+        in-place edit after this call is a miss). What a loader calls off the training step
+        (:class:`gnncompile.data.PooledLoader` with ``structures``,
+        :func:`gnncompile.data.prefetch_structures`). A new entry is found by identity only
+        (not shared by content, see the module docstring). Raises as a lookup does for a bad
+        ``edge_index``."""
+        check_edge_index(edge_index, "gnncompile.ops.structure.prepare")
+        num_src = int(num_dst if num_src is None else num_src)
+        look = _identity.Look(edge_index, "off")  # the state; settled below, before the build
+        with self._lock:
+            entry, how = self._find(look, False)
+            if entry is not None and int(num_dst) in entry.by_num_dst:
+                s = entry.by_num_dst[int(num_dst)]
+                s.check_sources(num_src)
+                s.transposed(num_src)
+                return s
+        look.settle()
+        with outside_inference_mode():
+            s = build(edge_index, int(num_dst))
+            s.check_sources(num_src)
+            s.transposed(num_src)
+        with self._lock:
+            self.builds += 1
+            self.prepared += 1
+            entry, how = self._find(look, False)
+            if entry is None:
+                entry = _Entry(fingerprint=look.fingerprint, shareable=False)
+            self._adopt(entry, look, False, owned=how == "identity").by_num_dst[int(num_dst)] = s
+        return s
+
+    def adopt(self, edge_index: Tensor, s: Structure, content_fingerprint: int) -> None:
+        """Makes ``s`` (its CSC included) the structure of ``edge_index`` for ``s.num_dst``, by
+        identity: built elsewhere (a PooledLoader worker) from content whose fingerprint is
+        ``content_fingerprint`` (an int: CPU tensors), the content ``edge_index`` holds now.
+        Replaces any entry of the tensor. Builds nothing, validates nothing: the caller vouches
+        for ``s`` (native/common/trust.cpp's adopt_worker_structure)."""
+        look = _identity.Look(edge_index, "off")
+        look.fingerprint = content_fingerprint
+        entry = _Entry(fingerprint=content_fingerprint, shareable=False)
+        entry.by_num_dst[s.num_dst] = s
+        with self._lock:
+            old = self._live.pop(id(edge_index), None)
+            if old is not None:
+                old.owners.pop(id(edge_index), None)
+            self._adopt(entry, look, False)
+            self.prepared += 1
+
+    def discard(self, edge_index: Tensor) -> None:
+        """Drops the entry of ``edge_index`` (this very tensor) if it was prepared for it: a
+        loader calls it when the slot that holds the batch is handed out again."""
+        with self._lock:
+            key = id(edge_index)
+            entry = self._live.get(key)
+            if entry is None or entry.shareable:
+                return
+            owner = entry.owners.get(key)
+            if owner is not None and owner.ref() is edge_index:
+                entry.owners.pop(key, None)
+                del self._live[key]
+
     def clear(self) -> None:
         with self._lock:
             self._live.clear()
             self._shared.clear()
-            self.builds = self.identity_hits = self.content_hits = self.stale = 0
+            self.builds = self.identity_hits = self.content_hits = self.stale = self.prepared = 0
 
     def __len__(self) -> int:
         """Live edge_index tensors with an entry."""
@@ -275,7 +343,8 @@ class StructureCache:
     def info(self) -> dict:
         return {"entries": len(self._live), "shared": len(self._shared), "builds": self.builds,
                 "hits": self.identity_hits + self.content_hits, "identity_hits": self.identity_hits,
-                "content_hits": self.content_hits, "stale": self.stale, "check": self.check}
+                "content_hits": self.content_hits, "stale": self.stale, "prepared": self.prepared,
+                "check": self.check}
 
 
 CACHE = StructureCache()
@@ -299,8 +368,21 @@ def structure(edge_index: Tensor, num_dst: int) -> Structure:
 def cache_info() -> dict:
     """``entries`` (live edge_index tensors), ``shared`` (entries matched by content), ``builds``,
     ``hits`` (= ``identity_hits`` + ``content_hits``), ``stale`` (identity hits refused because the
-    content fingerprint changed) and ``check`` (the mode, see :func:`set_structure_check`)."""
+    content fingerprint changed), ``prepared`` (entries prepared ahead by a loader: built by
+    :func:`prepare_structure`, also counted in ``builds``, or adopted from a PooledLoader worker)
+    and ``check`` (the mode, see :func:`set_structure_check`)."""
     return CACHE.info()
+
+
+def prepare_structure(edge_index: Tensor, num_nodes: Optional[int] = None, num_src: Optional[int] = None) -> Structure:
+    """Builds the CSR (by destination, ``num_nodes`` of them; default ``edge_index.max() + 1``)
+    and the CSC (``num_src`` sources, default ``num_nodes``) of ``edge_index`` into the cache
+    now, so that a compiled model's structure ops later find them by identity (no build, no
+    validation in its step): :meth:`StructureCache.prepare`. Pass the batch's ``num_nodes``
+    (``x.size(0)``, what the model's layers use) for a hit."""
+    if num_nodes is None:
+        num_nodes = int(edge_index.max()) + 1 if edge_index.numel() else 0
+    return CACHE.prepare(edge_index, int(num_nodes), num_src)
 
 
 def set_structure_check(mode: str) -> None:
@@ -427,7 +509,7 @@ def _(rowptr, dtype):
 
 
 __all__ = ["Structure", "StructureCache", "CACHE", "MAX_SHARED", "CHECK_MODES", "build", "structure",
-           "cache_info", "clear_cache", "set_structure_check", "structure_check", "fingerprint",
+           "cache_info", "clear_cache", "set_structure_check", "prepare_structure", "structure_check", "fingerprint",
            "validation_count", "validations_since",
            "outside_inference_mode", "transpose_structure", "cached_csr", "cached_csc", "pair_csr",
            "pair_csc", "csr_degree"]

@@ -1,7 +1,9 @@
 // The registry behind trust.h, and the two ops whose outputs inherit facts instead of being
 // validated: gnncompile::clone_structure (copies that keep their sources' facts) and
 // gnncompile::transpose_structure (the CSC of a CSR). Both are registered for the CPU and CUDA
-// keys: they only call ATen and the dispatcher.
+// keys: they only call ATen and the dispatcher. A third, CPU only:
+// gnncompile::adopt_worker_structure, the PooledLoader's record of structures its worker
+// processes built.
 #include "trust.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -179,11 +181,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transpose_structure(const at::Ten
   return {rowptr_t, col_t, perm_t};
 }
 
+// A structure that build_csr (and transpose_structure) built in one of the PooledLoader's own
+// worker processes (gnncompile/data/loader.py), in a slot buffer shared with this process: the
+// worker's record of it is its own, so this process records it here without validating it,
+// with build_csr's facts (rowptr over E edges, col below num_src, perm a permutation). CPU
+// tensors only: the CPU kernels still range-check every index they read, so a wrong structure
+// recorded this way can give wrong results but never reads out of bounds; the CUDA kernels,
+// which trust a recorded structure, never see one (the loader prepares structures for CPU
+// targets only). The cheap facts are checked here: the shapes and one dtype, rowptr[0] == 0 and
+// rowptr[-1] == E (two reads). Not for other callers: anything else is validated at first use.
+void adopt_worker_structure(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
+                            int64_t num_src) {
+  TORCH_CHECK_VALUE(rowptr.device().is_cpu() && col.device().is_cpu() && perm.device().is_cpu(),
+                    "gnncompile.adopt_worker_structure: CPU tensors only");
+  TORCH_CHECK_VALUE(rowptr.dim() == 1 && rowptr.numel() >= 1 && col.dim() == 1 && perm.dim() == 1 &&
+                        col.numel() == perm.numel() && rowptr.is_contiguous() && col.is_contiguous() &&
+                        perm.is_contiguous(),
+                    "gnncompile.adopt_worker_structure: rowptr must be 1-D with num_rows + 1 entries, col and "
+                    "perm 1-D of one length, all contiguous");
+  TORCH_CHECK_TYPE(rowptr.scalar_type() == at::kLong && col.scalar_type() == at::kLong &&
+                       perm.scalar_type() == at::kLong,
+                   "gnncompile.adopt_worker_structure: int64 tensors only");
+  TORCH_CHECK_VALUE(num_src >= 0, "gnncompile.adopt_worker_structure: num_src must be >= 0");
+  const int64_t* rp = rowptr.const_data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(rp[0] == 0 && rp[rowptr.numel() - 1] == col.numel(),
+                    "gnncompile.adopt_worker_structure: rowptr must run from 0 to the number of edges");
+  record_built_structure(rowptr, col, perm, num_src);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
   m.impl("clone_structure", &clone_structure);
   m.impl("transpose_structure", &transpose_structure);
+  m.impl("adopt_worker_structure", &adopt_worker_structure);
 }
 #ifdef GNNCOMPILE_WITH_CUDA
 #if GNNCOMPILE_WITH_CUDA

@@ -10,7 +10,9 @@
 // tensors of one call together (rowptr ends at E = col.numel() = perm.numel()) is compared with
 // the recorded values and the shapes, never by reading the device.
 //
-// Facts are recorded by build_csr (its outputs are valid by construction), by a successful
+// Facts are recorded by build_csr (its outputs are valid by construction; also when it ran in one
+// of the PooledLoader's worker processes, whose CPU structures the loader adopts with
+// gnncompile::adopt_worker_structure, trust.cpp), by a successful
 // validation, by transpose_structure (the CSC of a recorded CSR is valid by construction) and by
 // clone_structure (each copy inherits its source's facts): every copy the compiled path makes of
 // a structure (structure ops and hoisted regions with copy=True, for inductor) goes through it,
