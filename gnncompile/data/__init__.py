@@ -1,7 +1,10 @@
 """Data for training: the pooled mini-batch loader and the graphs gnncompile generates itself.
 
 * :class:`PooledLoader` (:mod:`.loader`): PyG ``DataLoader`` batches collated natively into
-  reused buffers, optionally filled by worker processes.
+  reused buffers, optionally filled by worker processes, which also build each batch's graph
+  structure for the compiled model (``structures``).
+* :func:`prefetch_structures` (:mod:`.prefetch`): any loader's batches (PyG's ``DataLoader``)
+  with their structures prepared ahead in a background thread.
 * :class:`NeighborLoader` / :class:`NeighborSampler` (:mod:`.neighbor`): PyG-compatible
   neighbor sampling for mini-batch training on large graphs, with a native kernel; sharded over
   the ranks of data-parallel training with ``distributed=True``.
@@ -11,9 +14,10 @@
   benchmarks and the tuner's default workloads.
 """
 from .loader import PooledLoader
+from .prefetch import prefetch_structures
 from .neighbor import NeighborLoader, NeighborSampler
 from .shared import SharedInfo, shared_graph
 from .synthetic import GraphList, graph_dataset, power_law_graph
 
-__all__ = ["PooledLoader", "NeighborLoader", "NeighborSampler", "shared_graph", "SharedInfo", "power_law_graph",
+__all__ = ["PooledLoader", "prefetch_structures", "NeighborLoader", "NeighborSampler", "shared_graph", "SharedInfo", "power_law_graph",
            "graph_dataset", "GraphList"]
