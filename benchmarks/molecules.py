@@ -26,11 +26,21 @@ for mini-batches: one compilation instead of a static one and a dynamic one):
   gnncompile-breaks   as gnncompile-pooled with ``settings={"capture_dynamic": False}``: the
                       readout breaks the graph as before issue 24 (the "before" of the
                       breakdown)
+The loader-prepared structures (issue 24 point 2; run only when named in ``--variants``):
+  gnncompile-pooled-struct     as gnncompile-pooled, ``structures=True``: each batch's CSR / CSC
+                               built at delivery (no workers: in the main thread, before the step)
+  gnncompile-pooled-w2         PooledLoader(num_workers=2, structures=False): the step builds them
+  gnncompile-pooled-w2-struct  PooledLoader(num_workers=2) (structures by default): the workers
+                               build them into the slot, the parent adopts them
+  gnncompile-prefetch          DataLoader through ``gnncompile.data.prefetch_structures(depth=2)``
 
 Per run: epoch 1 timed whole (compilation included); the first step's loss checked against an
 eager copy of the model on the same batch (1e-4 relative); ``--epochs`` more epochs timed whole
 (loader + steps: "end to end"); then the model alone on a list of batches collated beforehand
-(``--repeats`` passes, every step timed: "model alone", median); recompiles (Dynamo's
+(``--repeats`` passes, every step timed: "model alone", median); the model alone again with a fresh
+copy of each batch's edge_index per step, as a loader hands out ("model alone, fresh edge_index":
+the step finds no structure by identity; for the variants that prepare structures they are
+prepared for the copy before the timed step); recompiles (Dynamo's
 unique_graphs) after epoch 1; graph breaks; and a per-step breakdown over one pass of the
 prebuilt batches under torch.profiler (self CPU time by group; "outside ops" is the step's
 wall time minus the ops' self time: Python, autograd glue, guards; the profiler inflates small
@@ -56,6 +66,10 @@ from . import _common
 F, EDGE_DIM, HIDDEN, LAYERS, C = 32, 8, 64, 3, 2
 MODELS = ("gin", "gine", "gcn")
 VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile-pooled", "gnncompile-breaks")
+# the loader's structures (issue 24 point 2), A/B; not run unless named in --variants
+STRUCT_VARIANTS = ("gnncompile-pooled-struct", "gnncompile-pooled-w2", "gnncompile-pooled-w2-struct",
+                   "gnncompile-prefetch")
+PREPARED = ("gnncompile-pooled-struct", "gnncompile-pooled-w2-struct", "gnncompile-prefetch")
 GROUPS = ("gnncompile fused ops", "matmul", "other aten ops", "optimizer", "Dynamo (guards, region)",
           "outside ops")
 
@@ -124,13 +138,28 @@ def wrap(model, variant: str):
 
 def make_loader(dataset: list, batch_size: int, variant: str):
     gen = torch.Generator().manual_seed(0)
-    if variant in ("gnncompile-pooled", "gnncompile-breaks"):
+    if variant in ("gnncompile-pooled", "gnncompile-breaks", "gnncompile-pooled-struct"):
         from gnncompile.data import PooledLoader
 
-        return PooledLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
+        return PooledLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen,
+                            structures=variant == "gnncompile-pooled-struct")
+    if variant in ("gnncompile-pooled-w2", "gnncompile-pooled-w2-struct"):
+        from gnncompile.data import PooledLoader
+
+        return PooledLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen, num_workers=2,
+                            persistent_workers=True, structures=None if variant.endswith("struct") else False)
     from torch_geometric.loader import DataLoader
 
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
+    if variant == "gnncompile-prefetch":
+        from gnncompile.data import prefetch_structures
+
+        class _Prefetched:  # re-iterable, as the loader
+            def __iter__(self):
+                return prefetch_structures(loader, depth=2)
+
+        return _Prefetched()
+    return loader
 
 
 def _loss(run, b):
@@ -215,11 +244,24 @@ def measure(kind: str, variant: str, dataset: list, opts) -> dict:
             t0 = time.perf_counter()
             step(b)
             steps.append(time.perf_counter() - t0)
+    # the model alone, each step on a fresh copy of the batch's edge_index (as a loader's)
+    from gnncompile.ops.structure import prepare_structure
+
+    fresh = []
+    for _ in range(opts.repeats):
+        for b in pre:
+            b.edge_index = b.edge_index.clone()
+            if variant in PREPARED:
+                prepare_structure(b.edge_index, b.num_nodes)
+            t0 = time.perf_counter()
+            step(b)
+            fresh.append(time.perf_counter() - t0)
     recompiles = counters["stats"]["unique_graphs"] - graphs_after_first
     parts = breakdown(step, pre)
     compiled = variant != "eager"
     return {"model": kind, "variant": variant, "first_epoch_s": first_epoch, "epoch_s": statistics.median(epochs),
-            "epoch_times_s": epochs, "step_s": statistics.median(steps), "batches": len(pre),
+            "epoch_times_s": epochs, "step_s": statistics.median(steps), "step_fresh_s": statistics.median(fresh),
+            "batches": len(pre),
             "first_loss": losses[0], "first_loss_eager": expect, "last_loss": losses[-1],
             "graph_breaks": breaks if compiled else 0,
             "graphs_compiled": counters["stats"]["unique_graphs"] if compiled else 0,
@@ -236,13 +278,13 @@ def combine(rounds: list, eager: list) -> dict:
         return rounds[0] if rounds else {"error": "no run"}
     med = statistics.median
     out = dict(ok[0])
-    for k in ("first_epoch_s", "epoch_s", "step_s"):
+    for k in ("first_epoch_s", "epoch_s", "step_s", "step_fresh_s"):
         out[k] = med(r[k] for r in ok)
     for k in ("graph_breaks", "graphs_compiled", "recompiles_after_first_epoch"):
         out[k] = max(r[k] for r in ok)
     out["breakdown_ms"] = {g: med(r["breakdown_ms"][g] for r in ok) for g in GROUPS}
     pairs = [(r, e) for r, e in zip(rounds, eager or []) if "epoch_s" in r and "epoch_s" in e]
-    for k in ("first_epoch_s", "epoch_s", "step_s"):
+    for k in ("first_epoch_s", "epoch_s", "step_s", "step_fresh_s"):
         if pairs:  # eager / variant, round by round (> 1: the variant is faster)
             out[f"eager_over_{k}"] = med(e[k] / r[k] for r, e in pairs)
     out["rounds"] = rounds  # (out["guard"]: the first round's speed-guard decisions)
@@ -259,6 +301,7 @@ def child(kind: str, variant: str, opts) -> dict:
 # ----------------------------------------------------------------------------- report
 def markdown(p: dict) -> str:
     head = ["model", "variant", "end to end s / epoch", "vs eager", "model alone ms / step", "vs eager",
+            "model alone, fresh edge_index ms / step",
             "first epoch s (compile incl.)", "vs eager's first", "graph breaks", "recompiles after epoch 1",
             "first loss (eager)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -274,6 +317,7 @@ def markdown(p: dict) -> str:
             first = (f"{1 / r['eager_over_first_epoch_s']:.2f}x" if "eager_over_first_epoch_s" in r else "n/a")
             lines.append("| " + " | ".join([
                 kind, v, f"{r['epoch_s']:.3f}", ratio("epoch_s"), f"{r['step_s'] * 1e3:.2f}", ratio("step_s"),
+                f"{r['step_fresh_s'] * 1e3:.3f}",
                 f"{r['first_epoch_s']:.2f}", first, str(r["graph_breaks"]), str(r["recompiles_after_first_epoch"]),
                 f"{r['first_loss']:.6f} ({r['first_loss_eager']:.6f})"]) + " |")
     lines += ["", "Per-step breakdown (ms / step under torch.profiler, prebuilt batches; the profiler adds "
@@ -298,7 +342,9 @@ def markdown(p: dict) -> str:
               f"of its own, {p['rounds']} rounds in turn; times are medians over the rounds, ratios the median of "
               f"each round's ratio to eager's run of that round (vs eager: eager / variant, > 1 is faster; first "
               f"epoch: variant / eager). {p['threads']} threads; CPU: {p['cpu']}; torch {m['torch']}. "
-              f"{_common.load_text(p['loadavg_before_after'])} (a shared machine). Command: `{p['command']}`"]
+              f"{_common.load_text(p['loadavg_before_after'])} (a shared machine). Model alone, fresh edge_index: "
+              f"the same, each step on a new copy of the batch's edge_index (structures prepared for it before the "
+              f"timed step in {', '.join(PREPARED)}). Command: `{p['command']}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -354,7 +400,7 @@ def main(argv=None) -> dict:
         return out
     models = [m.strip() for m in opts.models.split(",") if m.strip()]
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
-    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS]
+    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS + STRUCT_VARIANTS]
     if bad:
         ap.error(f"unknown models / variants {bad}; known: {', '.join(MODELS)} / {', '.join(VARIANTS)}")
     load_before = _common.loadavg()

@@ -187,3 +187,34 @@ def test_prefetch_structures_errors():
     assert next(it) is DS[0]
     with pytest.raises(KeyError, match="boom"):
         next(it)
+
+
+def test_compiled_model_steps_build_and_validate_nothing():
+    from torch_geometric.nn import GINConv, global_add_pool
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GINConv(torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)))
+            self.head = torch.nn.Linear(8, 2)
+
+        def forward(self, x, edge_index, batch):
+            return self.head(global_add_pool(self.conv(x, edge_index).relu(), batch))
+
+    torch.manual_seed(0)
+    model = Net()
+    run = gnncompile.compile(model, dynamic=True)
+    loader = PooledLoader(DS, batch_size=16, shuffle=True, num_workers=2, structures=True)
+    try:
+        for i, b in enumerate(loader):
+            i0, v0 = S.cache_info(), S.validation_count()
+            out = run(b.x, b.edge_index, b.batch)
+            out.sum().backward()
+            i1 = S.cache_info()
+            if i > 0:  # (the first step compiles)
+                assert i1["builds"] == i0["builds"] and S.validations_since(v0) == 0
+                assert i1["identity_hits"] > i0["identity_hits"]
+            with torch.no_grad():
+                assert torch.allclose(out, model(b.x, b.edge_index, b.batch), atol=1e-5)
+    finally:
+        loader.close()
