@@ -384,11 +384,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per process")
+    ap.add_argument("--guard", choices=("time", "off"), default=None,
+                    help="the speed guard of the compiled variants ($GNNCOMPILE_GUARD; default: as set, else "
+                         "time); off keeps every rewritten graph, for A/B runs of what the rewritten graph does")
     ap.add_argument("--out", default=None)
     ap.add_argument("--results-dir", default=str(_common.RESULTS))
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
+    if opts.guard is not None and not opts.child:
+        import os
+
+        os.environ["GNNCOMPILE_GUARD"] = opts.guard  # the children's environment
     opts.graphs = opts.graphs or (512 if opts.quick else 4000)
     opts.epochs = opts.epochs or (1 if opts.quick else 3)
     opts.repeats = opts.repeats or (1 if opts.quick else 3)

@@ -895,7 +895,9 @@ class PooledLoader:
             return
         N, E, lo, hi, fp = st
         sb = self._sbufs[slot]
-        ts = [_used(sb[k], 0, N + 1 if k.startswith("rowptr") else E) for k in _STRUCT_KEYS]
+        # views of the slot's buffers (cheaper than _used's tensors; the structure tensors are
+        # outputs of the structure ops, never a compiled graph's inputs, so no guard sees a base)
+        ts = [sb[k][:N + 1] if k.startswith("rowptr") else sb[k][:E] for k in _STRUCT_KEYS]
         adopt = S.ops.adopt_worker_structure
         adopt(ts[0], ts[1], ts[2], N)  # built by build_csr in our worker: recorded, not validated
         adopt(ts[3], ts[4], ts[5], N)
