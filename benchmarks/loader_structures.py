@@ -14,6 +14,15 @@ edge_index, as a loader hands out) of:
   parent's adoption (``PooledLoader._hand_structure``: six tensors on the slot, the native
   record, the cache entry) and release (``_unhand``).
 
+Then, end to end, in one process per model (``--models``; GIN, GINE(edge_dim=8), GCN of
+benchmarks/molecules.py, compiled once with ``gnncompile.compile(model, dynamic=True)`` and the
+speed guard off, so that every loader feeds the same rewritten graph): epochs of the training step
+(forward, cross-entropy, backward, Adam) over each loader in rotation (``--rotations`` times),
+the median epoch per loader; and the model alone on prebuilt batches, each step on a fresh copy
+of its edge_index, with and without the structure prepared before the timed step, alternating
+step by step. Loaders: PooledLoader without workers (structures off / on), with 2 persistent
+workers (off / on), PyG's DataLoader (plain / through ``prefetch_structures``).
+
 Writes benchmarks/results/loader_structures.{json,md}.
 """
 from __future__ import annotations
@@ -32,6 +41,91 @@ from . import _common
 
 def _median_us(samples):
     return statistics.median(samples) * 1e6
+
+
+LOADERS = ("pooled", "pooled+struct", "pooled-w2", "pooled-w2+struct", "pyg", "pyg+prefetch")
+
+
+def end_to_end(kind: str, opts) -> dict:
+    """One model (a child process: the speed guard off in its environment)."""
+    import copy
+
+    from gnncompile.data import PooledLoader, prefetch_structures
+    from gnncompile.ops.structure import prepare_structure
+    from torch_geometric.loader import DataLoader
+
+    from .molecules import _loss, build_model, make_dataset
+
+    torch.set_num_threads(opts.threads)
+    ds = make_dataset(opts.graphs)
+    model = build_model(kind)
+    ref = copy.deepcopy(model)
+    run = gnncompile.compile(model, dynamic=True)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    bs = opts.batch_size
+
+    def step(b):
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(run, b)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def gen():
+        return torch.Generator().manual_seed(0)
+
+    loaders = {
+        "pooled": PooledLoader(ds, batch_size=bs, shuffle=True, generator=gen(), structures=False),
+        "pooled+struct": PooledLoader(ds, batch_size=bs, shuffle=True, generator=gen(), structures=True),
+        "pooled-w2": PooledLoader(ds, batch_size=bs, shuffle=True, generator=gen(), num_workers=2,
+                                  persistent_workers=True, structures=False),
+        "pooled-w2+struct": PooledLoader(ds, batch_size=bs, shuffle=True, generator=gen(), num_workers=2,
+                                         persistent_workers=True),
+    }
+    pyg = DataLoader(ds, batch_size=bs, shuffle=True, generator=gen())
+    iters = {name: (lambda l=l: iter(l)) for name, l in loaders.items()}
+    iters["pyg"] = lambda: iter(pyg)
+    iters["pyg+prefetch"] = lambda: prefetch_structures(pyg, depth=2)
+    # numerical agreement first: the first batch against the eager model
+    b0 = next(iter(DataLoader(ds, batch_size=bs)))
+    with torch.no_grad():
+        got, want = float(_loss(run, b0)), float(_loss(ref, b0))
+    assert abs(got - want) <= 1e-4 * abs(want), (kind, got, want)
+    for name in LOADERS:  # warm: compile, workers started
+        for b in iters[name]():
+            step(b)
+    times = {name: [] for name in LOADERS}
+    from gnncompile.ops import structure as S
+
+    builds = {name: [] for name in LOADERS}
+    for _ in range(opts.rotations):
+        for name in LOADERS:
+            b0_ = S.cache_info()["builds"] - S.cache_info()["prepared"]
+            t0 = time.perf_counter()
+            n = 0
+            for b in iters[name]():
+                step(b)
+                n += 1
+            times[name].append(time.perf_counter() - t0)
+            builds[name].append((S.cache_info()["builds"] - S.cache_info()["prepared"] - b0_) / n)
+    for l in loaders.values():
+        l.close()
+    # the model alone, fresh edge_index each step; prepared or not, alternating
+    pre = [b.clone() for b in DataLoader(ds, batch_size=bs, shuffle=True, generator=gen())]
+    alone = {"not prepared": [], "prepared": []}
+    for r in range(opts.passes):
+        for i, b in enumerate(pre):
+            prepared = (i + r) % 2 == 0
+            b.edge_index = b.edge_index.clone()
+            if prepared:
+                prepare_structure(b.edge_index, b.num_nodes)
+            t0 = time.perf_counter()
+            step(b)
+            alone["prepared" if prepared else "not prepared"].append(time.perf_counter() - t0)
+    return {"model": kind, "epoch_s": {k: statistics.median(v) for k, v in times.items()},
+            "epoch_times_s": times, "step_builds_per_batch": {k: statistics.median(v) for k, v in builds.items()},
+            "alone_step_s": {k: statistics.median(v) for k, v in alone.items()},
+            "loss_check": [got, want], "batches": len(pre)}
 
 
 def measure(opts) -> dict:
@@ -106,7 +200,7 @@ ROWS = (("lookup_miss", "step: cached_csr + cached_csc, nothing prepared (miss: 
 
 
 def markdown(p: dict) -> str:
-    lines = ["| what | where it runs | us (median) |", "|---|---|---|"]
+    lines = ["In-process, per batch:", "", "| what | where it runs | us (median) |", "|---|---|---|"]
     lines += [f"| {text} | {where} | {p['us'][k]:.1f} |" for k, text, where in ROWS]
     us = p["us"]
     lines += ["", f"Per step in the main thread: without preparing, {us['lookup_miss']:.1f} us; with workers "
@@ -116,7 +210,24 @@ def markdown(p: dict) -> str:
               f"Molecule batches of {p['batch_size']} ({p['graphs']} generated graphs; mean {p['nodes_mean']:.0f} "
               f"nodes, {p['edges_mean']:.0f} edges), median over {p['repeats']} batches, each on a fresh "
               f"edge_index copy; {p['threads']} threads; CPU: {p['cpu']}; torch {p['machine']['torch']}. "
-              f"Command: `python -m benchmarks loader_structures`"]
+              f"Command: `{p['command']}`"]
+    e2e = p.get("end_to_end", {})
+    if e2e:
+        lines += ["", "End to end (s / epoch, median of " + str(p["rotations"]) + " epochs per loader, loaders in "
+                  "rotation in one process, one compiled model, speed guard off; in brackets the structure builds "
+                  "per batch in the step):", "",
+                  "| model | " + " | ".join(LOADERS) + " | model alone, fresh edge_index: not prepared / prepared, "
+                  "ms / step |", "|---|" + "---|" * (len(LOADERS) + 1)]
+        for kind, r in e2e.items():
+            if "epoch_s" not in r:
+                lines.append(f"| {kind} | error: {str(r.get('error', ''))[:200]} |" + " |" * len(LOADERS))
+                continue
+            cells = [f"{r['epoch_s'][n]:.4f} ({r['step_builds_per_batch'][n]:.0f})" for n in LOADERS]
+            a = r["alone_step_s"]
+            lines.append(f"| {kind} | " + " | ".join(cells) + f" | {a['not prepared'] * 1e3:.3f} / "
+                         f"{a['prepared'] * 1e3:.3f} |")
+        lines += ["", f"{p['graphs']} graphs, batches of {p['batch_size']} ({p['batches']} a epoch); the model alone over "
+                  f"{p['passes']} passes, prepared and not prepared alternating step by step."]
     return "\n".join(lines) + "\n"
 
 
@@ -126,10 +237,36 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", default="gin,gine,gcn", help="end to end: comma list ('' for none)")
+    ap.add_argument("--rotations", type=int, default=5, help="end to end: epochs per loader")
+    ap.add_argument("--passes", type=int, default=4, help="model alone: passes over the batches")
+    ap.add_argument("--timeout", type=int, default=1200)
     ap.add_argument("--results-dir", default=str(_common.RESULTS))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
+    if opts.child:
+        import json
+
+        out = end_to_end(opts.child, opts)
+        print("RESULT " + json.dumps(out), flush=True)
+        return out
     p = measure(opts)
+    p["command"] = _common.command("loader_structures", argv)
+    p.update(rotations=opts.rotations, passes=opts.passes, end_to_end={})
+    env = _common.timing_env(opts.threads)
+    env["GNNCOMPILE_GUARD"] = "off"
+    for kind in [m for m in opts.models.split(",") if m]:
+        cmd = _common.module_command("loader_structures") + [
+            "--child", kind, "--graphs", str(opts.graphs), "--batch-size", str(opts.batch_size), "--threads",
+            str(opts.threads), "--rotations", str(opts.rotations), "--passes", str(opts.passes)]
+        r = _common.run_child(cmd, env, opts.timeout, tail_chars=2000)
+        p["end_to_end"][kind] = r
+        if "epoch_s" in r:
+            p["batches"] = r["batches"]
+            print(kind, {k: round(v, 4) for k, v in r["epoch_s"].items()}, r["alone_step_s"], flush=True)
+        else:
+            print(kind, r, flush=True)
     _common.write_results(Path(opts.results_dir), "loader_structures", p, markdown)
     return p
 

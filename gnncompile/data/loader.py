@@ -17,6 +17,22 @@ How it is faster:
   in flight: one held by the training loop, the others being filled.
 * **Workers.** With ``num_workers > 0`` that many forked processes fill slots (in shared
   memory) ahead of the training loop; ``persistent_workers`` keeps them across epochs.
+* **The batch's structure** (``structures``; by default on with workers, CPU targets). The
+  worker that fills a slot also builds the batch's CSR (by destination, ``num_dst`` = the
+  batch's nodes) and its CSC with ``build_csr`` / ``transpose_structure``, into the slot's
+  structure buffers, with the edge_index's content fingerprint. At delivery the parent records
+  them as valid (``gnncompile::adopt_worker_structure``: its own worker built them; CPU tensors
+  only, whose kernels range-check every index they read) and enters them in the structure cache
+  for the yielded ``edge_index`` tensor (``StructureCache.adopt``): the compiled model's
+  ``cached_csr`` / ``cached_csc`` are identity hits, with no build and no validation in the
+  step. The cache's rule still holds: an ``edge_index`` edited after delivery (in place, or
+  behind its version counter: the CPU content check) is a miss and builds anew. When the slot is
+  handed out again (the next ``next()`` after it, or a new pass) the entry leaves the cache and
+  the structure tensors on the slot get a new version (the native record, and autograd, see
+  them as changed). Without workers (``structures=True``) the structure is built at delivery,
+  in the main thread (``StructureCache.prepare``): the step is spared the work, the main thread
+  is not (benchmarks/results/loader_structures.md).
+  With PyG's ``DataLoader``: :func:`gnncompile.data.prefetch_structures`.
 * **CUDA target** (``device='cuda'``): slots are pinned when ``pin_memory`` (registered with
   ``cudaHostRegister`` when shared with workers), each slot has device buffers too, and the
   host-to-device copy runs on a side stream; the consumer's stream waits on an event, so the
@@ -589,6 +605,10 @@ class PooledLoader:
         persistent_workers: keep the workers across epochs.
         device: where batches are delivered; a CUDA device turns on the side-stream copy.
         timeout: seconds to wait for a batch from the workers before raising RuntimeError.
+        structures: build each batch's CSR / CSC ahead and put them in the structure cache
+            for its ``edge_index`` (see the module docstring): None (default) with workers,
+            True also without (in the main thread, at delivery), False never. Only for CPU
+            targets and an int64 ``edge_index`` attribute; otherwise ignored.
 
     Bad arguments (wrong type, out of range) raise ValueError. One iterator at a time: a new
     ``iter()`` ends the previous one (see :class:`_Pass`).

@@ -1,36 +1,31 @@
 """Batches of any loader with their graph structure prepared ahead, in a background thread.
 
-``prefetch_structures(loader, depth=2)`` iterates ``loader`` (e.g. PyG's ``DataLoader``) in a
-thread of its own, up to ``depth`` batches ahead of the training loop, and builds each batch's
-CSR (by destination, ``batch.num_nodes`` of them) and CSC into the structure cache
-(:func:`gnncompile.ops.structure.prepare_structure`), so that a compiled model's structure ops
-find them by identity: no build and no validation in the training step. The batches are yielded
-unchanged, in order. Loader exceptions are raised in the consumer, at the batch where they
-happened.
+``prefetch_structures(loader, depth=2)`` takes each batch from ``loader`` (e.g. PyG's
+``DataLoader``) ``depth - 1`` batches before the training loop asks for it, and has a
+background thread build its CSR (by destination, ``batch.num_nodes`` of them) and CSC into the
+structure cache (:func:`gnncompile.ops.structure.prepare_structure`) meanwhile, so that a
+compiled model's structure ops find them by identity: no build and no validation in the
+training step. The batches are yielded unchanged, in order; an exception of the loader is
+raised at the batch where it happened, after the batches before it.
+
+The loader itself is iterated in the caller's thread, as without the wrapper: only the
+structure build (native code, most of it outside the GIL) runs in the thread. Iterating a
+Python-heavy loader such as PyG's in a thread instead would hold the GIL for most of the
+collation, and the training step, itself Python-heavy at this size, would wait for it
+(measured: benchmarks/results/molecules_loader_structures.md).
 
 Only for loaders whose batches are fresh tensors (PyG's ``DataLoader``, ``Batch`` lists): a
-:class:`gnncompile.data.PooledLoader` hands out batches that live in a reused slot, which a
-thread running ahead would overwrite; it prepares structures itself (``structures=True``), and
-is refused here.
-
-Where it helps: the thread overlaps the collation and the structure build of the next batches
-with the current step where the machine has a core to spare; on a machine whose cores the step
-already keeps busy, it moves that work off the step's timeline without making it free.
+:class:`gnncompile.data.PooledLoader` hands out batches that live in a reused slot, which
+taking batches ahead would overwrite; it prepares structures itself (``structures``), and is
+refused here.
 """
 from __future__ import annotations
 
-import queue
-import threading
+import collections
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
 import torch
-
-_DONE = object()
-
-
-class _Failure:
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
 
 
 def _prepare(batch) -> None:
@@ -50,8 +45,8 @@ def _prepare(batch) -> None:
 
 def prefetch_structures(loader: Iterable, depth: int = 2) -> Iterator:
     """Yields the batches of ``loader`` with their structures prepared (see the module
-    docstring); ``depth`` (>= 1) batches at most are prepared ahead. Closing the generator (or
-    dropping it) stops the thread after the batch it is on."""
+    docstring); ``depth`` (>= 1) batches at most are taken from ``loader`` ahead of the one
+    yielded (1: none ahead, the structure is built in the thread while the caller waits)."""
     from .loader import PooledLoader
 
     if isinstance(loader, PooledLoader):
@@ -59,42 +54,34 @@ def prefetch_structures(loader: Iterable, depth: int = 2) -> Iterator:
                          "PooledLoader(..., structures=True) instead")
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise ValueError(f"prefetch_structures: depth must be an integer >= 1, got {depth!r}")
-    q: "queue.Queue" = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+    return _prefetch(loader, depth)
 
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
 
-    def run() -> None:
-        try:
-            for batch in loader:
-                _prepare(batch)
-                if not put(batch):
-                    return
-        except BaseException as e:  # handed to the consumer
-            put(_Failure(e))
-            return
-        put(_DONE)
-
-    t = threading.Thread(target=run, name="gnncompile-prefetch-structures", daemon=True)
-    t.start()
+def _prefetch(loader: Iterable, depth: int) -> Iterator:
+    it = iter(loader)
+    pending: "collections.deque" = collections.deque()
+    failure = None
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gnncompile-structures")
     try:
         while True:
-            item = q.get()
-            if item is _DONE:
+            while failure is None and len(pending) < depth:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                except Exception as e:  # raised after the batches before it
+                    failure = e
+                    break
+                pending.append((b, pool.submit(_prepare, b)))
+            if not pending:
+                if failure is not None:
+                    raise failure
                 return
-            if isinstance(item, _Failure):
-                raise item.exc
-            yield item
+            b, done = pending.popleft()
+            done.result()
+            yield b
     finally:
-        stop.set()
-        t.join(timeout=5)
+        pool.shutdown(wait=True)
 
 
 __all__ = ["prefetch_structures"]

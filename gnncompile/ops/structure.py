@@ -36,6 +36,14 @@ The cache policy
   what shares one structure between layers that each compute the same ``edge_index``
   (``add_remaining_self_loops`` in every GCNConv / GATConv) and between training steps. An
   edited tensor has other content, so it never matches a stale entry.
+* **Prepared by a loader.** :meth:`StructureCache.prepare` (and :func:`prepare_structure`)
+  builds the CSR and CSC of an ``edge_index`` before the model runs, and
+  :meth:`StructureCache.adopt` enters a structure built elsewhere (a PooledLoader worker) with
+  the fingerprint of the content it was built from. Either entry belongs to the tensor by
+  identity, as above (an edit after it is a miss), is not shared by content (a batch's
+  ``edge_index`` is gone after its step), and leaves with :meth:`StructureCache.discard` (the
+  loader's slot handed out again) or when the tensor dies. ``cache_info()["prepared"]`` counts
+  them.
 * Structures are built outside inference mode, even for a call inside it: they are normal
   tensors (version counters, so the native code's record of validated structures keeps them;
   and they may be saved for backward by a later call with autograd).
@@ -52,8 +60,8 @@ The structure ops (``torch.ops.gnncompile.*``, Python custom ops, opaque to the 
 * ``csr_degree(rowptr, dtype)``: in-degrees as rowptr differences.
 
 What the cache hands out is known valid to the native kernels (``build_csr``'s outputs, the CSC
-made by ``gnncompile::transpose_structure``, the ``clone_structure`` copies of ``copy=True``:
-native/common/trust.h), so the ops never validate them; :func:`validation_count` counts the
+made by ``gnncompile::transpose_structure``, the ``clone_structure`` copies of ``copy=True``, the
+CPU structures a PooledLoader worker built, ``adopt_worker_structure``: native/common/trust.h), so the ops never validate them; :func:`validation_count` counts the
 validations the native code does run.
 """
 from __future__ import annotations
