@@ -300,8 +300,7 @@ class StructureCache:
             s.check_sources(num_src)
             s.transposed(num_src)
         with self._lock:
-            self.builds += 1
-            self.prepared += 1
+            self.prepared += 1  # (not in builds: those are the lookups')
             entry, how = self._find(look, False)
             if entry is None:
                 entry = _Entry(fingerprint=look.fingerprint, shareable=False)
@@ -376,8 +375,9 @@ def structure(edge_index: Tensor, num_dst: int) -> Structure:
 def cache_info() -> dict:
     """``entries`` (live edge_index tensors), ``shared`` (entries matched by content), ``builds``,
     ``hits`` (= ``identity_hits`` + ``content_hits``), ``stale`` (identity hits refused because the
-    content fingerprint changed), ``prepared`` (entries prepared ahead by a loader: built by
-    :func:`prepare_structure`, also counted in ``builds``, or adopted from a PooledLoader worker)
+    content fingerprint changed), ``prepared`` (structures prepared ahead by a loader: built by
+    :func:`prepare_structure`, or adopted from a PooledLoader worker; ``builds`` counts the
+    lookups' builds only)
     and ``check`` (the mode, see :func:`set_structure_check`)."""
     return CACHE.info()
 
