@@ -80,7 +80,7 @@ def end_to_end(kind: str, opts) -> dict:
         "pooled-w2": PooledLoader(ds, batch_size=bs, shuffle=True, generator=gen(), num_workers=2,
                                   persistent_workers=True, structures=False),
         "pooled-w2+struct": PooledLoader(ds, batch_size=bs, shuffle=True, generator=gen(), num_workers=2,
-                                         persistent_workers=True),
+                                         persistent_workers=True, structures=True),
     }
     pyg = DataLoader(ds, batch_size=bs, shuffle=True, generator=gen())
     iters = {name: (lambda l=l: iter(l)) for name, l in loaders.items()}

@@ -30,7 +30,7 @@ The loader-prepared structures (issue 24 point 2; run only when named in ``--var
   gnncompile-pooled-struct     as gnncompile-pooled, ``structures=True``: each batch's CSR / CSC
                                built at delivery (no workers: in the main thread, before the step)
   gnncompile-pooled-w2         PooledLoader(num_workers=2, structures=False): the step builds them
-  gnncompile-pooled-w2-struct  PooledLoader(num_workers=2) (structures by default): the workers
+  gnncompile-pooled-w2-struct  PooledLoader(num_workers=2, structures=True): the workers
                                build them into the slot, the parent adopts them
   gnncompile-prefetch          DataLoader through ``gnncompile.data.prefetch_structures(depth=2)``
 
@@ -147,7 +147,7 @@ def make_loader(dataset: list, batch_size: int, variant: str):
         from gnncompile.data import PooledLoader
 
         return PooledLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen, num_workers=2,
-                            persistent_workers=True, structures=None if variant.endswith("struct") else False)
+                            persistent_workers=True, structures=variant.endswith("struct"))
     from torch_geometric.loader import DataLoader
 
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)

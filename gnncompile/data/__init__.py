@@ -1,8 +1,8 @@
 """Data for training: the pooled mini-batch loader and the graphs gnncompile generates itself.
 
 * :class:`PooledLoader` (:mod:`.loader`): PyG ``DataLoader`` batches collated natively into
-  reused buffers, optionally filled by worker processes, which also build each batch's graph
-  structure for the compiled model (``structures``).
+  reused buffers, optionally filled by worker processes, which can also build each batch's
+  graph structure for the compiled model (``structures=True``).
 * :func:`prefetch_structures` (:mod:`.prefetch`): any loader's batches (PyG's ``DataLoader``)
   with their structures prepared ahead in a background thread.
 * :class:`NeighborLoader` / :class:`NeighborSampler` (:mod:`.neighbor`): PyG-compatible

@@ -17,8 +17,8 @@ How it is faster:
   in flight: one held by the training loop, the others being filled.
 * **Workers.** With ``num_workers > 0`` that many forked processes fill slots (in shared
   memory) ahead of the training loop; ``persistent_workers`` keeps them across epochs.
-* **The batch's structure** (``structures``; by default on with workers, CPU targets). The
-  worker that fills a slot also builds the batch's CSR (by destination, ``num_dst`` = the
+* **The batch's structure** (``structures=True``, CPU targets; off by default). The worker
+  that fills a slot also builds the batch's CSR (by destination, ``num_dst`` = the
   batch's nodes) and its CSC with ``build_csr`` / ``transpose_structure``, into the slot's
   structure buffers, with the edge_index's content fingerprint. At delivery the parent records
   them as valid (``gnncompile::adopt_worker_structure``: its own worker built them; CPU tensors
@@ -31,8 +31,14 @@ How it is faster:
   the structure tensors on the slot get a new version (the native record, and autograd, see
   them as changed). Without workers (``structures=True``) the structure is built at delivery,
   in the main thread (``StructureCache.prepare``): the step is spared the work, the main thread
-  is not (benchmarks/results/loader_structures.md).
-  With PyG's ``DataLoader``: :func:`gnncompile.data.prefetch_structures`.
+  is not. Off by default because what it saves is small and only models whose compiled graph
+  looks up the batch's own ``edge_index`` use it (benchmarks/results/loader_structures.md, 2-core
+  Zen 4, batches of 128 molecules: the step's two lookups take 64 us instead of 208 us, while the
+  parent's adoption and release take 25-60 us per batch; GIN looks the batch's structure up, GCN
+  the structure of its self-loop edge_index, built in the step either way, and GINE at this size
+  keeps no fused op, so for those two the adoption is pure cost); end to end the difference is
+  below the noise of a shared 2-core machine. With PyG's ``DataLoader``:
+  :func:`gnncompile.data.prefetch_structures`.
 * **CUDA target** (``device='cuda'``): slots are pinned when ``pin_memory`` (registered with
   ``cudaHostRegister`` when shared with workers), each slot has device buffers too, and the
   host-to-device copy runs on a side stream; the consumer's stream waits on an event, so the
@@ -606,9 +612,9 @@ class PooledLoader:
         device: where batches are delivered; a CUDA device turns on the side-stream copy.
         timeout: seconds to wait for a batch from the workers before raising RuntimeError.
         structures: build each batch's CSR / CSC ahead and put them in the structure cache
-            for its ``edge_index`` (see the module docstring): None (default) with workers,
-            True also without (in the main thread, at delivery), False never. Only for CPU
-            targets and an int64 ``edge_index`` attribute; otherwise ignored.
+            for its ``edge_index`` (see the module docstring): in the workers, or without
+            workers in the main thread at delivery. Only for CPU targets and an int64
+            ``edge_index`` attribute; otherwise ignored. Default False.
 
     Bad arguments (wrong type, out of range) raise ValueError. One iterator at a time: a new
     ``iter()`` ends the previous one (see :class:`_Pass`).
@@ -619,7 +625,7 @@ class PooledLoader:
                  follow_batch: Optional[List[str]] = None, exclude_keys: Optional[List[str]] = None,
                  pool_size: int = 2, num_workers: int = 0, pin_memory: bool = False,
                  persistent_workers: bool = False, device=None, timeout: float = 120.0,
-                 structures: Optional[bool] = None) -> None:
+                 structures: bool = False) -> None:
         self._workers: list = []
         self._pass = None
         self._abandoned: List[Any] = []  # generators of passes dropped half-way, not yet closed
@@ -644,8 +650,8 @@ class PooledLoader:
         self._persistent_asked = bool(persistent_workers)
         self.persistent_workers = self._persistent_asked and self.num_workers > 0
         self.timeout = float(timeout)
-        if structures is not None and not isinstance(structures, bool):
-            raise ValueError(f"PooledLoader: structures must be True, False or None, got {structures!r}")
+        if not isinstance(structures, bool):
+            raise ValueError(f"PooledLoader: structures must be True or False, got {structures!r}")
         self.structures = structures
         self._store: Optional[_Store] = None
         if len(dataset) > 0 and getattr(dataset, "transform", None) is None:
@@ -660,9 +666,8 @@ class PooledLoader:
 
     @property
     def _structures(self) -> bool:
-        """Whether the batches' structures are prepared (``structures``; None: with workers)."""
-        want = self.num_workers > 0 if self.structures is None else self.structures
-        return (want and not self.cuda and self._store is not None
+        """Whether the batches' structures are prepared (``structures``, where it applies)."""
+        return (self.structures and not self.cuda and self._store is not None
                 and _edge_index_column(self._store) is not None)
 
     def _pool_slots(self, requested: int, clamp_to_epoch: bool = True) -> int:

@@ -142,12 +142,18 @@ def test_bad_edge_index_still_raises_in_the_model():
 
 
 def test_structures_argument_and_default():
-    with pytest.raises(ValueError, match="structures"):
-        PooledLoader(DS, batch_size=16, structures="yes")
-    assert PooledLoader(DS, batch_size=16, num_workers=0)._structures is False
-    l2 = PooledLoader(DS, batch_size=16, num_workers=1)
-    assert l2._structures is True
-    l2.close()
+    for bad in ("yes", None, 1):
+        with pytest.raises(ValueError, match="structures"):
+            PooledLoader(DS, batch_size=16, structures=bad)
+    for workers in (0, 1):
+        off = PooledLoader(DS, batch_size=16, num_workers=workers)
+        assert off._structures is False and off._sbufs is None
+        b = next(iter(off))
+        assert id(b.edge_index) not in S.CACHE._live  # nothing prepared
+        off.close()
+    on = PooledLoader(DS, batch_size=16, num_workers=1, structures=True)
+    assert on._structures is True and on._sbufs is not None
+    on.close()
 
 
 def test_adopt_worker_structure_checks_what_it_can():
@@ -220,3 +226,16 @@ def test_compiled_model_steps_build_and_validate_nothing():
                 assert torch.allclose(out, model(b.x, b.edge_index, b.batch), atol=1e-5)
     finally:
         loader.close()
+
+
+def test_prefetch_structures_leaves_the_thread_count():
+    n = torch.get_num_threads()
+    list(prefetch_structures(DataLoader(DS, batch_size=32)))
+    assert torch.get_num_threads() == n
+    seen = []
+    import threading
+
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))  # a thread started later
+    t.start()
+    t.join()
+    assert seen == [n]
