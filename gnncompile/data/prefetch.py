@@ -9,11 +9,18 @@ training step. The batches are yielded unchanged, in order; an exception of the 
 raised at the batch where it happened, after the batches before it.
 
 The loader itself is iterated in the caller's thread, as without the wrapper: only the
-structure build (native code, most of it outside the GIL, on one intra-op thread) runs in the
-thread. Iterating a
-Python-heavy loader such as PyG's in a thread instead would hold the GIL for most of the
-collation, and the training step, itself Python-heavy at this size, would wait for it
-(measured: benchmarks/results/molecules_loader_structures.md).
+structure build runs in the thread.
+
+**Measured: it does not pay on the CPU** (benchmarks/results/loader_structures.md; 2-core Zen 4,
+batches of 128 molecules, a compiled GIN step of ~8 ms): the thread's work is short Python
+stretches between native calls, and each time it takes the GIL back from a training step that
+is itself Python-heavy at this size, one of the two waits for the interpreter's switch
+interval (5 ms): the step took ~5 ms longer per batch (epochs ~50% longer), for a build of
+~0.15 ms. The same thread doing nothing costs nothing, and the same preparation in the caller's
+thread costs what the build costs. It is meant for steps that leave the GIL free most of the
+time (a step waiting on a device, or large graphs, whose kernels run long outside the GIL);
+where the step holds the GIL, ``PooledLoader(structures=True)`` (workers: other processes) is
+the way to take the build off the step.
 
 Only for loaders whose batches are fresh tensors (PyG's ``DataLoader``, ``Batch`` lists): a
 :class:`gnncompile.data.PooledLoader` hands out batches that live in a reused slot, which
@@ -63,14 +70,6 @@ def _prefetch(loader: Iterable, depth: int) -> Iterator:
     pending: "collections.deque" = collections.deque()
     failure = None
     pool = ThreadPoolExecutor(1, thread_name_prefix="gnncompile-structures")
-    # The thread's ops run on one intra-op thread: a parallel op started from a second Python
-    # thread gets an OpenMP team of its own, whose threads then spin beside the training step's
-    # (measured on 2 cores: GIN epochs 0.35 s instead of 0.23 s, even with no overlap). torch's
-    # set_num_threads sets the calling thread's count and the default that threads started
-    # later take; the caller's thread sets the default back at once (its own count unchanged).
-    threads = torch.get_num_threads()
-    pool.submit(torch.set_num_threads, 1).result()
-    torch.set_num_threads(threads)
     try:
         while True:
             while failure is None and len(pending) < depth:

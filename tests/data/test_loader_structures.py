@@ -227,15 +227,3 @@ def test_compiled_model_steps_build_and_validate_nothing():
     finally:
         loader.close()
 
-
-def test_prefetch_structures_leaves_the_thread_count():
-    n = torch.get_num_threads()
-    list(prefetch_structures(DataLoader(DS, batch_size=32)))
-    assert torch.get_num_threads() == n
-    seen = []
-    import threading
-
-    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))  # a thread started later
-    t.start()
-    t.join()
-    assert seen == [n]
