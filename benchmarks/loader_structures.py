@@ -226,6 +226,19 @@ def markdown(p: dict) -> str:
             a = r["alone_step_s"]
             lines.append(f"| {kind} | " + " | ".join(cells) + f" | {a['not prepared'] * 1e3:.3f} / "
                          f"{a['prepared'] * 1e3:.3f} |")
+        lines += ["", "Paired ratios (each rotation's epoch with the structures over the one without, same rotation; "
+                  "median [min, max]; < 1 is faster):", "",
+                  "| model | pooled+struct / pooled | pooled-w2+struct / pooled-w2 | pyg+prefetch / pyg |",
+                  "|---|---|---|---|"]
+        for kind, r in e2e.items():
+            if "epoch_times_s" not in r:
+                continue
+            t = r["epoch_times_s"]
+            cells = []
+            for a, b in (("pooled", "pooled+struct"), ("pooled-w2", "pooled-w2+struct"), ("pyg", "pyg+prefetch")):
+                rs = [y / x for x, y in zip(t[a], t[b])]
+                cells.append(f"{statistics.median(rs):.3f} [{min(rs):.3f}, {max(rs):.3f}]")
+            lines.append(f"| {kind} | " + " | ".join(cells) + " |")
         lines += ["", f"{p['graphs']} graphs, batches of {p['batch_size']} ({p['batches']} a epoch); the model alone over "
                   f"{p['passes']} passes, prepared and not prepared alternating step by step."]
     return "\n".join(lines) + "\n"
