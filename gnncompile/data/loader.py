@@ -33,8 +33,8 @@ How it is faster:
   in the main thread (``StructureCache.prepare``): the step is spared the work, the main thread
   is not. Off by default because what it saves is small and only models whose compiled graph
   looks up the batch's own ``edge_index`` use it (benchmarks/results/loader_structures.md, 2-core
-  Zen 4, batches of 128 molecules: the step's two lookups take 64 us instead of 208 us, while the
-  parent's adoption and release take 25-60 us per batch; GIN looks the batch's structure up, GCN
+  Zen 4, batches of 128 molecules: the step's two lookups take 68 us instead of 222 us, while the
+  parent's adoption and release take about 65 us per batch; GIN looks the batch's structure up, GCN
   the structure of its self-loop edge_index, built in the step either way, and GINE at this size
   keeps no fused op, so for those two the adoption is pure cost); end to end the difference is
   below the noise of a shared 2-core machine. With PyG's ``DataLoader``:
