@@ -274,9 +274,7 @@ class Settings:
             out.append("op knobs: " + ", ".join(f"{k} {v}" for k, v in d["op_knobs"].items()))
         inner = self.inner
         if inner == "auto":  # what choose_inner does (the backend's log and reports: what it chose)
-            from .compiler.backend import AUTO_INDUCTOR_MIN_SIZE
-
-            inner = (f"auto (per graph piece: inductor from {AUTO_INDUCTOR_MIN_SIZE} nodes + edges; below, "
+            inner = ("auto (per graph piece: inductor from AUTO_INDUCTOR_MIN_SIZE nodes + edges; below, "
                      "aot_eager for a piece with fused ops that records a backward, else eager)")
         out += [f"inner: {inner}", f"reassociate: {self.reassociate}", f"slot order: {self.slot_order}",
                 f"capture dynamic: {self.capture_dynamic}", f"structure check: {self.structure_check}",
