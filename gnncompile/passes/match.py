@@ -460,13 +460,14 @@ GENERATED_MIN_EDGES = INTERPRETER_MIN_EDGES
 # ENCODED_MIN_EDGES_EACH edges: what a fused op saves (the edge tensors as written, their autograd
 # records) adds up over the layers of a piece, while what it costs once a piece (the message
 # kernels' fixed cost, AOTAutograd's runtime wrapper: the backend's 'auto' gives a training piece
-# with fused ops to aot_eager) does not. Issue 24 (benchmarks/results/small_steps.md; GINEConv,
-# edge features 8, 2 threads, interleaved in one process, AMD EPYC Zen 4): one layer alone,
-# programs / as written at 3k-8k edges 0.80-0.97x at degree 2 and 0.77-0.97x at degree 8; three
-# layers in one piece (F 32, 64) 1.38x / 1.05x and 1.25x / 1.21x of eager at 5k and 7k edges a
-# layer (degree 2), 1.21x / 0.99x and 1.37x / 1.01x (degree 8), and at 3k edges a layer 1.01x /
-# 1.14x and 0.91x / 1.07x (a loss: the floor); the molecule batches' GINE (3 x 6.4k edges,
-# degree 2.1), model alone with Adam: 1.18x eager against 0.99x.
+# with fused ops to aot_eager) does not. Issue 24 (benchmarks/results/small_steps.md; `python -m
+# benchmarks small_steps gine ...`: GINEConv, edge features 8, 2 threads, variants interleaved in
+# one process, AMD EPYC Zen 4), programs forced against the ops as written, ratios to eager: one
+# layer alone at 5k / 7k edges 0.87x / 0.90x against 0.86x / 0.92x (degree 2), 0.80x / 0.86x
+# against 0.94x / 0.93x (degree 8); three layers in one piece 1.20x / 1.42x against 1.00x / 1.06x
+# (degree 2), 1.06x / 1.36x against 1.02x / 1.01x (degree 8), and at 3k edges a layer 0.93x against
+# 1.07x, 0.94x against 0.98x (a loss: the floor); the molecule batches' GINE (3 x 6.4k edges,
+# degree 2.1), model alone with Adam, 1.05-1.18x eager against 0.96-0.99x.
 ENCODED_MIN_EDGES = 10_000
 ENCODED_MIN_EDGES_EACH = 5_000
 CHEAP_OPS = frozenset({"add", "sub", "mul", "neg", "relu", "leaky_relu", "clamp", "abs"})
