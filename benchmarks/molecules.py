@@ -42,9 +42,13 @@ copy of each batch's edge_index per step, as a loader hands out ("model alone, f
 the step finds no structure by identity; for the variants that prepare structures they are
 prepared for the copy before the timed step); recompiles (Dynamo's
 unique_graphs) after epoch 1; graph breaks; and a per-step breakdown over one pass of the
-prebuilt batches under torch.profiler (self CPU time by group; "outside ops" is the step's
-wall time minus the ops' self time: Python, autograd glue, guards; the profiler inflates small
-ops, so compare the breakdown's shares, and take times from the other columns).
+prebuilt batches under torch.profiler (self CPU time by group: the fused ops, matmuls, other
+aten ops, the optimizer, Dynamo's cache lookup (its guards), the compiled region's own time (the
+wrappers around the compiled graph), AOTAutograd's CompiledFunction / CompiledFunctionBackward
+self time (the Python of the forward and backward graphs an aot_eager piece runs), the autograd
+engine's nodes; "outside ops" is the step's wall time minus the ops' self time: Python, autograd
+glue of custom ops, the model's wrappers; the profiler inflates small ops, so compare the
+breakdown's shares, and take times from the other columns).
 Writes benchmarks/results/molecules[_quick].{json,md,png}. A shared machine is noisy: compare
 ratios from one run.
 """
@@ -70,8 +74,8 @@ VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile-pooled", "gnncompile-
 STRUCT_VARIANTS = ("gnncompile-pooled-struct", "gnncompile-pooled-w2", "gnncompile-pooled-w2-struct",
                    "gnncompile-prefetch")
 PREPARED = ("gnncompile-pooled-struct", "gnncompile-pooled-w2-struct", "gnncompile-prefetch")
-GROUPS = ("gnncompile fused ops", "matmul", "other aten ops", "optimizer", "Dynamo (guards, region)",
-          "outside ops")
+GROUPS = ("gnncompile fused ops", "matmul", "other aten ops", "optimizer", "Dynamo cache lookup (guards)",
+          "compiled region (wrappers)", "AOT CompiledFunction (graph code)", "autograd engine", "outside ops")
 
 
 # ----------------------------------------------------------------------------- data and models
@@ -174,8 +178,15 @@ def _group(name: str) -> str:
         return "matmul"
     if name.startswith("Optimizer.") or name.startswith("aten::_foreach"):
         return "optimizer"
-    if name.startswith("TorchDynamo") or name.startswith("Torch-Compiled Region") or "CompiledFunction" in name:
-        return "Dynamo (guards, region)"
+    if name.startswith("TorchDynamo"):
+        return "Dynamo cache lookup (guards)"
+    if name.startswith("Torch-Compiled Region"):
+        return "compiled region (wrappers)"
+    if "CompiledFunction" in name:  # aot_eager / inductor: the forward and backward graphs' own Python
+        return "AOT CompiledFunction (graph code)"
+    if name.startswith("autograd::engine") or name.endswith("Backward0") or name.endswith("Backward1") \
+            or name.startswith("torch::autograd::"):
+        return "autograd engine"
     return "other aten ops"
 
 

@@ -9,8 +9,9 @@ gives several) to :func:`gnncompile_backend`, which
    at run time), ``"aot_eager"`` (AOTAutograd traces forward + backward, no code generation) or
    ``"inductor"``: the backend's ``settings.inner``, which is 'auto' unless compile(inner=...),
    the profile or ``$GNNCOMPILE_INNER`` name one; 'auto' is chosen per graph piece from its
-   size by :func:`choose_inner` (a measured rule: inductor for large graphs, "eager" for small
-   ones, where compiling costs more than it saves), and
+   size by :func:`choose_inner` (a measured rule: inductor for large graphs; for small ones,
+   where inductor's compile costs more than it saves, aot_eager for a training piece with fused
+   ops, "eager" otherwise), and
 3. returns the result wrapped in a speed guard (:mod:`.guard`, unless ``settings.guard`` is
    'off'), which times it against the piece as captured on the first calls of each size class
    and keeps the faster: the compiled model is never slower than eager by more than the noise
@@ -59,6 +60,15 @@ INNERS = _config.INNERS
 # and for none of them at 110k or 330k (GCN not even at 1.1M: 596 vs 601 ms). The threshold
 # sits between the two measured sizes.
 AUTO_INDUCTOR_MIN_SIZE = 600_000
+# Below that size, a piece with fused ops that records a backward goes to aot_eager, not
+# "eager": AOTAutograd traces the forward and the fused ops' backward formulas once (one
+# CompiledFunction node a call), where "eager" runs every fused op's torch.library autograd glue
+# in Python at each call (fill_defaults, autograd_impl: tens of us an op) and autograd records
+# every op as written. A piece with nothing fused saves nothing that way and pays AOTAutograd's
+# runtime wrapper (a GINEConv layer left as written, 2k-7k edges: 0.3-0.5 ms a step slower).
+# Measured (issue 24, benchmarks/results/small_steps.md): molecule batches (3.3k nodes, 7k
+# edges, 3 layers, Adam), the zoo (2000 nodes, 16k edges), GINEConv alone at 2k-16k edges.
+AUTO_SMALL_FUSED_TRAINING = "aot_eager"
 
 
 def graph_size(example_inputs) -> int:
@@ -123,9 +133,14 @@ def _warn_once(message: str) -> None:
         warnings.warn("gnncompile: " + message, RuntimeWarning, stacklevel=3)
 
 
-def choose_inner(example_inputs) -> str:
-    """The inner compiler 'auto' uses for a graph piece (see AUTO_INDUCTOR_MIN_SIZE)."""
-    return "inductor" if graph_size(example_inputs) >= AUTO_INDUCTOR_MIN_SIZE else "eager"
+def choose_inner(example_inputs, fused: int = 0) -> str:
+    """The inner compiler 'auto' uses for a graph piece whose rewrite fused ``fused`` chains:
+    inductor from AUTO_INDUCTOR_MIN_SIZE; below it aot_eager for a piece that has fused ops and
+    records a backward (:func:`needs_grad` at compile time: Dynamo compiles grad-mode and
+    no-grad calls apart), "eager" otherwise (see AUTO_SMALL_FUSED_TRAINING)."""
+    if graph_size(example_inputs) >= AUTO_INDUCTOR_MIN_SIZE:
+        return "inductor"
+    return AUTO_SMALL_FUSED_TRAINING if fused and needs_grad(example_inputs) else "eager"
 
 # Data-dependent sizes are traced into the graph instead of breaking it, while a
 # gnncompile-compiled callable runs (see :func:`dynamic_output_shapes`):
@@ -315,6 +330,8 @@ class Backend:
         report = (passes.run(gm, self.settings, copy_structures=(inner == "inductor"), hoist=True,
                              fast_dropout=(inner != "inductor"), portfolio=_portfolio.decide) if self.rewrite
                   else passes.PassReport())
+        if self.inner == "auto" and inner != "inductor":  # eager or aot_eager: by what fused
+            inner = choose_inner(example_inputs, report.num_fused)
         report.inner = inner
         report.settings = self.settings
         report.graph_break, report.break_at = break_reason(gm)

@@ -456,19 +456,47 @@ GENERATED_MIN_EDGES = INTERPRETER_MIN_EDGES
 # (2000 nodes / 16k edges, degree 8, F 32, guard on), GINEConv: 1.32x eager [1.24, 1.41] with its
 # encoder inside under the 10k rule (HISTORY section 30) against 0.98x [0.93, 1.03] as written
 # under the interpreter's rule (section 31).
+# The 10k counts every such message of a graph piece together, each of at least
+# ENCODED_MIN_EDGES_EACH edges: what a fused op saves (the edge tensors as written, their autograd
+# records) adds up over the layers of a piece, while what it costs once a piece (the message
+# kernels' fixed cost, AOTAutograd's runtime wrapper: the backend's 'auto' gives a training piece
+# with fused ops to aot_eager) does not. Issue 24 (benchmarks/results/small_steps.md; `python -m
+# benchmarks small_steps gine ...`: GINEConv, edge features 8, 2 threads, variants interleaved in
+# one process, AMD EPYC Zen 4), programs forced against the ops as written, ratios to eager: one
+# layer alone at 5k / 7k edges 0.87x / 0.90x against 0.86x / 0.92x (degree 2), 0.80x / 0.86x
+# against 0.94x / 0.93x (degree 8); three layers in one piece 1.20x / 1.42x against 1.00x / 1.06x
+# (degree 2), 1.06x / 1.36x against 1.02x / 1.01x (degree 8), and at 3k edges a layer 0.93x against
+# 1.07x, 0.94x against 0.98x (a loss: the floor); the molecule batches' GINE (3 x 6.4k edges,
+# degree 2.1), model alone with Adam, 1.05-1.18x eager against 0.96-0.99x.
 ENCODED_MIN_EDGES = 10_000
+ENCODED_MIN_EDGES_EACH = 5_000
 CHEAP_OPS = frozenset({"add", "sub", "mul", "neg", "relu", "leaky_relu", "clamp", "abs"})
 
 
-def encoded_cheap_pays(prog, edges) -> bool:
-    """Whether ``prog`` (a message program over ``edges`` edges) takes :data:`ENCODED_MIN_EDGES`:
-    generated kernels run it, an edge encoder is inside it and every operator is in CHEAP_OPS."""
+def encoded_cheap(prog) -> bool:
+    """Whether ``prog`` is a message the encoded rule covers: generated kernels run it, an edge
+    encoder is inside it and every operator is in CHEAP_OPS."""
     from ..ops import program as P
 
-    e = size_hint(edges)
-    return (e is not None and e >= ENCODED_MIN_EDGES and _generated()
-            and any(lf.side == P.ENC for lf in getattr(prog, "leaves", ()))
+    return (_generated() and any(lf.side == P.ENC for lf in getattr(prog, "leaves", ()))
             and set(getattr(prog, "ops", ())) <= CHEAP_OPS)
+
+
+def encoded_cheap_pays(prog, edges) -> bool:
+    """Whether ``prog`` (a message program over ``edges`` edges) takes :data:`ENCODED_MIN_EDGES`
+    on its own: :func:`encoded_cheap` and at least that many edges (:func:`match` also counts
+    the piece's such messages together, see ENCODED_MIN_EDGES_EACH)."""
+    e = size_hint(edges)
+    return e is not None and e >= ENCODED_MIN_EDGES and encoded_cheap(prog)
+
+
+def encoded_note(total: int, count: int) -> str:
+    """What the reason of an encoded cheap message left as written adds: the piece rule."""
+    return (f"; a cheap message with its edge encoder inside fuses where the graph piece's such messages "
+            f"(each of >= {ENCODED_MIN_EDGES_EACH} edges) scatter >= {ENCODED_MIN_EDGES} edges together: "
+            f"here {count} of them, {total} edges")
+
+
 PROGRAM_MIN_EDGES = INTERPRETER_MIN_EDGES  # (the name before generated kernels: the interpreter's)
 
 
@@ -561,6 +589,7 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
         if sm is not None:
             m.softmaxes.append(sm)
             m.claimed += list(sm.internals)
+    encoded: list = []  # (node, program, reason, edges): cheap encoded messages the general rule declines
     for n, sc in scatters.items():
         if n in m.claimed:
             continue
@@ -611,12 +640,23 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
                 m.unfused[n] = f"message program: {e}"
                 continue
             pays, why = _program_pays(sc) if program_mode == "auto" else (True, "")
-            if not pays and encoded_cheap_pays(prog, fake_tensor(sc.index).shape[0]):
-                pays = True
+            if not pays and encoded_cheap(prog):
+                e = size_hint(fake_tensor(sc.index).shape[0])
+                if e is not None and e >= ENCODED_MIN_EDGES_EACH:
+                    encoded.append((n, prog, why, e))  # decided with the piece's others below
+                    continue
+                if e is not None:
+                    why += f" (and below ENCODED_MIN_EDGES_EACH, {ENCODED_MIN_EDGES_EACH} edges, for a cheap encoded message)"
             if pays:
                 m.aggregates.append(prog)
             else:
                 m.unfused[n] = why
+    total = sum(e for *_, e in encoded)
+    for n, prog, why, _ in encoded:  # ENCODED_MIN_EDGES over the piece's cheap encoded messages
+        if total >= ENCODED_MIN_EDGES:
+            m.aggregates.append(prog)
+        else:
+            m.unfused[n] = why + encoded_note(total, len(encoded))
     if programs:
         from .messages import match_edge_programs
 
@@ -638,5 +678,5 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     return m
 
 
-__all__ = ["SOFTMAX_MIN_EDGES", "softmax_pays", "PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
+__all__ = ["SOFTMAX_MIN_EDGES", "softmax_pays", "PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "ENCODED_MIN_EDGES_EACH", "encoded_cheap", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
            "gather_of", "read_scatter", "match_aggregate", "match_degree", "match_softmax", "match"]

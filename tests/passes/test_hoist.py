@@ -314,15 +314,49 @@ def test_hoisted_op_refuses_float_roots():
 
 
 def test_auto_inner_rule_by_graph_size(monkeypatch):
-    """'auto' without a profile or $GNNCOMPILE_INNER: eager below the measured size, inductor
-    at and above it (benchmarks/inner_rule.py); parameters do not count as nodes."""
+    """'auto' without a profile or $GNNCOMPILE_INNER: below the measured size aot_eager for a
+    piece with fused ops that records a backward, eager for the others, inductor at and above
+    it (benchmarks/inner_rule.py, benchmarks/results/small_steps.md); parameters do not count as
+    nodes."""
     T = _backend.AUTO_INDUCTOR_MIN_SIZE
-    small = [torch.empty(2708, 16), torch.empty(2, 10556, dtype=torch.long), torch.nn.Parameter(torch.empty(T, 1))]
+    weight = torch.nn.Parameter(torch.empty(T, 1))  # requires grad: a training piece in grad mode
+    small = [torch.empty(2708, 16), torch.empty(2, 10556, dtype=torch.long), weight]
     assert _backend.graph_size(small) == 2708 + 10556
-    assert _backend.choose_inner(small) == "eager"
-    big = [torch.empty(T // 10, 4), torch.empty(2, T - T // 10, dtype=torch.long)]
+    assert _backend.choose_inner(small, fused=3) == "aot_eager"
+    assert _backend.choose_inner(small, fused=0) == "eager"  # nothing fused: nothing to trace
+    with torch.no_grad():  # Dynamo compiles a no-grad call apart: no backward to trace
+        assert _backend.choose_inner(small, fused=3) == "eager"
+    assert _backend.choose_inner(small[:2], fused=3) == "eager"  # no input needs a gradient
+    big = [torch.empty(T // 10, 4), torch.empty(2, T - T // 10, dtype=torch.long), weight]
     assert _backend.choose_inner(big) == "inductor"
+    with torch.no_grad():
+        assert _backend.choose_inner(big, fused=3) == "inductor"
     with gnncompile.config.override(inner=None):
         assert _backend.make_backend("auto").inner == "auto"
     with gnncompile.config.override(inner="aot_eager"):  # $GNNCOMPILE_INNER names one for every piece
         assert _backend.make_backend("auto").inner == "aot_eager"
+
+
+def test_auto_inner_picks_aot_eager_for_fused_training_pieces():
+    """The backend's 'auto' below the inductor size: a piece with fused ops compiled in grad
+    mode goes to aot_eager, the same model's no-grad piece to eager; both compute what eager
+    computes, and explain's settings say what 'auto' does."""
+    from torch_geometric.nn import GCNConv
+
+    torch.manual_seed(0)
+    conv = GCNConv(8, 8)
+    x, ei = torch.randn(40, 8), torch.randint(0, 40, (2, 160))
+    with gnncompile.config.override(inner=None):
+        compiled = gnncompile.compile(conv, settings={"choices": {"guard": "off", "spmm_impl": "native"}})
+    assert compiled.gnncompile_settings.inner == "auto"
+    with _backend.collect() as reports:
+        out = compiled(x, ei)
+        out.sum().backward()
+        with torch.no_grad():
+            out_ng = compiled(x, ei)
+    assert [r.inner for r in reports] == ["aot_eager", "eager"], [(r.inner, r.num_fused) for r in reports]
+    assert all(r.num_fused >= 1 for r in reports)
+    torch.testing.assert_close(out, conv(x, ei), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_ng, out.detach(), rtol=1e-6, atol=1e-6)
+    assert conv.lin.weight.grad is not None
+    assert "aot_eager for a piece with fused ops" in str(gnncompile.explain(compiled, x, ei))

@@ -142,6 +142,47 @@ def test_cheap_encoded_messages_pay_from_10k_edges_under_generated_kernels(monke
     assert not _program_fused(rep), str(rep)
 
 
+class Stack(torch.nn.Module):
+    """``layers`` GINE layers in one graph piece (one frame, no break)."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(GINEConv(torch.nn.Linear(16, 16), edge_dim=4) for _ in range(layers))
+
+    def forward(self, x, edge_index, edge_attr):
+        for conv in self.convs:
+            x = conv(x, edge_index, edge_attr).relu()
+        return x
+
+
+def test_cheap_encoded_messages_count_together_in_a_piece(monkeypatch):
+    """match.ENCODED_MIN_EDGES counts a piece's cheap encoded messages together, each of at
+    least ENCODED_MIN_EDGES_EACH edges: three GINE layers of 6k edges fuse (the molecule batches'
+    GINE), one layer of 6k does not, nor three of 4k (12k edges together, each below the floor);
+    explain's reason says so; compiled equals eager where they fuse."""
+    from gnncompile import codegen
+    from gnncompile.passes.match import ENCODED_MIN_EDGES, ENCODED_MIN_EDGES_EACH
+
+    assert ENCODED_MIN_EDGES_EACH < 6_000 < ENCODED_MIN_EDGES < 3 * 6_000
+    assert 3 * 4_000 >= ENCODED_MIN_EDGES and 4_000 < ENCODED_MIN_EDGES_EACH
+    monkeypatch.setattr(codegen, "enabled", lambda: True)
+    settings = {"choices": {"programs": "auto", "edge_encoder": "inside"}}
+    mid, small = _inputs(n=3_000, degree=2), _inputs(n=2_000, degree=2)  # 6k, 4k edges: below the general rule
+    for layers, inp, fused in [(3, mid, 3), (1, mid, 0), (3, small, 0)]:
+        torch.manual_seed(0)
+        model = Stack(layers)
+        compiled = gnncompile.compile(model, settings=settings)
+        rep = gnncompile.explain(compiled, *inp)
+        assert sum(f.kind == "message" for f in rep.fused) == fused, (layers, inp[1].shape, str(rep))
+        reasons = " ".join(u.reason for u in rep.unfused)
+        if not fused and inp is mid:
+            assert "scatter >= 10000 edges together: here 1 of them, 6000 edges" in reasons, reasons
+        if not fused and inp is small:
+            assert "below ENCODED_MIN_EDGES_EACH" in reasons, reasons
+        if fused:
+            check_same(model, compiled, list(inp), rtol=1e-3, atol=1e-4)  # fp32 sums over 6k edges, 3 layers
+
+
 class GENLayer(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

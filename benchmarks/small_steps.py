@@ -1,0 +1,217 @@
+"""Per-step fixed costs on small graphs (issue 24): variants interleaved in one process.
+
+    python -m benchmarks small_steps molecules gin eager,gnc:eager,gnc:auto --breakdown
+    python -m benchmarks small_steps gine 3000,5000,7000 2,8 eager,eager+never,auto+auto --layers 3
+
+``molecules MODEL VARIANTS``: the model of benchmarks/molecules.py (gin, gine, gcn) on 1024 of
+its graphs in prebuilt batches of 128, one step = forward, cross-entropy, backward, Adam;
+variants ``eager`` or ``gnc:INNER[+prog|+never][+guard]`` (``gnncompile.compile(dynamic=True,
+inner=INNER)``, programs 'always' / 'never' / the default 'auto', the speed guard off unless
+``+guard``). Every variant steps through every batch in turn, the variants' order rotated each
+round (a variant that always follows another one measured 5-10% apart from an identical one);
+medians per variant. ``--breakdown``: one more pass per variant under torch.profiler, self CPU
+time per group (ms / step; "outside ops" = wall time minus the ops' self time: Python, custom
+ops' autograd glue, the compiled module's wrappers). ``--no-grad``: forward only, under
+torch.no_grad.
+
+``gine EDGES DEGREES VARIANTS``: GINEConv(MLP(F, 64, 64), edge_dim=8) (``--layers`` of them in
+one module, ReLU between: one graph piece) on a random graph of ``E / degree`` nodes, node
+features requiring grad, edge features not; a step = forward + ``out.sum().backward()``;
+variants ``eager`` or ``INNER+PROGRAMS`` (``gnncompile.compile(dynamic=True, inner=INNER,
+settings={'choices': {'programs': PROGRAMS, 'guard': 'off'}})``), outputs checked against eager
+first, steps interleaved.
+
+Prints one line per variant; ``--json FILE`` appends the figures as one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import gnncompile  # (the installed package; imported before anything else)
+import torch
+
+from . import molecules as M
+
+
+def _compiled(model, inner: str, choices: dict):
+    return gnncompile.compile(model, dynamic=True, inner=inner, settings={"choices": choices})
+
+
+def _group(name: str) -> str:
+    if name == "TorchDynamo Cache Lookup":
+        return "Dynamo cache lookup (guards)"
+    if name.startswith("Torch-Compiled Region"):
+        return "compiled region (wrappers)"
+    if "CompiledFunction" in name:
+        return "AOT CompiledFunction (graph code)"
+    if name.startswith("autograd::engine"):
+        return "autograd engine"
+    if name.startswith("aten::empty") or name in ("aten::zeros", "aten::zero_", "aten::new_empty",
+                                                  "aten::empty_like", "aten::resize_"):
+        return "allocation"
+    return M._group(name)
+
+
+def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: bool) -> dict:
+    from torch_geometric.loader import DataLoader
+
+    ds = M.make_dataset(1024)
+    pre = [b.clone() for b in DataLoader(ds, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(0))]
+    runs, losses = {}, {}
+    for v in variants:
+        model = M.build_model(kind)
+        if v == "eager":
+            run = model
+        else:
+            parts = (v.split(":")[1] if ":" in v else "auto").split("+")
+            choices = {"guard": "off"}
+            if "prog" in parts:
+                choices["programs"] = "always"
+            if "never" in parts:
+                choices["programs"] = "never"
+            if "guard" in parts:
+                choices.pop("guard")
+            run = _compiled(model, parts[0], choices)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step(b, run=run, opt=opt):
+            if no_grad:
+                with torch.no_grad():
+                    return M._loss(run, b).detach()
+            opt.zero_grad(set_to_none=True)
+            loss = M._loss(run, b)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        runs[v] = step
+        losses[v] = float(step(pre[0]))
+        for b in pre[1:]:
+            step(b)
+    if any(abs(x - losses[variants[0]]) > 1e-4 * abs(losses[variants[0]]) for x in losses.values()):
+        raise AssertionError(f"first losses differ: {losses}")
+    ts = {v: [] for v in variants}
+    for r in range(rounds):
+        order = variants[r % len(variants):] + variants[:r % len(variants)]
+        for b in pre:
+            for v in order:
+                t = time.perf_counter()
+                runs[v](b)
+                ts[v].append(time.perf_counter() - t)
+    med = {v: statistics.median(ts[v]) * 1e3 for v in variants}
+    out = {"model": kind, "no_grad": no_grad, "median_ms": med, "first_losses": losses}
+    for v in variants:
+        print(f"{kind} {v:22s} median {med[v]:7.3f} ms   {med[variants[0]] / med[v]:5.2f}x vs {variants[0]}", flush=True)
+    if breakdown:
+        from torch.profiler import ProfilerActivity, profile
+
+        out["breakdown_ms"] = {}
+        for v in variants:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                t0 = time.perf_counter()
+                for b in pre:
+                    runs[v](b)
+                wall = time.perf_counter() - t0
+            parts = {}
+            for e in prof.key_averages():
+                g = _group(e.key)
+                parts[g] = parts.get(g, 0.0) + e.self_cpu_time_total / 1e3
+            parts["outside ops"] = wall * 1e3 - sum(parts.values())
+            parts["wall under profiler"] = wall * 1e3
+            out["breakdown_ms"][v] = {k: x / len(pre) for k, x in parts.items()}
+        keys = sorted({k for d in out["breakdown_ms"].values() for k in d})
+        print("ms / step".ljust(36) + "".join(f"{v:>20s}" for v in variants))
+        for k in keys:
+            print(k.ljust(36) + "".join(f"{out['breakdown_ms'][v].get(k, 0.0):20.3f}" for v in variants))
+    return out
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, convs) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(convs)
+
+    def forward(self, x, edge_index, edge_attr):
+        for conv in self.convs:
+            x = conv(x, edge_index, edge_attr).relu()
+        return x
+
+
+def gine(edges_list: list, degrees: list, variants: list, layers: int, width: int, steps: int) -> dict:
+    from torch_geometric.nn import GINEConv
+
+    def build():
+        torch.manual_seed(0)
+        convs = [GINEConv(torch.nn.Sequential(torch.nn.Linear(width if i == 0 else 64, 64), torch.nn.ReLU(),
+                                              torch.nn.Linear(64, 64)), edge_dim=8) for i in range(layers)]
+        return _Stack(convs) if layers > 1 else convs[0]
+
+    rows = []
+    for deg in degrees:
+        for e in edges_list:
+            torch._dynamo.reset()
+            n = max(2, e // deg)
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(n, width, generator=g, requires_grad=True)
+            ei = torch.randint(0, n, (2, e), generator=g)
+            ea = torch.randn(e, 8, generator=g)
+            expect = build()(x, ei, ea)
+            runs = {}
+            for v in variants:
+                if v == "eager":
+                    runs[v] = build()
+                else:
+                    inner, programs = v.split("+")
+                    runs[v] = _compiled(build(), inner, {"programs": programs, "guard": "off"})
+                torch.testing.assert_close(runs[v](x, ei, ea), expect, rtol=1e-4, atol=1e-4)
+                for _ in range(3):
+                    runs[v](x, ei, ea).sum().backward()
+            ts = {v: [] for v in variants}
+            for s in range(steps):
+                order = variants[s % len(variants):] + variants[:s % len(variants)]
+                for v in order:
+                    t = time.perf_counter()
+                    runs[v](x, ei, ea).sum().backward()
+                    ts[v].append(time.perf_counter() - t)
+            med = {v: statistics.median(ts[v]) * 1e3 for v in variants}
+            rows.append({"edges": e, "degree": deg, "nodes": n, "layers": layers, "ms": med})
+            print(f"E={e:6d} deg={deg:2d} layers={layers} " + "  ".join(
+                f"{v} {med[v]:.3f} ms ({med[variants[0]] / med[v]:.2f}x)" for v in variants), flush=True)
+    return {"gine": rows}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("molecules", "gine"))
+    ap.add_argument("args", nargs="+", help="molecules: MODEL VARIANTS; gine: EDGES DEGREES VARIANTS")
+    ap.add_argument("--rounds", type=int, default=12, help="molecules: passes over the batches")
+    ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--no-grad", action="store_true")
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--width", type=int, default=64, help="gine: input feature width")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    opts = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(opts.threads)
+    if opts.what == "molecules":
+        kind, variants = opts.args
+        out = molecules(kind, variants.split(","), opts.rounds, opts.breakdown, opts.no_grad)
+    else:
+        edges, degrees, variants = opts.args
+        out = gine([int(e) for e in edges.split(",")], [int(d) for d in degrees.split(",")], variants.split(","),
+                   opts.layers, opts.width, opts.steps)
+    out["command"] = "python -m benchmarks small_steps " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    if opts.json:
+        with open(opts.json, "a") as f:
+            f.write(json.dumps(out) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
