@@ -26,6 +26,12 @@ for mini-batches: one compilation instead of a static one and a dynamic one):
   gnncompile-breaks   as gnncompile-pooled with ``settings={"capture_dynamic": False}``: the
                       readout breaks the graph as before issue 24 (the "before" of the
                       breakdown)
+  gnncompile-pooled-before
+                      as gnncompile-pooled with the per-step rules of issue 24 point 3 turned
+                      off, as they were before them: ``inner="eager"`` (no AOTAutograd for the
+                      small training pieces) and ``choices['programs'] = 'never'`` (the rule
+                      before them fused no message program at these sizes); the "before" of the
+                      per-step breakdown in the same run
 The loader-prepared structures (issue 24 point 2; run only when named in ``--variants``):
   gnncompile-pooled-struct     as gnncompile-pooled, ``structures=True``: each batch's CSR / CSC
                                built at delivery (no workers: in the main thread, before the step)
@@ -69,7 +75,7 @@ from . import _common
 
 F, EDGE_DIM, HIDDEN, LAYERS, C = 32, 8, 64, 3, 2
 MODELS = ("gin", "gine", "gcn")
-VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile-pooled", "gnncompile-breaks")
+VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile-pooled", "gnncompile-breaks", "gnncompile-pooled-before")
 # the loader's structures (issue 24 point 2), A/B; not run unless named in --variants
 STRUCT_VARIANTS = ("gnncompile-pooled-struct", "gnncompile-pooled-w2", "gnncompile-pooled-w2-struct",
                    "gnncompile-prefetch")
@@ -137,12 +143,14 @@ def wrap(model, variant: str):
         return torch.compile(model, dynamic=True)
     if variant == "gnncompile-breaks":
         return gnncompile.compile(model, dynamic=True, settings={"capture_dynamic": False})
+    if variant == "gnncompile-pooled-before":
+        return gnncompile.compile(model, dynamic=True, inner="eager", settings={"choices": {"programs": "never"}})
     return gnncompile.compile(model, dynamic=True)
 
 
 def make_loader(dataset: list, batch_size: int, variant: str):
     gen = torch.Generator().manual_seed(0)
-    if variant in ("gnncompile-pooled", "gnncompile-breaks", "gnncompile-pooled-struct"):
+    if variant in ("gnncompile-pooled", "gnncompile-breaks", "gnncompile-pooled-struct", "gnncompile-pooled-before"):
         from gnncompile.data import PooledLoader
 
         return PooledLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen,
