@@ -203,8 +203,7 @@ class Variable:
 VARIABLES: Tuple[Variable, ...] = (
     Variable("GNNCOMPILE_INNER", "inner", _inner, "eager, aot_eager, inductor, auto (unset)",
              "the inner compiler for the graph around the fused ops when compile(inner='auto') "
-             "and the profile names none; unset: chosen per graph piece by its size (and, below inductor's "
-             "size, whether it fused ops and records a backward)"),
+             "and the profile names none; unset: chosen per graph piece by its size"),
     Variable("GNNCOMPILE_CAPTURE_DYNAMIC", "capture_dynamic", _capture, "1 (default) / 0 / outputs",
              "trace ops with data-dependent output sizes (edge_index[:, mask]) and sizes read "
              "from data (int(batch.max()) + 1 in pooling with no graph count) into the graph "

@@ -15,8 +15,8 @@ Fields:
 * ``knobs``: kernel knobs by device type (``(("cpu", (8,)),)``; a device type that is not
   listed gets the kernels' own defaults), and ``op_knobs`` by op and device type, which win
   over ``knobs`` for that op (ops: :data:`OPS`).
-* ``inner``: the inner compiler ('auto': chosen per graph piece by its size, what it fused and
-  whether it records a backward, see :func:`gnncompile.compiler.backend.choose_inner`).
+* ``inner``: the inner compiler ('auto': chosen per graph piece by its size, see
+  :func:`gnncompile.compiler.backend.choose_inner`).
 * ``reassociate``: distribute linear maps over sums and differences of gathered rows, and
   aggregate a graph input that needs no gradient before its linear map (``A (x W) -> (A x) W``)
   (not exact, off by default; see :mod:`gnncompile.passes.algebra` and :mod:`gnncompile.passes.order`).
@@ -274,8 +274,7 @@ class Settings:
             out.append("op knobs: " + ", ".join(f"{k} {v}" for k, v in d["op_knobs"].items()))
         inner = self.inner
         if inner == "auto":  # what choose_inner does (the backend's log and reports: what it chose)
-            inner = ("auto (per graph piece: inductor from AUTO_INDUCTOR_MIN_SIZE nodes + edges; below, "
-                     "aot_eager for a piece with fused ops that records a backward, else eager)")
+            inner = "auto (per graph piece: inductor from AUTO_INDUCTOR_MIN_SIZE nodes + edges, else eager)"
         out += [f"inner: {inner}", f"reassociate: {self.reassociate}", f"slot order: {self.slot_order}",
                 f"capture dynamic: {self.capture_dynamic}", f"structure check: {self.structure_check}",
                 f"threads: {self.threads if self.threads is not None else 'as torch has it'}"]

@@ -325,9 +325,10 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
         inner: compiler for the rest of the graph: 'auto' (the profile's ``inner`` when the
             profile has one, else ``$GNNCOMPILE_INNER``, else chosen per graph piece by
             :func:`gnncompile.compiler.backend.choose_inner`: inductor for graphs of at least
-            ``AUTO_INDUCTOR_MIN_SIZE`` nodes + edges; below, where inductor's compile time
-            would not be repaid, aot_eager for a training piece with fused ops and "eager"
-            for the others), 'eager', 'aot_eager' or 'inductor'.
+            ``AUTO_INDUCTOR_MIN_SIZE`` nodes + edges; "eager" below, where inductor's compile
+            time would not be repaid; 'aot_eager' makes small training steps faster for about
+            1 s more at the first call, see ``AUTO_SMALL_FUSED_TRAINING``), 'eager', 'aot_eager'
+            or 'inductor'.
         dynamic: passed to ``torch.compile``. ``None`` (automatic dynamic shapes): the first call
             compiles each graph piece for its exact sizes, and the first call with other sizes
             recompiles it once with symbolic sizes, after which changing N and E (mini-batches)

@@ -9,9 +9,9 @@ gives several) to :func:`gnncompile_backend`, which
    at run time), ``"aot_eager"`` (AOTAutograd traces forward + backward, no code generation) or
    ``"inductor"``: the backend's ``settings.inner``, which is 'auto' unless compile(inner=...),
    the profile or ``$GNNCOMPILE_INNER`` name one; 'auto' is chosen per graph piece from its
-   size by :func:`choose_inner` (a measured rule: inductor for large graphs; for small ones,
-   where inductor's compile costs more than it saves, aot_eager for a training piece with fused
-   ops, "eager" otherwise), and
+   size by :func:`choose_inner` (a measured rule: inductor for large graphs; "eager" for small
+   ones, where inductor's compile costs more than it saves; :data:`AUTO_SMALL_FUSED_TRAINING`
+   says why not aot_eager there), and
 3. returns the result wrapped in a speed guard (:mod:`.guard`, unless ``settings.guard`` is
    'off'), which times it against the piece as captured on the first calls of each size class
    and keeps the faster: the compiled model is never slower than eager by more than the noise
@@ -67,8 +67,17 @@ AUTO_INDUCTOR_MIN_SIZE = 600_000
 # every op as written. A piece with nothing fused saves nothing that way and pays AOTAutograd's
 # runtime wrapper (a GINEConv layer left as written, 2k-7k edges: 0.3-0.5 ms a step slower).
 # Measured (issue 24, benchmarks/results/small_steps.md): molecule batches (3.3k nodes, 7k
-# edges, 3 layers, Adam), the zoo (2000 nodes, 16k edges), GINEConv alone at 2k-16k edges.
-AUTO_SMALL_FUSED_TRAINING = "aot_eager"
+# edges, 3 layers, Adam), the zoo (2000 nodes, 16k edges), GINEConv alone at 2k-16k edges:
+# model alone GCN 1.57x -> 1.77x eager, GINE 0.96x -> 1.05x, GIN a tie.
+# But AOTAutograd's trace costs about 1.1 s more at the first call: in one run of
+# `python -m benchmarks molecules --rounds 3` (benchmarks/results/molecules.md, variants
+# gnncompile-pooled with aot_eager there against gnncompile-pooled-before with "eager"), the
+# first epoch (32 steps, compile included) took 2.35-2.40 s against 1.15-1.44 s, 4.6-5.6x
+# eager's first epoch against 2.3-3.1x, while a step gains 0.3-1.1 ms: repaid after 1000-3700
+# steps (30-120 epochs of that workload). So 'auto' keeps "eager" for small pieces; the choice
+# after the passes stays (this constant names it), and compile(inner='aot_eager') takes the
+# faster steps for long runs.
+AUTO_SMALL_FUSED_TRAINING = "eager"
 
 
 def graph_size(example_inputs) -> int:
@@ -135,9 +144,10 @@ def _warn_once(message: str) -> None:
 
 def choose_inner(example_inputs, fused: int = 0) -> str:
     """The inner compiler 'auto' uses for a graph piece whose rewrite fused ``fused`` chains:
-    inductor from AUTO_INDUCTOR_MIN_SIZE; below it aot_eager for a piece that has fused ops and
-    records a backward (:func:`needs_grad` at compile time: Dynamo compiles grad-mode and
-    no-grad calls apart), "eager" otherwise (see AUTO_SMALL_FUSED_TRAINING)."""
+    inductor from AUTO_INDUCTOR_MIN_SIZE; below it :data:`AUTO_SMALL_FUSED_TRAINING` ("eager":
+    see there why not aot_eager) for a piece that has fused ops and records a backward
+    (:func:`needs_grad` at compile time: Dynamo compiles grad-mode and no-grad calls apart),
+    "eager" otherwise."""
     if graph_size(example_inputs) >= AUTO_INDUCTOR_MIN_SIZE:
         return "inductor"
     return AUTO_SMALL_FUSED_TRAINING if fused and needs_grad(example_inputs) else "eager"

@@ -314,14 +314,18 @@ def test_hoisted_op_refuses_float_roots():
 
 
 def test_auto_inner_rule_by_graph_size(monkeypatch):
-    """'auto' without a profile or $GNNCOMPILE_INNER: below the measured size aot_eager for a
-    piece with fused ops that records a backward, eager for the others, inductor at and above
-    it (benchmarks/inner_rule.py, benchmarks/results/small_steps.md); parameters do not count as
-    nodes."""
+    """'auto' without a profile or $GNNCOMPILE_INNER: below the measured size
+    AUTO_SMALL_FUSED_TRAINING (eager by default: aot_eager's trace costs more at the first call
+    than it saves in a short run) for a piece with fused ops that records a backward, eager for
+    the others, inductor at and above it (benchmarks/inner_rule.py, results/small_steps.md,
+    results/molecules.md); parameters do not count as nodes."""
     T = _backend.AUTO_INDUCTOR_MIN_SIZE
     weight = torch.nn.Parameter(torch.empty(T, 1))  # requires grad: a training piece in grad mode
     small = [torch.empty(2708, 16), torch.empty(2, 10556, dtype=torch.long), weight]
     assert _backend.graph_size(small) == 2708 + 10556
+    assert _backend.AUTO_SMALL_FUSED_TRAINING == "eager"
+    assert _backend.choose_inner(small, fused=3) == "eager"
+    monkeypatch.setattr(_backend, "AUTO_SMALL_FUSED_TRAINING", "aot_eager")  # the rule's other setting
     assert _backend.choose_inner(small, fused=3) == "aot_eager"
     assert _backend.choose_inner(small, fused=0) == "eager"  # nothing fused: nothing to trace
     with torch.no_grad():  # Dynamo compiles a no-grad call apart: no backward to trace
@@ -337,10 +341,12 @@ def test_auto_inner_rule_by_graph_size(monkeypatch):
         assert _backend.make_backend("auto").inner == "aot_eager"
 
 
-def test_auto_inner_picks_aot_eager_for_fused_training_pieces():
-    """The backend's 'auto' below the inductor size: a piece with fused ops compiled in grad
-    mode goes to aot_eager, the same model's no-grad piece to eager; both compute what eager
-    computes, and explain's settings say what 'auto' does."""
+def test_auto_inner_picks_aot_eager_for_fused_training_pieces(monkeypatch):
+    """The backend's 'auto' below the inductor size, with AUTO_SMALL_FUSED_TRAINING set to
+    aot_eager: a piece with fused ops compiled in grad mode goes to it (the choice is made after
+    the passes), the same model's no-grad piece to eager; both compute what eager computes, and
+    explain's settings say what 'auto' does."""
+    monkeypatch.setattr(_backend, "AUTO_SMALL_FUSED_TRAINING", "aot_eager")
     from torch_geometric.nn import GCNConv
 
     torch.manual_seed(0)
@@ -359,4 +365,4 @@ def test_auto_inner_picks_aot_eager_for_fused_training_pieces():
     torch.testing.assert_close(out, conv(x, ei), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out_ng, out.detach(), rtol=1e-6, atol=1e-6)
     assert conv.lin.weight.grad is not None
-    assert "aot_eager for a piece with fused ops" in str(gnncompile.explain(compiled, x, ei))
+    assert "inductor from AUTO_INDUCTOR_MIN_SIZE nodes + edges, else eager" in str(gnncompile.explain(compiled, x, ei))
