@@ -51,6 +51,7 @@ import torch
 from . import _common
 from . import molecules as M
 
+VARIANTS = ("eager", "gnncompile", "dynamo-eager", "gnncompile-warm")
 DYNAMO_KEYS = ("_compile.compile_inner", "bytecode_tracing", "get_fake_value", "variable_builder_call",
                "build_guards", "OutputGraph.call_user_compiler", "insert_deferred_runtime_asserts")
 
@@ -195,11 +196,21 @@ def measure(kind: str, variant: str, opts) -> dict:
     probes = Probes() if compiled and not opts.attribute_child else None
     attribution = TraceAttribution() if opts.attribute_child else None
     dataset = M.make_dataset(opts.graphs)
+    warm_up_s = warm_up() if variant == "gnncompile-warm" else 0.0
     counters.clear()
     ctm.clear()
     model0 = M.build_model(kind)
     ref, model = copy.deepcopy(model0), copy.deepcopy(model0)
-    run = M.wrap(model, "gnncompile-pooled" if compiled else "eager")
+    if variant == "dynamo-eager":  # Dynamo alone: the same capture, no passes, no guard
+        from gnncompile.compiler.backend import dynamic_output_shapes
+
+        plain = torch.compile(model, backend="eager", dynamic=True)
+
+        def run(*args):
+            with dynamic_output_shapes(True):
+                return plain(*args)
+    else:
+        run = M.wrap(model, "gnncompile-pooled" if compiled else "eager")
     if probes is not None and getattr(run, "_guard", None) is not None:
         probes.watch(run._guard, "model")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -214,7 +225,7 @@ def measure(kind: str, variant: str, opts) -> dict:
             ref_s = time.perf_counter() - t
         if probes is not None:
             probes.calls = i
-            if i == 1:
+            if i == 1 and hasattr(run, "_backend"):
                 for g in (r() for r in run._backend.guards):
                     if g is not None:
                         probes.watch(g, "piece")
@@ -236,13 +247,14 @@ def measure(kind: str, variant: str, opts) -> dict:
     out = {"model": kind, "variant": variant, "first_epoch_s": epoch, "first_step_s": steps[0], "first_step": first,
            "rest_s": sum(steps[1:]), "rest_loader_s": epoch - sum(steps), "steps": len(steps),
            "step_median_ms": statistics.median(steps[1:]) * 1e3, "first_loss": losses[0], "first_loss_eager": expect,
-           "steps_ms": [round(s * 1e3, 3) for s in steps], "threads": torch.get_num_threads(), "config": opts.dynamo if variant == "gnncompile+config" else []}
+           "steps_ms": [round(s * 1e3, 3) for s in steps], "threads": torch.get_num_threads(), "config": opts.dynamo if variant == "gnncompile+config" else [],
+           "warm_up_s": warm_up_s}
     if not compiled:
         return out
     out["dynamo_s"] = {k: sum(ctm.get(k, [0.0])) for k in DYNAMO_KEYS}
     out["graphs_compiled"] = counters["stats"]["unique_graphs"]
     out["graph_breaks"] = sum(counters["graph_break"].values())
-    out["guard"] = [str(d) for d in run.guard_decisions()]
+    out["guard"] = [str(d) for d in run.guard_decisions()] if hasattr(run, "guard_decisions") else []
     if attribution is not None:
         out["attribution"] = attribution.top(opts.top)
         return out
@@ -252,9 +264,22 @@ def measure(kind: str, variant: str, opts) -> dict:
     out["gnncompile_calls"] = dict(probes.n)
     out["graph_code"] = probes.graphs
     out["codegen"] = dict(getattr(build, "stats", {}))
-    out["races"] = probes.race_costs(run.guard_decisions())
+    out["races"] = probes.race_costs(run.guard_decisions()) if hasattr(run, "guard_decisions") else {}
     out["form_calls"] = {k: len(v) for k, v in probes.forms.items()}
     return out
+
+
+def warm_up() -> float:
+    """Compiles and runs a two-line function with dynamic shapes and a captured scalar (not the
+    model): Dynamo's first-use work in a process (lazy imports, caches), paid before the epoch.
+    Returns its seconds."""
+    from gnncompile.compiler.backend import dynamic_output_shapes
+
+    f = torch.compile(lambda x, i: (x[i] * 2).sum(0) + int(i.max()), backend="eager", dynamic=True)
+    t0 = time.perf_counter()
+    with dynamic_output_shapes(True):
+        f(torch.randn(10, 3), torch.arange(5))
+    return time.perf_counter() - t0
 
 
 def child(kind: str, variant: str, opts, attribute: bool = False) -> dict:
@@ -275,8 +300,8 @@ def combine(rounds: list, eager: list) -> dict:
         return rounds[0] if rounds else {"error": "no run"}
     med = statistics.median
     out = dict(ok[0])
-    for k in ("first_epoch_s", "first_step_s", "rest_s", "rest_loader_s", "step_median_ms"):
-        out[k] = med(r[k] for r in ok)
+    for k in ("first_epoch_s", "first_step_s", "rest_s", "rest_loader_s", "step_median_ms", "warm_up_s"):
+        out[k] = med(r.get(k, 0.0) for r in ok)
     out["first_step"] = {k: med(r["first_step"][k] for r in ok) for k in ok[0]["first_step"]}
     for group in ("dynamo_s", "gnncompile_s"):
         if group in ok[0]:
@@ -344,6 +369,21 @@ def markdown(p: dict) -> str:
     row("graphs compiled / breaks", None, lambda c: f"{c['graphs_compiled']} / {c['graph_breaks']}")
     row("generated kernels built / loaded", None,
         lambda c: f"{c['codegen'].get('builds', 0)} / {c['codegen'].get('disk_hits', 0)}")
+    others = [(k, v, R[k][v]) for k in p["models"] for v in R[k] if v in ("dynamo-eager", "gnncompile-warm")
+              or (v == "gnncompile" and any(o in R[k] for o in ("dynamo-eager", "gnncompile-warm")))]
+    if others:
+        lines += ["", "Dynamo alone (dynamo-eager: `torch.compile(model, backend='eager', dynamic=True)` with the "
+                  "same capture of sizes, no passes, no guard) and Dynamo's first use in the process "
+                  "(gnncompile-warm: another function compiled before the epoch, its time not counted):", "",
+                  "| model | variant | first epoch ms | vs eager | first forward ms | compile_inner ms | "
+                  "bytecode tracing ms | warm-up compile ms (before the epoch) |", "|---|---|---|---|---|---|---|---|"]
+        for k, v, r in others:
+            if "first_epoch_s" not in r:
+                lines.append(f"| {k} | {v} | error: {r.get('error', '')[:200]} | | | | | |")
+                continue
+            lines.append(f"| {k} | {v} | {_ms(r['first_epoch_s'])} | {r.get('over_eager_first_epoch', 0):.2f}x | "
+                         f"{_ms(r['first_step']['forward_s'])} | {_ms(r['dynamo_s']['_compile.compile_inner'])} | "
+                         f"{_ms(r['dynamo_s']['bytecode_tracing'])} | {_ms(r.get('warm_up_s', 0.0))} |")
     lines += ["", "What the speed guard kept (first round):", ""]
     for k in p["models"]:
         c = R[k].get("gnncompile", {})
@@ -396,6 +436,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default=",".join(M.MODELS))
+    ap.add_argument("--variants", default="eager,gnncompile",
+                    help="comma list of eager, gnncompile, dynamo-eager (torch.compile(backend='eager') with the "
+                         "same capture: Dynamo alone), gnncompile-warm (after a warm-up compile of another "
+                         "function: Dynamo's first use in the process paid before the epoch)")
     ap.add_argument("--attribute", action="store_true", help="also time Dynamo's tracing per inlined function")
     ap.add_argument("--top", type=int, default=12, help="functions listed by --attribute")
     ap.add_argument("--dynamo", action="append", default=None, metavar="KEY=JSON",
@@ -416,7 +460,11 @@ def main(argv=None) -> dict:
     bad = [m for m in models if m not in M.MODELS]
     if bad:
         ap.error(f"unknown models {bad}; known: {', '.join(M.MODELS)}")
-    variants = ["eager", "gnncompile"] + (["gnncompile+config"] if opts.dynamo else [])
+    variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or "eager" not in variants:
+        ap.error(f"unknown variants {bad} (known: {', '.join(VARIANTS)}); eager is needed (the ratios)")
+    variants += ["gnncompile+config"] if opts.dynamo else []
     load_before = _common.loadavg()
     runs = {k: {v: [] for v in variants} for k in models}
     for rnd in range(opts.rounds):
