@@ -2,7 +2,8 @@
 
     python -m benchmarks first_epoch                          # gin, gine, gcn; 3 rounds
     python -m benchmarks first_epoch --models gin --rounds 1 --attribute
-    python -m benchmarks first_epoch --dynamo inline_inbuilt_nn_modules=false
+    python -m benchmarks first_epoch --dynamo log_compilation_metrics=false
+    python -m benchmarks first_epoch --variants eager,gnncompile,dynamo-eager,gnncompile-warm
 
 The workload of ``python -m benchmarks molecules`` (its ``make_dataset``, ``build_model``,
 ``_loss``; 4000 graphs, batches of 128, Adam, 2 threads): ``eager`` with PyG's DataLoader,
@@ -24,6 +25,12 @@ without a profiler:
   one that won: what the race cost compared with knowing the winner from the start); generated
   kernels built or loaded (``gnncompile.codegen``); graph structures built; recompiles and graph
   breaks.
+
+``--variants``: besides ``eager`` and ``gnncompile``, ``dynamo-eager`` (``torch.compile(model,
+backend="eager", dynamic=True)`` with the sizes captured as gnncompile captures them: Dynamo
+alone, no passes, no guard) and ``gnncompile-warm`` (another small function compiled before
+the epoch, not timed: Dynamo's first use in a process, its lazy imports and caches, paid
+outside the epoch).
 
 ``--attribute``: one more process per model that times Dynamo's tracing by the user function
 it inlines (inclusive and exclusive of the functions it calls; the timers add their own cost,
