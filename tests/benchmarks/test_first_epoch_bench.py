@@ -82,3 +82,10 @@ def test_compiled_child_on_small_batches_adds_up(monkeypatch):
     assert 0 < g["passes"] <= g["backend"] <= d["OutputGraph.call_user_compiler"] + 1e-3
     assert d["bytecode_tracing"] < d["_compile.compile_inner"] <= r["first_step"]["forward_s"]
     assert len(r["graph_code"]) == 1 and r["form_calls"]["model:compiled"] >= 1
+
+
+def test_unknown_variant_or_no_eager_is_refused(capsys):
+    for bad in (["--variants", "eager,nope"], ["--variants", "gnncompile"], ["--models", "gat"]):
+        with pytest.raises(SystemExit):
+            fe.main(bad + ["--rounds", "0"])
+    assert "unknown" in capsys.readouterr().err
