@@ -459,8 +459,11 @@ GENERATED_MIN_EDGES = INTERPRETER_MIN_EDGES
 # The 10k counts every such message of a graph piece together, each of at least
 # ENCODED_MIN_EDGES_EACH edges: what a fused op saves (the edge tensors as written, their autograd
 # records) adds up over the layers of a piece, while what it costs once a piece (the message
-# kernels' fixed cost, AOTAutograd's runtime wrapper: the backend's 'auto' gives a training piece
-# with fused ops to aot_eager) does not. Issue 24 (benchmarks/results/small_steps.md; `python -m
+# kernels' fixed cost) does not. The figures below were taken while the backend's 'auto' gave a
+# small training piece with fused ops to aot_eager; with the "eager" inner compiler 'auto' keeps
+# now (backend.AUTO_SMALL_FUSED_TRAINING) the rule still pays: three layers at 5k / 7k edges,
+# degree 2, 1.17x / 1.28x eager with programs against 1.08x / 1.13x without (`python -m benchmarks
+# small_steps gine 5000,7000 2 eager,eager+never,eager+always --layers 3 --width 32`, one run). Issue 24 (benchmarks/results/small_steps.md; `python -m
 # benchmarks small_steps gine ...`: GINEConv, edge features 8, 2 threads, variants interleaved in
 # one process, AMD EPYC Zen 4), programs forced against the ops as written, ratios to eager: one
 # layer alone at 5k / 7k edges 0.87x / 0.90x against 0.86x / 0.92x (degree 2), 0.80x / 0.86x
