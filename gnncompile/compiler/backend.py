@@ -60,8 +60,8 @@ INNERS = _config.INNERS
 # and for none of them at 110k or 330k (GCN not even at 1.1M: 596 vs 601 ms). The threshold
 # sits between the two measured sizes.
 AUTO_INDUCTOR_MIN_SIZE = 600_000
-# Below that size, a piece with fused ops that records a backward goes to aot_eager, not
-# "eager": AOTAutograd traces the forward and the fused ops' backward formulas once (one
+# Below that size, a piece with fused ops that records a backward could go to aot_eager instead of
+# "eager" (measured, not taken: see below). AOTAutograd traces the forward and the fused ops' backward formulas once (one
 # CompiledFunction node a call), where "eager" runs every fused op's torch.library autograd glue
 # in Python at each call (fill_defaults, autograd_impl: tens of us an op) and autograd records
 # every op as written. A piece with nothing fused saves nothing that way and pays AOTAutograd's
