@@ -13,7 +13,8 @@ tile makes a round trip through memory. Everything else is the interpreter's own
 from the torch-free headers: the row walk's checks (``row_ok``, ``in_range``), ``fold_extreme``
 for max / min, ``store_reduced`` for the mean's scale and the arg record; the walk of each op is
 the interpreter's (reduce_rows, sum_rows_multi, edge_rows in message_core.h), with its checks in
-the same order and its prefetch. The glue runs the kernel per chunk of its balanced row split
+the same order and its prefetch (into L2 rather than L1 in a kernel that computes an edge encoder).
+The glue runs the kernel per chunk of its balanced row split
 (native/cpu/codegen_abi.h).
 
 Numerics: every operator is the interpreter's expression, in the same type and the same order,
@@ -732,7 +733,13 @@ def emit(spec: Spec) -> str:
         edge.append(f"    const scalar_t* p{k} = in{k} + {r} * w{k};")
         if kind == "s":
             edge.append(f"    const acc_t s{k} = acc_t(p{k}[0]);")
-    # prefetch: the rows read through col and perm (the interpreter's prefetch_slot)
+    # prefetch: the rows read through col and perm (the interpreter's prefetch_slot). A kernel
+    # that computes an edge encoder prefetches into L2 (locality 2: prefetcht1, which Zen 4 fills
+    # into L2), the others as the interpreter (locality 0: prefetchnta, into L1): the encoder's
+    # mat-vec keeps the core busy for ~100 cycles per edge, and a burst of a row's L1 prefetches
+    # while the L1's misses are all in flight stalls it; from L2 the row's loads are short
+    # (benchmarks/results/codegen_encoder_zen4_s52.md). A prefetch changes no value.
+    hint = 2 if any(s == P.ENC and k in read for k, s in enumerate(sides)) else 0
     if reads_col:
         prefetch.append("  const int64_t src = static_cast<int64_t>(static_cast<const index_t*>(a.col)[j]);")
         prefetch.append("  if (!in_range(src, a.num_src)) return;")
@@ -746,7 +753,7 @@ def emit(spec: Spec) -> str:
             prefetch.append(f"  {{ const char* p = reinterpret_cast<const char*>(static_cast<const scalar_t*>("
                             f"a.inputs[{k}]) + e * {spec.dim(k)});")
             prefetch.append(f"    for (int b = 0; b < static_cast<int>({spec.dim(k)} * sizeof(scalar_t)); b += 64) "
-                            f"__builtin_prefetch(p + b, 0, 0); }}")
+                            f"__builtin_prefetch(p + b, 0, {hint}); }}")
             continue
         if s not in (P.COL, P.EDGE):
             continue
@@ -756,7 +763,7 @@ def emit(spec: Spec) -> str:
         prefetch.append(f"  {{ const char* p = reinterpret_cast<const char*>(static_cast<const scalar_t*>("
                         f"a.inputs[{k}]) + {r} * a.widths[{k}] + {first});")
         prefetch.append(f"    const int bytes = static_cast<int>({size} * sizeof(scalar_t));")
-        prefetch.append("    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0); }")
+        prefetch.append(f"    for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, {hint}); }}")
     if not prefetch:
         prefetch.append("  (void)a; (void)j; (void)f0; (void)n;")
     instrs, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype, spec.dims)

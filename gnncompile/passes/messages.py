@@ -70,9 +70,10 @@ def encoder_inside(mode: str, depth: int, width: int, needs_grad: bool) -> Tuple
     edge (scalar: no multiply-add) in the forward, again in the backward and once more for the
     weight's gradient, and once more for the input's where it needs one (4 passes instead of 3);
     outside, matrix products (blocked, multiply-adds) compute them and the ``E x width`` output
-    and its gradient go through memory. The kernels keep 8 vectors (64 float32 columns) in
-    flight; narrower maps run one vector's dependent chain at a time, so their products cost
-    more per column. Inside where ``depth`` (times 4/3 where the input needs a gradient) is at
+    and its gradient go through memory. The kernels keep 8 vectors in flight (64 float32
+    columns; 128 with AVX-512, then blocks of 4 and 2 vectors: native/cpu/encoder_core.h); the
+    rule was measured when narrower maps than 64 columns ran one vector's dependent chain at a
+    time, so their products cost more per column. Inside where ``depth`` (times 4/3 where the input needs a gradient) is at
     most ``min(width, 64) / 2``. Measured, a training step on the zoo's graph (2000 nodes, 16k
     edges, benchmarks/results/encoder_rule.md): width 32 depth 8 inside 1.29x faster than outside
     (1.18x with the gradient), depth 16 even (0.79x with the gradient), depth 32 0.80x (SchNet's

@@ -7,10 +7,11 @@
 // summed in that order, each product rounded before its sum (the files that include this are
 // compiled with -ffp-contract=off: no multiply-add), so every column is the reference's
 // program.encode_edges bit for bit, whichever of the paths below computes it. The columns go
-// in blocks of 8 vectors of 256 bits (GCC / Clang vector extensions) kept in registers over the
-// D features: one load of w, one product and one sum per vector and feature (the sum over the
-// features of one column is a chain of dependent adds; 8 independent chains hide their latency).
-// Then single vectors, then scalars.
+// in blocks of 8 vectors (GCC / Clang vector extensions; 512 bits with AVX-512, else 256:
+// GNNCOMPILE_ENCODER_VEC_BYTES) kept in registers over the D features: one load of w, one
+// product and one sum per vector and feature (the sum over the features of one column is a chain
+// of dependent adds; 8 independent chains hide their latency). Then blocks of 4 and 2, single
+// vectors, a 256-bit vector, scalars.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -18,46 +19,52 @@
 namespace gnncompile {
 namespace cpu {
 
+// The width of encode_run's vectors: 512 bits where the target has AVX-512 (the generated
+// kernels' tile loops are vectorized at that width by -march=native there, so each vector that
+// encode_run stores is loaded back whole, not by a wider load that straddles two stores, which
+// store-to-load forwarding cannot serve; and half the broadcasts of a feature per column),
+// 256 bits elsewhere; the columns short of one wide vector by 256-bit vectors. The width does not
+// change a bit: every column's sum is the same chain whichever vector holds it.
+#if defined(__AVX512F__)
+#define GNNCOMPILE_ENCODER_VEC_BYTES 64
+#else
+#define GNNCOMPILE_ENCODER_VEC_BYTES 32
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+// NV vectors of type vec (V columns each) from column i: r[v] = b + a[0] w[0] + ..., in registers
+// over the D features.
+template <typename T, typename vec, int NV>
+inline void encode_vectors(const T* a, int64_t D, const T* w, int64_t W, const T* b, int i, T* out) {
+  constexpr int V = static_cast<int>(sizeof(vec) / sizeof(T));
+  vec r[NV];
+  for (int v = 0; v < NV; ++v) std::memcpy(&r[v], b + i + v * V, sizeof(vec));
+  for (int64_t d = 0; d < D; ++d) {
+    const T ad = a[d];
+    const T* wd = w + d * W + i;
+    for (int v = 0; v < NV; ++v) {
+      vec y;
+      std::memcpy(&y, wd + v * V, sizeof(vec));
+      r[v] = r[v] + ad * y;
+    }
+  }
+  for (int v = 0; v < NV; ++v) std::memcpy(out + i + v * V, &r[v], sizeof(vec));
+}
+#endif
+
 template <typename T>
 inline void encode_run(const T* a, int64_t D, const T* w, int64_t W, const T* b, int n, T* out) {
   int i = 0;
 #if defined(__GNUC__) || defined(__clang__)
-  typedef T vec __attribute__((vector_size(32)));
-  constexpr int V = static_cast<int>(32 / sizeof(T));
-  auto load = [](const T* p) {
-    vec v;
-    std::memcpy(&v, p, sizeof(vec));
-    return v;
-  };
-  for (; i + 8 * V <= n; i += 8 * V) {
-    vec r0 = load(b + i), r1 = load(b + i + V), r2 = load(b + i + 2 * V), r3 = load(b + i + 3 * V);
-    vec r4 = load(b + i + 4 * V), r5 = load(b + i + 5 * V), r6 = load(b + i + 6 * V), r7 = load(b + i + 7 * V);
-    for (int64_t d = 0; d < D; ++d) {
-      const T ad = a[d];
-      const T* wd = w + d * W + i;
-      r0 = r0 + ad * load(wd);
-      r1 = r1 + ad * load(wd + V);
-      r2 = r2 + ad * load(wd + 2 * V);
-      r3 = r3 + ad * load(wd + 3 * V);
-      r4 = r4 + ad * load(wd + 4 * V);
-      r5 = r5 + ad * load(wd + 5 * V);
-      r6 = r6 + ad * load(wd + 6 * V);
-      r7 = r7 + ad * load(wd + 7 * V);
-    }
-    std::memcpy(out + i, &r0, sizeof(vec));
-    std::memcpy(out + i + V, &r1, sizeof(vec));
-    std::memcpy(out + i + 2 * V, &r2, sizeof(vec));
-    std::memcpy(out + i + 3 * V, &r3, sizeof(vec));
-    std::memcpy(out + i + 4 * V, &r4, sizeof(vec));
-    std::memcpy(out + i + 5 * V, &r5, sizeof(vec));
-    std::memcpy(out + i + 6 * V, &r6, sizeof(vec));
-    std::memcpy(out + i + 7 * V, &r7, sizeof(vec));
-  }
-  for (; i + V <= n; i += V) {
-    vec r = load(b + i);
-    for (int64_t d = 0; d < D; ++d) r = r + a[d] * load(w + d * W + i);
-    std::memcpy(out + i, &r, sizeof(vec));
-  }
+  typedef T vec __attribute__((vector_size(GNNCOMPILE_ENCODER_VEC_BYTES)));
+  typedef T vec256 __attribute__((vector_size(32)));
+  constexpr int V = static_cast<int>(sizeof(vec) / sizeof(T));
+  constexpr int V256 = static_cast<int>(sizeof(vec256) / sizeof(T));
+  for (; i + 8 * V <= n; i += 8 * V) encode_vectors<T, vec, 8>(a, D, w, W, b, i, out);
+  for (; i + 4 * V <= n; i += 4 * V) encode_vectors<T, vec, 4>(a, D, w, W, b, i, out);
+  for (; i + 2 * V <= n; i += 2 * V) encode_vectors<T, vec, 2>(a, D, w, W, b, i, out);
+  for (; i + V <= n; i += V) encode_vectors<T, vec, 1>(a, D, w, W, b, i, out);
+  for (; i + V256 <= n; i += V256) encode_vectors<T, vec256, 1>(a, D, w, W, b, i, out);
 #endif
   for (; i < n; ++i) {
     T v = b[i];

@@ -213,3 +213,26 @@ def test_prefetches_survive_compilation(tmp_path):
         asm = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         assert asm.returncode == 0, asm.stderr[-2000:]
         assert asm.stdout.count("prefetch") >= 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_column_block_of_the_encoder(gen, dtype):
+    """encode_run's column blocks (native/cpu/encoder_core.h: 8, 4, 2 and 1 vectors of its
+    width, a 256-bit vector, scalars) at widths that reach every one of them in both dtypes (127:
+    64 + 32 + 16 + 8 + 7 float32 columns; a 64-column float64 tile, then 63 = 32 + 16 + 8 + 4 + 3;
+    200: whole and partial tiles): the generated kernel's values and the interpreter's are the
+    reference program.encode_edges bit for bit."""
+    rowptr, col, perm = _structure(3)
+    code, consts = P.encode(I0)
+    sides = [P.ENC, P.CONST, P.CONST]
+    for width in (127, 128, 200):
+        g = torch.Generator().manual_seed(width)
+        ins = [torch.randn(E_, 5, dtype=dtype, generator=g), torch.randn(5, width, dtype=dtype, generator=g),
+               torch.randn(1, width, dtype=dtype, generator=g)]
+        assert codegen.prepare(ins, sides, code, consts, width, "sum", rowptr.dtype, op="edges", out_width=width)
+        ref, out, n = _ran(lambda: ops.message_edges(rowptr, col, perm, ins, sides, code, consts, width, width, False,
+                                                     [], [], None))
+        assert n == 1
+        direct = P.encode_edges(*ins)
+        _same(ref, direct)
+        _same(out, direct)
