@@ -13,7 +13,8 @@ tile makes a round trip through memory. Everything else is the interpreter's own
 from the torch-free headers: the row walk's checks (``row_ok``, ``in_range``), ``fold_extreme``
 for max / min, ``store_reduced`` for the mean's scale and the arg record; the walk of each op is
 the interpreter's (reduce_rows, sum_rows_multi, edge_rows in message_core.h), with its checks in
-the same order and its prefetch (into L2 rather than L1 in a kernel that computes an edge encoder).
+the same order and its prefetch (into L2 rather than L1 in a reduction that computes an edge
+encoder and gathers rows through col).
 The glue runs the kernel per chunk of its balanced row split
 (native/cpu/codegen_abi.h).
 
@@ -733,13 +734,15 @@ def emit(spec: Spec) -> str:
         edge.append(f"    const scalar_t* p{k} = in{k} + {r} * w{k};")
         if kind == "s":
             edge.append(f"    const acc_t s{k} = acc_t(p{k}[0]);")
-    # prefetch: the rows read through col and perm (the interpreter's prefetch_slot). A kernel
-    # that computes an edge encoder prefetches into L2 (locality 2: prefetcht1, which Zen 4 fills
-    # into L2), the others as the interpreter (locality 0: prefetchnta, into L1): the encoder's
-    # mat-vec keeps the core busy for ~100 cycles per edge, and a burst of a row's L1 prefetches
-    # while the L1's misses are all in flight stalls it; from L2 the row's loads are short
-    # (benchmarks/results/codegen_encoder_zen4_s52.md). A prefetch changes no value.
-    hint = 2 if any(s == P.ENC and k in read for k, s in enumerate(sides)) else 0
+    # prefetch: the rows read through col and perm (the interpreter's prefetch_slot). A reduction
+    # (a tile walk: reduce, multi, softmax) that computes an edge encoder and gathers rows through
+    # col prefetches into L2 (locality 2: prefetcht1, which Zen 4 fills into L2), the others as the
+    # interpreter (locality 0: prefetchnta, into L1). Measured side by side on Zen 4
+    # (benchmarks/results/README.md, codegen_encoder_zen4_s52): relu(x_j + lin(a_e)) faster with
+    # it; the encoder alone (no gathered row) and the backward's per-edge kernels not. A prefetch
+    # changes no value.
+    hint = 2 if (spec.op in ("reduce", "multi", "softmax") and reads_col
+                 and any(s == P.ENC and k in read for k, s in enumerate(sides))) else 0
     if reads_col:
         prefetch.append("  const int64_t src = static_cast<int64_t>(static_cast<const index_t*>(a.col)[j]);")
         prefetch.append("  if (!in_range(src, a.num_src)) return;")

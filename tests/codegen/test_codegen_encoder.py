@@ -236,3 +236,21 @@ def test_every_column_block_of_the_encoder(gen, dtype):
         direct = P.encode_edges(*ins)
         _same(ref, direct)
         _same(out, direct)
+
+
+def test_prefetch_level_of_encoder_kernels():
+    """A reduction that computes an edge encoder and gathers x_j prefetches into L2 (locality 2);
+    the encoder alone, a per-edge kernel and a program without an encoder into L1 (locality 0),
+    as the interpreter (emit.py, measured in benchmarks/results/README.md)."""
+    relu = P.encode(PROGRAMS["relu_xj_enc"])
+    widths = [F, F, 16, F, F, 1]
+    fused = codegen.make_spec(*relu, SIDES, widths, F, "sum", torch.float32, torch.int64)
+    alone = codegen.make_spec(*P.encode(I0), [P.ENC, P.CONST, P.CONST], [16, F, F], F, "sum", torch.float32,
+                              torch.int64)
+    edges = codegen.make_spec(*relu, SIDES, widths, F, "sum", torch.float32, torch.int64, op="edges", out_width=F)
+    plain = codegen.make_spec(*P.encode(P.node("relu", P.node("add", I0, I1))), [P.COL, P.ROW], [F, F], F, "sum",
+                              torch.float32, torch.int64)
+    assert "__builtin_prefetch(p + b, 0, 2)" in emit(fused)
+    for s in (alone, edges, plain):
+        src = emit(s)
+        assert "__builtin_prefetch(p + b, 0, 0)" in src and "__builtin_prefetch(p + b, 0, 2)" not in src
