@@ -3,6 +3,7 @@
     python -m benchmarks roofline                                   # nodes {20k, 100k, 500k, 1M} x F {32, 64, 128}
     python -m benchmarks roofline --nodes 100000 --features 128     # the must-show point alone
     python -m benchmarks roofline --threads 1
+    python -m benchmarks roofline --name roofline_zen4              # writes roofline_zen4.{json,md,png}
 
 At each point (a power-law graph, ``gnncompile.data.synthetic.power_law_graph``, of ``--degree``
 x nodes edges; x float32 with F features), an unweighted spmm sum, ``out[i] = sum of x[j] over
@@ -39,7 +40,7 @@ per second) is measured in the same run. Per point:
 Achieved GB/s is bytes / median time, also as % of the copy bandwidth; ``x compulsory`` is the
 time over the time the compulsory bytes take at the copy bandwidth (1.0 is the memory limit;
 issue 26 asks for 100k nodes / F 128 forward within 3x). Writes
-benchmarks/results/roofline.{json,md,png}.
+benchmarks/results/roofline.{json,md,png} (``--name`` for another name, ``--out`` another folder).
 """
 from __future__ import annotations
 
@@ -349,7 +350,9 @@ def main(argv=None) -> int:
                          "take longer runs fewer rounds, at least 3 (default 90)")
     ap.add_argument("--copy-mib", type=int, default=256, help="size of the copy-bandwidth measurement's array (default 256)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--out", type=Path, default=_common.RESULTS, help="folder for roofline.{json,md,png}")
+    ap.add_argument("--out", type=Path, default=_common.RESULTS, help="folder for NAME.{json,md,png}")
+    ap.add_argument("--name", default="roofline", help="the result files' name (default roofline; e.g. roofline_zen4 "
+                                                       "for another machine's run next to it)")
     args = ap.parse_args(argv)
     if min(args.nodes) <= 0 or min(args.features) <= 0 or min(args.degree, args.repeats, args.copy_mib) <= 0:
         ap.error("--nodes, --features, --degree, --repeats and --copy-mib must be positive")
@@ -394,7 +397,7 @@ def main(argv=None) -> int:
                "decisions": {F: {"impl": d.impl, "why": d.why} for F, d in decisions.items()},
                "loadavg_before_after": [before, _common.loadavg()], "results": results}
     payload["must_show"] = must_show(payload)
-    _common.write_results(args.out, "roofline", payload, table, plot)
+    _common.write_results(args.out, args.name, payload, table, plot)
     return 0
 
 

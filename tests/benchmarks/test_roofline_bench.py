@@ -54,10 +54,11 @@ def test_bad_arguments_are_refused():
 
 def test_a_tiny_run_writes_a_consistent_table(tmp_path):
     argv = ["--nodes", "300", "1200", "--features", "8", "24", "--repeats", "4", "--point-budget", "0", "--copy-mib", "32",
-            "--threads", str(torch.get_num_threads()), "--out", str(tmp_path)]
+            "--threads", str(torch.get_num_threads()), "--out", str(tmp_path), "--name", "tiny"]
     assert roofline.main(argv) == 0
-    p = json.loads((tmp_path / "roofline.json").read_text())
-    md = (tmp_path / "roofline.md").read_text()
+    assert not (tmp_path / "roofline.json").exists()  # --name names the files
+    p = json.loads((tmp_path / "tiny.json").read_text())
+    md = (tmp_path / "tiny.md").read_text()
     copy = p["copy_gbs"]
     assert copy > 0 and p["command"] == "python -m benchmarks roofline " + " ".join(argv)
     assert [(r["N"], r["F"]) for r in p["results"]] == [(300, 8), (300, 24), (1200, 8), (1200, 24)]
@@ -92,6 +93,6 @@ def test_a_tiny_run_writes_a_consistent_table(tmp_path):
         import matplotlib  # noqa: F401
     except ImportError:
         return
-    assert (tmp_path / "roofline.png").stat().st_size > 0
+    assert (tmp_path / "tiny.png").stat().st_size > 0
     under = [r for r in p["results"] if min(r["fwd"]["ratio"], r["fwdbwd"]["ratio"]) < 1.5]
     assert f"under 1.5x torch.sparse (forward or forward + backward): {len(under)} of 4" in md
