@@ -3,7 +3,6 @@
 // that the CUDA glue shares are in ../common/torch_glue.h.
 #pragma once
 #include <ATen/ATen.h>
-#include <sys/mman.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -95,30 +94,6 @@ inline void check_unwalked_structure(const at::Tensor& col, const at::Tensor& pe
 inline void check_unread_perm(const at::Tensor& perm, const char* op) {
   const int64_t E = perm.numel();
   ensure_ids_within(perm, E, op, ": perm holds an edge id outside [0, ", E, ")");
-}
-
-// An output the kernel is about to write for the first time: the whole 2 MiB pages inside it
-// are madvise(MADV_HUGEPAGE)d when it spans at least kHugeOutputBytes, so that the kernel's
-// first touch faults it in 2 MiB at a time. A large output is a fresh mapping at every call
-// (glibc maps what is above its mmap threshold, at most 32 MiB, anew and unmaps it when it is
-// freed), and faulting it in 4 KiB at a time cost more than the kernel's own memory traffic: a
-// 100k x 128 float32 spmm output is 12,500 faults (benchmarks/results/HISTORY.md, section 34).
-// What torch's allocator does with the memory is unchanged (same pointer and deleter); nothing
-// outside the tensor's own bytes is advised; where the kernel has no transparent huge pages
-// (mode `never`, or none built in) madvise fails and the tensor stays as it was. The pooled
-// allocator of a compiled model (gnncompile.hardware.memory) advises every large allocation the
-// same way; advising twice changes nothing.
-constexpr int64_t kHugeOutputBytes = int64_t(4) << 20;
-inline void advise_huge_pages(const at::Tensor& t) {
-  const int64_t n = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
-  if (n < kHugeOutputBytes || t.data_ptr() == nullptr) return;
-#ifdef MADV_HUGEPAGE
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  const uintptr_t a = reinterpret_cast<uintptr_t>(t.data_ptr());
-  const uintptr_t begin = (a + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (a + static_cast<uintptr_t>(n)) & ~(kHuge - 1);
-  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#endif
 }
 
 // CPU knobs (explicit kernel arguments, filled from the device profile):

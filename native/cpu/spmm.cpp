@@ -60,8 +60,6 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
     return {out, arg};
   }
   if (c.w.mode == WeightMode::None) check_unread_perm(perm, op);
-  advise_huge_pages(out);
-  if (need_arg) advise_huge_pages(arg);
 
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
@@ -125,7 +123,6 @@ at::Tensor spmm_bf16_cpu(
     return out;
   }
   if (c.w.mode == WeightMode::None) check_unread_perm(perm, op);
-  advise_huge_pages(out);
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     SpmmArgs<bf16_t, index_t, float> a;
