@@ -3,6 +3,8 @@
     python -m benchmarks roofline                                   # nodes {20k, 100k, 500k, 1M} x F {32, 64, 128}
     python -m benchmarks roofline --nodes 100000 --features 128     # the must-show point alone
     python -m benchmarks roofline --threads 1
+    python -m benchmarks roofline --name roofline_zen4              # writes roofline_zen4.{json,md,png}
+    python -m benchmarks roofline --huge-pages on                   # allocations advised to huge pages, as compiled models run
 
 At each point (a power-law graph, ``gnncompile.data.synthetic.power_law_graph``, of ``--degree``
 x nodes edges; x float32 with F features), an unweighted spmm sum, ``out[i] = sum of x[j] over
@@ -39,7 +41,7 @@ per second) is measured in the same run. Per point:
 Achieved GB/s is bytes / median time, also as % of the copy bandwidth; ``x compulsory`` is the
 time over the time the compulsory bytes take at the copy bandwidth (1.0 is the memory limit;
 issue 26 asks for 100k nodes / F 128 forward within 3x). Writes
-benchmarks/results/roofline.{json,md,png}.
+benchmarks/results/roofline.{json,md,png} (``--name`` for another name, ``--out`` another folder).
 """
 from __future__ import annotations
 
@@ -231,7 +233,9 @@ def table(p: dict) -> str:
         f"CPU: {p['cpu']}; {m['threads']} threads; torch {m['torch']}. "
         f"Copy bandwidth (read + write, measured in this run): **{p['copy_gbs']:.1f} GB/s**. "
         f"{_common.load_text(p['loadavg_before_after'])}.",
-        f"Command: `{p['command']}`.",
+        f"Command: `{p['command']}`."
+        + (" torch's CPU allocations of >= 2 MiB advised to huge pages for the whole run (--huge-pages on: x, the "
+           "gradients and both peers' outputs)." if p.get("huge_pages") == "on" else ""),
         f"Graphs: power-law, {p['degree']} edges per node; x float32; unweighted sum. Times: ms, medians of "
         f"{p['repeats']} interleaved rounds after a warm-up"
         + (f" ({reduced_text} rounds, to keep each point under {p['point_budget_s']:.0f} s)" if reduced else "")
@@ -349,7 +353,14 @@ def main(argv=None) -> int:
                          "take longer runs fewer rounds, at least 3 (default 90)")
     ap.add_argument("--copy-mib", type=int, default=256, help="size of the copy-bandwidth measurement's array (default 256)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--out", type=Path, default=_common.RESULTS, help="folder for roofline.{json,md,png}")
+    ap.add_argument("--out", type=Path, default=_common.RESULTS, help="folder for NAME.{json,md,png}")
+    ap.add_argument("--huge-pages", choices=("off", "on"), default="off", dest="huge_pages",
+                    help="on: torch's CPU allocations of >= 2 MiB are advised to huge pages for the whole run "
+                         "(gnncompile.hardware.memory.enable, what a compiled model runs with by default where the "
+                         "kernel's THP mode is madvise), so x, the gradients and both peers' outputs are; "
+                         "off (default): torch's allocator as it is")
+    ap.add_argument("--name", default="roofline", help="the result files' name (default roofline; e.g. roofline_zen4 "
+                                                       "for another machine's run next to it)")
     args = ap.parse_args(argv)
     if min(args.nodes) <= 0 or min(args.features) <= 0 or min(args.degree, args.repeats, args.copy_mib) <= 0:
         ap.error("--nodes, --features, --degree, --repeats and --copy-mib must be positive")
@@ -358,6 +369,11 @@ def main(argv=None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.huge_pages == "on":
+        from gnncompile.hardware import memory
+        if not memory.enable():
+            print("roofline: --huge-pages on: the allocator wrapper could not be installed", file=sys.stderr)
+            return 2
     before = _common.loadavg()
     copy_gbs = _common.copy_bandwidth_gbs(args.copy_mib << 20)
     print(f"{cpu_description()}; {torch.get_num_threads()} threads; copy bandwidth {copy_gbs:.1f} GB/s", flush=True)
@@ -390,11 +406,11 @@ def main(argv=None) -> int:
         del ei  # its cached structure goes with it
     payload = {"machine": _common.machine(), "cpu": cpu_description(), "command": _common.command("roofline", argv),
                "copy_gbs": copy_gbs, "degree": args.degree, "repeats": args.repeats,
-               "point_budget_s": args.point_budget_s,
+               "point_budget_s": args.point_budget_s, "huge_pages": args.huge_pages,
                "decisions": {F: {"impl": d.impl, "why": d.why} for F, d in decisions.items()},
                "loadavg_before_after": [before, _common.loadavg()], "results": results}
     payload["must_show"] = must_show(payload)
-    _common.write_results(args.out, "roofline", payload, table, plot)
+    _common.write_results(args.out, args.name, payload, table, plot)
     return 0
 
 

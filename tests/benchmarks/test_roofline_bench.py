@@ -50,14 +50,42 @@ def test_peers_that_disagree_are_not_timed(monkeypatch):
 def test_bad_arguments_are_refused():
     with pytest.raises(SystemExit):
         roofline.main(["--nodes", "0"])
+    with pytest.raises(SystemExit):
+        roofline.main(["--huge-pages", "maybe"])
+
+
+def test_huge_pages_on_is_recorded_and_the_allocator_is_wrapped(tmp_path):
+    """--huge-pages on wraps torch's CPU allocator for the run (in a fresh interpreter: it is
+    process-wide) and the json and the table say so."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gnncompile.hardware import memory
+    from gnncompile.ops import _native
+
+    if not _native.native_loaded() or memory.thp_mode() is None:
+        pytest.skip("needs the native extension and a kernel with transparent huge pages")
+    code = ("import json, sys; from benchmarks import roofline; from gnncompile.hardware import memory; "
+            f"rc = roofline.main(['--nodes', '300', '--features', '8', '--repeats', '3', '--copy-mib', '8', "
+            f"'--out', {str(tmp_path)!r}, '--huge-pages', 'on']); print(json.dumps([rc, memory.status()['installed']]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2], env={**os.environ, "GNNCOMPILE_HUGE_PAGES": "off"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [0, True]
+    assert json.loads((tmp_path / "roofline.json").read_text())["huge_pages"] == "on"
+    assert "advised to huge pages for the whole run (--huge-pages on" in (tmp_path / "roofline.md").read_text()
 
 
 def test_a_tiny_run_writes_a_consistent_table(tmp_path):
     argv = ["--nodes", "300", "1200", "--features", "8", "24", "--repeats", "4", "--point-budget", "0", "--copy-mib", "32",
-            "--threads", str(torch.get_num_threads()), "--out", str(tmp_path)]
+            "--threads", str(torch.get_num_threads()), "--out", str(tmp_path), "--name", "tiny"]
     assert roofline.main(argv) == 0
-    p = json.loads((tmp_path / "roofline.json").read_text())
-    md = (tmp_path / "roofline.md").read_text()
+    assert not (tmp_path / "roofline.json").exists()  # --name names the files
+    p = json.loads((tmp_path / "tiny.json").read_text())
+    md = (tmp_path / "tiny.md").read_text()
+    assert p["huge_pages"] == "off" and "--huge-pages on" not in md
     copy = p["copy_gbs"]
     assert copy > 0 and p["command"] == "python -m benchmarks roofline " + " ".join(argv)
     assert [(r["N"], r["F"]) for r in p["results"]] == [(300, 8), (300, 24), (1200, 8), (1200, 24)]
@@ -92,6 +120,6 @@ def test_a_tiny_run_writes_a_consistent_table(tmp_path):
         import matplotlib  # noqa: F401
     except ImportError:
         return
-    assert (tmp_path / "roofline.png").stat().st_size > 0
+    assert (tmp_path / "tiny.png").stat().st_size > 0
     under = [r for r in p["results"] if min(r["fwd"]["ratio"], r["fwdbwd"]["ratio"]) < 1.5]
     assert f"under 1.5x torch.sparse (forward or forward + backward): {len(under)} of 4" in md
