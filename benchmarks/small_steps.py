@@ -12,7 +12,10 @@ round (a variant that always follows another one measured 5-10% apart from an id
 medians per variant. ``--breakdown``: one more pass per variant under torch.profiler, self CPU
 time per group (ms / step; "outside ops" = wall time minus the ops' self time: Python, custom
 ops' autograd glue, the compiled module's wrappers). ``--no-grad``: forward only, under
-torch.no_grad.
+torch.no_grad. Each line also gives the variant's minor page faults per step (``getrusage``:
+memory the step's allocations touch for the first time since the allocator took it from the
+kernel; about 3 us each on this project's VM, a cost eager pays more of where it allocates
+``E x F`` tensors).
 
 ``gine EDGES DEGREES VARIANTS``: GINEConv(MLP(F, 64, 64), edge_dim=8) (``--layers`` of them in
 one module, ReLU between: one graph piece) on a random graph of ``E / degree`` nodes, node
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 import warnings
@@ -95,17 +99,23 @@ def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: 
     if any(abs(x - losses[variants[0]]) > 1e-4 * abs(losses[variants[0]]) for x in losses.values()):
         raise AssertionError(f"first losses differ: {losses}")
     ts = {v: [] for v in variants}
+    faults = {v: 0 for v in variants}
     for r in range(rounds):
         order = variants[r % len(variants):] + variants[:r % len(variants)]
         for b in pre:
             for v in order:
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t = time.perf_counter()
                 runs[v](b)
                 ts[v].append(time.perf_counter() - t)
+                faults[v] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     med = {v: statistics.median(ts[v]) * 1e3 for v in variants}
-    out = {"model": kind, "no_grad": no_grad, "median_ms": med, "first_losses": losses}
+    per_step = {v: faults[v] / len(ts[v]) for v in variants}
+    out = {"model": kind, "no_grad": no_grad, "median_ms": med, "first_losses": losses,
+           "minor_faults_per_step": per_step}
     for v in variants:
-        print(f"{kind} {v:22s} median {med[v]:7.3f} ms   {med[variants[0]] / med[v]:5.2f}x vs {variants[0]}", flush=True)
+        print(f"{kind} {v:22s} median {med[v]:7.3f} ms   {med[variants[0]] / med[v]:5.2f}x vs {variants[0]}   "
+              f"{per_step[v]:6.0f} minor page faults / step", flush=True)
     if breakdown:
         from torch.profiler import ProfilerActivity, profile
 

@@ -1,4 +1,5 @@
-"""Autograd formulas of the kernel ops (registered with ``torch.library.register_autograd``).
+"""Autograd formulas of the kernel ops (registered with :func:`.registration.register_autograd`:
+torch.library.register_autograd's kernel, with its per-call work done once).
 
 * ``spmm``: sum / mean backward is the CSC spmm of the output gradient (for x) and ``edge_dot``
   (for the weight); max / min route each output gradient to the edge chosen in the forward pass
@@ -18,6 +19,7 @@ from typing import Optional
 import torch
 
 from . import extremes
+from .registration import register_autograd
 from .schemas import ops
 from .structure import transpose_structure
 
@@ -186,7 +188,7 @@ def _arg_route_backward(ctx, g):
     return None, None, None, gw, None, gg, None, None, None, None, None
 
 
-torch.library.register_autograd("gnncompile::arg_route", _arg_route_backward, setup_context=_arg_route_setup)
+register_autograd("gnncompile::arg_route", _arg_route_backward, setup_context=_arg_route_setup)
 
 
 def _arg_edge_dot_setup(ctx, inputs, output):
@@ -212,7 +214,7 @@ def _arg_edge_dot_backward(ctx, g):
     return None, None, None, gx, None, gg, None, None
 
 
-torch.library.register_autograd("gnncompile::arg_edge_dot", _arg_edge_dot_backward, setup_context=_arg_edge_dot_setup)
+register_autograd("gnncompile::arg_edge_dot", _arg_edge_dot_backward, setup_context=_arg_edge_dot_setup)
 
 
 @torch.library.custom_op("gnncompile::spmm_arg_formula", mutates_args=("gx", "gw"))
@@ -300,7 +302,7 @@ def _spmm_backward(ctx, grad_out, grad_arg):
     return None, None, None, gw, gx, None, None, None, None, None, None
 
 
-torch.library.register_autograd("gnncompile::spmm", _spmm_backward, setup_context=_spmm_setup)
+register_autograd("gnncompile::spmm", _spmm_backward, setup_context=_spmm_setup)
 
 
 def _spmm_bf16_setup(ctx, inputs, output):
@@ -330,7 +332,7 @@ def _spmm_bf16_backward(ctx, grad):
     return None, None, None, gw, gx, None, None, None, None, None, None
 
 
-torch.library.register_autograd("gnncompile::spmm_bf16", _spmm_bf16_backward, setup_context=_spmm_bf16_setup)
+register_autograd("gnncompile::spmm_bf16", _spmm_bf16_backward, setup_context=_spmm_bf16_setup)
 
 
 def _softmax_setup(ctx, inputs, output):
@@ -344,7 +346,7 @@ def _softmax_backward(ctx, grad):
     return None, None, ops.edge_softmax_backward(rowptr, perm, out, grad.contiguous(), ctx.knobs), None
 
 
-torch.library.register_autograd(
+register_autograd(
     "gnncompile::edge_softmax", _softmax_backward, setup_context=_softmax_setup
 )
 
@@ -374,7 +376,7 @@ def _edge_dot_backward(ctx, grad):
     return None, None, None, gx, gg, None, None
 
 
-torch.library.register_autograd("gnncompile::edge_dot", _edge_dot_backward, setup_context=_edge_dot_setup)
+register_autograd("gnncompile::edge_dot", _edge_dot_backward, setup_context=_edge_dot_setup)
 
 
 def _softmax_double_backward(ctx, grad):
@@ -388,7 +390,7 @@ def _softmax_bwd_setup(ctx, inputs, output):
     pass
 
 
-torch.library.register_autograd(
+register_autograd(
     "gnncompile::edge_softmax_backward", _softmax_double_backward, setup_context=_softmax_bwd_setup
 )
 
@@ -409,7 +411,7 @@ def _gather_backward(ctx, grad):
     return gx.reshape(ctx.x_shape), None, None, None, None
 
 
-torch.library.register_autograd("gnncompile::gather", _gather_backward, setup_context=_gather_setup)
+register_autograd("gnncompile::gather", _gather_backward, setup_context=_gather_setup)
 
 
 # dropout: the mask is a function of (seed, index), so the gradient is the same op on it
@@ -423,7 +425,7 @@ def _dropout_backward(ctx, grad):
     return ops.dropout(grad.contiguous(), ctx.p, seed), None, None
 
 
-torch.library.register_autograd("gnncompile::dropout", _dropout_backward, setup_context=_dropout_setup)
+register_autograd("gnncompile::dropout", _dropout_backward, setup_context=_dropout_setup)
 
 
 # attention: the backward reads the forward's inputs, its output and its statistics (no [E, H]
@@ -447,7 +449,7 @@ def _attention_backward(ctx, grad_out, grad_stats):
             ge if ctx.has_edge and need[6] else None, None, None, None, None, None, None, None)
 
 
-torch.library.register_autograd("gnncompile::attention", _attention_backward, setup_context=_attention_setup)
+register_autograd("gnncompile::attention", _attention_backward, setup_context=_attention_setup)
 
 
 def _attention_double_backward(ctx, *grads):
@@ -461,7 +463,7 @@ def _attention_bwd_setup(ctx, inputs, output):
     pass
 
 
-torch.library.register_autograd(
+register_autograd(
     "gnncompile::attention_backward", _attention_double_backward, setup_context=_attention_bwd_setup
 )
 
@@ -488,9 +490,9 @@ def _attention_v2_backward(ctx, grad_out, grad_stats):
             ge if ctx.has_edge and need[6] else None, None, None, None, None, None, None, None)
 
 
-torch.library.register_autograd("gnncompile::attention_v2", _attention_v2_backward,
+register_autograd("gnncompile::attention_v2", _attention_v2_backward,
                                 setup_context=_attention_v2_setup)
-torch.library.register_autograd(
+register_autograd(
     "gnncompile::attention_v2_backward", _attention_double_backward, setup_context=_attention_bwd_setup
 )
 
@@ -522,9 +524,9 @@ def _attention_dot_backward(ctx, grad_out, grad_out_e, grad_stats):
             None, None, None, None, None, None, None)
 
 
-torch.library.register_autograd("gnncompile::attention_dot", _attention_dot_backward,
+register_autograd("gnncompile::attention_dot", _attention_dot_backward,
                                 setup_context=_attention_dot_setup)
-torch.library.register_autograd(
+register_autograd(
     "gnncompile::attention_dot_backward", _attention_double_backward, setup_context=_attention_bwd_setup
 )
 
@@ -549,5 +551,5 @@ def _dense_attention_backward(ctx, grad_out, grad_lse):
     return (gq if need[0] else None, gk if need[1] else None, gv if need[2] else None, None, None, None)
 
 
-torch.library.register_autograd("gnncompile::dense_attention", _dense_attention_backward,
+register_autograd("gnncompile::dense_attention", _dense_attention_backward,
                                 setup_context=_dense_attention_setup)

@@ -29,6 +29,7 @@ from . import program as P
 from . import autograd as _autograd
 from .autograd import accumulate_rows
 from .reference import _rows, arg_record
+from .registration import register_autograd
 from .schemas import _lib, ops
 from .structure import transpose_structure
 
@@ -766,7 +767,7 @@ def _extreme_grads_encoded(csr, ins, sides, code, consts, F, need, arg, out, g, 
     return grads
 
 
-torch.library.register_autograd("gnncompile::message_reduce", _reduce_backward, setup_context=_reduce_setup)
+register_autograd("gnncompile::message_reduce", _reduce_backward, setup_context=_reduce_setup)
 
 
 def _softmax_setup(ctx, inputs, output):
@@ -805,7 +806,7 @@ def _softmax_backward(ctx, grad_out, grad_lse):
     return _fix_empty(ret, ctx)
 
 
-torch.library.register_autograd("gnncompile::message_softmax", _softmax_backward, setup_context=_softmax_setup)
+register_autograd("gnncompile::message_softmax", _softmax_backward, setup_context=_softmax_setup)
 
 
 def _edges_setup(ctx, inputs, output):
@@ -832,7 +833,7 @@ def _edges_backward(ctx, grad):
     return _fix_empty(tuple(ret), ctx, knobs_at=10)
 
 
-torch.library.register_autograd("gnncompile::message_edges", _edges_backward, setup_context=_edges_setup)
+register_autograd("gnncompile::message_edges", _edges_backward, setup_context=_edges_setup)
 
 
 __all__ = ["message_reduce", "message_edges", "message_softmax"]

@@ -73,7 +73,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
                     softmax_programs=softmax_programs)
     notes += matches.notes
     report = rewrite(graph, plan(matches, order), order, copy_structures, settings, attention=programs,
-                     portfolio=portfolio)
+                     portfolio=portfolio, size_from_first=hoist)
     if programs and settings.attention == "fused":
         fuse_dense_attention(graph, report)
     report.notes += list(dict.fromkeys(notes))

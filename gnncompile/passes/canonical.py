@@ -43,7 +43,7 @@ PURE = {
     "zeros_like", "new_ones", "ones", "ones_like", "new_full", "full", "detach", "clamp",
     "leaky_relu", "size", "to", "float", "select", "relu", "sigmoid", "tanh", "softplus", "elu", "gelu",
     "log", "sqrt", "abs", "pow", "clamp_min", "clamp_max", "clip", "negative", "rsub", "linear", "cat",
-    "stack", "flatten", "narrow", "t", "repeat", "mm", "mv",
+    "stack", "flatten", "narrow", "t", "repeat", "mm", "mv", "Size",
 }  # (a node that writes in place, inplace=True or out=, is never dropped: see rewrite.drop_dead)
 
 SCATTERS = ("scatter_add_", "scatter_add", "scatter_reduce_", "scatter_reduce", "index_add_",

@@ -63,9 +63,26 @@ def node_order(graph) -> Dict[Node, int]:
     return {n: i for i, n in enumerate(graph.nodes)}
 
 
-def _size0(graph, n: Node):
+def _size0(graph, n: Node, first: bool = True):
+    """The dim 0 of ``n``: an int, or (``first``) a ``size(0)`` node of the first tensor in the
+    graph with the same (symbolic) dim 0 (an input, as a rule), not of ``n`` itself: a size read
+    from a node that the rewrite leaves unused would keep it, and what computes it, alive (the
+    zeros buffer of a replaced scatter, made by ``x_j.new_zeros``, kept a per-edge gather, the
+    message's ops and the buffer running for nothing but its size: 5 ops over ``E x F`` tensors
+    a GINEConv layer). ``first=False``: ``n``'s own size (export graphs, whose ONNX input names
+    and fused attention depended on what that kept; not changed yet)."""
     v = fake_tensor(n).shape[0]
-    return v if isinstance(v, int) else graph.call_method("size", (n, 0))
+    if isinstance(v, int) or not first:
+        return v if isinstance(v, int) else graph.call_method("size", (n, 0))
+    want = size_key(v)
+    for m in graph.nodes:
+        if m is n:
+            break
+        mv = fake_tensor(m)
+        if mv is not None and mv.dim() >= 1 and size_key(mv.shape[0]) == want:
+            n = m
+            break
+    return graph.call_method("size", (n, 0))
 
 
 def _unpack(graph, call: Node) -> Triple:
@@ -87,7 +104,8 @@ def _insert_csc(graph, b: Built, m: Aggregate, copy: bool) -> bool:
     return True
 
 
-def insert_structures(graph, p: Plan, copy: bool, report: PassReport, check: str = "") -> List[Built]:
+def insert_structures(graph, p: Plan, copy: bool, report: PassReport, check: str = "",
+                      size_from_first: bool = True) -> List[Built]:
     """One structure op per shared structure, before its first member (``copy``: the cached
     tensors are handed out as clones, for inner compilers that recycle buffers; ``check``: the
     structure check mode of the lookups, "" for the process-wide one)."""
@@ -95,7 +113,7 @@ def insert_structures(graph, p: Plan, copy: bool, report: PassReport, check: str
     for s in p.structures:
         first = s.members[0]
         with graph.inserting_before(first.anchor):
-            num_dst = _size0(graph, first.buffer)
+            num_dst = _size0(graph, first.buffer, size_from_first)
             if s.edge_index is not None:
                 call = graph.call_function(targets.CACHED_CSR, (s.edge_index, num_dst, copy, check))
             else:
@@ -360,16 +378,18 @@ def drop_dead(graph, claimed=()) -> None:
 
 def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = False,
             settings: Optional[Settings] = None, attention: bool = False,
-            portfolio: Optional[Callable] = None) -> PassReport:
+            portfolio: Optional[Callable] = None, size_from_first: bool = True) -> PassReport:
     """Applies plan ``p`` to ``graph``; returns what was fused and what was left, with reasons.
     The kernel knobs of ``settings`` (default: none, the kernels' defaults) go into the fused
     calls as arguments. ``attention``: attention chains become one ``gnncompile::attention``
     (:mod:`.attention`) where ``settings.attention`` is 'fused'. ``portfolio``: the decision of
-    each remaining spmm's implementation (:mod:`.portfolio`; None: native)."""
+    each remaining spmm's implementation (:mod:`.portfolio`; None: native). ``size_from_first``:
+    structure sizes read from the first tensor of that dim 0 (:func:`_size0`; compiled graphs,
+    ``passes.run(hoist=True)``), else from the replaced scatter's buffer (export graphs)."""
     settings = DEFAULT if settings is None else settings
     report = PassReport()
     writes = Writes(graph)
-    built = insert_structures(graph, p, copy_structures, report, settings.structure_check)
+    built = insert_structures(graph, p, copy_structures, report, settings.structure_check, size_from_first)
     for b in built:
         b.writes = writes
         b.slot_order = settings.slot_order

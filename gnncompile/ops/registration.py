@@ -1,0 +1,101 @@
+"""``register_autograd``: ``torch.library.register_autograd`` for the kernel ops, with the Python
+its kernel runs at every call done once, at registration.
+
+torch's generated kernel (torch/_library/autograd.py, torch 2.13) rebuilds the op's arguments
+with their defaults on every forward that records a backward (``fill_defaults``: it reads
+``schema.arguments``, a fresh list of argument objects at each access, once per argument: 29 us
+a call for spmm's eleven on this project's CPU, AMD EPYC Zen 4) and wraps the dispatch keys in a
+dataclass. Here the defaults are read once and appended as a tuple; the kernel is otherwise
+torch's: the same ``autograd.Function`` (same name, ``GeneratedBackwardFor_<ns>_<op>_<overload>``,
+so profiles read as before), the same ``setup_context(ctx, inputs, output)`` / ``backward(ctx,
+*grads)`` contract, tensor lists through torch's own ``supports_tensorlist``, below-autograd
+redispatch, and a forward without the Function where nothing needs a gradient.
+
+Where the op has keyword-only arguments, is an out= variant, or the torch internals this relies on
+are missing (another torch version), it is torch's ``register_autograd`` itself.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+_libs: dict = {}  # namespace -> the Library holding the kernels (kept alive: it owns them)
+
+
+def _internals():
+    try:
+        from torch._library import autograd as _la
+
+        from torch._library.utils import is_tensorlist_like_type
+
+        return (torch._C._AutoDispatchBelowAutograd, torch._C._after_autograd_keyset, _la.supports_tensorlist,
+                is_tensorlist_like_type)
+    except (ImportError, AttributeError):  # pragma: no cover - torch internals moved
+        return None
+
+
+def autograd_kernel(op, backward: Callable, setup_context: Callable) -> Callable:
+    """The Autograd-key kernel (called with the dispatch key set first) of OpOverload ``op``."""
+    below, after, supports_tensorlist, is_tensorlist = _internals()
+    schema = op._schema
+    defaults = tuple(a.default_value for a in schema.arguments)
+    n_args = len(defaults)
+
+    def forward(ctx, *args):
+        keyset = args[-1]
+        args = args[:-1]
+        with below():
+            result = op.redispatch(keyset & after, *args)
+            # the dispatcher drops trailing arguments equal to their defaults: put them back
+            if len(args) < n_args:
+                args = args + defaults[len(args):]
+            setup_context(ctx=ctx, inputs=args, output=result)
+        return result
+
+    def backward_(ctx, *grads):
+        prev = ctx.needs_input_grad
+        try:
+            ctx.needs_input_grad = prev[:-1]  # (not the dispatch keys')
+            result = backward(ctx, *grads)
+        finally:
+            ctx.needs_input_grad = prev
+        if isinstance(result, tuple):
+            return (*result, None)
+        return result, None
+
+    generated = type(f"GeneratedBackwardFor_{op._namespace}_{op._opname}_{op._overloadname}",
+                     (torch.autograd.Function,),
+                     {"forward": staticmethod(forward), "backward": staticmethod(backward_)})
+    if any(is_tensorlist(a.type) for a in (*schema.arguments, *schema.returns)):
+        generated = supports_tensorlist(generated)
+    apply = generated.apply
+    grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+
+    def kernel(keyset, *args):
+        if grad_enabled() and any_requires_grad(*args):
+            return apply(*args, keyset)
+        with below():
+            return op.redispatch(keyset & after, *args)
+
+    kernel.generated = generated
+    return kernel
+
+
+def register_autograd(qualname: str, backward: Callable, setup_context: Callable) -> None:
+    """Registers ``backward`` / ``setup_context`` as the autograd formula of ``qualname``
+    ('gnncompile::spmm'), as ``torch.library.register_autograd`` does (see the module docstring)."""
+    namespace, name = qualname.split("::")
+    op = getattr(getattr(torch.ops, namespace), name).default
+    schema = op._schema
+    if (_internals() is None or any(a.kwarg_only for a in schema.arguments)
+            or torch.Tag.out in getattr(op, "tags", ()) or any(a.alias_info is not None for a in schema.arguments)):
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+        return
+    lib = _libs.get(namespace)
+    if lib is None:
+        lib = _libs[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    lib.impl(name, autograd_kernel(op, backward, setup_context), "Autograd", with_keyset=True)
+
+
+__all__ = ["register_autograd", "autograd_kernel"]
