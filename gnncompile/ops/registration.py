@@ -30,14 +30,23 @@ def _internals():
         from torch._library.utils import is_tensorlist_like_type
 
         return (torch._C._AutoDispatchBelowAutograd, torch._C._after_autograd_keyset, _la.supports_tensorlist,
-                is_tensorlist_like_type)
+                is_tensorlist_like_type, torch._C.is_grad_enabled, torch._C._any_requires_grad)
     except (ImportError, AttributeError):  # pragma: no cover - torch internals moved
         return None
 
 
+def _is_out_variant(op) -> bool:
+    """An out= overload: torch 2.13 tags it (``torch.Tag.out``, absent from torch 2.11's tags);
+    every version marks its out arguments in the schema (``Argument.is_out``)."""
+    out_tag = getattr(torch.Tag, "out", None)
+    if out_tag is not None and out_tag in getattr(op, "tags", ()):
+        return True
+    return any(getattr(a, "is_out", False) for a in op._schema.arguments)
+
+
 def autograd_kernel(op, backward: Callable, setup_context: Callable) -> Callable:
     """The Autograd-key kernel (called with the dispatch key set first) of OpOverload ``op``."""
-    below, after, supports_tensorlist, is_tensorlist = _internals()
+    below, after, supports_tensorlist, is_tensorlist, grad_enabled, any_requires_grad = _internals()
     schema = op._schema
     defaults = tuple(a.default_value for a in schema.arguments)
     n_args = len(defaults)
@@ -70,7 +79,6 @@ def autograd_kernel(op, backward: Callable, setup_context: Callable) -> Callable
     if any(is_tensorlist(a.type) for a in (*schema.arguments, *schema.returns)):
         generated = supports_tensorlist(generated)
     apply = generated.apply
-    grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
 
     def kernel(keyset, *args):
         if grad_enabled() and any_requires_grad(*args):
@@ -89,7 +97,7 @@ def register_autograd(qualname: str, backward: Callable, setup_context: Callable
     op = getattr(getattr(torch.ops, namespace), name).default
     schema = op._schema
     if (_internals() is None or any(a.kwarg_only for a in schema.arguments)
-            or torch.Tag.out in getattr(op, "tags", ()) or any(a.alias_info is not None for a in schema.arguments)):
+            or _is_out_variant(op) or any(a.alias_info is not None for a in schema.arguments)):
         torch.library.register_autograd(qualname, backward, setup_context=setup_context)
         return
     lib = _libs.get(namespace)

@@ -87,3 +87,18 @@ def test_opcheck():
     x = torch.randn(4, 3, requires_grad=True)
     torch.library.opcheck(torch.ops.gnncompile_regtest.scale.default, (x, 2.0, None, []))
     torch.library.opcheck(torch.ops.gnncompile_regtest.scale_list.default, ([x, x.detach().clone()], 2.5))
+
+
+def test_out_variants_found_without_the_out_tag(monkeypatch):
+    """torch 2.11 has no ``torch.Tag.out`` (importing gnncompile failed there on a GPU machine):
+    out= overloads are still told apart by their schema's out arguments."""
+    assert registration._is_out_variant(torch.ops.aten.add.out)
+    assert not registration._is_out_variant(torch.ops.aten.add.Tensor)
+
+    class _Tags:  # torch.Tag as torch 2.11 has it: no ``out``
+        pass
+
+    monkeypatch.setattr(torch, "Tag", _Tags)
+    assert registration._is_out_variant(torch.ops.aten.add.out)
+    assert not registration._is_out_variant(torch.ops.aten.add.Tensor)
+    assert not registration._is_out_variant(torch.ops.gnncompile.spmm.default)
