@@ -31,6 +31,9 @@ from . import _common
 from .models import _csr_adj, _model, train_step
 
 VARIANTS = ("eager", "csr", "gnncompile", "inductor")
+# also accepted by --variants: gnncompile with its speed guard off (the compiled model runs from
+# the first call; to tell a slow rewrite from a guard that kept the model as written)
+EXTRA_VARIANTS = ("gnncompile_noguard",)
 
 
 def run_variant(name: str, variant: str, x, ei, y, C: int, args) -> dict:
@@ -54,6 +57,8 @@ def run_variant(name: str, variant: str, x, ei, y, C: int, args) -> dict:
         graph_arg, run = ei, torch.compile(model)
     elif variant == "gnncompile":
         graph_arg, run = ei, gnncompile.compile(model)
+    elif variant == "gnncompile_noguard":
+        graph_arg, run = ei, gnncompile.compile(model, settings={"choices": {"guard": "off"}})
     else:
         raise ValueError(variant)
     step = train_step(run, model, x, graph_arg, y)
@@ -73,8 +78,14 @@ def run_variant(name: str, variant: str, x, ei, y, C: int, args) -> dict:
     _, times = _common.cuda_time(step, args.repeats, args.warmup)
     times = [t / 1e3 for t in times]  # seconds
     peak = _common.cuda_peak_bytes(step)
-    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
-            "first_step_s": first, "peak_bytes": int(peak), "rel_err": err}
+    res = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+           "first_step_s": first, "peak_bytes": int(peak), "rel_err": err}
+    decisions = getattr(run, "guard_decisions", None)
+    if callable(decisions):  # what the speed guard kept, and why
+        res["guard"] = [str(d) for d in decisions()]
+    if args.explain and variant.startswith("gnncompile"):
+        res["explain"] = str(gnncompile.explain(run, x, ei))
+    return res
 
 
 def table(report: dict) -> str:
@@ -105,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--explain", action="store_true",
+                    help="record gnncompile.explain() of the gnncompile variants in the JSON")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="seconds: no new variant starts after this much time has passed")
     args = ap.parse_args(argv)

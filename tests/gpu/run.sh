@@ -45,7 +45,7 @@ STATUS=0
 T_START=$(date +%s)
 
 PHASES=(env build gpu-tests gpu-bench gpu-models op-tests)
-declare -A LIMIT=([env]=15 [build]=180 [gpu-tests]=100 [gpu-bench]=75 [gpu-models]=115 [op-tests]=45)
+declare -A LIMIT=([env]=15 [build]=150 [gpu-tests]=100 [gpu-bench]=60 [gpu-models]=115 [op-tests]=75)
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(( $(date +%s) - T_START )); }

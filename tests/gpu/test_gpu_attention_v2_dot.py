@@ -332,8 +332,14 @@ def test_compiled_layer_with_edge_features_on_cuda_equals_eager(kind):
     torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-4 * out_e.abs().max().item())
     g = torch.randn_like(out_e)
     params = list(conv.parameters()) + [inputs[0]]
-    for a, b in zip(torch.autograd.grad(out_c, params, g), torch.autograd.grad(out_e, params, g)):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * max(b.abs().max().item(), 1e-3))
+    grads_c, grads_e = torch.autograd.grad(out_c, params, g), torch.autograd.grad(out_e, params, g)
+    # the absolute tolerance follows the size of the layer's gradients, not of each tensor's own:
+    # TransformerConv's key bias moves every logit of a row by the same amount, so its exact
+    # gradient is 0 and both sides hold rounding noise (seen on the H200: |diff| 1.5e-6 where
+    # that tensor's largest value was under 1e-3, 29 of its 32 elements over a per-tensor atol)
+    scale = max(b.abs().max().item() for b in grads_e)
+    for a, b in zip(grads_c, grads_e):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=max(1e-4 * b.abs().max().item(), 1e-5 * scale))
 
 
 @pytest.mark.parametrize("kind", ["attention_v2", "attention_dot"])
