@@ -134,9 +134,15 @@ def _one_of(modes: Tuple[str, ...]) -> Callable[[str, str], str]:
     return parse
 
 
-#: the ops whose CUDA kernels are built but have not yet been run on a GPU: the passes leave their
-#: chains unfused on CUDA unless $GNNCOMPILE_CUDA_UNVERIFIED (choices['cuda_unverified']) names them
-CUDA_UNVERIFIED_OPS = ("attention_v2", "attention_dot")
+#: the fused attention ops whose CUDA kernels are off by default: the passes leave their chains
+#: (edge_softmax + spmm, each with its load-balanced CUDA kernel) unfused on CUDA unless
+#: $GNNCOMPILE_CUDA_UNVERIFIED (choices['cuda_unverified']) names them. The three kernels give one
+#: warp to each destination row, so a hub row is one warp's serial work: on an H200 (2026-12-04,
+#: power-law graph of 1M nodes / 10M edges, largest in-degree 133,319) GAT's training step with
+#: gnncompile::attention took 1090 ms against 56 ms for the chain (and 172 ms eager); the GATv2
+#: and TransformerConv kernels were checked against the CPU's there (tests/gpu) but not timed.
+#: (The variable's name is from when none of these had run on a GPU.)
+CUDA_UNVERIFIED_OPS = ("attention_v2", "attention_dot", "attention")
 
 
 def cuda_unverified(name: str, raw: str) -> str:
@@ -256,10 +262,11 @@ VARIABLES: Tuple[Variable, ...] = (
              "the size bound of the generated kernels' disk cache (<cache folder>/kernels; the least "
              "recently used go first)"),
     Variable("GNNCOMPILE_CUDA_UNVERIFIED", "cuda_unverified", cuda_unverified,
-             "attention_v2, attention_dot (comma-separated), all, none (default)",
-             "fuse these ops' chains on CUDA too: their CUDA kernels are built but have not yet been run on "
-             "a GPU, so by default GATv2's and TransformerConv's attention stay unfused chains there (for "
-             "checking the kernels on a GPU, tests/gpu)"),
+             "attention_v2, attention_dot, attention (comma-separated), all, none (default)",
+             "fuse these attention chains on CUDA too (GATv2's, TransformerConv's, GAT's): their CUDA "
+             "kernels give one warp to each destination row, which made GAT's step 19x slower than the "
+             "unfused chain on a power-law graph on an H200, so by default the chains stay there, "
+             "edge_softmax + spmm (for checking or timing the kernels on a GPU, tests/gpu)"),
     Variable("GNNCOMPILE_TRANSFER", "transfer", _one_of(TRANSFER_MODES), "check (default), cached, off",
              "a device with no profile of its own and a profile of a device of its class: check "
              "that profile against the defaults by a short A/B at first use (cached per device, "

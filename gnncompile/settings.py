@@ -38,10 +38,11 @@ Fields:
   derivative through the attention). ``huge_pages``: transparent huge pages for torch's large
   CPU allocations (:mod:`gnncompile.hardware.memory`), 'auto' (default: turned on, process-wide,
   when a model on the CPU is compiled and the kernel's THP mode is madvise) or 'off'
-  (``$GNNCOMPILE_HUGE_PAGES``). ``cuda_unverified``: the ops of
+  (``$GNNCOMPILE_HUGE_PAGES``). ``cuda_unverified``: the fused attention ops of
   :data:`gnncompile.config.CUDA_UNVERIFIED_OPS` whose chains are fused on CUDA too although their
-  CUDA kernels have not yet been run on a GPU, comma-separated ('all', or '' for none, the
-  default; ``$GNNCOMPILE_CUDA_UNVERIFIED``). ``spmm_impl``: the implementation each fused spmm
+  CUDA kernels are off by default there (one warp per destination row: slower than the chain on
+  graphs with hub rows, measured for GAT on an H200), comma-separated ('all', or '' for none,
+  the default; ``$GNNCOMPILE_CUDA_UNVERIFIED``). ``spmm_impl``: the implementation each fused spmm
   runs (:mod:`gnncompile.compiler.portfolio`), 'auto' (default: the faster of gnncompile's kernel
   and torch.sparse.mm on a CSR tensor, measured at the first compile that needs it on the device,
   at most 2 s, cached in the profile folder), 'native' (gnncompile's kernel) or 'torch_sparse'
@@ -231,8 +232,8 @@ class Settings:
 
     @property
     def cuda_unverified(self) -> Tuple[str, ...]:
-        """The ops fused on CUDA although their CUDA kernels are not yet verified on a GPU (none
-        by default)."""
+        """The attention ops fused on CUDA although their CUDA kernels are off by default there
+        (none by default; :data:`gnncompile.config.CUDA_UNVERIFIED_OPS`)."""
         v = dict(self.choices).get("cuda_unverified", "")
         return tuple(v.split(",")) if v else ()
 

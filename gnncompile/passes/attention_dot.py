@@ -29,7 +29,8 @@ not a message program) where the pass can fuse it; where the chain does not matc
 the scatter as written and ``explain()`` says why. Every intermediate must have no other reader,
 what the op reads must not be written in place between where the chain read it and the
 aggregation, the features float32 or float64 on the CPU. attention_dot's CUDA kernel
-(native/cuda/attention_dot_core.cuh) has not yet been run on a GPU: on CUDA the chain stays unless
+(native/cuda/attention_dot_core.cuh) matched the CPU's on an H200 but is off by default there (one
+warp per destination row, see :data:`.attention.CUDA_STATUS`): on CUDA the chain stays unless
 ``choices['cuda_unverified']`` ($GNNCOMPILE_CUDA_UNVERIFIED) names attention_dot, and the report
 says so (:data:`UNVERIFIED`); on another device the chain stays.
 

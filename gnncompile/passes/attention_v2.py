@@ -14,7 +14,9 @@ and ``[E, H]`` ones. :func:`fuse_attention_v2` replaces the chain with one
 row, never stored; native/cpu/attention_v2_core.h) where every intermediate result has no other
 reader, what the op reads (x_l, x_r, att, e_term) is not written in place between where the chain
 read it and the aggregation, and the features are on the CPU. attention_v2's CUDA kernel
-(native/cuda/attention_v2_core.cuh) has not yet been run on a GPU: on CUDA the chain stays unless
+(native/cuda/attention_v2_core.cuh) matched the CPU's on an H200 but is off by default there (one
+warp per destination row, the design that made GAT's 19x slower than its chain, see
+:data:`.attention.CUDA_STATUS`): on CUDA the chain stays unless
 ``choices['cuda_unverified']`` ($GNNCOMPILE_CUDA_UNVERIFIED) names attention_v2, and the spmm's
 report line says so (its note, :data:`UNVERIFIED`); on another device the chain stays.
 

@@ -208,19 +208,22 @@ def test_cuda_unverified_variable_and_choice(monkeypatch):
     """GNNCOMPILE_CUDA_UNVERIFIED names the ops whose unverified CUDA kernels the passes may use
     (config.CUDA_UNVERIFIED_OPS); it becomes choices['cuda_unverified'], canonical and checked."""
     assert config.current().cuda_unverified == "" and Settings.from_config().cuda_unverified == ()
-    both = config.CUDA_UNVERIFIED_OPS
-    for raw, want in (("attention_dot", ("attention_dot",)), (" Attention_dot , attention_v2 ", both),
-                      ("all", both), ("none", ())):
+    every = config.CUDA_UNVERIFIED_OPS
+    assert every == ("attention_v2", "attention_dot", "attention")
+    for raw, want in (("attention_dot", ("attention_dot",)),
+                      (" Attention_dot , attention_v2 ", ("attention_v2", "attention_dot")),
+                      ("attention", ("attention",)), ("all", every), ("none", ())):
         monkeypatch.setenv("GNNCOMPILE_CUDA_UNVERIFIED", raw)
         assert Settings.from_config().cuda_unverified == want, raw
-    monkeypatch.setenv("GNNCOMPILE_CUDA_UNVERIFIED", "attention")  # GAT's kernel is verified: not an option
-    with pytest.raises(config.ConfigError, match="GNNCOMPILE_CUDA_UNVERIFIED='attention'"):
+    monkeypatch.setenv("GNNCOMPILE_CUDA_UNVERIFIED", "spmm")  # spmm's CUDA kernel is on: not an option
+    with pytest.raises(config.ConfigError, match="GNNCOMPILE_CUDA_UNVERIFIED='spmm'"):
         config.current()
     monkeypatch.delenv("GNNCOMPILE_CUDA_UNVERIFIED")
     with config.override(cuda_unverified="attention_v2"):
         assert Settings.build().cuda_unverified == ("attention_v2",)
-    s = Settings().replace(choices={"cuda_unverified": "attention_v2,attention_dot"})
-    assert s.cuda_unverified == both and dict(s.choices)["cuda_unverified"] == "attention_v2,attention_dot"
+    s = Settings().replace(choices={"cuda_unverified": "attention_dot,attention_v2"})
+    assert s.cuda_unverified == ("attention_v2", "attention_dot")
+    assert dict(s.choices)["cuda_unverified"] == "attention_v2,attention_dot"
     assert Settings().replace(choices={"cuda_unverified": ""}).choices == ()
     for bad in ("spmm", ["attention_v2"]):
         with pytest.raises(ValueError, match="cuda_unverified"):
