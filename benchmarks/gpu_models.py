@@ -90,7 +90,7 @@ def run_variant(name: str, variant: str, x, ei, y, C: int, args) -> dict:
 
 def table(report: dict) -> str:
     lines = [f"GPU training step, {report['device']}, N={report['N']} E={report['E']} F={report['F']}",
-             f"{'model':<10} {'variant':<11} {'median ms':>10} {'x eager':>8} {'x csr':>7} "
+             f"{'model':<10} {'variant':<18} {'median ms':>10} {'x eager':>8} {'x csr':>7} "
              f"{'x induct':>8} {'first s':>8} {'peak MiB':>9}"]
     for name, res in report["results"].items():
         def med(v):
@@ -98,12 +98,14 @@ def table(report: dict) -> str:
             return r.get("median_s")
         for v, r in res.items():
             if "median_s" not in r:
-                lines.append(f"{name:<10} {v:<11} {r.get('skipped') or r.get('error')}")
+                lines.append(f"{name:<10} {v:<18} {r.get('skipped') or r.get('error')}")
                 continue
             m = r["median_s"]
             ratio = [f"{med(p) / m:.2f}" if med(p) else "-" for p in ("eager", "csr", "inductor")]
-            lines.append(f"{name:<10} {v:<11} {m * 1e3:>10.2f} {ratio[0]:>8} {ratio[1]:>7} "
-                         f"{ratio[2]:>8} {r['first_step_s']:>8.1f} {r['peak_bytes'] / 2**20:>9.0f}")
+            kept = "  (guard kept eager)" if any("the whole model" in d and "kept eager" in d
+                                                 for d in r.get("guard", ())) else ""
+            lines.append(f"{name:<10} {v:<18} {m * 1e3:>10.2f} {ratio[0]:>8} {ratio[1]:>7} "
+                         f"{ratio[2]:>8} {r['first_step_s']:>8.1f} {r['peak_bytes'] / 2**20:>9.0f}{kept}")
     return "\n".join(lines)
 
 
