@@ -268,8 +268,8 @@ class SpeedGuard(_Racer):
             race = self._races[key] = _Race(nodes, edges)
             if nodes + edges >= MAX_SIZE:
                 self._decide(race, grad, 0, f"{nodes + edges} nodes + edges >= {MAX_SIZE}: not measured "
-                                            "(the fused kernels win there; the unrewritten form would "
-                                            "hold E x F tensors)")
+                                            "(the fused kernels measured faster there on the CPU; the "
+                                            "unrewritten form would hold E x F tensors)")
         if race.winner is not None:
             return race.winner(*args)
         sync = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
