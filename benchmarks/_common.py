@@ -39,9 +39,12 @@ GUARD_STEPS = 60
 def guard_steps() -> int:
     """The most steps :func:`step_past_guard` takes: GUARD_STEPS, plus the re-check of a close
     win of the compiled model (RECHECK_AFTER calls later, one untimed and 2 x RECHECK_SAMPLES
-    timed calls, then the deciding one)."""
+    timed calls, then the deciding one). A gnncompile without the re-check (an earlier commit
+    that ``commit_ab`` times: its guard has no RECHECK_AFTER) gets GUARD_STEPS alone."""
     from gnncompile.compiler import guard
 
+    if not hasattr(guard, "RECHECK_AFTER"):
+        return GUARD_STEPS
     return GUARD_STEPS + guard.RECHECK_AFTER + 2 + 2 * guard.RECHECK_SAMPLES
 
 
