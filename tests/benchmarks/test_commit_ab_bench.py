@@ -186,3 +186,11 @@ def test_guard_steps_of_a_base_without_the_guards_recheck(monkeypatch):
     monkeypatch.delattr(guard, "RECHECK_AFTER")
     monkeypatch.delattr(guard, "RECHECK_SAMPLES")
     assert _common.guard_steps() == _common.GUARD_STEPS < with_recheck
+
+
+@pytest.mark.parametrize("family, model, generation", [
+    (23, 0x31, "Zen 2"), (23, 0x08, "Zen / Zen+"), (25, 0x01, "Zen 3"), (25, 0x21, "Zen 3"),
+    (25, 0x11, "Zen 4"), (25, 0x61, "Zen 4"), (25, 0xA0, "Zen 4"), (26, 0x02, "Zen 5"), (6, 0x8F, "")])
+def test_the_tables_name_the_amd_generation_by_family_and_model(family, model, generation):
+    # the project's Zen 4 (family 25 model 17) was printed as "Zen 3 / Zen 4"
+    assert _common._amd_generation(family, model) == generation
