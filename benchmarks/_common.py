@@ -39,9 +39,12 @@ GUARD_STEPS = 60
 def guard_steps() -> int:
     """The most steps :func:`step_past_guard` takes: GUARD_STEPS, plus the re-check of a close
     win of the compiled model (RECHECK_AFTER calls later, one untimed and 2 x RECHECK_SAMPLES
-    timed calls, then the deciding one)."""
+    timed calls, then the deciding one). A gnncompile without the re-check (an earlier commit
+    that ``commit_ab`` times: its guard has no RECHECK_AFTER) gets GUARD_STEPS alone."""
     from gnncompile.compiler import guard
 
+    if not hasattr(guard, "RECHECK_AFTER"):
+        return GUARD_STEPS
     return GUARD_STEPS + guard.RECHECK_AFTER + 2 + 2 * guard.RECHECK_SAMPLES
 
 
@@ -200,9 +203,16 @@ def machine() -> dict:
     }
 
 
-#: AMD core generations by x86 family (and model, for family 23), for the tables' CPU line
+#: family 25's Zen 4 model ranges (Genoa 0x10-0x1f, Raphael / Phoenix 0x60-0x7f, Bergamo / Siena
+#: 0xa0-0xaf); its other models are Zen 3 (Milan 0x00-0x0f, desktop and mobile 0x20-0x5f)
+_ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))
+
+
+#: AMD core generations by x86 family and model, for the tables' CPU line
 def _amd_generation(family: int, model: int) -> str:
-    return {23: "Zen 2" if model >= 0x30 else "Zen / Zen+", 25: "Zen 3 / Zen 4", 26: "Zen 5"}.get(family, "")
+    if family == 25:
+        return "Zen 4" if any(model in r for r in _ZEN4_MODELS) else "Zen 3"
+    return {23: "Zen 2" if model >= 0x30 else "Zen / Zen+", 26: "Zen 5"}.get(family, "")
 
 
 def cpu_model() -> str:

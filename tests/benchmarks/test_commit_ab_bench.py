@@ -174,3 +174,23 @@ def test_the_plot_draws_every_speed_up(tmp_path):
          "head": {"short": "aaa"}, "base": {"short": "bbb"}, "options": {"nodes": 100, "features": 8}}
     commit_ab.plot(p, tmp_path / "x.png")
     assert (tmp_path / "x.png").stat().st_size > 1000
+
+
+def test_guard_steps_of_a_base_without_the_guards_recheck(monkeypatch):
+    # the commit before issue 26 (commit_ab's default base) has no re-check of a close win: its
+    # children stepped past the guard through _common.guard_steps, which read RECHECK_AFTER
+    from gnncompile.compiler import guard
+
+    with_recheck = _common.guard_steps()
+    assert with_recheck == (_common.GUARD_STEPS + guard.RECHECK_AFTER + 2 + 2 * guard.RECHECK_SAMPLES)
+    monkeypatch.delattr(guard, "RECHECK_AFTER")
+    monkeypatch.delattr(guard, "RECHECK_SAMPLES")
+    assert _common.guard_steps() == _common.GUARD_STEPS < with_recheck
+
+
+@pytest.mark.parametrize("family, model, generation", [
+    (23, 0x31, "Zen 2"), (23, 0x08, "Zen / Zen+"), (25, 0x01, "Zen 3"), (25, 0x21, "Zen 3"),
+    (25, 0x11, "Zen 4"), (25, 0x61, "Zen 4"), (25, 0xA0, "Zen 4"), (26, 0x02, "Zen 5"), (6, 0x8F, "")])
+def test_the_tables_name_the_amd_generation_by_family_and_model(family, model, generation):
+    # the project's Zen 4 (family 25 model 17) was printed as "Zen 3 / Zen 4"
+    assert _common._amd_generation(family, model) == generation
