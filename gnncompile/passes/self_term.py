@@ -11,8 +11,9 @@ over the transpose.
 Folded only where nothing else can change: the spmm is the native ``sum`` with no edge weight
 (not the vendor's, not bf16), its output and the product feed this add alone, the product's
 tensor is the spmm's own input (itself or its ``.contiguous()``), ``s`` is a one-element tensor
-(``1 + eps``, shape [1]: a buffer, or a parameter whose gradient the op computes), no broadcasting (the three
-shapes alike), float32 / float64 on the CPU. Anything else is left as the rewrite wrote it.
+(``1 + eps``, shape [1]: a buffer, or a parameter whose gradient the op computes), no
+broadcasting (the three shapes alike), one dtype (float32 or float64) for ``s``, ``x`` and the
+sum, on the CPU. Anything else is left as the rewrite wrote it.
 """
 from __future__ import annotations
 
@@ -90,6 +91,9 @@ def fuse_self_terms(graph: Graph, report: PassReport) -> int:
                     continue
                 # no broadcasting: the sum's shape is the product's (the rewrite leaves the spmm's
                 # output without a fake value; where one is there it must agree too)
+                # one dtype throughout: a [1] float64 s times float32 x promotes to float64 in torch
+                if sv.dtype != tv.dtype or _val(n) is None or _val(n).dtype != tv.dtype:
+                    continue
                 if sv.dtype not in (torch.float32, torch.float64) or not (_shape(n) == _shape(m) == _shape(t) != ()):
                     continue
                 if _val(g) is not None and _shape(g) != _shape(n):
