@@ -7,7 +7,8 @@
 its graphs in prebuilt batches of 128, one step = forward, cross-entropy, backward, Adam;
 variants ``eager`` or ``gnc:INNER[+prog|+never][+guard]`` (``gnncompile.compile(dynamic=True,
 inner=INNER)``, programs 'always' / 'never' / the default 'auto', the speed guard off unless
-``+guard``). Every variant steps through every batch in turn, the variants' order rotated each
+``+guard``; ``+noself``: compiled with GINConv's self term left unfolded, the graph as before
+passes/self_term.py, for an A/B of the fold in one process). Every variant steps through every batch in turn, the variants' order rotated each
 round (a variant that always follows another one measured 5-10% apart from an identical one);
 medians per variant. ``--breakdown``: one more pass per variant under torch.profiler, self CPU
 time per group (ms / step; "outside ops" = wall time minus the ops' self time: Python, custom
@@ -43,6 +44,27 @@ from . import molecules as M
 
 def _compiled(model, inner: str, choices: dict):
     return gnncompile.compile(model, dynamic=True, inner=inner, settings={"choices": choices})
+
+
+class _self_terms:
+    """With ``on`` False, the passes leave GINConv's self term unfolded (passes/self_term.py) in
+    the graphs compiled inside the block (``+noself``: the "before" of that fold)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __enter__(self):
+        import gnncompile.passes as passes
+
+        self.saved = passes.fuse_self_terms
+        if not self.on:
+            passes.fuse_self_terms = lambda graph, report: 0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import gnncompile.passes as passes
+
+        passes.fuse_self_terms = self.saved
 
 
 def _group(name: str) -> str:
@@ -93,9 +115,10 @@ def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: 
             return loss.detach()
 
         runs[v] = step
-        losses[v] = float(step(pre[0]))
-        for b in pre[1:]:
-            step(b)
+        with _self_terms(v == "eager" or "noself" not in v.split(":")[-1].split("+")):
+            losses[v] = float(step(pre[0]))  # (the graph is captured and rewritten here)
+            for b in pre[1:]:
+                step(b)
     if any(abs(x - losses[variants[0]]) > 1e-4 * abs(losses[variants[0]]) for x in losses.values()):
         raise AssertionError(f"first losses differ: {losses}")
     ts = {v: [] for v in variants}

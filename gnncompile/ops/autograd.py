@@ -5,6 +5,7 @@ torch.library.register_autograd's kernel, with its per-call work done once).
   (for the weight); max / min route each output gradient to the edge chosen in the forward pass
   (``arg_route`` for x, ``arg_edge_dot`` for the weight: no sort, no atomics), or follow torch's
   formula where that differs (ties, NaN: :mod:`.extremes`).
+* ``spmm_self`` (spmm's sum + scale * x): itself over the transpose, and sum(g * x) for the scale.
 * ``edge_softmax``: ``edge_softmax_backward``; a second derivative is refused with a clear error.
 * ``edge_dot``: two spmm calls, so that a double backward through spmm is exact.
 * ``gather``: a segment sum over the structure that groups the edges by the gathered index.
@@ -303,6 +304,32 @@ def _spmm_backward(ctx, grad_out, grad_arg):
 
 
 register_autograd("gnncompile::spmm", _spmm_backward, setup_context=_spmm_setup)
+
+
+def _spmm_self_setup(ctx, inputs, output):
+    rowptr, col, perm, x, scale, knobs, rowptr_t, col_t, perm_t = inputs
+    ctx.knobs = knobs
+    ctx.num_src = x.shape[0]
+    ctx.save_for_backward(rowptr, col, perm, scale, x if ctx.needs_input_grad[4] else None, rowptr_t, col_t, perm_t)
+
+
+def _spmm_self_backward(ctx, grad):
+    """out = A x + s x: x's gradient is A^T g + s g, the same op over the transpose (the sum of
+    the transposed spmm, then the rounded product, as autograd adds spmm's and mul's gradients);
+    s's (where 1 + eps needs one) is sum(g * x), mul's."""
+    rowptr, col, perm, scale, x, rowptr_t, col_t, perm_t = ctx.saved_tensors
+    g = grad.contiguous()
+    gx = gs = None
+    if ctx.needs_input_grad[3]:
+        if rowptr_t is None:
+            rowptr_t, col_t, perm_t = transpose_structure(rowptr, col, perm, ctx.num_src)
+        gx = ops.spmm_self(rowptr_t, col_t, perm_t, g, scale, ctx.knobs)
+    if ctx.needs_input_grad[4]:
+        gs = (g * x).sum().reshape(scale.shape).to(scale.dtype)
+    return None, None, None, gx, gs, None, None, None, None
+
+
+register_autograd("gnncompile::spmm_self", _spmm_self_backward, setup_context=_spmm_self_setup)
 
 
 def _spmm_bf16_setup(ctx, inputs, output):

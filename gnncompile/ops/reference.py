@@ -64,6 +64,20 @@ def _features(t: torch.Tensor) -> int:
     return n
 
 
+def spmm_self(rowptr, col, perm, x: torch.Tensor, scale: torch.Tensor, knobs: Sequence[int] = (),
+              rowptr_t=None, col_t=None, perm_t=None) -> torch.Tensor:
+    """spmm's sum plus each row's own term: ``spmm(x, 'sum') + scale * x`` (GINConv's
+    ``propagate(x) + (1 + eps) * x``), the two ops it replaces, in their order."""
+    op = "gnncompile.spmm_self"
+    if x.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"{op}: x must be float32 or float64, got {x.dtype}")
+    if rowptr.numel() - 1 != x.size(0):
+        raise ValueError(f"{op}: the structure must be square ({rowptr.numel() - 1} rows) for x's {x.size(0)} rows")
+    if scale.numel() != 1:
+        raise ValueError(f"{op}: scale must hold one value, got {scale.numel()}")
+    return spmm(rowptr, col, perm, None, x, "sum", knobs)[0] + scale.reshape(()).to(x.dtype) * x
+
+
 def build_csr(dst: torch.Tensor, src: torch.Tensor, num_dst: int, num_src: int):
     if dst.dtype == torch.int32 and max(dst.numel(), num_dst) > 2**31 - 1:
         raise ValueError("gnncompile.build_csr: graph too large for int32 indices; use int64 edge_index")

@@ -30,6 +30,13 @@ _lib.define(
     "Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None, bool relu_input=False) "
     "-> (Tensor out, Tensor arg)"
 )
+# spmm's sum plus each row's own term scaled: out[i] = sum_j x[col_j] + scale * x[i] (GINConv's
+# `propagate(x) + (1 + eps) * x`, bit for bit; square structures, float32 / float64; scale a
+# one-element tensor, (1 + eps)). Its backward is the same op over the transpose (ops/autograd.py).
+_lib.define(
+    "spmm_self(Tensor rowptr, Tensor col, Tensor perm, Tensor x, Tensor scale, int[] knobs, "
+    "Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None) -> Tensor"
+)
 # spmm's sum / mean over bfloat16 features xb (and a bfloat16 weight), accumulated in float32 and
 # returned as float32: what the opt-in choices['precision'] = 'bf16' runs (passes/precision.py).
 # x is the float32 tensor xb was cast from (xb = x.to(bfloat16)): the op is differentiated with
@@ -242,7 +249,7 @@ _lib.define("hetero_neighbor_sample(Tensor[] colptrs, Tensor[] rows, Tensor?[] p
 # references fill every other backend, and all of them when the native module is missing.
 from . import _native  # noqa: E402,F401  (must come after the schemas are defined)
 
-for _name in ("build_csr", "spmm", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
+for _name in ("build_csr", "spmm", "spmm_self", "edge_dot", "edge_softmax", "edge_softmax_backward", "collate_rows",
               "segment_ids", "clone_structure", "transpose_structure", "adopt_worker_structure", "fingerprint",
               "neighbor_sample",
               "hetero_neighbor_sample", "dropout", "arg_route", "arg_edge_dot", "extreme_edges_backward", "attention", "attention_backward",
@@ -294,6 +301,11 @@ def _spmm_fake(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t
     else:
         arg = x.new_empty((0,), dtype=torch.long)
     return out, arg
+
+
+@torch.library.register_fake("gnncompile::spmm_self")
+def _spmm_self_fake(rowptr, col, perm, x, scale, knobs, rowptr_t=None, col_t=None, perm_t=None):
+    return x.new_empty((rowptr.shape[0] - 1,) + tuple(x.shape[1:]))
 
 
 @torch.library.register_fake("gnncompile::spmm_bf16")

@@ -14,6 +14,7 @@ from .schemas import ops
 
 BUILD_CSR = ops.build_csr.default
 SPMM = ops.spmm.default
+SPMM_SELF = ops.spmm_self.default  # spmm's sum + scale * x (GINConv's self term; passes/self_term.py)
 SPMM_SPARSE = ops.spmm_sparse.default  # the vendor library's spmm (ops/vendor.py)
 SPMM_BF16 = ops.spmm_bf16.default  # spmm gathering bfloat16, float32 out (opt-in, passes/precision.py)
 EDGE_SOFTMAX = ops.edge_softmax.default

@@ -14,7 +14,9 @@ module per phase, typed records between them. :func:`run` runs six phases, in th
    chain turned into one ``gnncompile::attention`` (:mod:`.attention`); with ``reassociate``, a
    sum spmm over a linear map of a graph input that needs no gradient aggregates the input first
    (:mod:`.order`); last, each remaining spmm given the implementation the portfolio chooses (:mod:`.portfolio`) and, with the opt-in
-   ``choices['precision'] = 'bf16'``, bfloat16 features to gather (:mod:`.precision`).
+   ``choices['precision'] = 'bf16'``, bfloat16 features to gather (:mod:`.precision`). In
+   compiled graphs (``hoist=True``), a native sum spmm plus ``s * x`` of its own input (GINConv's
+   ``(1 + eps) * x``) becomes one ``gnncompile::spmm_self`` (:mod:`.self_term`).
 6. :mod:`.hoist` (``hoist=True``): the work that depends only on the graph moved into one
    cached region (``gnncompile::hoisted``), computed once per graph instead of once per call.
 
@@ -36,6 +38,7 @@ from .match import match
 from .plan import plan
 from .report import Fused, Fusions, PassReport, Unfused
 from .rewrite import node_order, rewrite
+from .self_term import fuse_self_terms
 from ..settings import DEFAULT, Settings
 
 
@@ -74,6 +77,8 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     notes += matches.notes
     report = rewrite(graph, plan(matches, order), order, copy_structures, settings, attention=programs,
                      portfolio=portfolio, size_from_first=hoist)
+    if hoist:  # compiled graphs (export's have no ONNX function for it)
+        fuse_self_terms(graph, report)
     if programs and settings.attention == "fused":
         fuse_dense_attention(graph, report)
     report.notes += list(dict.fromkeys(notes))
@@ -88,7 +93,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     return report
 
 
-FUSED_OPS = ("spmm", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "message_softmax", "attention", "attention_v2",
+FUSED_OPS = ("spmm", "spmm_self", "spmm_sparse", "spmm_bf16", "csr_degree", "edge_softmax", "message_reduce", "message_edges", "message_softmax", "attention", "attention_v2",
              "attention_dot", "dense_attention")
 
 

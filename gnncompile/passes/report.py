@@ -82,6 +82,7 @@ class PassReport(Fusions):
     aggregated_first: int = 0  # fused sums moved before their linear map, (A x) W (passes.order, reassociate)
     vendor: int = 0  # fused spmm calls that run the vendor implementation (passes.portfolio)
     bf16: int = 0  # fused spmm calls that gather bfloat16 features (passes.precision, opt-in)
+    self_terms: int = 0  # fused spmm sums that also add the node's own term, spmm_self (passes.self_term)
     # why Dynamo ended the piece where it did, when that was a graph break: its reason (without
     # Dynamo's hints) and the user's line it broke at ('file.py:12 (forward)')
     graph_break: str = ""

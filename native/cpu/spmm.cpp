@@ -1,6 +1,8 @@
 // gnncompile::spmm on the CPU: fused gather -> weight -> segment reduce, no E x F tensor.
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "glue.h"
 #include "spmm_core.h"
 
@@ -93,6 +95,62 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
   return {out, arg};
 }
 
+// gnncompile::spmm_self: spmm's sum plus each row's own term, out[i] = sum over the row's edges of
+// x[col] + round(scale * x[i]) (GINConv's `propagate(x) + (1 + eps) * x`, bit for bit: the sum in
+// CSR order, then the rounded product added once), one pass and no [N, F] temporaries. Square
+// structures only (M == rows of x); float32 / float64 (a 16-bit sum would round where the
+// separate ops do not); `scale` a one-element tensor, cast to x's dtype as torch's mul casts it.
+at::Tensor spmm_self_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
+                         const at::Tensor& x_in, const at::Tensor& scale, c10::IntArrayRef knobs,
+                         const std::optional<at::Tensor>& /*rowptr_t*/, const std::optional<at::Tensor>& /*col_t*/,
+                         const std::optional<at::Tensor>& /*perm_t*/) {
+  const char* op = "gnncompile.spmm_self";
+  const SpmmCall c = spmm_call(rowptr_in, col_in, perm_in, std::nullopt, x_in, "sum", op,
+                               [&](const at::Tensor& t, const char* name) { check_cpu(t, op, name); });
+  const at::Tensor &rowptr = c.rowptr, &col = c.col, &perm = c.perm, &x = c.x;
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, op,
+                    ": x must be float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(c.M == x.size(0), op, ": the structure must be square (", c.M, " rows) for x's ",
+                    x.size(0), " rows");
+  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must hold one value, got ", scale.numel());
+  TORCH_CHECK_VALUE(scale.device().is_cpu(), op, ": scale must be on the CPU, got ", scale.device());
+  check_rowptr(rowptr, c.E, op);
+  const at::Tensor s = scale.reshape({}).to(x.scalar_type());
+  at::Tensor out = c.o.out;
+  if (c.o.done) {  // no rows or no edges: the zero sum plus the term, as the separate ops
+    check_unwalked_structure(col, perm, x.size(0), op);
+    return out.add_(x * s);
+  }
+  check_unread_perm(perm, op);
+  Status st = Status::Ok;
+  GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
+    GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
+      using core_t = typename core_type<scalar_t>::type;
+      SpmmArgs<core_t, index_t> a;
+      a.rowptr = rowptr.const_data_ptr<index_t>();
+      a.col = col.const_data_ptr<index_t>();
+      a.perm = perm.const_data_ptr<index_t>();
+      a.weight = nullptr;
+      a.x = core_ptr<scalar_t>(x);
+      a.out = core_ptr<scalar_t>(out);
+      a.arg = nullptr;
+      a.F = c.F;
+      a.H = 1;
+      a.C = c.F;
+      a.block = column_block(block_budget_bytes(knobs), x.size(0), c.F, sizeof(core_t));
+      a.prefetch = prefetch_distance(knobs, a.block * static_cast<int64_t>(sizeof(core_t)));
+      a.num_src = x.size(0);
+      a.num_edges = c.E;
+      a.zero_ties_free = false;
+      a.self_x = a.x;
+      std::memcpy(&a.self_scale, s.const_data_ptr(), sizeof(core_t));  // s holds x's dtype (16-bit never runs)
+      st = run<core_t, index_t, Reduce::Sum, WeightMode::None>(a, c.M, knobs);
+    });
+  });
+  raise_status(st, op, x.size(0), c.E);
+  return out;
+}
+
 // gnncompile::spmm_bf16: the sum / mean of spmm over bfloat16 features `xb` (and a bfloat16 edge
 // weight), accumulated in float and written as float32, with no rounding of the output and no
 // cast after the op (passes/precision.py, the opt-in choices['precision'] = 'bf16'). `x` is the
@@ -152,6 +210,7 @@ at::Tensor spmm_bf16_cpu(
 
 TORCH_LIBRARY_IMPL(gnncompile, CPU, m) {
   m.impl("spmm", &spmm_cpu);
+  m.impl("spmm_self", &spmm_self_cpu);
   m.impl("spmm_bf16", &spmm_bf16_cpu);
 }
 

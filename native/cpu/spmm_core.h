@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "../common/dtype.h"
 #include "../common/macros.h"
@@ -34,7 +35,29 @@ struct SpmmArgs {
   bool zero_ties_free;     // max / min of a relu's output: ties at 0 need no record (its backward drops them)
   int64_t prefetch = kPrefetchDistance;  // edges ahead whose rows are prefetched (knobs[1], glue.h)
   int64_t block = 0;       // features per column block (column_block, knobs[2]); F: one pass, no blocking
+  // gnncompile::spmm_self (sum only, M == num_src): out[i] = sum + round(self_scale * self_x[i]),
+  // the row's own term added after its edges' sum, each product rounded as torch's mul rounds it
+  // (GINConv's `out + (1 + eps) * x_r`, bit for bit). nullptr: no self term.
+  const scalar_t* self_x = nullptr;
+  scalar_t self_scale{};
 };
+
+// spmm_self's term: acc[t] += round(s * x[t]), the product rounded before the sum as torch's mul
+// then add round it. Never a fused multiply-add: GCC contracts across statements under its
+// default -ffp-contract=fast (hence the attribute, and no inlining into a function compiled
+// with contraction), Clang within one expression (hence the two statements).
+#if defined(__GNUC__) && !defined(__clang__)
+#define GNN_NO_FP_CONTRACT __attribute__((noinline, optimize("fp-contract=off")))
+#else
+#define GNN_NO_FP_CONTRACT
+#endif
+template <typename scalar_t, typename acc_t>
+GNN_NO_FP_CONTRACT void add_self_term(acc_t* acc, const scalar_t* x, scalar_t s, int n) {
+  for (int t = 0; t < n; ++t) {
+    const scalar_t p = s * x[t];
+    acc[t] = acc[t] + static_cast<acc_t>(p);
+  }
+}
 
 // One tile of one row: features [f0, f0 + n) with a single weight column `h`.
 // FULL means n == TILE, a compile-time bound the compiler can unroll and keep in registers.
@@ -122,6 +145,10 @@ inline Status spmm_tile(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t row
     }
   }
 
+  if constexpr (R == Reduce::Sum && std::is_floating_point<scalar_t>::value) {  // float32 / float64 only
+    if (a.self_x != nullptr)  // spmm_self: the row's own term, after its edges
+      add_self_term(acc, a.self_x + row * a.F + f0, a.self_scale, n);
+  }
   if (kArg && a.zero_ties_free)  // a tie at 0 of a relu's output needs no record: its backward drops it
     for (int t = 0; t < n; ++t) eq[t] = acc[t] == acc_t(0) ? acc_t(0) : eq[t];
   store_reduced<out_t, R>(acc, win, eq, begin, end - begin, n, a.out + row * a.F + f0,
