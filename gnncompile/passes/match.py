@@ -503,6 +503,47 @@ def encoded_note(total: int, count: int) -> str:
 PROGRAM_MIN_EDGES = INTERPRETER_MIN_EDGES  # (the name before generated kernels: the interpreter's)
 
 
+def gathered_pays(edges, rows) -> bool:
+    """Whether ``edges`` edges into ``rows`` rows (sizes, maybe symbolic: hints read) reach
+    :data:`GATHERED_MIN_EDGES` (for a message :func:`gathered_cheap` covers)."""
+    e, r = size_hint(edges), size_hint(rows)
+    if e is None or r is None:
+        return False
+    return any(e >= min_e and e / max(1, r) >= min_d for min_e, min_d in GATHERED_MIN_EDGES)
+
+
+# ... and where a message reads nothing per edge but node rows: every input is gathered by the
+# edge's source or destination index (x_j, x_i; parameters too), at least two such gathers, only
+# CHEAP_OPS. As written such a message stores at least three E x F tensors (the gathers and each
+# operator's result) and their autograd records, and the fused kernels store none; a message that
+# reads an E x F tensor computed outside (PNAConv's, GATEConv's, GMMConv's, RGATConv's) saves
+# little and loses at this size. Zoo graph (F 32), speed guard off, one process per size, 50
+# interleaved training steps, programs forced against none, AMD EPYC Zen 4 (family 25 model 17),
+# 2 threads, 2026-12-04, LEConv (a_j - b_i) / FiLMConv (relu(gamma_i * x_j + beta_i)) step in ms:
+# 16k edges at degree 8: 2.13 / 3.29 against 3.90 / 6.77 (again: 2.12 / 3.66 against 3.96 /
+# 7.54); degree 4: 2.96 / 4.61 against 3.76 / 6.42; degree 2: 3.13 / 6.15 against 3.11 / 7.60;
+# 24k edges at degree 8 and 4: 2.37 / 3.24 against 4.72 / 6.25, 3.18 / 7.54 against 4.73 / 12.46;
+# 12k edges at degree 8: 1.46 / 2.43 against 1.29 / 4.75; 10k edges at degree 2, 4 and 8:
+# LEConv 2.86, 1.96, 1.64 against 2.41, 1.74, 2.33 (a loss at 2 of 3). Per-edge inputs at 16k
+# edges, degree 8, eager / compiled with programs forced against 'auto': PNAConv 0.89x against
+# 1.20x, AttentiveFP 0.99x against 1.11x, GMMConv 0.76x against 0.92x, RGATConv 0.92x against
+# 0.96x. benchmarks/results/zoo_zen4_s53.md.
+GATHERED_MIN_EDGES = ((16_000, 4.0),)  # (edges at least, average degree at least)
+
+
+def gathered_cheap(prog) -> bool:
+    """Whether ``prog`` is a message the gathered rule covers (:data:`GATHERED_MIN_EDGES`):
+    generated kernels run it, every input that is not a parameter is a node row gathered by an
+    edge index (side ``col`` or ``row``), at least two of them, and every operator is in
+    CHEAP_OPS (the sizes are :func:`gathered_pays`'s)."""
+    from ..ops import program as P
+
+    data = [lf for lf in getattr(prog, "leaves", ()) if not lf.role and lf.side != P.CONST]
+    return (_generated() and getattr(prog, "gathers", 0) >= 2 and bool(data)
+            and all(lf.side in (P.COL, P.ROW) for lf in data)
+            and set(getattr(prog, "ops", ())) <= CHEAP_OPS)
+
+
 def _generated() -> bool:
     from .. import codegen  # (codegen imports ops, which the passes import: not at module level)
 
@@ -643,6 +684,12 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
                 m.unfused[n] = f"message program: {e}"
                 continue
             pays, why = _program_pays(sc) if program_mode == "auto" else (True, "")
+            if not pays and gathered_cheap(prog):
+                if gathered_pays(fake_tensor(sc.index).shape[0], fake_tensor(sc.buffer).shape[0]):
+                    pays = True
+                else:
+                    said = " or ".join(f"{e // 1000}k edges at degree >= {d:g}" for e, d in GATHERED_MIN_EDGES)
+                    why += f" (and below GATHERED_MIN_EDGES, {said}, for a cheap message of gathered node rows)"
             if not pays and encoded_cheap(prog):
                 e = size_hint(fake_tensor(sc.index).shape[0])
                 if e is not None and e >= ENCODED_MIN_EDGES_EACH:
@@ -681,5 +728,5 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     return m
 
 
-__all__ = ["SOFTMAX_MIN_EDGES", "softmax_pays", "PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "ENCODED_MIN_EDGES_EACH", "encoded_cheap", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
+__all__ = ["SOFTMAX_MIN_EDGES", "softmax_pays", "PROGRAM_MIN_EDGES", "GATHERED_MIN_EDGES", "gathered_cheap", "gathered_pays", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "ENCODED_MIN_EDGES_EACH", "encoded_cheap", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
            "gather_of", "read_scatter", "match_aggregate", "match_degree", "match_softmax", "match"]
