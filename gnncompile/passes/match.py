@@ -518,16 +518,18 @@ def gathered_pays(edges, rows) -> bool:
 # operator's result) and their autograd records, and the fused kernels store none; a message that
 # reads an E x F tensor computed outside (PNAConv's, GATEConv's, GMMConv's, RGATConv's) saves
 # little and loses at this size. Zoo graph (F 32), speed guard off, one process per size, 50
-# interleaved training steps, programs forced against none, AMD EPYC Zen 4 (family 25 model 17),
-# 2 threads, 2026-12-04, LEConv (a_j - b_i) / FiLMConv (relu(gamma_i * x_j + beta_i)) step in ms:
-# 16k edges at degree 8: 2.13 / 3.29 against 3.90 / 6.77 (again: 2.12 / 3.66 against 3.96 /
-# 7.54); degree 4: 2.96 / 4.61 against 3.76 / 6.42; degree 2: 3.13 / 6.15 against 3.11 / 7.60;
-# 24k edges at degree 8 and 4: 2.37 / 3.24 against 4.72 / 6.25, 3.18 / 7.54 against 4.73 / 12.46;
-# 12k edges at degree 8: 1.46 / 2.43 against 1.29 / 4.75; 10k edges at degree 2, 4 and 8:
-# LEConv 2.86, 1.96, 1.64 against 2.41, 1.74, 2.33 (a loss at 2 of 3). Per-edge inputs at 16k
-# edges, degree 8, eager / compiled with programs forced against 'auto': PNAConv 0.89x against
-# 1.20x, AttentiveFP 0.99x against 1.11x, GMMConv 0.76x against 0.92x, RGATConv 0.92x against
-# 0.96x. benchmarks/results/zoo_zen4_s53.md.
+# interleaved training steps, programs forced ('always') against none ('never'), AMD EPYC Zen 4
+# (family 25 model 17), 2 threads, 2026-12-04 (`python -m benchmarks gathered_rule`,
+# benchmarks/results/gathered_rule.md), never / always for LEConv (a_j - b_i) and FiLMConv
+# (relu(gamma_i * x_j + beta_i)): 16k edges at degree 8 1.06x / 2.05x, at degree 4 1.00x / 1.40x,
+# at degree 2 0.91x / 1.03x; 24k edges at degree 8 1.07x / 2.22x; 12k at degree 8 1.11x / 1.57x;
+# 10k at degree 4 1.19x / 1.28x, at degree 2 0.87x / 1.00x. An earlier run of the same (a script
+# then, another process state: LEConv's eager step 3.6 ms instead of 1.75) read LEConv 1.83x at
+# 16k edges of degree 8, 1.27x at degree 4, 0.99x at degree 2, and lost LEConv at 10k edges of
+# degree 4 (0.89x) and 12k of degree 8 (0.89x): hence 16k edges at degree >= 4. Per-edge inputs
+# at 16k edges, degree 8, eager / compiled with programs forced against 'auto': PNAConv 0.89x
+# against 1.20x, AttentiveFP 0.99x against 1.11x, GMMConv 0.76x against 0.92x, RGATConv 0.92x
+# against 0.96x (one run).
 GATHERED_MIN_EDGES = ((16_000, 4.0),)  # (edges at least, average degree at least)
 
 
