@@ -535,13 +535,15 @@ GATHERED_MIN_EDGES = ((16_000, 4.0),)  # (edges at least, average degree at leas
 
 def gathered_cheap(prog) -> bool:
     """Whether ``prog`` is a message the gathered rule covers (:data:`GATHERED_MIN_EDGES`):
-    generated kernels run it, every input that is not a parameter is a node row gathered by an
-    edge index (side ``col`` or ``row``), at least two of them, and every operator is in
-    CHEAP_OPS (the sizes are :func:`gathered_pays`'s)."""
+    generated kernels run it, a sum aggregation (the zoo's PNA, whose max aggregation of
+    ``x_i W + x_j W' + b`` it also took, ran at 0.82x [0.46, 1.47] of main's compiled step in a
+    paired A/B: benchmarks/results/zoo_ab_gathered_rule_pna.md), every input that is not a
+    parameter is a node row gathered by an edge index (side ``col`` or ``row``), at least two of
+    them, and every operator is in CHEAP_OPS (the sizes are :func:`gathered_pays`'s)."""
     from ..ops import program as P
 
     data = [lf for lf in getattr(prog, "leaves", ()) if not lf.role and lf.side != P.CONST]
-    return (_generated() and getattr(prog, "gathers", 0) >= 2 and bool(data)
+    return (_generated() and getattr(prog, "reduce", "sum") == "sum" and getattr(prog, "gathers", 0) >= 2 and bool(data)
             and all(lf.side in (P.COL, P.ROW) for lf in data)
             and set(getattr(prog, "ops", ())) <= CHEAP_OPS)
 
