@@ -224,7 +224,8 @@ def test_softmax_aggregation_rule(monkeypatch):
 class Gathered(torch.nn.Module):
     """LEConv's kind of message, a cheap expression of gathered node rows (``a_j - b_i``); with
     ``variant`` 'sigmoid' a transcendental operator on it, with 'edge' a per-edge weight computed
-    outside (an ``edge`` input): neither is covered by match.GATHERED_MIN_EDGES."""
+    outside (an ``edge`` input), with 'shared' the message read outside the scatter too (PNA's
+    several aggregations of one message): none is covered by match.GATHERED_MIN_EDGES."""
 
     def __init__(self, variant: str = "") -> None:
         super().__init__()
@@ -237,7 +238,8 @@ class Gathered(torch.nn.Module):
             msg = torch.sigmoid(msg)
         elif self.variant == "edge":
             msg = msg * edge_attr.sum(-1, keepdim=True)
-        return torch.zeros_like(x).index_add_(0, edge_index[1], msg)
+        out = torch.zeros_like(x).index_add_(0, edge_index[1], msg)
+        return out + msg.mean() if self.variant == "shared" else out
 
 
 def test_cheap_gathered_messages_pay_from_16k_edges_at_degree_4_under_generated_kernels(monkeypatch):
@@ -245,7 +247,7 @@ def test_cheap_gathered_messages_pay_from_16k_edges_at_degree_4_under_generated_
     a_j - b_i, PyG's LEConv itself) fuses from 16k edges at degree >= 4 under generated kernels,
     with outputs and gradients equal to eager's; not at 16k edges of degree 2 nor at 12k edges
     of degree 4 (explain says why), not with a sigmoid in it, not with a per-edge input computed
-    outside, not under the interpreter."""
+    outside, not where the message is read outside the scatter too, not under the interpreter."""
     from gnncompile import codegen
     from gnncompile.passes.match import GATHERED_MIN_EDGES
     from torch_geometric.nn import LEConv
@@ -265,7 +267,7 @@ def test_cheap_gathered_messages_pay_from_16k_edges_at_degree_4_under_generated_
     monkeypatch.setattr(codegen, "enabled", lambda: True)
     for build, inp, fused in [(Gathered, big, True), (LE, big, True), (Gathered, small, False),
                               (Gathered, sparse, False), (lambda: Gathered("sigmoid"), big, False),
-                              (lambda: Gathered("edge"), big, False)]:
+                              (lambda: Gathered("edge"), big, False), (lambda: Gathered("shared"), big, False)]:
         torch.manual_seed(0)
         model = build()
         compiled = gnncompile.compile(model, settings=settings)
