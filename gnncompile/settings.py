@@ -29,7 +29,8 @@ Fields:
 * ``loader``: keyword arguments for :class:`gnncompile.data.PooledLoader` from the profile.
 * ``choices``: implementation choices. ``programs``: message programs (any elementwise message,
   run by the CPU interpreter) 'auto' (fused where :func:`gnncompile.passes.match.programs_pay`
-  says they are faster than the ops as written), 'always' or 'never' (``$GNNCOMPILE_PROGRAMS``).
+  says they are faster than the ops as written, or the narrower rules of cheap messages,
+  ``match.encoded_cheap`` and ``match.gathered_cheap``, do), 'always' or 'never' (``$GNNCOMPILE_PROGRAMS``).
   ``guard``: the speed guard (:mod:`gnncompile.compiler.guard`), 'time' (each rewritten graph
   piece timed against its unrewritten form on its first calls, the faster kept) or 'off'
   (``$GNNCOMPILE_GUARD``). ``attention``: GATConv's attention (logits, softmax, dropout,

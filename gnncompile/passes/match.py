@@ -503,6 +503,75 @@ def encoded_note(total: int, count: int) -> str:
 PROGRAM_MIN_EDGES = INTERPRETER_MIN_EDGES  # (the name before generated kernels: the interpreter's)
 
 
+def gathered_pays(edges, rows) -> bool:
+    """Whether ``edges`` edges into ``rows`` rows (sizes, maybe symbolic: hints read) reach
+    :data:`GATHERED_MIN_EDGES` (for a message :func:`gathered_cheap` covers)."""
+    e, r = size_hint(edges), size_hint(rows)
+    if e is None or r is None:
+        return False
+    return any(e >= min_e and e / max(1, r) >= min_d for min_e, min_d in GATHERED_MIN_EDGES)
+
+
+# ... and where a message reads nothing per edge but node rows: every input is gathered by the
+# edge's source or destination index (x_j, x_i; parameters too), at least two such gathers, only
+# CHEAP_OPS. As written such a message stores at least three E x F tensors (the gathers and each
+# operator's result) and their autograd records, and the fused kernels store none; a message that
+# reads an E x F tensor computed outside (PNAConv's, GATEConv's, GMMConv's, RGATConv's) saves
+# little and loses at this size. Zoo graph (F 32), speed guard off, one process per size, 50
+# interleaved training steps, programs forced ('always') against none ('never'), AMD EPYC Zen 4
+# (family 25 model 17), 2 threads, 2026-12-04 (`python -m benchmarks gathered_rule`,
+# benchmarks/results/gathered_rule.md), never / always for LEConv (a_j - b_i) and FiLMConv
+# (relu(gamma_i * x_j + beta_i)): 16k edges at degree 8 1.06x / 2.05x, at degree 4 1.00x / 1.40x,
+# at degree 2 0.91x / 1.03x; 24k edges at degree 8 1.07x / 2.22x; 12k at degree 8 1.11x / 1.57x;
+# 10k at degree 4 1.19x / 1.28x, at degree 2 0.87x / 1.00x. An earlier run of the same (a script
+# then, another process state: LEConv's eager step 3.6 ms instead of 1.75) read LEConv 1.83x at
+# 16k edges of degree 8, 1.27x at degree 4, 0.99x at degree 2, and lost LEConv at 10k edges of
+# degree 4 (0.89x) and 12k of degree 8 (0.89x): hence 16k edges at degree >= 4. Per-edge inputs
+# at 16k edges, degree 8, eager / compiled with programs forced against 'auto': PNAConv 0.89x
+# against 1.20x, AttentiveFP 0.99x against 1.11x, GMMConv 0.76x against 0.92x, RGATConv 0.92x
+# against 0.96x (one run).
+# Paired against main in the zoo (`python -m benchmarks zoo_ab --base b96dfa6 --only
+# LEConv,FiLMConv,PNA --rounds 3 --name zoo_ab_gathered_rule`): LEConv 1.00x -> 1.87x eager,
+# FiLMConv 0.99x -> 2.33x, PNA unchanged (its message has several readers: _sole_reader).
+GATHERED_MIN_EDGES = ((16_000, 4.0),)  # (edges at least, average degree at least)
+
+
+def gathered_cheap(prog) -> bool:
+    """Whether ``prog`` is a message the gathered rule covers (:data:`GATHERED_MIN_EDGES`):
+    generated kernels run it, a sum aggregation (the zoo's PNA, whose max aggregation of
+    ``x_i W + x_j W' + b`` it also took, ran at 0.82x [0.46, 1.47] of main's compiled step in a
+    paired A/B: benchmarks/results/zoo_ab_gathered_rule_pna.md), every input that is not a
+    parameter is a node row gathered by an edge index (side ``col`` or ``row``), at least two of
+    them, and every operator is in CHEAP_OPS (the sizes are :func:`gathered_pays`'s)."""
+    from ..ops import program as P
+
+    data = [lf for lf in getattr(prog, "leaves", ()) if not lf.role and lf.side != P.CONST]
+    return (_generated() and getattr(prog, "reduce", "sum") == "sum" and getattr(prog, "gathers", 0) >= 2 and bool(data)
+            and all(lf.side in (P.COL, P.ROW) for lf in data)
+            and set(getattr(prog, "ops", ())) <= CHEAP_OPS)
+
+
+def _sole_reader(sc: "Scatter") -> bool:
+    """Whether the scatter ``sc`` is the only reader of its message (through views): where
+    others read it too (PNA's sum, max, min and std of one message), the E x F message is stored
+    anyway and a program saves nothing (the zoo's PNA with its sum fused by the gathered rule:
+    0.79x [0.58, 1.06] of main's compiled step, benchmarks/results/zoo_ab_gathered_rule_sum.md)."""
+    from .messages import reads_value  # (messages imports this module)
+
+    n, seen = sc.message, 0
+    while isinstance(n, Node) and seen <= 8:
+        readers = [u for u in n.users if u is not sc.node and reads_value(u, n)]
+        if not readers:
+            return True
+        if len(readers) > 1 or opname(readers[0]) not in _VIEWS:
+            return False
+        n, seen = readers[0], seen + 1
+    return not isinstance(n, Node)
+
+
+_VIEWS = frozenset({"view", "reshape", "expand", "unsqueeze", "squeeze", "flatten", "_unsafe_view"})
+
+
 def _generated() -> bool:
     from .. import codegen  # (codegen imports ops, which the passes import: not at module level)
 
@@ -643,6 +712,12 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
                 m.unfused[n] = f"message program: {e}"
                 continue
             pays, why = _program_pays(sc) if program_mode == "auto" else (True, "")
+            if not pays and gathered_cheap(prog) and _sole_reader(sc):
+                if gathered_pays(fake_tensor(sc.index).shape[0], fake_tensor(sc.buffer).shape[0]):
+                    pays = True
+                else:
+                    said = " or ".join(f"{e // 1000}k edges at degree >= {d:g}" for e, d in GATHERED_MIN_EDGES)
+                    why += f" (and below GATHERED_MIN_EDGES, {said}, for a cheap message of gathered node rows)"
             if not pays and encoded_cheap(prog):
                 e = size_hint(fake_tensor(sc.index).shape[0])
                 if e is not None and e >= ENCODED_MIN_EDGES_EACH:
@@ -681,5 +756,5 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     return m
 
 
-__all__ = ["SOFTMAX_MIN_EDGES", "softmax_pays", "PROGRAM_MIN_EDGES", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "ENCODED_MIN_EDGES_EACH", "encoded_cheap", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
+__all__ = ["SOFTMAX_MIN_EDGES", "softmax_pays", "PROGRAM_MIN_EDGES", "GATHERED_MIN_EDGES", "gathered_cheap", "gathered_pays", "INTERPRETER_MIN_EDGES", "GENERATED_MIN_EDGES", "ENCODED_MIN_EDGES", "ENCODED_MIN_EDGES_EACH", "encoded_cheap", "encoded_cheap_pays", "programs_pay", "NoMatch", "IndexRef", "Scatter", "Match", "Aggregate", "Softmax", "Degree", "Matches",
            "gather_of", "read_scatter", "match_aggregate", "match_degree", "match_softmax", "match"]
