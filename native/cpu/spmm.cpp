@@ -42,6 +42,34 @@ Status run_weight(const SpmmArgs<scalar_t, index_t, out_t>& a, int64_t M, Weight
   return Status::Ok;
 }
 
+// The kernel arguments the three entry points fill alike: the structure, x and the output (of
+// out_scalar_t: float for spmm_bf16), the sizes, and the column block and prefetch distance from
+// the knobs; no weight, arg record or self term (the caller sets those it has).
+template <typename scalar_t, typename index_t, typename out_scalar_t = scalar_t,
+          typename core_t = typename core_type<scalar_t>::type,
+          typename out_t = typename core_type<out_scalar_t>::type>
+SpmmArgs<core_t, index_t, out_t> spmm_args(const at::Tensor& rowptr, const at::Tensor& col, const at::Tensor& perm,
+                                           const at::Tensor& x, at::Tensor& out, int64_t F, int64_t H, int64_t E,
+                                           c10::IntArrayRef knobs) {
+  SpmmArgs<core_t, index_t, out_t> a;
+  a.rowptr = rowptr.const_data_ptr<index_t>();
+  a.col = col.const_data_ptr<index_t>();
+  a.perm = perm.const_data_ptr<index_t>();
+  a.weight = nullptr;
+  a.x = core_ptr<scalar_t>(x);
+  a.out = core_ptr<out_scalar_t>(out);
+  a.arg = nullptr;
+  a.F = F;
+  a.H = H;
+  a.C = F / H;
+  a.block = column_block(block_budget_bytes(knobs), x.size(0), F, sizeof(core_t));
+  a.prefetch = prefetch_distance(knobs, a.block * static_cast<int64_t>(sizeof(core_t)));
+  a.num_src = x.size(0);
+  a.num_edges = E;
+  a.zero_ties_free = false;
+  return a;
+}
+
 std::tuple<at::Tensor, at::Tensor> spmm_cpu(
     const at::Tensor& rowptr_in, const at::Tensor& col_in, const at::Tensor& perm_in,
     const std::optional<at::Tensor>& weight_in, const at::Tensor& x_in, c10::string_view reduce_s,
@@ -67,21 +95,9 @@ std::tuple<at::Tensor, at::Tensor> spmm_cpu(
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
       using core_t = typename core_type<scalar_t>::type;
-      SpmmArgs<core_t, index_t> a;
-      a.rowptr = rowptr.const_data_ptr<index_t>();
-      a.col = col.const_data_ptr<index_t>();
-      a.perm = perm.const_data_ptr<index_t>();
+      SpmmArgs<core_t, index_t> a = spmm_args<scalar_t, index_t>(rowptr, col, perm, x, out, Fx, H, E, knobs);
       a.weight = weight.defined() ? core_ptr<scalar_t>(weight) : nullptr;
-      a.x = core_ptr<scalar_t>(x);
-      a.out = core_ptr<scalar_t>(out);
       a.arg = need_arg ? arg.data_ptr<int64_t>() : nullptr;
-      a.F = Fx;
-      a.H = H;
-      a.C = Fx / H;
-      a.block = column_block(block_budget_bytes(knobs), x.size(0), Fx, sizeof(core_t));
-      a.prefetch = prefetch_distance(knobs, a.block * static_cast<int64_t>(sizeof(core_t)));
-      a.num_src = x.size(0);
-      a.num_edges = E;
       a.zero_ties_free = relu_input && !weight.defined();
       switch (reduce) {
         case Reduce::Sum: st = run_weight<core_t, index_t, Reduce::Sum>(a, M, c.w.mode, knobs); break;
@@ -126,22 +142,7 @@ at::Tensor spmm_self_cpu(const at::Tensor& rowptr_in, const at::Tensor& col_in, 
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
     GNN_DISPATCH_FLOAT(x.scalar_type(), op, [&] {
       using core_t = typename core_type<scalar_t>::type;
-      SpmmArgs<core_t, index_t> a;
-      a.rowptr = rowptr.const_data_ptr<index_t>();
-      a.col = col.const_data_ptr<index_t>();
-      a.perm = perm.const_data_ptr<index_t>();
-      a.weight = nullptr;
-      a.x = core_ptr<scalar_t>(x);
-      a.out = core_ptr<scalar_t>(out);
-      a.arg = nullptr;
-      a.F = c.F;
-      a.H = 1;
-      a.C = c.F;
-      a.block = column_block(block_budget_bytes(knobs), x.size(0), c.F, sizeof(core_t));
-      a.prefetch = prefetch_distance(knobs, a.block * static_cast<int64_t>(sizeof(core_t)));
-      a.num_src = x.size(0);
-      a.num_edges = c.E;
-      a.zero_ties_free = false;
+      SpmmArgs<core_t, index_t> a = spmm_args<scalar_t, index_t>(rowptr, col, perm, x, out, c.F, 1, c.E, knobs);
       a.self_x = a.x;
       std::memcpy(&a.self_scale, s.const_data_ptr(), sizeof(core_t));  // s holds x's dtype (16-bit never runs)
       st = run<core_t, index_t, Reduce::Sum, WeightMode::None>(a, c.M, knobs);
@@ -183,22 +184,9 @@ at::Tensor spmm_bf16_cpu(
   if (c.w.mode == WeightMode::None) check_unread_perm(perm, op);
   Status st = Status::Ok;
   GNN_DISPATCH_INDEX(rowptr.scalar_type(), op, [&] {
-    SpmmArgs<bf16_t, index_t, float> a;
-    a.rowptr = rowptr.const_data_ptr<index_t>();
-    a.col = col.const_data_ptr<index_t>();
-    a.perm = perm.const_data_ptr<index_t>();
+    SpmmArgs<bf16_t, index_t, float> a = spmm_args<at::BFloat16, index_t, float>(rowptr, col, perm, xb, out, Fx, H, E,
+                                                                                knobs);
     a.weight = weight.defined() ? core_ptr<at::BFloat16>(weight) : nullptr;
-    a.x = core_ptr<at::BFloat16>(xb);
-    a.out = out.data_ptr<float>();
-    a.arg = nullptr;
-    a.F = Fx;
-    a.H = H;
-    a.C = Fx / H;
-    a.block = column_block(block_budget_bytes(knobs), xb.size(0), Fx, sizeof(bf16_t));
-    a.prefetch = prefetch_distance(knobs, a.block * static_cast<int64_t>(sizeof(bf16_t)));
-    a.num_src = xb.size(0);
-    a.num_edges = E;
-    a.zero_ties_free = false;
     if (c.reduce == Reduce::Sum) st = run_weight<bf16_t, index_t, Reduce::Sum>(a, M, c.w.mode, knobs);
     else st = run_weight<bf16_t, index_t, Reduce::Mean>(a, M, c.w.mode, knobs);
   });
