@@ -13,7 +13,9 @@ Folded only where nothing else can change: the spmm is the native ``sum`` with n
 tensor is the spmm's own input (itself or its ``.contiguous()``), ``s`` is a one-element tensor
 (``1 + eps``, shape [1]: a buffer, or a parameter whose gradient the op computes), no
 broadcasting (the three shapes alike), one dtype (float32 or float64) for ``s``, ``x`` and the
-sum, on the CPU. Anything else is left as the rewrite wrote it.
+sum, on the CPU, and neither ``x`` nor ``s`` written in place between where the spmm or the
+product read them and the add (the op reads both at the add). Anything else is left as the
+rewrite wrote it.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from torch.fx import Graph, Node
 
 from ..ops import targets
 from .report import PassReport
+from .semantics import Writes
 
 _ADDS = (operator.add, torch.add)
 _MULS = (operator.mul, torch.mul)
@@ -72,6 +75,7 @@ def fuse_self_terms(graph: Graph, report: PassReport) -> int:
     allow, replaced by one ``spmm_self`` call. Returns how many were folded (also in
     ``report.self_terms``, with a note)."""
     done = 0
+    writes = Writes(graph)
     for n in list(graph.nodes):
         if not _plain_binary(n, _ADDS):
             continue
@@ -98,6 +102,9 @@ def fuse_self_terms(graph: Graph, report: PassReport) -> int:
                     continue
                 if _val(g) is not None and _shape(g) != _shape(n):
                     continue
+                lo, hi = min(writes.pos[sp], writes.pos[m]), writes.pos[n]
+                if any(writes.first_write(v, lo, hi) is not None for v in (x, x_arg, s)):
+                    continue  # the op would read x or s after a write the separate ops did not see
                 a = list(sp.args) + [None] * (10 - len(sp.args))
                 with graph.inserting_before(n):
                     new = graph.call_function(targets.SPMM_SELF, (a[0], a[1], a[2], x_arg, s, a[6], a[7], a[8], a[9]))

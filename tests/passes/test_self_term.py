@@ -112,3 +112,34 @@ def test_bipartite_self_term_is_left_alone():
         check_same(model, _compiled(model), [x_src, x_dst, ei])
     assert sum(r.self_terms for r in reports) == 0
     assert sum(r.op_calls.get("spmm", 0) for r in reports) == 1
+
+
+@pytest.mark.parametrize("written", [None, "x", "s"])
+def test_a_write_in_place_between_the_reads_and_the_add_keeps_the_ops(written):
+    """The folded op reads x and s at the add; the separate ops read x at the spmm and the product.
+    Where x or s is written in place in between, the fold would see other values: the ops stay."""
+    import operator
+
+    from torch.fx import Graph
+
+    from gnncompile.ops import targets
+    from gnncompile.passes.report import PassReport
+    from gnncompile.passes.self_term import fuse_self_terms
+
+    x_val, s_val = torch.randn(5, 4), torch.tensor([1.5])
+    g = Graph()
+    rowptr, col, perm = (g.placeholder(name) for name in ("rowptr", "col", "perm"))
+    x, s = g.placeholder("x"), g.placeholder("s")
+    x.meta["val"], s.meta["val"] = x_val, s_val
+    sp = g.call_function(targets.SPMM, (rowptr, col, perm, None, x, "sum", [], None, None, None))
+    out0 = g.call_function(operator.getitem, (sp, 0))
+    if written is not None:
+        g.call_method("mul_", ({"x": x, "s": s}[written], 2.0))
+    prod = g.call_function(operator.mul, (s, x))
+    prod.meta["val"] = s_val * x_val
+    add = g.call_function(operator.add, (out0, prod))
+    add.meta["val"] = x_val.clone()
+    g.output(add)
+    folded = fuse_self_terms(g, PassReport())
+    assert folded == (1 if written is None else 0)
+    assert any(n.target is targets.SPMM_SELF for n in g.nodes) == (written is None)
