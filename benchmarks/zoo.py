@@ -16,7 +16,7 @@ entries: two node types, three edge types, the same sizes per type).
 Each entry runs in a process of its own: the model built from seed 0; eager and compiled
 outputs compared in eval mode (1e-4; a mismatch is reported and the entry gets no ratio); the
 compiled model warmed up until its speed guards have decided (the pieces', then the whole
-model's against eager: 25 calls; where the compiled model won that race by less than 10%, on to
+model's against eager: 25 calls; where the compiled model won that race by less than 2x, on to
 its re-check after 150 more calls); then
 ``--steps`` training steps of each, interleaved (eager, compiled, compiled, eager, ...), a step
 being forward, the mean square of every output, backward; medians, and the 95% interval of the
@@ -357,8 +357,8 @@ def markdown(p: dict) -> str:
     lines += [f"- {n}: {d['piece']}: {d['reason']}" for n, d in kept] or ["- (none)"]
     again = [(r["name"], d) for r in rows for d in r.get("guard", []) if d.get("recheck") and d["grad"]]
     if again:
-        lines += ["", "Close wins of the compiled model, timed again after "
-                  "gnncompile.compiler.guard.RECHECK_AFTER calls (training calls):", ""]
+        lines += ["", "Close wins of the compiled model (under 1 + gnncompile.compiler.guard.RECHECK_BELOW), "
+                  "timed again after RECHECK_AFTER calls (training calls):", ""]
         lines += [f"- {n}: kept {d['kept']}: {d['reason']}" for n, d in again]
     m = p["machine"]
     lines += ["", f"Graph: {p['nodes']} nodes, {p['nodes'] * p['degree']} edges (in-degree {p['degree']}), "

@@ -420,7 +420,7 @@ def test_a_close_win_confirmed_at_the_re_check_stays_compiled(clock):
 
 
 def test_a_clear_win_is_not_re_checked(clock):
-    g, calls, model = _costed_guard(clock, lambda g: 1.5)
+    g, calls, model = _costed_guard(clock, lambda g: 1 + G.RECHECK_BELOW + 0.01)
     while not g.decisions:
         _call(g, model)
     assert g.settled(True)  # nothing left to time: a benchmark may time it from here
@@ -528,3 +528,13 @@ def test_the_model_race_keeps_whichever_form_is_made_faster(clock, faster):
 
 def test_pieces_still_decide_by_the_fastest_call():
     assert G.SpeedGuard._rule == "fastest" and G.ModelGuard._rule == "paired"
+
+
+def test_a_win_of_1_5x_in_the_first_pairs_is_re_checked(clock):
+    # GMMConv in the zoo (nothing rewritten): its first 5 pairs read 1.22x, its steady state 0.97x.
+    # A win under 2x is timed again, and the steady state's loss switches to eager
+    g, calls, model = _costed_guard(clock, lambda g: 1.5 if not g.decisions else 0.97)
+    for _ in range(G.WARM + 2 + 2 * G.SAMPLES + G.RECHECK_AFTER + 2 + 2 * G.RECHECK_SAMPLES + 2):
+        _call(g, model)
+    assert [(d.kept, d.recheck) for d in g.decisions] == [(G.COMPILED, False), (G.EAGER, True)]
+    assert "a close win (under 2.00x)" in g.decisions[0].reason
