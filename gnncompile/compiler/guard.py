@@ -25,7 +25,7 @@ median under 1 + :data:`RECHECK_BELOW`: a close win), the two are timed again on
 :data:`RECHECK_AFTER` more calls (:data:`RECHECK_SAMPLES` pairs), and the compiled model stays
 only if it wins again: the first calls after the pieces' races can be slowed by transients that
 the steady state does not have (HISTORY section 29), and 5 pairs of a noisy step can read 1.2x
-where the steady state is 0.97x (GMMConv in zoo_zen4_s54's first run).
+where the steady state is 0.97x (GMMConv in benchmarks/results/zoo_zen4_s54_first.md).
 
 Why the pieces decide by the fastest call and the whole model by the paired median
 (benchmarks/results/guard_rule_zen4_s54.md: 15 zoo entries, 400-600 interleaved training steps
