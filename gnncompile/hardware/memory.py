@@ -22,7 +22,7 @@ for every allocation of at least 2 MB.
 The same wrapper holds a **block cache** (``choices['buffer_cache']``, :func:`enable_cache`): a
 freed CPU allocation of at least :data:`DEFAULT_CACHE_MIN` bytes is kept, up to a cap of idle
 bytes (oldest evicted first), and handed out again for a later request of its size (or up to 1/8
-smaller), already faulted in. With huge pages alone a compiled training step at 100k nodes /
+smaller), already faulted in; a block unused for :data:`DEFAULT_MAX_IDLE_S` is given back. With huge pages alone a compiled training step at 100k nodes /
 1M edges still faulted 3,000-4,000 times and spent 18-48 ms of system time a step zeroing and
 mapping its fresh large tensors; a step's large tensors have the same sizes every step, so from
 the second step on they come from the cache. Memory enters the cache only when torch frees it
@@ -56,6 +56,10 @@ DEFAULT_CACHE_MIN = 2 << 20
 #: the 'auto' cap of the block cache: this share of the machine's memory, at most CACHE_CAP_MAX
 CACHE_CAP_SHARE = 8
 CACHE_CAP_MAX = 4 << 30
+#: an idle block unused this long (seconds) is freed at the cache's next miss or free: longer than
+#: a training step, so a step's blocks stay; a block no step asks for again (a size of the form the
+#: speed guard dropped, a graph no longer trained on) does not stay up to the cap
+DEFAULT_MAX_IDLE_S = 30.0
 
 
 class HugePagesUnavailable(RuntimeError):
@@ -107,9 +111,11 @@ def disable() -> bool:
 def status() -> Dict[str, Any]:
     """``{mode, installed, advise, threshold, advised_calls, advised_bytes, failures, last_error,
     cache_cap, cache_min_bytes, cache_held, cache_held_peak, cache_idle_blocks, cache_live_blocks,
-    cache_hits, cache_misses, cache_evictions, cache_released}``: the kernel's THP mode, whether
+    cache_hits, cache_misses, cache_evictions, cache_expired, cache_max_idle_s, cache_released}``: the kernel's THP mode, whether
     the wrapper is installed, whether it advises huge pages, and its counters (``cache_cap`` 0:
-    the block cache is off; ``cache_held``: idle bytes kept now; ``cache_released``: blocks
+    the block cache is off; ``cache_held``: idle bytes kept now; ``cache_evictions`` /
+    ``cache_expired``: idle blocks freed to stay under the cap / for being unused too long;
+    ``cache_released``: blocks
     freed at once because the cache was off or they were larger than the cap). ``installed``
     and ``advise`` False and no counters when the extension is not loaded."""
     out: Dict[str, Any] = {"mode": thp_mode()}
@@ -184,11 +190,13 @@ def cache_cap(choice: Any) -> int:
     return int(choice) << 20
 
 
-def enable_cache(cap: Optional[int] = None, min_bytes: int = DEFAULT_CACHE_MIN) -> bool:
+def enable_cache(cap: Optional[int] = None, min_bytes: int = DEFAULT_CACHE_MIN,
+                 max_idle_s: float = DEFAULT_MAX_IDLE_S) -> bool:
     """Turn the block cache on (installing the wrapper; huge pages stay as they are): at most
     ``cap`` idle bytes (default :func:`default_cache_cap`; a smaller cap than before frees the
     oldest blocks now) of freed allocations of at least ``min_bytes`` (>= 4096) are kept for
-    reuse. Returns whether the wrapper is torch's CPU allocator now. Main thread, as
+    reuse, each for at most ``max_idle_s`` seconds unused (freed at the cache's next miss or
+    free after that). Returns whether the wrapper is torch's CPU allocator now. Main thread, as
     :func:`enable`."""
     cap = default_cache_cap() if cap is None else cap
     for name, v in (("cap", cap), ("min_bytes", min_bytes)):
@@ -197,7 +205,10 @@ def enable_cache(cap: Optional[int] = None, min_bytes: int = DEFAULT_CACHE_MIN) 
     if cap <= 0:
         raise ValueError(f"gnncompile.hardware.memory.enable_cache: cap must be > 0 bytes, got {cap} "
                          "(disable_cache() turns the cache off)")
-    return bool(_binding().set_cache(cap, min_bytes))
+    if isinstance(max_idle_s, bool) or not isinstance(max_idle_s, (int, float)) or not 0 < max_idle_s <= 1e9:
+        raise ValueError(f"gnncompile.hardware.memory.enable_cache: max_idle_s must be a number of seconds "
+                         f"in (0, 1e9], got {max_idle_s!r}")
+    return bool(_binding().set_cache(cap, min_bytes, float(max_idle_s)))
 
 
 def disable_cache() -> None:

@@ -9,8 +9,9 @@
 // Marking the memory MADV_HUGEPAGE lets the kernel fault it in 2 MB at a time; the kernel still
 // zeroes every page of a fresh mapping, and maps and unmaps it, on every step. The block cache
 // takes that away too: a freed allocation of at least `cache_min` bytes is kept (up to `cache_cap`
-// idle bytes, oldest evicted first) and handed out again for a later request of the same size (a
-// block of up to 1/8 more bytes serves it), already faulted in.
+// idle bytes, oldest evicted first; a block unused for `max_idle_s` is freed at the next miss or
+// free) and handed out again for a later request of the same size (a block of up to 1/8 more
+// bytes serves it), already faulted in.
 //
 // How: a c10::Allocator that wraps the CPU allocator in place when it is installed. With the cache
 // off every allocation is the inner allocator's own (its pointer, deleter, context, the profiler's
@@ -44,6 +45,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -68,11 +70,13 @@ constexpr uint8_t kPriority = 1;
 constexpr int64_t kMinCacheBlock = 4096;
 
 // One large allocation handed out through the cache path: the inner allocator's DataPtr (the owner
-// of the memory), its size in bytes and, while idle, when it was freed (for oldest-first eviction).
+// of the memory), its size in bytes and, while idle, when it was freed (an order for oldest-first
+// eviction, and a time for the expiry of blocks idle too long).
 struct Block {
   c10::DataPtr inner;
   size_t capacity = 0;
   uint64_t stamp = 0;
+  std::chrono::steady_clock::time_point freed{};
 };
 
 // The block cache. Heap-allocated and never destroyed: a tensor freed by another static
@@ -81,11 +85,14 @@ struct BlockCache {
   std::mutex mu;
   std::atomic<size_t> cap{0};               // idle bytes kept at most; 0: the cache is off
   std::atomic<size_t> min_bytes{size_t(2) << 20};
+  // an idle block unused for longer than this is freed at the cache's next event (a block a
+  // step no longer asks for, e.g. of a form the speed guard dropped, is not kept up to the cap)
+  std::atomic<int64_t> max_idle_us{30'000'000};
   size_t held = 0, held_peak = 0;           // idle bytes now, and the most ever
   uint64_t clock = 0;
   std::unordered_map<void*, Block*> live;   // handed out, by pointer
   std::multimap<size_t, Block*> idle;       // kept for reuse, by capacity
-  int64_t hits = 0, misses = 0, evictions = 0, released = 0;
+  int64_t hits = 0, misses = 0, evictions = 0, expired = 0, released = 0;
   c10::DeleterFnPtr inner_raw = nullptr;    // the inner allocator's raw deleter (raw_deallocate)
 };
 
@@ -95,6 +102,8 @@ BlockCache& cache() {
 }
 
 void release_block(void* ptr);
+void expire_locked(BlockCache& c, std::vector<Block*>& out);
+void free_blocks(const std::vector<Block*>& blocks);
 
 struct HugePageAllocator final : c10::Allocator {
   c10::Allocator* inner = nullptr;
@@ -114,6 +123,7 @@ struct HugePageAllocator final : c10::Allocator {
 
   c10::DataPtr allocate_cached(BlockCache& c, size_t n) {
     const c10::Device cpu(c10::DeviceType::CPU);
+    std::vector<Block*> stale;
     {
       std::lock_guard<std::mutex> lock(c.mu);
       auto it = c.idle.lower_bound(n);
@@ -127,7 +137,9 @@ struct HugePageAllocator final : c10::Allocator {
         return c10::DataPtr(ptr, ptr, &release_block, cpu);
       }
       ++c.misses;
+      expire_locked(c, stale);
     }
+    free_blocks(stale);
     c10::DataPtr p = inner->allocate(n);
     void* ptr = p.get();
     if (ptr == nullptr) return p;
@@ -185,6 +197,23 @@ std::vector<Block*> trim_locked(BlockCache& c, size_t keep) {
   return out;
 }
 
+// Takes out the idle blocks unused for longer than max_idle_us (appending them to `out`). Call
+// with the lock held.
+void expire_locked(BlockCache& c, std::vector<Block*>& out) {
+  if (c.idle.empty()) return;
+  const auto limit = std::chrono::steady_clock::now() - std::chrono::microseconds(c.max_idle_us.load());
+  for (auto it = c.idle.begin(); it != c.idle.end();) {
+    if (it->second->freed < limit) {
+      c.held -= it->second->capacity;
+      out.push_back(it->second);
+      ++c.expired;
+      it = c.idle.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void free_blocks(const std::vector<Block*>& blocks) {
   for (Block* b : blocks) delete b;  // the inner DataPtr's deleter frees the memory
 }
@@ -210,11 +239,13 @@ void release_block(void* ptr) {
       drop.push_back(b);
     } else {
       b->stamp = ++c.clock;
+      b->freed = std::chrono::steady_clock::now();
       c.idle.emplace(b->capacity, b);
       c.held += b->capacity;
       drop = trim_locked(c, cap);
       c.evictions += static_cast<int64_t>(drop.size());
       if (c.held > c.held_peak) c.held_peak = c.held;
+      expire_locked(c, drop);
     }
   }
   free_blocks(drop);
@@ -273,9 +304,13 @@ int64_t trim(size_t keep) {
 }
 
 // Sets the block cache: at most `cap` idle bytes (0 turns it off and empties it) of freed
-// allocations of at least `min_bytes`. Installs the wrapper (huge pages stay as they are) when
+// allocations of at least `min_bytes`, each idle for at most `max_idle_s` seconds (checked at the
+// cache's next allocation miss or free). Installs the wrapper (huge pages stay as they are) when
 // cap > 0. Returns whether the wrapper is the CPU allocator now.
-bool set_cache(int64_t cap, int64_t min_bytes) {
+bool set_cache(int64_t cap, int64_t min_bytes, double max_idle_s) {
+  if (!(max_idle_s > 0) || max_idle_s > 1e9)
+    throw py::value_error("huge_pages.set_cache: max_idle_s must be > 0 seconds (at most 1e9), got " +
+                          std::to_string(max_idle_s));
   if (cap < 0) throw py::value_error("huge_pages.set_cache: cap must be >= 0 bytes (0: off), got " + std::to_string(cap));
   if (min_bytes < kMinCacheBlock)
     throw py::value_error("huge_pages.set_cache: min_bytes must be >= " + std::to_string(kMinCacheBlock) +
@@ -288,6 +323,7 @@ bool set_cache(int64_t cap, int64_t min_bytes) {
   }
   if (!ensure_installed()) return false;
   c.min_bytes.store(static_cast<size_t>(min_bytes));
+  c.max_idle_us.store(static_cast<int64_t>(max_idle_s * 1e6));
   c.cap.store(static_cast<size_t>(cap));
   trim(static_cast<size_t>(cap));
   return true;
@@ -324,6 +360,8 @@ py::dict state() {
   d["cache_hits"] = c.hits;
   d["cache_misses"] = c.misses;
   d["cache_evictions"] = c.evictions;
+  d["cache_expired"] = c.expired;
+  d["cache_max_idle_s"] = static_cast<double>(c.max_idle_us.load()) / 1e6;
   d["cache_released"] = c.released;
   return d;
 }
@@ -338,16 +376,16 @@ void bind_huge_pages(py::module_& m) {
         "returns whether the wrapper is the CPU allocator now");
   h.def("uninstall", &uninstall,
         "Put the wrapped allocator back (advice and cache off, cache emptied); returns whether the wrapper was installed");
-  h.def("set_cache", &set_cache, py::arg("cap"), py::arg("min_bytes"),
-        "Keep at most cap idle bytes of freed allocations of >= min_bytes for reuse (0: off, emptied); "
-        "returns whether the wrapper is the CPU allocator now");
+  h.def("set_cache", &set_cache, py::arg("cap"), py::arg("min_bytes"), py::arg("max_idle_s") = 30.0,
+        "Keep at most cap idle bytes of freed allocations of >= min_bytes for reuse (0: off, emptied), "
+        "each for at most max_idle_s seconds unused; returns whether the wrapper is the CPU allocator now");
   h.def("trim", [](int64_t keep) {
           if (keep < 0) throw py::value_error("huge_pages.trim: keep must be >= 0, got " + std::to_string(keep));
           return trim(static_cast<size_t>(keep));
         }, py::arg("keep") = 0, "Free idle cached blocks, oldest first, down to keep bytes; returns the bytes freed");
   h.def("state", &state, "{installed, advise, threshold, advised_calls, advised_bytes, failures, last_error, "
         "cache_cap, cache_min_bytes, cache_held, cache_held_peak, cache_idle_blocks, cache_live_blocks, "
-        "cache_hits, cache_misses, cache_evictions, cache_released}");
+        "cache_hits, cache_misses, cache_evictions, cache_expired, cache_max_idle_s, cache_released}");
   h.attr("HUGE_PAGE_BYTES") = static_cast<int64_t>(kHugePage);
 }
 
