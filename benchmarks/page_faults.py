@@ -20,7 +20,7 @@ every other round). Each process steps until the speed guard has decided, then m
 the block cache's hits and misses per step, and the peak resident size. Reports medians over all
 steps of a setting and the ratio of the first setting's step time to each.
 
-Writes benchmarks/results/page_faults[_quick].{json,md}.
+Writes benchmarks/results/page_faults[_quick].{json,md} (--name: another name).
 """
 from __future__ import annotations
 
