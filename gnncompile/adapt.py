@@ -162,9 +162,11 @@ class RssMemory(MemoryProbe):
     """The process's peak resident set (Linux ``VmHWM``, reset at each step's start through
     ``/proc/self/clear_refs``); ``base`` is ``VmRSS`` at the start. Every ``trim_every``-th
     step starts with ``malloc_trim(0)``, which hands the heap's freed pages back, so that this
-    step's ``peak - base`` is its own growth (a clean reading); in between the allocator reuses
-    what it kept (no reading to learn from, but the peak is still the process's). Trimming
-    every step would make each step fault its memory in again (slow)."""
+    step's ``peak - base`` is its own growth (a clean reading), and empties gnncompile's block
+    cache of freed large allocations (:func:`gnncompile.hardware.memory.empty_cache`) for the
+    same reason; in between the allocators reuse what they kept (no reading to learn from, but
+    the peak is still the process's). Trimming every step would make each step fault its memory
+    in again (slow)."""
 
     name = "rss"
 
@@ -189,6 +191,9 @@ class RssMemory(MemoryProbe):
         self.clean = self._trim is not None and self._n % self.trim_every == 0
         self._n += 1
         if self.clean:
+            from .hardware import memory as _memory
+
+            _memory.empty_cache()  # before the trim: its blocks go back to the heap, then to the system
             self._trim(0)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

@@ -47,6 +47,7 @@ class Config:
     programs: str = "auto"
     guard: str = "time"
     huge_pages: str = "auto"
+    buffer_cache: Union[str, int] = "auto"  # 'auto', 'off' or a cap in MiB
     cuda_unverified: str = ""
     spmm_impl: str = "auto"
     precision: str = "fp32"
@@ -92,6 +93,27 @@ def _inner(name: str, raw: str) -> Optional[str]:
 PROGRAM_MODES = ("auto", "always", "never")
 GUARD_MODES = ("time", "off")
 HUGE_PAGE_MODES = ("auto", "off")
+#: the block cache of freed large CPU allocations (gnncompile.hardware.memory): these, or a cap in MiB
+BUFFER_CACHE_MODES = ("auto", "off")
+
+
+def buffer_cache_value(name: str, value: Any, error: type = None) -> Union[str, int]:
+    """Checks a block-cache setting (``$GNNCOMPILE_BUFFER_CACHE`` or ``choices['buffer_cache']``):
+    'auto', 'off' or a cap in MiB, an int > 0 (or a string of its digits); returns it canonical
+    ('auto', 'off' or the int). Raises ``error`` (default ConfigError) naming ``name`` otherwise."""
+    error = error or ConfigError
+    v = value.strip().lower() if isinstance(value, str) else value
+    if v in BUFFER_CACHE_MODES:
+        return v
+    if isinstance(v, str) and v.isdigit():
+        v = int(v)
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    raise error(f"{name}={value!r}: expected auto, off or a cap in MiB (an int > 0)")
+
+
+def _buffer_cache(name: str, raw: str) -> Union[str, int]:
+    return buffer_cache_value(name, raw.strip() or "auto")
 SPMM_IMPLS = ("auto", "native", "torch_sparse")
 #: the precision the fused spmm gathers float32 features in: fp32 (default, exact as written) or bf16
 #: (opt-in: features cast to bfloat16 before the op, fp32 accumulation, output back in float32;
@@ -231,6 +253,11 @@ VARIABLES: Tuple[Variable, ...] = (
              "transparent huge pages for torch's CPU allocations of >= 2 MiB, turned on process-wide "
              "by compile() where the kernel's THP mode is madvise (gnncompile.hardware.memory); "
              "off: torch's CPU allocator is left as it is"),
+    Variable("GNNCOMPILE_BUFFER_CACHE", "buffer_cache", _buffer_cache, "auto (default), off, MiB > 0",
+             "a cache of freed CPU allocations of >= 2 MiB, reused for later ones of their size (a training "
+             "step's large tensors are then not mapped and faulted in again every step), turned on "
+             "process-wide by compile() for a CPU model (gnncompile.hardware.memory); auto: at most 1/8 of "
+             "the memory, 4 GiB, kept idle; a number: that cap in MiB; off: none"),
     Variable("GNNCOMPILE_SPMM_IMPL", "spmm_impl", _one_of(SPMM_IMPLS), "auto (default), native, torch_sparse",
              "the fused spmm's implementation: auto runs the faster of gnncompile's kernel and torch.sparse.mm "
              "on a CSR tensor, measured once per device and size class (at most 2 s, cached in the profile "
@@ -418,4 +445,4 @@ def table() -> str:
 __all__ = ["Config", "ConfigError", "VARIABLES", "current", "override", "cache_dir", "table",
            "Launch", "LAUNCHER_VARIABLES", "launcher", "child_environment",
            "INNERS", "CHECK_MODES", "PROGRAM_MODES", "GUARD_MODES", "SPMM_IMPLS", "PRECISIONS", "EDGE_ENCODER_MODES",
-           "HUGE_PAGE_MODES", "TRANSFER_MODES", "CODEGEN_MODES"]
+           "HUGE_PAGE_MODES", "BUFFER_CACHE_MODES", "buffer_cache_value", "TRANSFER_MODES", "CODEGEN_MODES"]

@@ -39,7 +39,12 @@ Fields:
   derivative through the attention). ``huge_pages``: transparent huge pages for torch's large
   CPU allocations (:mod:`gnncompile.hardware.memory`), 'auto' (default: turned on, process-wide,
   when a model on the CPU is compiled and the kernel's THP mode is madvise) or 'off'
-  (``$GNNCOMPILE_HUGE_PAGES``). ``cuda_unverified``: the fused attention ops of
+  (``$GNNCOMPILE_HUGE_PAGES``). ``buffer_cache``: the cache of freed large CPU allocations
+  (:mod:`gnncompile.hardware.memory`: a training step's large tensors are reused from step to step
+  instead of being mapped and faulted in afresh), 'auto' (default: turned on, process-wide, when a
+  model on the CPU is compiled, at most :func:`~gnncompile.hardware.memory.default_cache_cap` idle
+  bytes), an int n > 0 (the same with a cap of n MiB) or 'off' (``$GNNCOMPILE_BUFFER_CACHE``).
+  ``cuda_unverified``: the fused attention ops of
   :data:`gnncompile.config.CUDA_UNVERIFIED_OPS` whose chains are fused on CUDA too although their
   CUDA kernels are off by default there (one warp per destination row: slower than the chain on
   graphs with hub rows, measured for GAT on an H200), comma-separated ('all', or '' for none,
@@ -163,6 +168,17 @@ class Settings:
         if huge not in _config.HUGE_PAGE_MODES:
             raise ValueError(f"gnncompile settings: choices['huge_pages'] must be one of {_config.HUGE_PAGE_MODES}, "
                              f"got {huge!r}")
+        if "buffer_cache" in dict(self.choices):
+            try:
+                cache = _config.buffer_cache_value("choices['buffer_cache']", dict(self.choices)["buffer_cache"])
+            except _config.ConfigError as e:
+                raise ValueError(f"gnncompile settings: {e}") from None
+            choices = dict(self.choices)
+            if cache == "auto":
+                del choices["buffer_cache"]
+            else:
+                choices["buffer_cache"] = cache
+            object.__setattr__(self, "choices", tuple(sorted(choices.items())))
         unverified = dict(self.choices).get("cuda_unverified", "")
         try:
             canonical = _config.cuda_unverified("choices['cuda_unverified']", unverified) \
@@ -190,12 +206,12 @@ class Settings:
         if encoder not in _config.EDGE_ENCODER_MODES:
             raise ValueError(f"gnncompile settings: choices['edge_encoder'] must be one of "
                              f"{_config.EDGE_ENCODER_MODES}, got {encoder!r}")
-        unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages", "cuda_unverified",
-                                             "spmm_impl", "precision", "edge_encoder"}
+        unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages", "buffer_cache",
+                                             "cuda_unverified", "spmm_impl", "precision", "edge_encoder"}
         if unknown:
             raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
-                             "'programs', 'guard', 'attention', 'huge_pages', 'cuda_unverified', 'spmm_impl', "
-                             "'precision' and 'edge_encoder'")
+                             "'programs', 'guard', 'attention', 'huge_pages', 'buffer_cache', 'cuda_unverified', "
+                             "'spmm_impl', 'precision' and 'edge_encoder'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -230,6 +246,11 @@ class Settings:
     def huge_pages(self) -> str:
         """The huge page choice: 'auto' (default) or 'off'."""
         return dict(self.choices).get("huge_pages", "auto")
+
+    @property
+    def buffer_cache(self) -> Union[str, int]:
+        """The block cache choice: 'auto' (default), 'off' or a cap in MiB (an int)."""
+        return dict(self.choices).get("buffer_cache", "auto")
 
     @property
     def cuda_unverified(self) -> Tuple[str, ...]:
@@ -309,6 +330,7 @@ class Settings:
         choices = ((("programs", cfg.programs),) if cfg.programs != "auto" else ()) + \
                   ((("guard", cfg.guard),) if cfg.guard != "time" else ()) + \
                   ((("huge_pages", cfg.huge_pages),) if cfg.huge_pages != "auto" else ()) + \
+                  ((("buffer_cache", cfg.buffer_cache),) if cfg.buffer_cache != "auto" else ()) + \
                   ((("spmm_impl", cfg.spmm_impl),) if cfg.spmm_impl != "auto" else ()) + \
                   ((("precision", cfg.precision),) if cfg.precision != "fp32" else ()) + \
                   ((("edge_encoder", cfg.edge_encoder),) if cfg.edge_encoder != "auto" else ()) + \

@@ -384,6 +384,7 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
                    fullgraph=fullgraph, workload=workload, reassociate=reassociate, settings=settings)
     _log.info("compile %s: profile %s; settings: %s", type(model).__name__, prof.summary(), s)
     huge_pages = _memory.apply(s.huge_pages, _device_types(model))
+    buffer_cache = _memory.apply_cache(s.buffer_cache, _device_types(model))
     def build():
         be = _backend.Backend(s)  # a new backend: Dynamo compiles its frames again for it
         return be, torch.compile(model, backend=be, dynamic=dynamic, fullgraph=fullgraph)
@@ -393,6 +394,7 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
         out = CompiledModule(model, compiled, options, s)
         object.__setattr__(out, "gnncompile_profile", prof)
         object.__setattr__(out, "gnncompile_huge_pages", huge_pages)
+        object.__setattr__(out, "gnncompile_buffer_cache", buffer_cache)
         object.__setattr__(out, "_backend", be)
         object.__setattr__(out, "_recompile", build)
         guard = None
@@ -414,6 +416,7 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     compiled.gnncompile_profile = prof
     compiled.gnncompile_settings = s
     compiled.gnncompile_huge_pages = huge_pages
+    compiled.gnncompile_buffer_cache = buffer_cache
     compiled.guard_decisions = be.guard_decisions
     return compiled
 

@@ -420,15 +420,17 @@ def make_backend(inner: str = "auto", rewrite: bool = True, reassociate: bool = 
 def gnncompile_backend(gm: GraphModule, example_inputs):
     """The registered backend (``torch.compile(m, backend="gnncompile")``): the passes with the
     configuration's settings (no device profile: the kernels' own knobs), then the inner
-    compiler 'auto' resolves to. :func:`gnncompile.compile` applies a profile. Huge pages
-    (``choices['huge_pages']``, :mod:`gnncompile.hardware.memory`) are applied here, at the first
-    compile of a graph with CPU inputs, as compile() applies them."""
+    compiler 'auto' resolves to. :func:`gnncompile.compile` applies a profile. Huge pages and the
+    block cache (``choices['huge_pages']``, ``choices['buffer_cache']``,
+    :mod:`gnncompile.hardware.memory`) are applied here, at the first compile of a graph with CPU
+    inputs, as compile() applies them."""
     from ..hardware import memory
 
     be = make_backend("auto")
     devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
     if "cpu" in devices:
         memory.apply(be.settings.huge_pages, devices)
+        memory.apply_cache(be.settings.buffer_cache, devices)
     return be(gm, example_inputs)
 
 

@@ -59,6 +59,8 @@ class ExplainReport(Fusions):
     guard: Optional[List[str]] = None
     # what compile() did about huge pages for a compiled model (gnncompile.hardware.memory.apply)
     huge_pages: Optional[str] = None
+    # what compile() did about the block cache of freed large CPU allocations (memory.apply_cache)
+    buffer_cache: Optional[str] = None
     # what the CPU message ops of the fused message programs run: generated kernels or the
     # interpreter (gnncompile.codegen.describe); None where no message program fused
     message_kernels: Optional[str] = None
@@ -106,6 +108,8 @@ class ExplainReport(Fusions):
             lines += [f"  {line}" for line in self.settings.lines()]
         if self.huge_pages is not None:
             lines.append(f"huge pages: {self.huge_pages}")
+        if self.buffer_cache is not None:
+            lines.append(f"buffer cache: {self.buffer_cache}")
         if self.message_kernels is not None:
             lines.append(f"message programs (CPU): {self.message_kernels}")
         return "\n".join(lines)
@@ -123,7 +127,8 @@ class ExplainReport(Fusions):
                 "skipped_frames": list(self.skipped_frames),
                 "recompile_limits": list(self.recompile_limits),
                 "settings": self.settings.as_dict() if self.settings is not None else None,
-                "guard": self.guard, "huge_pages": self.huge_pages, "message_kernels": self.message_kernels,
+                "guard": self.guard, "huge_pages": self.huge_pages,
+                "buffer_cache": self.buffer_cache, "message_kernels": self.message_kernels,
                 "op_calls": dict(self.op_calls),
                 "pieces": [p.as_dict() for p in self.pieces]}
 
@@ -176,6 +181,7 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
     decisions = getattr(model, "guard_decisions", None)
     guard = [str(d) for d in decisions()] if callable(decisions) else None
     huge_pages = getattr(model, "gnncompile_huge_pages", None)
+    buffer_cache = getattr(model, "gnncompile_buffer_cache", None)
     if not isinstance(settings, Settings):
         settings = Settings.from_config()
     capture, switched = settings.capture_dynamic, ""
@@ -203,7 +209,8 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         # what gnncompile.compile's module does after its first call (CompiledModule._capture_switch)
         capture, switched = _backend.CAPTURE_OUTPUTS, be.data_dependent_breaks[0]
     rep = ExplainReport(num_graphs=len(reports), settings=settings, guard=guard,
-                        huge_pages=huge_pages if isinstance(huge_pages, str) else None)
+                        huge_pages=huge_pages if isinstance(huge_pages, str) else None,
+                        buffer_cache=buffer_cache if isinstance(buffer_cache, str) else None)
     for r in reports:
         _place_in_model(r, model)
         rep.pieces.append(GraphPiece(fused=list(r.fused), unfused=list(r.unfused),

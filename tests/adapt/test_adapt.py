@@ -318,3 +318,21 @@ def test_training_run_with_measured_memory():
     assert all(h["peak"] is not None and 0 < h["peak"] <= budget and h["base"] > 0 for h in L.history)
     assert [h["loss"] for h in L.history] == pytest.approx(losses)
     assert L.policy.model.per_work is not None and L.log  # it measured and explored
+
+
+def test_a_clean_rss_reading_empties_the_block_cache_first(monkeypatch):
+    """Every trim_every-th step RssMemory hands freed memory back before reading its base: the
+    heap's (malloc_trim) and gnncompile's block cache's, whose idle blocks the step would
+    otherwise reuse, already resident, reading its growth low."""
+    from gnncompile.adapt import RssMemory
+    from gnncompile.hardware import memory
+
+    if not RssMemory.available():
+        pytest.skip("needs /proc/self/clear_refs")
+    calls = []
+    monkeypatch.setattr(memory, "empty_cache", lambda: calls.append("cache") or 0)
+    probe = RssMemory(trim_every=2)
+    monkeypatch.setattr(probe, "_trim", lambda n: calls.append("trim"))
+    for _ in range(4):
+        probe.start()
+    assert calls == ["cache", "trim", "cache", "trim"]  # steps 1 and 3 are the clean ones

@@ -139,14 +139,14 @@ def run(settings):
     c = gnncompile.compile(m, settings=settings)
     same = bool(torch.allclose(c(x, ei), m(x, ei), atol=1e-5))
     rep = gnncompile.explain(c, x, ei)
-    return dict(line=c.gnncompile_huge_pages, installed=memory.status()['installed'], same=same,
+    return dict(line=c.gnncompile_huge_pages, installed=memory.status()['advise'], same=same,
                 explain=[l for l in str(rep).splitlines() if l.startswith('huge pages:')],
                 as_dict=rep.as_dict()['huge_pages'])
 off = run({"choices": {"huge_pages": "off"}})
 on = run(None)
 m = GCN(8, 8, 2, 4)
 backend_same = bool(torch.allclose(torch.compile(m, backend="gnncompile")(x, ei), m(x, ei), atol=1e-5))
-print(json.dumps(dict(off=off, on=on, backend_same=backend_same, installed=memory.status()['installed'])))
+print(json.dumps(dict(off=off, on=on, backend_same=backend_same, installed=memory.status()['advise'])))
 """
     first = _run(code)
     off, on = first["off"], first["on"]
@@ -170,7 +170,7 @@ def test_apply_leaves_a_model_off_the_cpu_and_kernels_without_madvise_alone(monk
     assert calls == []  # none of them installed anything
     monkeypatch.setattr(memory, "thp_mode", lambda: "madvise")
     monkeypatch.setattr(memory, "_binding", lambda: type("B", (), {"state": staticmethod(
-        lambda: {"threshold": 2 << 20, "installed": True})}))
+        lambda: {"threshold": 2 << 20, "installed": True, "advise": True})}))
     assert memory.apply("auto", {"cpu"}).startswith("on (")
     assert calls == [()]
 
@@ -196,10 +196,10 @@ from gnncompile.hardware import memory
 from torch_geometric.nn.models import GCN
 m = GCN(8, 8, 2, 4)
 c = torch.compile(m, backend="gnncompile")
-before = memory.status()['installed']
+before = memory.status()['advise']
 x, ei = torch.randn(30, 8), torch.randint(0, 30, (2, 90))
 same = bool(torch.allclose(c(x, ei), m(x, ei), atol=1e-5))
-print(json.dumps(dict(before=before, after=memory.status()['installed'], same=same)))
+print(json.dumps(dict(before=before, after=memory.status()['advise'], same=same)))
 """
     on = _run(code)  # (with GNNCOMPILE_HUGE_PAGES=off it stays off: the test above)
     assert on == {"before": False, "after": True, "same": True}, on
