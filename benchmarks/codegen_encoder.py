@@ -166,18 +166,21 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
             "agreement": agreement, "forward_sum": _summary(times, "spmm")}
 
 
-_ENCODE_CALL = re.compile(r"encode_run<acc_t>\((p\d+), (\d+), (wt\d+) \+ f0, (ew\d+), (bs\d+) \+ f0, n, (e\d+)\);")
+_ENCODE_CALL = re.compile(r"(e\d+) = eb\.e\d+\.get\(j, jlim, perm, a\.num_edges, (in\d+), (\d+), (wt\d+), (ew\d+), "
+                          r"(bs\d+), f0, n\);")
 
 
 def gather_only_kernel(inputs, sides, code, consts, F: int, index_dtype):
     """The key of the encoder program's generated kernel, and the address of the floor kernel:
-    its source with the encoder's mat-vec (encode_run) replaced by e[t] = b[t] + a_e[0]."""
+    its source with the encoder's mat-vec (a block's, EncoderBlock::get) replaced by e[t] = b[t] + a_e[0]."""
     spec = _emit.make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], F, "sum", inputs[0].dtype,
                            index_dtype)
-    src, n = _ENCODE_CALL.subn(lambda m: f"for (int t = 0; t < n; ++t) {m[6]}[t] = acc_t({m[5]}[f0 + t]) + "
-                                         f"acc_t({m[1]}[0]);", _emit.emit(spec))
+    src = _emit.emit(spec)
+    src, n = _ENCODE_CALL.subn(lambda m: f"{{ alignas(64) static thread_local acc_t ev[TILE]; const scalar_t* pe = "
+                                         f"{m[2]} + e * {m[3]}; for (int t = 0; t < n; ++t) ev[t] = "
+                                         f"acc_t({m[6]}[f0 + t]) + acc_t(pe[0]); {m[1]} = ev; }}", src)
     if n != 1:
-        raise RuntimeError("codegen_encoder benchmark: the generated source has no encode_run call to replace")
+        raise RuntimeError("codegen_encoder benchmark: the generated source has no encoder block call to replace")
     return spec.key(), build.load_kernel(src)
 
 
