@@ -1,6 +1,7 @@
 // An edge encoder's values (gnncompile/ops/program.py, side enc) for one edge and a run of
 // columns, shared by the message interpreter (message_core.h) and the generated message kernels
-// (gnncompile/codegen/emit.py). Torch-free.
+// (gnncompile/codegen/emit.py); for kEncodeBlock edges at once in the generated reductions
+// (encode_block, EncoderBlock: the same sums). Torch-free.
 //
 //   out[i] = b[i] + a[0] * w[i] + a[1] * w[W + i] + ... + a[D-1] * w[(D-1) W + i],  i < n
 //
@@ -77,8 +78,8 @@ inline void encode_run(const T* a, int64_t D, const T* w, int64_t W, const T* b,
 // each load of Wt, their K x NV vectors of 256 bits held in registers over the D features. 5 x 4
 // (20 accumulators) where the target has 32 vector registers (AVX-512), 2 x 4 with 16. Measured
 // alone on a 2-core AMD EPYC (Zen 4), D = 16, 128 columns, float32, ns per edge: one edge at a
-// time (encode_run) 65-72, K x NV = 5 x 4 40, 6 x 4 41, 8 x 2 43, 2 x 8 63, 4 x 4 68 (GCC 12.2;
-// benchmarks/results/codegen_encoder_block_zen4.md). Vectors of 512 bits lose there (a product
+// time (encode_run) 65-72, K x NV = 5 x 4 40, 6 x 4 41, 8 x 2 43, 2 x 8 63, 4 x 4 65-70 (GCC 12.2;
+// benchmarks/results/README.md, "The encoder by blocks of edges"). Vectors of 512 bits lose there (a product
 // feeding a sum reaches 0.74 per cycle in 512 bits, 2 per cycle in 256).
 #if defined(__AVX512F__)
 constexpr int kEncodeBlock = 5;
@@ -92,7 +93,7 @@ constexpr int kEncodeBlockVectors = 4;
 // same sum as encode_run's, in the same order (b, then each product in feature order, each
 // product rounded): the block changes which edges share a load, not a bit. Columns past the last
 // whole pass of NV vectors: encode_run, edge by edge. Out of line: inlined into a kernel's row walk
-// it lost registers to the walk's values (a spill per feature, 25% slower on Zen 4).
+// it lost registers to the walk's values (a spill per feature: the kernel 16% slower on Zen 4).
 template <typename T, int K>
 __attribute__((noinline)) void encode_block(const T* const* a, int64_t D, const T* w, int64_t W, const T* b, int n, T* out,
                          int64_t stride) {
