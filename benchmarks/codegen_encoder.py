@@ -11,7 +11,10 @@ linear map (Wt [D, F], b [1, F]), float32, N(0, 1). Variants, each the forward s
   spmm                 gnncompile's tuned spmm of x_j (no weight): the floor a message kernel is
                        measured against (issue 25: the fused encoder within 1.5x of it)
   generated            relu(x_j + lin(a_e)), lin computed per edge inside the generated kernel
-                       (b + a[e] @ Wt, the E x F encoded edges never in memory)
+                       (b + a[e] @ Wt, the E x F encoded edges never in memory), for 5 edges at
+                       once (native/cpu/encoder_core.h, EncoderBlock)
+  generated_edge_by_edge  the same kernel as generated before its encoder went by blocks of edges
+                       (encode_run per edge, the knob's prefetch distance): before / after in one run
   interpreter          the same program run by the interpreter (native/cpu/message_core.h)
   encoder_alone        the generated kernel of the sum of lin(a_e) alone (no x_j): what computing
                        the encoder costs, its feature rows read through the edge permutation
@@ -156,7 +159,23 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
     run_enc()
     if codegen.calls() != calls + 1:
         raise RuntimeError("codegen_encoder benchmark: the gather_only kernel did not run")
+    edge_addr = edge_by_edge_kernel(enc_ins, enc_sides, code, consts, F, rowptr.dtype)
+
+    def edge_by_edge():  # the kernel before blocks of edges, registered under the same key for its call only
+        codegen.resume()
+        codegen._native().register(key, edge_addr)
+
+    edge_by_edge()
+    calls = codegen.calls()
+    old = run_enc()
+    if codegen.calls() != calls + 1:
+        raise RuntimeError("codegen_encoder benchmark: the edge_by_edge kernel did not run")
+    agreement["edge_by_edge_vs_generated_bitwise"] = torch.equal(old.view(torch.int32), gen.view(torch.int32))
+    if not agreement["edge_by_edge_vs_generated_bitwise"]:
+        raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
+    del old
     times = _rounds({"spmm": (codegen.resume, run_spmm), "generated": (codegen.resume, run_enc),
+                     "generated_edge_by_edge": (edge_by_edge, run_enc),
                      "gather_only": (gather_only, run_enc),
                      "materialized": (codegen.resume, run_materialized), "interpreter": (interp, run_enc),
                      "encoder_alone": (codegen.resume, run_alone),
@@ -166,18 +185,36 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
             "agreement": agreement, "forward_sum": _summary(times, "spmm")}
 
 
-_ENCODE_CALL = re.compile(r"encode_run<acc_t>\((p\d+), (\d+), (wt\d+) \+ f0, (ew\d+), (bs\d+) \+ f0, n, (e\d+)\);")
+_ENCODE_CALL = re.compile(r"(e\d+) = eb\.e\d+\.get\(j, jlim, perm, a\.num_edges, (in\d+), (\d+), (wt\d+), (ew\d+), "
+                          r"(bs\d+), f0, n\);")
+
+
+def edge_by_edge_kernel(inputs, sides, code, consts, F: int, index_dtype):
+    """The address of the kernel as generated before the encoder went by blocks of edges: its
+    source with the block's call (EncoderBlock::get) replaced by encode_run for the one edge, the
+    prefetch distance the knob's (kPrefetchScale 1). The same values bit for bit."""
+    spec = _emit.make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], F, "sum", inputs[0].dtype,
+                           index_dtype)
+    src, n = _ENCODE_CALL.subn(lambda m: f"{{ alignas(64) static thread_local acc_t ev[TILE]; "
+                                         f"encode_run<acc_t>({m[2]} + e * {m[3]}, {m[3]}, {m[4]} + f0, {m[5]}, "
+                                         f"{m[6]} + f0, n, ev); {m[1]} = ev; }}", _emit.emit(spec))
+    src = src.replace("constexpr int64_t kPrefetchScale = 3;", "constexpr int64_t kPrefetchScale = 1;")
+    if n != 1:
+        raise RuntimeError("codegen_encoder benchmark: the generated source has no encoder block call to replace")
+    return build.load_kernel(src)
 
 
 def gather_only_kernel(inputs, sides, code, consts, F: int, index_dtype):
     """The key of the encoder program's generated kernel, and the address of the floor kernel:
-    its source with the encoder's mat-vec (encode_run) replaced by e[t] = b[t] + a_e[0]."""
+    its source with the encoder's mat-vec (a block's, EncoderBlock::get) replaced by e[t] = b[t] + a_e[0]."""
     spec = _emit.make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], F, "sum", inputs[0].dtype,
                            index_dtype)
-    src, n = _ENCODE_CALL.subn(lambda m: f"for (int t = 0; t < n; ++t) {m[6]}[t] = acc_t({m[5]}[f0 + t]) + "
-                                         f"acc_t({m[1]}[0]);", _emit.emit(spec))
+    src = _emit.emit(spec)
+    src, n = _ENCODE_CALL.subn(lambda m: f"{{ alignas(64) static thread_local acc_t ev[TILE]; const scalar_t* pe = "
+                                         f"{m[2]} + e * {m[3]}; for (int t = 0; t < n; ++t) ev[t] = "
+                                         f"acc_t({m[6]}[f0 + t]) + acc_t(pe[0]); {m[1]} = ev; }}", src)
     if n != 1:
-        raise RuntimeError("codegen_encoder benchmark: the generated source has no encode_run call to replace")
+        raise RuntimeError("codegen_encoder benchmark: the generated source has no encoder block call to replace")
     return spec.key(), build.load_kernel(src)
 
 
@@ -301,6 +338,9 @@ def markdown(p: dict) -> str:
     gen = r["forward_sum"]["generated"]["ratio_to_spmm"]
     lines += ["", f"Generated (encoder inside) / spmm of x_j = {gen:.2f} (issue 25's target: within 1.5x)."]
     fs = r["forward_sum"]
+    if "generated_edge_by_edge" in fs:
+        lines.append(f"Before the encoder went by blocks of edges (the same run): "
+                     f"{fs['generated_edge_by_edge']['ratio_to_spmm']:.2f}x.")
     if "gather_only" in fs and "matvec_only" in fs:
         lines.append(f"Floors (not results: kernels that leave a part out): the gather and walk without the "
                      f"mat-vec {fs['gather_only']['ratio_to_spmm']:.2f}x, the mat-vec without memory "

@@ -8,12 +8,16 @@
 //   y16         all 128 columns in 16 vectors of 256 bits
 //   z8          all 128 columns in 8 vectors of 512 bits
 //   z8x2        z8 for two edges at once, sharing each load of the weights
+//   block       encode_block: kEncodeBlock edges at once (5 with AVX-512), 4 vectors of 256 bits
+//               each, every load of the weights shared (the generated reductions' code)
 //
 //   g++ -O3 -march=native -std=gnu++17 -ffp-contract=off -fno-trapping-math -I native \
 //       benchmarks/native/encoder_matvec.cpp -o /tmp/encoder_matvec && /tmp/encoder_matvec
 //
 // ns per edge, two passes. Measured on a 2-core AMD EPYC (family 25 model 17, Zen 4), GCC 12.2:
-// encode_run 65-70, y16 63-64, z8 66, z8x2 87-93 (benchmarks/results/README.md, codegen_encoder_zen4).
+// encode_run 65-70, y16 63-64, z8 66, z8x2 87-93 (benchmarks/results/README.md, codegen_encoder_zen4);
+// block 39-40 (GCC 12.2, 2026-12-04: "The encoder by blocks of edges"; its check sums the first edge
+// of its last block, edge E - 5).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -22,7 +26,9 @@
 
 #include "cpu/encoder_core.h"
 
+using gnncompile::cpu::encode_block;
 using gnncompile::cpu::encode_run;
+using gnncompile::cpu::kEncodeBlock;
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 template <class V>
@@ -83,7 +89,7 @@ __attribute__((noinline)) void shared(const float* a, const float* w, int64_t W,
 
 int main() {
   const int E = 4096, R = 200;  // 4096 edges' features (256 KiB: L2), weights and bias in L1
-  std::vector<float> A(E * 16), w(16 * 128), b(128), out(256);
+  std::vector<float> A(E * 16), w(16 * 128), b(128), out(128 * 8);
   for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>(i % 7) * 0.1f;
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 5) * 0.1f;
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 3) * 0.1f;
@@ -103,6 +109,11 @@ int main() {
     run("y16", [&](int e) { y16(&A[e * 16], w.data(), b.data(), out.data()); }, 1);
     run("z8", [&](int e) { z8(&A[e * 16], w.data(), b.data(), out.data()); }, 1);
     run("z8x2", [&](int e) { z8x2(&A[e * 16], &A[e * 16 + 16], w.data(), b.data(), out.data(), out.data() + 128); }, 2);
+    run("block", [&](int e) {
+      const float* p[kEncodeBlock];
+      for (int k = 0; k < kEncodeBlock; ++k) p[k] = &A[(e + k) * 16];
+      encode_block<float, kEncodeBlock>(p, 16, w.data(), W, b.data(), 128, out.data(), 128);
+    }, kEncodeBlock);
   }
   return 0;
 }

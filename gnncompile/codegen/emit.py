@@ -24,7 +24,14 @@ fused with a sum of another into one multiply-add (the interpreter's instruction
 memory, which cannot fuse; inside an instruction, ``gelu_grad``'s ``cdf + v * pdf`` and an edge
 encoder's sum of products, the interpreter's file, native/cpu/message.cpp, is compiled with
 ``-ffp-contract=off`` too: tests/codegen checks it). An edge encoder (side ``enc``) is computed per
-edge and tile by the interpreter's own code (native/cpu/encoder_core.h), D fixed at generation.
+edge and tile by the interpreter's own code (native/cpu/encoder_core.h), D fixed at generation;
+in a reduction (message_reduce, message_sum_multi, message_softmax) for kEncodeBlock edges at once
+(encode_block: the edges share each load of Wt, every column the same sum in the same order, so
+the same bits), kept in an EncoderBlock over the chunk's rows where one tile covers F (a block
+crosses rows), cut at the row's end where F takes several tiles; those kernels prefetch three
+times the knob's distance ahead (a block reads its edges' features up to 4 slots ahead).
+Measured (benchmarks/results/codegen_encoder_block_zen4_s54.md, Zen 4): relu(x_j + lin(a_e)) 1.80x
+the spmm against 2.12x edge by edge in the same run.
 Transcendental operators call the interpreter's functions: in float32 native/cpu/vmath.h's
 (``vm::exp``, ``vm::erf``, ...: inline and branch-free, so the loop holding them vectorizes; a few
 ulp from the correctly rounded value), in float64 libm's (``vm::`` forwards to ``std::``); ``pow``
@@ -287,7 +294,9 @@ def _statements(code: Sequence[int], consts: Sequence[float], kinds: Sequence[st
     ``p<k>`` (width F or a divisor of F) or ``s<k>`` (width 1), set up by the caller. An edge
     encoder's (``dims[k]`` > 0: ``p<k>`` its features) is computed per feature on CUDA
     (:func:`_enc_value`); on the CPU the caller computes it per edge: ``s<k>`` (width 1), or
-    ``e<k>``, the tile's columns (from ``c0_<k>`` below width F) by encoder_core.h's encode_run."""
+    ``e<k>``, the tile's columns (from ``c0_<k>`` below width F): in a reduction (a tile walk) a
+    row of encoder_core.h's EncoderBlock (kEncodeBlock edges computed at once), in the per-edge
+    kernels by encode_run."""
     lines: List[str] = []
     instrs: List[tuple] = []
     reg = {}
@@ -484,22 +493,35 @@ extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int
 _TILE = """
 constexpr Reduce R = Reduce::{reduce};
 constexpr bool kArg = R == Reduce::Max || R == Reduce::Min;
+// how many times the prefetch-distance knob's edges ahead the walk prefetches (3 where an encoder
+// is computed by blocks of edges: a block reads its edges' features up to kEncodeBlock - 1 slots
+// ahead, and the x_j rows must be in the cache when its values are used; see emit.py)
+constexpr int64_t kPrefetchScale = {prefetch_scale};
+
+// the edge encoders' blocks (EncoderBlock), kept over the rows of a chunk (empty without one)
+struct EncBlocks {{
+{blocks}
+}};
 
 // One tile [f0, f0 + n) of row `row`; FULL: n == TILE, a bound known at compile time.
 template <bool FULL>
-inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64_t f0, int n_rt) {{
+inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64_t f0, int n_rt, EncBlocks& eb,
+                int64_t chunk_end) {{
   const int n = FULL ? TILE : n_rt;
   const int64_t F = a.F;
   const index_t* col = static_cast<const index_t*>(a.col);
   const index_t* perm = static_cast<const index_t*>(a.perm);
   const index_t* slot = static_cast<const index_t*>(a.slot);
-  (void)col; (void)perm; (void)slot;
+  (void)col; (void)perm; (void)slot; (void)eb;
+  // the last slot an encoder block may reach: the chunk's where one tile covers the row
+  const int64_t jlim = F <= TILE ? chunk_end : end;
+  (void)jlim;
 {setup}
 {acc}
 {arrays}
   for (int64_t j = begin; j < end; ++j) {{
     {{  // the prefetch of the interpreter's prefetch_ahead: past the row's end too
-      const int64_t ahead = j + a.prefetch;
+      const int64_t ahead = j + kPrefetchScale * a.prefetch;
       if (ahead < end) {{
         prefetch_slot(a, ahead, f0, n);
       }} else if (f0 + n < F) {{
@@ -519,10 +541,17 @@ inline int tile(const GenArgs& a, int64_t row, int64_t begin, int64_t end, int64
     int64_t f0 = 0;
     int st = 0;
     for (; f0 + TILE <= a.F; f0 += TILE)
-      if ((st = tile<true>(a, row, begin, end, f0, TILE)) != 0) return st;
+      if ((st = tile<true>(a, row, begin, end, f0, TILE, eb, chunk_end)) != 0) return st;
     if (f0 < a.F)
-      if ((st = tile<false>(a, row, begin, end, f0, static_cast<int>(a.F - f0))) != 0) return st;
-""")
+      if ((st = tile<false>(a, row, begin, end, f0, static_cast<int>(a.F - f0), eb, chunk_end)) != 0) return st;
+""").replace("""  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  for (int64_t row""", """  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  EncBlocks eb;
+  // the chunk's last slot (rowptr[row_end], read as a bound only: every row is still checked)
+  int64_t chunk_end = static_cast<int64_t>(rowptr[row_end]);
+  if (chunk_end < 0 || chunk_end > a.num_edges) chunk_end = a.num_edges;
+  (void)chunk_end;
+  for (int64_t row""")
 
 # message_edges: the interpreter's edge_rows (every edge's message written, in the user's edge
 # order or by CSR slot; grouped sums added feature by feature in order, as there)
@@ -680,6 +709,9 @@ def emit(spec: Spec) -> str:
     # and checked always
     reads_perm = P.EDGE in sides or P.ENC in sides or edges
     reads_slot = P.SLOT in sides
+    # a tile walk (reduce, multi, softmax) computes its encoders of width class f / g by blocks of
+    # edges (encoder_core.h, EncoderBlock); the per-edge kernels (edges, encgrad) edge by edge
+    tiled = not edges
     scalar = "double" if spec.dtype == "float64" else "float"
     setup, edge, prefetch, enc = [], [], [], []
     # edge encoders are computed (and their feature rows prefetched) only where an instruction reads them
@@ -691,7 +723,7 @@ def emit(spec: Spec) -> str:
                 continue
             setup += _encoder_pointers(k, kind)
             if kind != "s":
-                setup.append(f"  alignas(64) acc_t e{k}[TILE];")
+                setup.append(f"  const acc_t* e{k} = nullptr;" if tiled else f"  alignas(64) acc_t e{k}[TILE];")
             continue
         setup += _input_pointers(k, kind)
         if s in (P.ROW, P.CONST):
@@ -720,11 +752,18 @@ def emit(spec: Spec) -> str:
                 continue
             D = spec.dim(k)
             edge.append(f"    const scalar_t* p{k} = in{k} + e * {D};")
+            edge.append(f"    (void)p{k};")
             ind = "      " if edges else "    "
             if kind == "s":
                 edge.append(f"    const acc_t s{k} = {_enc_value(k, D, '0', spec.dtype)};")
+            elif kind == "f" and tiled:
+                enc.append(f"{ind}e{k} = eb.e{k}.get(j, jlim, perm, a.num_edges, in{k}, {D}, wt{k}, ew{k}, bs{k}, f0, n);")
             elif kind == "f":
                 enc.append(f"{ind}encode_run<acc_t>(p{k}, {D}, wt{k} + f0, ew{k}, bs{k} + f0, n, e{k});")
+            elif tiled:
+                enc += [f"{ind}const int64_t c0_{k} = f0 / div{k};",
+                        f"{ind}e{k} = eb.e{k}.get(j, jlim, perm, a.num_edges, in{k}, {D}, wt{k}, ew{k}, bs{k}, c0_{k}, "
+                        f"static_cast<int>((f0 + n - 1) / div{k} - c0_{k} + 1));"]
             else:
                 enc += [f"{ind}const int64_t c0_{k} = f0 / div{k};",
                         f"{ind}encode_run<acc_t>(p{k}, {D}, wt{k} + c0_{k}, ew{k}, bs{k} + c0_{k}, "
@@ -843,7 +882,10 @@ def emit(spec: Spec) -> str:
                  "row * F + f0,", "                             kArg ? a.arg + row * F + f0 : nullptr);"]
         reduce = _REDUCE_NAMES[spec.reduce]
     arrays, loops = _loops(instrs, fold, tail_reads, loop_head)
-    return head + _TILE.format(reduce=reduce, setup="\n".join(setup), acc="\n".join(acc), arrays="\n".join(arrays),
+    blocks = [f"  EncoderBlock<acc_t, index_t, TILE> e{k};" for k, (s, kind) in enumerate(zip(sides, kinds))
+              if s == P.ENC and k in read and kind != "s"]
+    return head + _TILE.format(reduce=reduce, prefetch_scale=3 if blocks else 1,
+                               blocks="\n".join(blocks) or "  char unused;", setup="\n".join(setup), acc="\n".join(acc), arrays="\n".join(arrays),
                                edge="\n".join(edge), enc="".join("\n" + ln for ln in enc), loops="\n".join(loops),
                                store="\n".join(store))
 

@@ -71,8 +71,9 @@ def encoder_inside(mode: str, depth: int, width: int, needs_grad: bool) -> Tuple
     weight's gradient, and once more for the input's where it needs one (4 passes instead of 3);
     outside, matrix products (blocked, multiply-adds) compute them and the ``E x width`` output
     and its gradient go through memory. The kernels keep 8 vectors in flight (64 float32
-    columns; 128 with AVX-512, then blocks of 4 and 2 vectors: native/cpu/encoder_core.h); the
-    rule was measured when narrower maps than 64 columns ran one vector's dependent chain at a
+    columns; 128 with AVX-512, then blocks of 4 and 2 vectors: native/cpu/encoder_core.h; a
+    generated reduction's forward computes 5 edges at once, encode_block, sharing each load of
+    the weight); the rule was measured when narrower maps than 64 columns ran one vector's dependent chain at a
     time, so their products cost more per column. Inside where ``depth`` (times 4/3 where the input needs a gradient) is at
     most ``min(width, 64) / 2``. Measured, a training step on the zoo's graph (2000 nodes, 16k
     edges, benchmarks/results/encoder_rule.md): width 32 depth 8 inside 1.29x faster than outside

@@ -181,7 +181,9 @@ def test_encoder_source():
     spec = codegen.make_spec(code, consts, SIDES, [F, F, 16, F, F, 1], F, "sum", torch.float32, torch.int64)
     src = emit(spec)
     assert '#include "cpu/encoder_core.h"' in src
-    assert "encode_run<acc_t>(p2, 16, wt2 + f0, ew2, bs2 + f0, n, e2);" in src
+    assert "e2 = eb.e2.get(j, jlim, perm, a.num_edges, in2, 16, wt2, ew2, bs2, f0, n);" in src
+    assert "encode_run<acc_t>(p2, 16, wt2 + f0, ew2, bs2 + f0, n, e2);" in emit(codegen.make_spec(
+        code, consts, SIDES, [F, F, 16, F, F, 1], F, "sum", torch.float32, torch.int64, op="edges", out_width=F))
     assert "-ffp-contract=off" in build.BASE_FLAGS and "cpu/encoder_core.h" in build.HEADERS
     dev = cuda.emit_cuda(spec)
     assert ("acc_t(bs2[f]) + __fmul_rn(acc_t(p2[0]), acc_t(wt2[f])) + "
