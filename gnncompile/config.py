@@ -274,7 +274,7 @@ VARIABLES: Tuple[Variable, ...] = (
              "is never stored (nor its E x W gradient: the backward accumulates the map's gradients over the "
              "edges, gnncompile::message_encoder_grad); outside computes it as written and the kernels read it; "
              "auto puts it inside where its products per edge cost less than that E x W tensor: where its input "
-             "width D (times 4/3 where its input needs a gradient) is at most min(W, 64) / 2 (GINE's "
+             "width D (times 4/3 where its input needs a gradient) is at most min(W, 40) / 2 (GINE's "
              "lin(edge_attr) inside, SchNet's filter outside), explain saying why not "
              "(gnncompile.passes.messages.encoder_inside)"),
     Variable("GNNCOMPILE_CODEGEN", "codegen", _codegen, "auto (default), off / interpreter",

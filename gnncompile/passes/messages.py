@@ -58,6 +58,8 @@ _INPLACE_OK = ("relu", "leaky_relu", "elu")
 
 MAX_ENCODER_DEPTH = 32  # edge features an edge encoder inside the kernel reads per edge
 ENCODER_MODES = ("auto", "inside", "outside")
+# 'auto': an encoder's limit grows with its width up to this many columns (encoder_inside)
+ENCODER_COLUMN_CAP = 40
 
 
 def encoder_inside(mode: str, depth: int, width: int, needs_grad: bool) -> Tuple[bool, str]:
@@ -73,14 +75,17 @@ def encoder_inside(mode: str, depth: int, width: int, needs_grad: bool) -> Tuple
     and its gradient go through memory. The kernels keep 8 vectors in flight (64 float32
     columns; 128 with AVX-512, then blocks of 4 and 2 vectors: native/cpu/encoder_core.h; a
     generated reduction's forward computes 5 edges at once, encode_block, sharing each load of
-    the weight); the rule was measured when narrower maps than 64 columns ran one vector's dependent chain at a
-    time, so their products cost more per column. Inside where ``depth`` (times 4/3 where the input needs a gradient) is at
-    most ``min(width, 64) / 2``. Measured, a training step on the zoo's graph (2000 nodes, 16k
-    edges, benchmarks/results/encoder_rule.md): width 32 depth 8 inside 1.29x faster than outside
-    (1.18x with the gradient), depth 16 even (0.79x with the gradient), depth 32 0.80x (SchNet's
-    filter, 113k edges, with the gradient: 0.74x); width 128 depth 16 1.34x (1.12x with the
-    gradient), depth 32 1.22x; GINE at 100k nodes / 1M edges, width 128, depth 16: 894 ms inside
-    against 1457 outside."""
+    the weight), so narrower maps cost more per column inside; a wider map's gain stops at 40
+    columns. Inside where ``depth`` (times 4/3 where the input needs a gradient) is at most
+    ``min(width, 40) / 2``. Measured, a training step on the zoo's graph (2000 nodes, 16k edges,
+    AMD EPYC Zen 4 with encode_block, three runs: benchmarks/results/encoder_rule_zen4_s54.md),
+    inside against outside: width 32 depth 8 1.35-1.82x (1.11-1.37x with the gradient), depth 16
+    1.14-1.33x (0.74-0.88x with the gradient), depth 32 0.88-0.91x (0.61-0.77x with the gradient;
+    SchNet's filter, 113k edges: 0.77-0.78x); width 128 depth 8 with the gradient 1.38-1.66x, depth
+    16 1.10-1.12x (0.91-0.97x with the gradient: the cap was 64 columns, which put it inside, until
+    this run), depth 32 0.91-1.01x. GINE at 100k nodes / 1M edges, width 128, depth 16 (Zen 2):
+    894 ms inside against 1457 outside. The earlier table (Zen 2, before encode_block):
+    benchmarks/results/encoder_rule.md."""
     if mode not in ENCODER_MODES:
         raise ValueError(f"edge encoder mode must be one of {ENCODER_MODES}, got {mode!r}")
     if mode == "inside":
@@ -88,12 +93,12 @@ def encoder_inside(mode: str, depth: int, width: int, needs_grad: bool) -> Tuple
     if mode == "outside":
         return False, "edge_encoder 'outside'"
     cost = depth * 4 / 3 if needs_grad else depth
-    limit = min(width, 64) / 2
+    limit = min(width, ENCODER_COLUMN_CAP) / 2
     if cost <= limit:
         return True, ""
     grad = " x 4/3 (its input needs a gradient)" if needs_grad else ""
-    return False, (f"edge_encoder 'auto': depth {depth}{grad} > {limit:g} (min(width, 64) / 2): the products "
-                   "per edge inside would cost more than the E x width tensor outside")
+    return False, (f"edge_encoder 'auto': depth {depth}{grad} > {limit:g} (min(width, {ENCODER_COLUMN_CAP}) / 2): "
+                   "the products per edge inside would cost more than the E x width tensor outside")
 
 
 @dataclass
