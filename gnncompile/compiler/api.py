@@ -355,8 +355,8 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     written (Dynamo's own cost included) in pairs of back-to-back calls, and unless eager is at
     least 3% slower by the median over the pairs, the returned module calls the model as written
     from then on (per grad mode; a win of the compiled call by less than 2x is timed again once,
-    150 calls later, 20 pairs, by the same rule); ``.guard_decisions()`` on the returned module (or function) lists what was kept and why, and
-    :func:`gnncompile.explain` prints it.
+    150 calls later, 20 pairs, by the same rule); ``.guard_decisions()`` on the returned module
+    (or function) lists what was kept and why, and :func:`gnncompile.explain` prints it.
 
     Sizes read from tensors are captured into the graph (``settings.capture_dynamic``, True by
     default). Where such a size then ended a graph piece at a data-dependent guard in torch's

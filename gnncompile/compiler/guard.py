@@ -321,9 +321,9 @@ class ModelGuard(_Racer):
     pieces' guards have decided (``verdict(grad)`` is not None) or :data:`WARM` calls have
     passed; then both run alternately in pairs of back-to-back calls, timed, and the compiled
     model is kept when the median over the pairs of eager's time over its own is at least
-    1 + :data:`MODEL_MARGIN`. A close win (under 1 + :data:`RECHECK_BELOW`, 2x) is timed again once,
-    :data:`RECHECK_AFTER` calls later, :data:`RECHECK_SAMPLES` pairs, with the same rule (:meth:`settled` says when nothing is left to time). Where the model as
-    written wins, it runs from then on without Dynamo, and the compiled module calls it without
+    1 + :data:`MODEL_MARGIN`. A close win (under 1 + :data:`RECHECK_BELOW`, 2x) is timed again
+    once, :data:`RECHECK_AFTER` calls later, :data:`RECHECK_SAMPLES` pairs, with the same rule
+    (:meth:`settled` says when nothing is left to time). Where the model as written wins, it runs from then on without Dynamo, and the compiled module calls it without
     any work of its own per call (:attr:`as_written`). A win of the model as written is not
     re-checked: it is exactly eager."""
 
