@@ -23,6 +23,14 @@ from gnncompile.ops import _native
 from gnncompile.ops import program as P
 from gnncompile.ops import structure
 from gnncompile.ops.schemas import ops
+from gnncompile.testing.bits import interpreted_then_generated as _ran
+from gnncompile.testing.bits import assert_same_bits
+
+
+def _same(a, b):
+    """Bit for bit, NaN as NaN (tests/codegen/test_codegen_kernels.py says why)."""
+    assert_same_bits(a, b, any_nan=True)
+
 
 pytestmark = pytest.mark.skipif(not _native.native_loaded() or build.shutil.which("c++") is None,
                                 reason="needs the native module and a C++ compiler")
@@ -55,28 +63,6 @@ def _inputs(dtype, positive=False, special=True, seed=1):
         out[0][1, 3] = 0.0
         out[1][2, 5:8] = torch.tensor([0.0, -0.0, math.nan], dtype=dtype)
     return out
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Bit for bit, NaN as NaN (tests/codegen/test_codegen_kernels.py says why)."""
-    assert a.shape == b.shape and a.dtype == b.dtype
-    nan = torch.isnan(a)
-    assert torch.equal(nan, torch.isnan(b))
-    assert torch.equal(_bits(a)[~nan], _bits(b)[~nan])
-
-
-def _ran(fn):
-    """fn() with the generated kernels off, then on: (interpreter, generated, calls that ran one)."""
-    codegen.suspend()
-    ref = fn()
-    codegen.resume()
-    before = codegen.calls()
-    out = fn()
-    return ref, out, codegen.calls() - before
 
 
 # ----------------------------------------------------------------------------- message_sum_multi

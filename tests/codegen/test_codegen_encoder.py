@@ -15,6 +15,8 @@ from gnncompile.ops import _native
 from gnncompile.ops import program as P
 from gnncompile.ops import structure
 from gnncompile.ops.schemas import ops
+from gnncompile.testing.bits import assert_same_bits as _same
+from gnncompile.testing.bits import interpreted_then_generated as _ran
 
 pytestmark = pytest.mark.skipif(not _native.native_loaded() or build.shutil.which("c++") is None,
                                 reason="needs the native module and a C++ compiler")
@@ -46,26 +48,6 @@ def _inputs(dtype, D, W, seed=1):
     g = torch.Generator().manual_seed(seed)
     shapes = [(N_SRC, F), (N_DST, F), (E_, D), (D, W), (1, W), (E_, 1)]
     return [torch.randn(*s, dtype=dtype, generator=g) for s in shapes]
-
-
-def _bits(t):
-    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
-
-
-def _same(a, b):
-    assert a.shape == b.shape
-    assert torch.equal(_bits(a), _bits(b))
-
-
-def _ran(fn):
-    """(interpreter's result, generated kernel's result, generated calls): the registry emptied
-    for the first, the kernels registered again for the second."""
-    codegen.suspend()
-    ref = fn()
-    codegen.resume()
-    before = codegen.calls()
-    out = fn()
-    return ref, out, codegen.calls() - before
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

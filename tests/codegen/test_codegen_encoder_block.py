@@ -16,6 +16,7 @@ from gnncompile.codegen.emit import emit
 from gnncompile.ops import _native
 from gnncompile.ops import program as P
 from gnncompile.ops.schemas import ops
+from gnncompile.testing.bits import bits as _bits, interpreted_then_generated as _ran
 
 pytestmark = pytest.mark.skipif(not _native.native_loaded() or build.shutil.which("c++") is None,
                                 reason="needs the native module and a C++ compiler")
@@ -33,19 +34,6 @@ def _graph(seed=0):
     dst, src = torch.tensor(dst), torch.tensor(src)
     shuffle = torch.randperm(len(dst), generator=g)  # perm is not the identity
     return ops.build_csr(dst[shuffle], src[shuffle], N, N)
-
-
-def _bits(t):
-    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
-
-
-def _ran(fn):
-    codegen.suspend()
-    ref = fn()
-    codegen.resume()
-    before = codegen.calls()
-    out = fn()
-    return ref, out, codegen.calls() - before
 
 
 # (F, D, W): one tile with whole passes, one tile with a pass remainder, several tiles, a grouped

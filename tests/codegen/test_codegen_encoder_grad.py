@@ -16,6 +16,7 @@ from gnncompile.ops import _native
 from gnncompile.ops import message as M
 from gnncompile.ops import program as P
 from gnncompile.ops.schemas import ops
+from gnncompile.testing.bits import assert_same_bits as _same
 
 pytestmark = pytest.mark.skipif(not _native.native_loaded() or build.shutil.which("c++") is None,
                                 reason="needs the native module and a C++ compiler")
@@ -41,15 +42,6 @@ def _inputs(dtype, D, W, g_rows, seed=1):
     g = torch.Generator().manual_seed(seed)
     shapes = [(N_SRC, F), (N_DST, F), (E_, D), (D, W), (1, W), (E_, 1), (g_rows, F)]
     return [torch.randn(*s, dtype=dtype, generator=g) for s in shapes]
-
-
-def _bits(t):
-    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
-
-
-def _same(a, b):
-    assert a.shape == b.shape
-    assert torch.equal(_bits(a), _bits(b))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -27,6 +27,7 @@ from gnncompile.ops import _native
 from gnncompile.ops import program as P
 from gnncompile.ops import structure
 from gnncompile.ops.schemas import ops
+from gnncompile.testing.bits import bits as _bits
 
 pytestmark = pytest.mark.skipif(not _native.native_loaded() or build.shutil.which("c++") is None,
                                 reason="needs the native module and a C++ compiler")
@@ -63,10 +64,6 @@ def _inputs(dtype, positive=False, special=True, seed=1):
         x[1, 3] = 0.0
         out[1][2, 5:8] = torch.tensor([0.0, -0.0, math.nan], dtype=dtype)
     return out
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int64 if t.dtype == torch.float64 else torch.int32)
 
 
 def _both(expr, dtype, reduce, ins, csr=None, sides=SIDES):
