@@ -44,7 +44,9 @@ The policy (:class:`Policy`, deterministic given the measurements):
   next size up or down, the next pool size or worker count) for ``window`` steps, and keeps it
   only when its work per second is at least ``1 + min_gain`` times the current one's (hysteresis,
   default 5%); otherwise it goes back, and tries that neighbour again only after a back-off
-  (doubling per refusal).
+  (doubling per refusal). Under a memory budget the size up it tries is not the next one but
+  the largest predicted to fit (:meth:`Policy._grow`; after a refusal, the next smaller that
+  fits), so batches whose graphs grow or shrink reach the largest size that fits in one trial.
 * Memory: a model of bytes per unit of work (the largest ratio of a step's peak above its start
   to its nodes + edges among the last observations, a conservative linear model) predicts each
   candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
@@ -438,14 +440,30 @@ class Policy:
         self.rates[self.current] = rate
         return self._explore(rate)
 
+    def _backing_off(self, cand: Setting) -> bool:
+        retry = self.backoff.get((self.current, cand))
+        return retry is not None and self.windows < retry[0]
+
+    def _grow(self) -> Optional[Setting]:
+        """Under a budget, the size to try upwards: the largest above the current one whose
+        next batches are predicted to fit and whose trial from here is not backing off (after a
+        refusal, the next smaller one that fits); None when none does. Batches whose size
+        changes as they go (graphs sorted by size, an epoch's start after its largest graphs)
+        reach the largest size that fits in one trial, not one grid step per trial."""
+        sizes = self.grid["size"]
+        i = sizes.index(self.current.size)
+        for s in reversed(sizes[i + 1:]):
+            cand = Setting(s, self.current.pool_size, self.current.num_workers)
+            if not self._backing_off(cand) and self.fits(cand):
+                return cand
+        return None
+
     def _explore(self, rate: float) -> Optional[Dict[str, Any]]:
         for k in range(len(self.MOVES)):
             dim, step = self.MOVES[(self.move_no + k) % len(self.MOVES)]
-            cand = self._neighbour(dim, step)
-            if cand is None:
-                continue
-            retry = self.backoff.get((self.current, cand))
-            if retry is not None and self.windows < retry[0]:
+            jump = dim == "size" and step > 0 and self.budget is not None
+            cand = self._grow() if jump else self._neighbour(dim, step)
+            if cand is None or self._backing_off(cand):
                 continue
             if dim == "size" and step > 0 and not self.fits(cand):
                 continue
@@ -453,8 +471,9 @@ class Policy:
                 continue
             self.move_no = (self.move_no + k + 1) % len(self.MOVES)
             self.trial = (self.current, rate)
+            what = " (the largest predicted to fit)" if jump and cand != self._neighbour(dim, step) else ""
             return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
-                                f"{getattr(cand, dim)} for {self.window} steps")
+                                f"{getattr(cand, dim)}{what} for {self.window} steps")
         return None
 
 

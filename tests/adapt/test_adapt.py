@@ -102,6 +102,81 @@ def test_growing_batches_shrink_before_they_cross_the_budget():
     assert sorted(ids) == list(range(len(ds)))
 
 
+def _explores(L):
+    return [(e["from"]["size"], e["to"]["size"]) for e in L.log if e["kind"] == "explore"]
+
+
+def _grow_run(jump, monkeypatch):
+    """Graphs sorted by size under a 100 kB budget (100 bytes per unit of work), a step costing
+    1 ms plus 10 us per unit of work (small batches are overhead); 2 epochs. Returns the loader,
+    the fake seconds taken and, per size-up decision, (sizes predicted to fit then, size chosen).
+    jump=False: the size up tried is the next one (one grid step per trial)."""
+    grown = []
+    real_grow = Policy._grow
+
+    def spy(self):
+        fit = [v for v in self.grid["size"] if self.fits(Setting(v, 2, 0))]
+        out = real_grow(self) if jump else self._neighbour("size", 1)
+        grown.append((fit, None if out is None else out.size))
+        return out
+
+    monkeypatch.setattr(Policy, "_grow", spy)
+    ds = _data(600, lo=5, hi=40, sort=True)
+    clock, state = Clock(), {}
+    L = AdaptiveLoader(ds, sizes=[1, 2, 4, 8, 16, 32], window=4, clock=clock, memory=lambda: 100 * state["work"],
+                       memory_budget=100_000, margin=0.1)  # line 90 kB: 900 units, 36 graphs of 5 nodes, 4 of 40
+    for _ in range(2):
+        for b in L:
+            state["work"] = _work(b)
+            clock.t += 1e-3 + 1e-5 * _work(b)
+            L.step_done(0.0)
+    return L, clock.t, grown
+
+
+def test_under_a_budget_the_size_grows_to_the_largest_that_fits_in_one_trial(monkeypatch):
+    """The size up it tries is the largest predicted to fit (a jump, at the first epoch's start
+    and again at the second's, after the largest graphs shrank it), never over the budget, and
+    the run takes less time than climbing one grid step per trial (the test can fail)."""
+    L, secs, grown = _grow_run(True, monkeypatch)
+    assert max(h["peak"] for h in L.history) <= 90_000
+    ups = [(a, b) for a, b in _explores(L) if b > a]
+    fit, chose = grown[0]
+    assert ups[0] == (1, chose) and chose == max(fit) and chose >= 8  # a jump of 3 grid steps or more
+    first = next(e for e in L.log if e["kind"] == "explore")
+    assert "largest predicted to fit" in first["reason"] and first["predicted_bytes"] <= 90_000
+    assert any(e["kind"] == "keep" and e["to"]["size"] == chose for e in L.log)
+    # the second epoch starts small again (its first graphs are the smallest): it re-grows by a jump
+    epoch1 = [(e["from"]["size"], e["to"]["size"]) for e in L.log if e["kind"] == "explore" and e["epoch"] == 1]
+    assert any(b >= 4 * a for a, b in epoch1)
+    L2, secs2, _ = _grow_run(False, monkeypatch)
+    assert all(b == 2 * a for a, b in _explores(L2) if b > a)
+    assert max(h["peak"] for h in L2.history) <= 90_000
+
+    def first_at(L, size):
+        return next((h["step"] for h in L.history if h["size"] >= size), len(L.history))
+
+    # one trial (two windows of 4 steps) to get there, against one per grid step climbing
+    assert first_at(L, chose) <= 2 * 4 + 1 < first_at(L2, chose)
+    assert secs < secs2, (secs, secs2)
+
+
+def test_a_refused_jump_tries_the_next_largest_that_fits():
+    """Size 8 fits the budget but is no faster than 1; 4 is twice as fast: the jump to 8 is
+    refused (revert, back-off), the next size up tried is 4 (the next smaller that fits), kept;
+    16 is never tried (predicted over the budget)."""
+    ds = _data(800)  # 10 nodes, 40 edges: 50 units of work per graph, 5 kB at 100 bytes per unit
+    clock, state = Clock(), {}
+    rate = {1: 1000.0, 2: 1500.0, 4: 2000.0, 8: 1000.0, 16: 4000.0}
+    L = AdaptiveLoader(ds, sizes=[1, 2, 4, 8, 16], window=4, clock=clock, memory=lambda: 100 * state["work"],
+                       memory_budget=50_000, margin=0.1)
+    _run(L, clock, lambda s: rate[s.size], state=state)
+    kinds = [(e["kind"], e["from"]["size"], e["to"]["size"]) for e in L.log]
+    assert kinds[:4] == [("explore", 1, 8), ("revert", 8, 1), ("explore", 1, 4), ("keep", 1, 4)]
+    assert L.log[1]["gain"] == pytest.approx(1.0)
+    assert all(h["size"] != 16 for h in L.history)
+    assert sum(h["size"] == 4 for h in L.history) > 0.6 * len(L.history)
+
+
 def _batches(ds, k):
     from gnncompile.data import PooledLoader
 
