@@ -52,12 +52,14 @@ The policy (:class:`Policy`, deterministic given the measurements):
   candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
   for neighbor batches from the observed work per seed); a candidate predicted above the
   budget less ``margin`` of the headroom (the budget less the memory at the first step's
-  start) is never tried. Each step's measured peak is compared with its prediction, and the
+  start), or whose batches hold more than ``Policy.EXTRAPOLATE`` (2) times the work of the
+  largest step measured so far (the linear model is not trusted further), is never tried. Each step's measured peak is compared with its prediction, and the
   largest recent excess (``Policy.excess``) is added to every later prediction: what the
   linear model missed once (a fixed cost per step, the allocator's growth) it does not miss
-  again. Before each step, when the next batch under
-  the current setting is predicted over that line, the size shrinks at once (to the largest
-  that fits); when a step's measured peak exceeds the budget anyway, it shrinks at once too.
+  again. Before each step (also the first after a kept
+  trial or a revert), when the next batch under the current setting is predicted over that
+  line, the size shrinks at once (to the largest that fits); when a step's measured peak
+  exceeds the budget anyway, it shrinks at once too.
 * Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
   ``'sqrt'`` set each param group's lr to its initial value times (size / first size) or its
   square root at every size switch.
@@ -276,6 +278,9 @@ class Policy:
 
     MOVES = (("size", 1), ("size", -1), ("pool_size", 1), ("pool_size", -1), ("num_workers", 1),
              ("num_workers", -1))
+    #: under a budget, a setting whose next batches' work exceeds this many times the largest
+    #: work of a step measured so far is not predicted to fit (see :meth:`fits`)
+    EXTRAPOLATE = 2.0
 
     def __init__(self, sizes: Sequence[int], pool_sizes: Sequence[int], num_workers: Sequence[int], start: Setting,
                  memory_budget: Optional[int], margin: float, min_gain: float, window: int,
@@ -291,6 +296,7 @@ class Policy:
         self.misses: List[int] = []  # by how much measured peaks exceeded their prediction (>= 0)
         self._expected: Optional[int] = None  # the prediction for the step now running
         self.base = 0  # the memory at the last step's start
+        self.seen_work = 0  # the largest work (nodes + edges) of a step whose memory was measured
         self.floor: Optional[int] = None  # the memory at the first step's start
         self.rates: Dict[Setting, float] = {}
         self.trial: Optional[Tuple[Setting, float]] = None  # (setting we came from, its rate)
@@ -331,9 +337,17 @@ class Policy:
         return self._predict_work(self.work_ahead(setting, self.window))
 
     def fits(self, setting: Setting) -> bool:
+        """Under the budget: the setting's next ``window`` batches are predicted under the line,
+        and their largest work is at most ``EXTRAPOLATE`` times the largest work of a step
+        measured so far (the linear model is not trusted further: a model learned on small
+        batches, whose growth the allocator's retained memory partly hides, predicted a batch of
+        16x their work at half its measured peak)."""
         if self.budget is None:
             return True
-        p = self.predict(setting)
+        work = self.work_ahead(setting, self.window)
+        if work is None or work > self.EXTRAPOLATE * self.seen_work:
+            return False
+        p = self._predict_work(work)
         return p is not None and p <= self.line
 
     def _neighbour(self, dim: str, step: int) -> Optional[Setting]:
@@ -404,6 +418,8 @@ class Policy:
         self._expected = None
         if learn or self.model.per_work is None:
             self.base = base
+        if peak is not None:
+            self.seen_work = max(self.seen_work, work)
         if peak is not None and learn:
             self.model.observe(work, peak - base if grown is None else grown)
         if peak is not None:
@@ -604,14 +620,19 @@ class _Adaptive:
             peak, base, grown, clean = self._reduce_memory(dist, work, base, peak, info["clean"])
         else:
             clean = info["clean"]
-        entry = None
+        entries = []
         if dist is None or dist.get_rank() == 0:  # under DDP only rank 0's policy decides
-            entry = self.policy.observe(seconds, work, base, peak, grown, clean)
-            if entry is None:
-                entry = self.policy.before_step() if self._more_to_come() else None
-        if dist is not None:
-            entry = self._broadcast(dist, entry)
-        if entry is not None:
+            # what the measurement decides, then the check of the next batch under the setting
+            # that decision leaves (after a kept trial or a revert too: a size kept for the
+            # batches it was tried on may not fit the larger ones that follow)
+            entries = [self.policy.observe(seconds, work, base, peak, grown, clean)]
+            entries.append(self.policy.before_step() if self._more_to_come() else None)
+            entries = [e for e in entries if e is not None]
+        if dist is not None:  # the other ranks need the setting rank 0 ends with: its last entry
+            last = self._broadcast(dist, entries[-1] if entries else None)
+            if dist.get_rank() != 0:
+                entries = [] if last is None else [last]
+        for entry in entries:
             self._record(entry)
 
     def _more_to_come(self) -> bool:

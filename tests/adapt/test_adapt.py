@@ -117,7 +117,7 @@ def _grow_run(jump, monkeypatch):
     def spy(self):
         fit = [v for v in self.grid["size"] if self.fits(Setting(v, 2, 0))]
         out = real_grow(self) if jump else self._neighbour("size", 1)
-        grown.append((fit, None if out is None else out.size))
+        grown.append((self.current.size, fit, None if out is None else out.size, L.epoch))
         return out
 
     monkeypatch.setattr(Policy, "_grow", spy)
@@ -133,48 +133,103 @@ def _grow_run(jump, monkeypatch):
     return L, clock.t, grown
 
 
-def test_under_a_budget_the_size_grows_to_the_largest_that_fits_in_one_trial(monkeypatch):
-    """The size up it tries is the largest predicted to fit (a jump, at the first epoch's start
-    and again at the second's, after the largest graphs shrank it), never over the budget, and
-    the run takes less time than climbing one grid step per trial (the test can fail)."""
+def test_under_a_budget_the_size_up_tried_is_the_largest_that_fits(monkeypatch):
+    """Graphs sorted by size, 2 epochs: every size up it tries is the largest predicted to fit
+    at that moment (at least once more than one grid step up: at the second epoch's start, its
+    smallest graphs after the largest, whose batches the model has seen), and no step's peak
+    crosses the budget. Climbing one grid step per trial (the neighbour policy, the test can
+    fail) never skips one."""
     L, secs, grown = _grow_run(True, monkeypatch)
     assert max(h["peak"] for h in L.history) <= 90_000
+    tried = [(cur, fit, chose) for cur, fit, chose, _ in grown if chose is not None]
+    assert tried and all(chose == max(fit) for cur, fit, chose in tried)
     ups = [(a, b) for a, b in _explores(L) if b > a]
-    fit, chose = grown[0]
-    assert ups[0] == (1, chose) and chose == max(fit) and chose >= 8  # a jump of 3 grid steps or more
-    first = next(e for e in L.log if e["kind"] == "explore")
-    assert "largest predicted to fit" in first["reason"] and first["predicted_bytes"] <= 90_000
-    assert any(e["kind"] == "keep" and e["to"]["size"] == chose for e in L.log)
-    # the second epoch starts small again (its first graphs are the smallest): it re-grows by a jump
-    epoch1 = [(e["from"]["size"], e["to"]["size"]) for e in L.log if e["kind"] == "explore" and e["epoch"] == 1]
-    assert any(b >= 4 * a for a, b in epoch1)
-    L2, secs2, _ = _grow_run(False, monkeypatch)
+    assert any(b >= 4 * a for a, b in ups)
+    jump = next(e for e in L.log if e["kind"] == "explore" and e["to"]["size"] >= 4 * e["from"]["size"])
+    assert "largest predicted to fit" in jump["reason"] and jump["predicted_bytes"] <= 90_000
+    L2, _, _ = _grow_run(False, monkeypatch)
     assert all(b == 2 * a for a, b in _explores(L2) if b > a)
     assert max(h["peak"] for h in L2.history) <= 90_000
 
-    def first_at(L, size):
-        return next((h["step"] for h in L.history if h["size"] >= size), len(L.history))
 
-    # one trial (two windows of 4 steps) to get there, against one per grid step climbing
-    assert first_at(L, chose) <= 2 * 4 + 1 < first_at(L2, chose)
-    assert secs < secs2, (secs, secs2)
+def test_the_next_batch_is_checked_after_a_kept_trial(monkeypatch):
+    """Graphs sorted by size: a size kept for the batches it was tried on may not fit the
+    larger ones that follow, so the check of the next batch runs after every step, a kept
+    trial's or a revert's too (it used to run only after steps that decided nothing)."""
+    checked = []
+    real = Policy.before_step
+
+    def spy(self):
+        checked.append(L.step)
+        return real(self)
+
+    monkeypatch.setattr(Policy, "before_step", spy)
+    ds = _data(400, lo=5, hi=40, sort=True)
+    clock, state = Clock(), {}
+    L = AdaptiveLoader(ds, sizes=[2, 4, 8], window=3, clock=clock, memory=lambda: 100 * state["work"],
+                       memory_budget=100_000, margin=0.1)
+    _run(L, clock, lambda s: 1000.0 * s.size, state=state)
+    decided = [e["step"] for e in L.log if e["kind"] in ("keep", "revert")]
+    assert decided and all(k in checked for k in decided)
+    assert max(h["peak"] for h in L.history) <= 90_000
+
+
+def _feed(pol, rate, steps, per_graph=50, bytes_per_work=100):
+    """Runs ``steps`` steps of the policy alone: each step's batch is its size times
+    ``per_graph`` units of work, done at ``rate(size)`` units per second, growing by
+    ``bytes_per_work`` per unit (a clean reading)."""
+    for _ in range(steps):
+        pol.before_step()
+        work = per_graph * pol.current.size
+        pol.observe(work / rate[pol.current.size], work, 0, bytes_per_work * work)
 
 
 def test_a_refused_jump_tries_the_next_largest_that_fits():
-    """Size 8 fits the budget but is no faster than 1; 4 is twice as fast: the jump to 8 is
-    refused (revert, back-off), the next size up tried is 4 (the next smaller that fits), kept;
-    16 is never tried (predicted over the budget)."""
-    ds = _data(800)  # 10 nodes, 40 edges: 50 units of work per graph, 5 kB at 100 bytes per unit
-    clock, state = Clock(), {}
+    """From size 1, with a model that has seen batches of size 8 (as at an epoch's start after
+    its largest graphs): 8 fits the budget but is no faster than 1, 4 is twice as fast. The
+    jump to 8 is refused (revert, back-off); the next size up tried is 4 (the next smaller that
+    fits), kept; 16 is never tried (predicted over the budget)."""
     rate = {1: 1000.0, 2: 1500.0, 4: 2000.0, 8: 1000.0, 16: 4000.0}
-    L = AdaptiveLoader(ds, sizes=[1, 2, 4, 8, 16], window=4, clock=clock, memory=lambda: 100 * state["work"],
-                       memory_budget=50_000, margin=0.1)
-    _run(L, clock, lambda s: rate[s.size], state=state)
-    kinds = [(e["kind"], e["from"]["size"], e["to"]["size"]) for e in L.log]
-    assert kinds[:4] == [("explore", 1, 8), ("revert", 8, 1), ("explore", 1, 4), ("keep", 1, 4)]
-    assert L.log[1]["gain"] == pytest.approx(1.0)
-    assert all(h["size"] != 16 for h in L.history)
-    assert sum(h["size"] == 4 for h in L.history) > 0.6 * len(L.history)
+    pol = Policy([1, 2, 4, 8, 16], [2], [0], Setting(1, 2, 0), memory_budget=50_000, margin=0.1, min_gain=0.05,
+                 window=4, work_ahead=lambda s, n: 50 * s.size)
+    pol.observe(400 / rate[8], 400, 0, 40_000)  # a step of size 8's work seen before (40 kB, under 45)
+    pol.current = Setting(1, 2, 0)
+    log, sizes = [], []
+    real_observe = pol.observe
+
+    def observe(*a, **k):
+        e = real_observe(*a, **k)
+        if e is not None:
+            log.append((e["kind"], e["from"]["size"], e["to"]["size"], e["gain"]))
+        sizes.append(pol.current.size)
+        return e
+
+    pol.observe = observe
+    _feed(pol, rate, 200)
+    assert [x[:3] for x in log[:4]] == [("explore", 1, 8), ("revert", 8, 1), ("explore", 1, 4), ("keep", 1, 4)]
+    assert log[1][3] == pytest.approx(1.0)
+    assert 16 not in sizes and sizes.count(4) > 0.6 * len(sizes)
+
+
+def test_a_jump_goes_no_further_than_twice_the_work_measured():
+    """A model learned on small batches is not extrapolated far: the first size up tried
+    is at most twice the largest work measured, though the linear model predicts 16x fits;
+    without the limit (the test can fail) the first jump goes to 16."""
+    rate = {1: 1000.0, 2: 1500.0, 4: 2000.0, 8: 2500.0, 16: 3000.0}
+    for limit, first_up in ((2.0, 2), (float("inf"), 16)):
+        pol = Policy([1, 2, 4, 8, 16], [2], [0], Setting(1, 2, 0), memory_budget=100_000, margin=0.1,
+                     min_gain=0.05, window=4, work_ahead=lambda s, n: 50 * s.size)
+        pol.EXTRAPOLATE = limit
+        got = []
+        for _ in range(200):
+            before = pol.current.size
+            _feed(pol, rate, 1)
+            if pol.current.size > before:
+                got.append((before, pol.current.size, pol.seen_work))
+        assert got[0][:2] == (1, first_up)
+        if limit == 2.0:  # every step up: at most twice the largest work measured before it
+            assert all(50 * b <= 2 * seen for a, b, seen in got)
+            assert pol.current.size == 16  # it gets there, one doubling per trial
 
 
 def _batches(ds, k):
