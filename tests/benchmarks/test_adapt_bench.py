@@ -90,6 +90,9 @@ def test_loss_check_compares_the_gap_with_the_seed_spread():
     def run(seed, losses):
         return {"seed": seed, "epoch_loss": losses}
 
-    lc = adapt.loss_check(run(0, [0.50, 0.60]), [run(0, [0.50, 0.70]), run(1, [0.55, 0.65]), run(2, [0.46, 0.74])])
-    assert lc["gaps"] == pytest.approx([0.0, 0.1]) and lc["noise"] == pytest.approx([0.05, 0.05])
-    assert lc["within"] == [True, False] and not lc["last_within"] and lc["epochs_within"] == 1
+    lc = adapt.loss_check(run(0, [0.52, 0.62]), [run(0, [0.50, 0.70]), run(1, [0.55, 0.65]), run(2, [0.45, 0.75])])
+    assert lc["fixed_mean"] == pytest.approx([0.50, 0.70])
+    assert lc["gaps"] == pytest.approx([0.02, 0.08]) and lc["noise"] == pytest.approx([0.10, 0.10])
+    assert lc["within"] == [True, True] and lc["last_within"] and lc["better"] == [False, True]
+    lc = adapt.loss_check(run(0, [0.52, 0.90]), [run(0, [0.50, 0.70]), run(1, [0.55, 0.65]), run(2, [0.45, 0.75])])
+    assert lc["within"] == [True, False] and lc["epochs_within"] == 1 and not lc["last_within"]
