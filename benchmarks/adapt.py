@@ -1,8 +1,8 @@
 """Runtime adaptation: gnncompile.adapt.AdaptiveLoader vs every fixed setting, growing batches under a memory budget.
 
-    python -m benchmarks adapt                     # the first pass (~3 min on 2 quiet cores)
+    python -m benchmarks adapt                     # the first pass (~5 min on 2 quiet cores)
     python -m benchmarks adapt --quick             # a smaller dataset, for a smoke test
-    python -m benchmarks adapt --rounds 5          # then 4 more rounds of both best fixed vs adaptive, interleaved
+    python -m benchmarks adapt --rounds 8          # then 7 more rounds of both best fixed vs adaptive (~40 s each)
 
 Data: ``gnncompile.data.synthetic.graph_dataset(--graphs, --min-nodes, --max-nodes, 16
 features, average degree 4)``, sorted by node count, ascending, not shuffled: every epoch's
