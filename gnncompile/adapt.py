@@ -59,7 +59,13 @@ The policy (:class:`Policy`, deterministic given the measurements):
   again. Before each step (also the first after a kept
   trial or a revert), when the next batch under the current setting is predicted over that
   line, the size shrinks at once (to the largest that fits); when a step's measured peak
-  exceeds the budget anyway, it shrinks at once too.
+  exceeds the budget anyway, it shrinks at once too. Before each step the memory held now
+  (``MemoryProbe.current``: the resident set between steps, what the allocators kept included)
+  plus the model's growth for the next batch is checked too: when that would cross the line,
+  the step starts clean (``MemoryProbe.release_next``: for ``'rss'`` the trim of a clean reading,
+  out of schedule; counted in ``adapter.releases``, ``clean`` in each history record). Batches
+  that grow step after step leave freed blocks too small for the next ones, and between clean
+  readings the resident set had crept over the budget that way.
 * Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
   ``'sqrt'`` set each param group's lr to its initial value times (size / first size) or its
   square root at every size switch.
@@ -136,6 +142,15 @@ class MemoryProbe:
     def peak(self) -> int:
         return 0
 
+    def current(self) -> Optional[int]:
+        """The memory held now, between steps (None: not known)."""
+        return None
+
+    def release_next(self) -> bool:
+        """Ask for the next step to start by handing back memory held but idle (a clean
+        reading); False where the probe cannot."""
+        return False
+
 
 class CudaMemory(MemoryProbe):
     """Peak allocated CUDA memory (reset at each step's start) and the allocated bytes at the start."""
@@ -180,6 +195,7 @@ class RssMemory(MemoryProbe):
             raise ValueError(f"RssMemory: trim_every must be an integer >= 1, got {trim_every!r}")
         self.trim_every = int(trim_every)
         self._n = 0
+        self._force = False
         if not self.available():
             raise RuntimeError("memory='rss' needs Linux's /proc/self/clear_refs and /proc/self/status")
         try:
@@ -192,7 +208,8 @@ class RssMemory(MemoryProbe):
         return os.path.exists("/proc/self/clear_refs") and os.path.exists("/proc/self/status")
 
     def start(self) -> None:
-        self.clean = self._trim is not None and self._n % self.trim_every == 0
+        self.clean = self._trim is not None and (self._force or self._n % self.trim_every == 0)
+        self._force = False
         self._n += 1
         if self.clean:
             from .hardware import memory as _memory
@@ -205,6 +222,16 @@ class RssMemory(MemoryProbe):
 
     def peak(self) -> int:
         return _status_kib("VmHWM") * 1024
+
+    def current(self) -> Optional[int]:
+        return _status_kib("VmRSS") * 1024
+
+    def release_next(self) -> bool:
+        """The next step starts clean (trimmed) whatever the schedule."""
+        if self._trim is None:
+            return False
+        self._force = True
+        return True
 
 
 class FnMemory(MemoryProbe):
@@ -349,6 +376,17 @@ class Policy:
             return False
         p = self._predict_work(work)
         return p is not None and p <= self.line
+
+    def held_over(self, now: int, work: Optional[int]) -> bool:
+        """Whether the memory held now (``now``: between steps, the allocators' idle memory
+        included) plus the model's growth for ``work`` would cross the line: the next step
+        should start by handing the idle memory back. The clean-reading prediction (what
+        :meth:`before_step` checks) misses memory held over from earlier steps when batches
+        grow step after step and freed blocks do not fit the next ones."""
+        r = self.model.per_work
+        if self.budget is None or r is None or work is None:
+            return False
+        return now + r * work > self.line
 
     def _neighbour(self, dim: str, step: int) -> Optional[Setting]:
         vals = self.grid[dim]
@@ -567,6 +605,7 @@ class _Adaptive:
                              float(min_gain), int(window), self._work_ahead)
         self.log: List[Dict[str, Any]] = []
         self.history: List[Dict[str, Any]] = []
+        self.releases = 0  # steps started clean because held memory would have crossed the line
         self.step = 0  # steps taken, all epochs
         self.epoch = -1
         self._pending: Optional[Dict[str, Any]] = None  # the yielded step not yet done
@@ -609,7 +648,8 @@ class _Adaptive:
         if loss is not None:
             loss = float(loss.detach().item()) if isinstance(loss, torch.Tensor) else float(loss)
         rec = dict(step=self.step, epoch=self.epoch, **self.setting.as_dict(), graphs=info["graphs"],
-                   nodes=info["nodes"], edges=info["edges"], seconds=seconds, base=info["base"], peak=peak, loss=loss)
+                   nodes=info["nodes"], edges=info["edges"], seconds=seconds, base=info["base"], peak=peak, loss=loss,
+                   clean=info["clean"])
         self.history.append(rec)
         self.step += 1
         work = info["nodes"] + info["edges"]
@@ -634,6 +674,22 @@ class _Adaptive:
                 entries = [] if last is None else [last]
         for entry in entries:
             self._record(entry)
+        if self._more_to_come():
+            self._maybe_release()
+
+    def _maybe_release(self) -> None:
+        """Before the next step: when the memory held now plus its predicted growth would cross
+        the line, the step starts clean (the probe hands idle memory back first). Each rank
+        checks its own memory against its own model (under DDP only rank 0 has one)."""
+        if self.probe is None or self.policy.budget is None:
+            return
+        now = self.probe.current()
+        if now is None:
+            return
+        if self.policy.held_over(now, self._work_ahead(self.setting, 1)) and self.probe.release_next():
+            self.releases += 1
+            log.debug("adapt: step %d starts clean: %.1f MiB held, the line is %.1f MiB", self.step, now / 2**20,
+                      self.policy.line / 2**20)
 
     def _more_to_come(self) -> bool:
         return True
@@ -646,6 +702,7 @@ class _Adaptive:
             entry = self._broadcast(dist, entry)
         if entry is not None:
             self._record(entry)
+        self._maybe_release()
 
     def _reduce_memory(self, dist, work: int, base: int, peak: Optional[int], clean: bool):
         """(peak, base, grown, clean) over the ranks: the largest peak and base, what the memory

@@ -174,6 +174,54 @@ def test_the_next_batch_is_checked_after_a_kept_trial(monkeypatch):
     assert max(h["peak"] for h in L.history) <= 90_000
 
 
+class HoardingMemory(MemoryProbe):
+    """Like RssMemory on batches that grow step after step: what a step allocated stays held
+    (the blocks it freed do not fit the next, larger ones) until a clean step hands it back;
+    clean every 8th step, or the next one after ``release_next``."""
+
+    def __init__(self, state, honour=True):
+        super().__init__()
+        self.state, self.n, self.level, self.force, self.honour = state, 0, 0, False, honour
+
+    def start(self):
+        self.clean = self.force or self.n % 8 == 0
+        self.force = False
+        self.n += 1
+        if self.clean:
+            self.level = 0
+        self.base = self.level
+
+    def peak(self):
+        self.level = self.base + 100 * self.state["work"]
+        return self.level
+
+    def current(self):
+        return self.level
+
+    def release_next(self):
+        self.force = self.honour
+        return self.honour
+
+
+@pytest.mark.parametrize("honour", [True, False])
+def test_held_memory_that_would_cross_the_budget_is_handed_back_first(honour):
+    """One size, so shrinking cannot help: each step holds 40 kB more than the last until a
+    clean one. Before a step whose held memory plus its growth would cross the line, the step
+    starts clean and no peak crosses the budget; a probe that cannot release (the test can
+    fail) crosses it."""
+    ds = _data(400)  # 10 nodes, 40 edges: 8 graphs = 400 units = 40 kB per step
+    clock, state = Clock(), {}
+    L = AdaptiveLoader(ds, sizes=[8], window=4, clock=clock, memory=HoardingMemory(state, honour),
+                       memory_budget=100_000, margin=0.1)
+    _run(L, clock, lambda s: 1000.0, state=state)
+    peaks = [h["peak"] for h in L.history]
+    if honour:
+        assert max(peaks) <= 90_000 and L.releases > 0
+        assert sum(h["clean"] for h in L.history) > len(L.history) / 8 + 1  # more than the schedule's
+    else:
+        assert max(peaks) > 100_000
+
+
 def _feed(pol, rate, steps, per_graph=50, bytes_per_work=100):
     """Runs ``steps`` steps of the policy alone: each step's batch is its size times
     ``per_graph`` units of work, done at ``rate(size)`` units per second, growing by
