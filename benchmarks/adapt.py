@@ -156,9 +156,10 @@ def child(spec) -> dict:
         "peak_above_base_mib": (max(h["peak"] for h in hist) - base) / 2**20,
         "epoch_loss": _epoch_losses(hist, spec["epochs"]),
         "last_epoch_loss": _epoch_losses(hist, spec["epochs"])[-1],
-        # per step: graphs, loss, size, nodes, edges, seconds, peak above base (MiB)
+        # per step: graphs, loss, size, nodes, edges, seconds, peak above base (MiB), a clean start (0/1)
         "curve": [[h["graphs"], h["loss"], h["size"], h["nodes"], h["edges"], round(h["seconds"], 6),
-                   round((h["peak"] - base) / 2**20, 1)] for h in hist],
+                   round((h["peak"] - base) / 2**20, 1), int(h["clean"])] for h in hist],
+        "releases": L.releases,
         "log": L.log,
     }
 

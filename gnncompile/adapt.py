@@ -60,12 +60,13 @@ The policy (:class:`Policy`, deterministic given the measurements):
   trial or a revert), when the next batch under the current setting is predicted over that
   line, the size shrinks at once (to the largest that fits); when a step's measured peak
   exceeds the budget anyway, it shrinks at once too. Before each step the memory held now
-  (``MemoryProbe.current``: the resident set between steps, what the allocators kept included)
-  plus the model's growth for the next batch is checked too: when that would cross the line,
-  the step starts clean (``MemoryProbe.release_next``: for ``'rss'`` the trim of a clean reading,
-  out of schedule; counted in ``adapter.releases``, ``clean`` in each history record). Batches
-  that grow step after step leave freed blocks too small for the next ones, and between clean
-  readings the resident set had crept over the budget that way.
+  (``MemoryProbe.current``: the resident set between steps, what the allocators kept included;
+  or the last peak) plus the largest recent rise of the peak from one step to the next (without
+  a clean start) is checked against the budget: when it would cross it, the step starts clean
+  (``MemoryProbe.release_next``: for ``'rss'`` the trim of a clean reading, out of schedule;
+  counted in ``adapter.releases``, ``clean`` in each history record). Batches that grow step
+  after step leave freed blocks too small for the next ones, and between clean readings the
+  resident set had crept over the budget that way.
 * Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
   ``'sqrt'`` set each param group's lr to its initial value times (size / first size) or its
   square root at every size switch.
@@ -305,6 +306,8 @@ class Policy:
 
     MOVES = (("size", 1), ("size", -1), ("pool_size", 1), ("pool_size", -1), ("num_workers", 1),
              ("num_workers", -1))
+    #: steps whose rise of the peak over the step before (without a clean start) :meth:`held_over` keeps
+    CREEP_KEEP = 8
     #: under a budget, a setting whose next batches' work exceeds this many times the largest
     #: work of a step measured so far is not predicted to fit (see :meth:`fits`)
     EXTRAPOLATE = 2.0
@@ -324,6 +327,8 @@ class Policy:
         self._expected: Optional[int] = None  # the prediction for the step now running
         self.base = 0  # the memory at the last step's start
         self.seen_work = 0  # the largest work (nodes + edges) of a step whose memory was measured
+        self.last_peak: Optional[int] = None  # the last step's measured peak
+        self.creep: List[int] = []  # peak - the previous step's peak, for steps without a clean start
         self.floor: Optional[int] = None  # the memory at the first step's start
         self.rates: Dict[Setting, float] = {}
         self.trial: Optional[Tuple[Setting, float]] = None  # (setting we came from, its rate)
@@ -377,16 +382,18 @@ class Policy:
         p = self._predict_work(work)
         return p is not None and p <= self.line
 
-    def held_over(self, now: int, work: Optional[int]) -> bool:
-        """Whether the memory held now (``now``: between steps, the allocators' idle memory
-        included) plus the model's growth for ``work`` would cross the line: the next step
-        should start by handing the idle memory back. The clean-reading prediction (what
-        :meth:`before_step` checks) misses memory held over from earlier steps when batches
-        grow step after step and freed blocks do not fit the next ones."""
-        r = self.model.per_work
-        if self.budget is None or r is None or work is None:
+    def held_over(self, now: Optional[int]) -> bool:
+        """Whether the next step should start by handing idle memory back: the memory held
+        now (``now``, between steps; or the last measured peak, the larger) plus the largest
+        rise of the peak from one step to the next among the last ``CREEP_KEEP`` steps without
+        a clean start would cross the budget. Batches that grow step after step leave freed
+        blocks too small for the next ones, so between clean readings the peak creeps up by
+        about a step's growth per step, which the clean-reading model (the size choices, with
+        their margin) does not see; this is the guard of the budget itself."""
+        if self.budget is None or not self.creep or self.last_peak is None:
             return False
-        return now + r * work > self.line
+        held = max(self.last_peak, now or 0)
+        return held + max(0, max(self.creep)) > self.budget
 
     def _neighbour(self, dim: str, step: int) -> Optional[Setting]:
         vals = self.grid[dim]
@@ -458,6 +465,10 @@ class Policy:
             self.base = base
         if peak is not None:
             self.seen_work = max(self.seen_work, work)
+            if not learn and self.last_peak is not None:
+                self.creep.append(peak - self.last_peak)
+                del self.creep[:-self.CREEP_KEEP]
+            self.last_peak = peak
         if peak is not None and learn:
             self.model.observe(work, peak - base if grown is None else grown)
         if peak is not None:
@@ -678,18 +689,19 @@ class _Adaptive:
             self._maybe_release()
 
     def _maybe_release(self) -> None:
-        """Before the next step: when the memory held now plus its predicted growth would cross
-        the line, the step starts clean (the probe hands idle memory back first). Each rank
-        checks its own memory against its own model (under DDP only rank 0 has one)."""
+        """Before the next step: when the memory held now plus the recent creep of the peak
+        would cross the budget (:meth:`Policy.held_over`), the step starts clean (the probe
+        hands idle memory back first). Under DDP only rank 0's policy observes, so only rank 0
+        checks (its peaks are the ranks' largest)."""
         if self.probe is None or self.policy.budget is None:
             return
         now = self.probe.current()
         if now is None:
             return
-        if self.policy.held_over(now, self._work_ahead(self.setting, 1)) and self.probe.release_next():
+        if self.policy.held_over(now) and self.probe.release_next():
             self.releases += 1
-            log.debug("adapt: step %d starts clean: %.1f MiB held, the line is %.1f MiB", self.step, now / 2**20,
-                      self.policy.line / 2**20)
+            log.debug("adapt: step %d starts clean: %.1f MiB held, creeping up to %.1f MiB a step, budget %.1f MiB",
+                      self.step, now / 2**20, max(self.policy.creep) / 2**20, self.policy.budget / 2**20)
 
     def _more_to_come(self) -> bool:
         return True

@@ -206,9 +206,9 @@ class HoardingMemory(MemoryProbe):
 @pytest.mark.parametrize("honour", [True, False])
 def test_held_memory_that_would_cross_the_budget_is_handed_back_first(honour):
     """One size, so shrinking cannot help: each step holds 40 kB more than the last until a
-    clean one. Before a step whose held memory plus its growth would cross the line, the step
-    starts clean and no peak crosses the budget; a probe that cannot release (the test can
-    fail) crosses it."""
+    clean one. Before a step whose held memory plus that creep would cross the budget, the
+    step starts clean and no peak crosses the budget; a probe that cannot release (the test
+    can fail) crosses it."""
     ds = _data(400)  # 10 nodes, 40 edges: 8 graphs = 400 units = 40 kB per step
     clock, state = Clock(), {}
     L = AdaptiveLoader(ds, sizes=[8], window=4, clock=clock, memory=HoardingMemory(state, honour),
