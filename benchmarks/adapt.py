@@ -1,37 +1,57 @@
-"""Runtime adaptation: gnncompile.adapt.AdaptiveLoader vs every fixed batch size, growing batches under a memory budget.
+"""Runtime adaptation: gnncompile.adapt.AdaptiveLoader vs every fixed setting, growing batches under a memory budget.
 
-    python -m benchmarks adapt                     # the default run (~5 min on 2 quiet cores)
+    python -m benchmarks adapt                     # the first pass (~5 min on 2 quiet cores)
     python -m benchmarks adapt --quick             # a smaller dataset, for a smoke test
-    python -m benchmarks adapt --rounds 5          # then 4 more rounds of best fixed vs adaptive, interleaved
+    python -m benchmarks adapt --rounds 8          # then 7 more rounds of both best fixed vs adaptive (~40 s each)
 
 Data: ``gnncompile.data.synthetic.graph_dataset(--graphs, --min-nodes, --max-nodes, 16
 features, average degree 4)``, sorted by node count, ascending, not shuffled: every epoch's
-batches grow from the smallest graphs to the largest. Model: ``torch_geometric.nn.models.GIN(16,
-64, 3)`` -> ``global_mean_pool`` -> ``Linear(64, 2)``, compiled with ``gnncompile.compile(model,
+graphs grow from the smallest to the largest. Label: 1 when the graph's mean of feature 0 is
+positive (graph_dataset's own label is decided by the node count alone here, which mean
+pooling cannot see: sorted, the first half of every epoch was all 0 and the second all 1, so
+its loss measured the order, not the learning; until 2026-12-05 the benchmark used it). Model: ``torch_geometric.nn.models.GIN(16, 64,
+3)`` -> ``global_mean_pool`` -> ``Linear(64, 2)``, compiled with ``gnncompile.compile(model,
 dynamic=True)``; step: forward, cross-entropy, backward, Adam (lr 1e-3).
 
 Memory: the process's peak resident set in each step (``memory='rss'``: VmHWM reset per step,
-see gnncompile.adapt: ``malloc_trim(0)`` before each step returns the heap's freed memory, so
-a step's growth shows; the allocator is the default one, as in training). The budget is ``--budget-mib`` above the resident set after
-warm-up (the model compiled, a few steps taken: the same in every run), so it bounds what the
-training steps add. Every run (each fixed size, each repeat, the adaptive run) is a process of
-its own: nothing one run allocated or compiled changes another's memory.
+see gnncompile.adapt: ``malloc_trim(0)`` and the block cache emptied before every 8th step, so
+that step's growth shows; the allocator is the default one, as in training). The budget is
+``--budget-mib`` above the resident set after warm-up (the model compiled, a few steps taken:
+the same in every run), so it bounds what the training steps add. Every run (each fixed
+setting, each repeat, each adaptive run) is a process of its own: nothing one run allocated or
+compiled changes another's memory.
 
-Runs: each batch size of ``--sizes`` fixed (an AdaptiveLoader with one candidate: the same
-loader path, measuring, no adaptation), seed 0; the best fixed size whose measured peak stays
-within the budget again with seed 1 (another model initialisation: the run-to-run noise of the
-loss); the adaptive loader over the same sizes (``by='graphs'``, start at the smallest,
-``--window`` steps per measurement, 5% hysteresis, 10% margin, learning rate rescaled by the
-square root of the batch size ratio, ``--lr-scaling``: it takes fewer, larger steps). Throughput: graphs per second
-over the ``--epochs`` epochs, everything included (loading, measuring, adapting). Loss: the mean
-loss per graph of the last epoch, and the loss curve against graphs seen.
+Fixed settings (each an AdaptiveLoader with one candidate: the same loader path, measuring, no
+adaptation), seed 0: every graphs-per-batch size of ``--sizes`` (what a PyG DataLoader user
+sets: ``batch_size``) and every node budget of ``--node-sizes`` (``by='nodes'``: graphs packed
+in order until the next would exceed the budget). The best of each kind whose measured peak
+stays within the budget ("best fixed graphs", "best fixed nodes") runs again with seeds 1 ..
+``--seeds``-1 (other model initialisations: the run-to-run noise of the loss).
 
-``--rounds R`` (R > 1): after that first round, R - 1 more rounds of the best fixed size (the
-first round's, seed 0) and the adaptive run, each a fresh process, their order alternating from
-round to round (interleaved: both sides see the same stretches of machine noise). The ratio
-adaptive / best fixed is then the geometric mean of the R paired ratios with its 95% Student's t
-interval (gnncompile.tuner.noise.ratio_interval), and the budget check covers every adaptive run.
-Writes benchmarks/results/adapt[_quick].{json,md,png}.
+Adaptive (``--adaptive-by``, default ``nodes``): the adaptive loader over the node budgets of
+``--node-sizes`` (or over ``--sizes`` with ``graphs``), starting at the smallest, ``--window``
+steps per measurement, 5% hysteresis, 10% margin, the size up tried being the largest predicted
+to fit, within twice the work measured; learning-rate rescaling ``--lr-scaling`` (default
+none: the run that settles on a node budget trains as the fixed run of that budget does, and
+like it takes fewer, larger steps than small fixed batches, so its loss per graph seen lags
+theirs early on; ``sqrt`` multiplies the lr by the square root of the size over the first
+size at each size switch: measured on Zen 4 it made 2 of 5 runs stall at chance loss for three
+epochs, adapt_zen4_s55_sqrt). The first pass also runs the adaptive loader of the other kind
+once (reported, not in the rounds).
+
+Throughput: graphs per second over the ``--epochs`` epochs, everything included (loading,
+measuring, adapting; compilation and warm-up excluded, the same in every run). Loss: the mean
+loss per graph of each epoch and the loss curve against graphs seen; the adaptive run (seed 0)
+is within the run-to-run noise in an epoch when its gap to the mean of the best fixed
+setting's seeds is at most their spread (max - min).
+
+``--rounds R`` (R > 1): after the first pass, R - 1 more rounds of the best fixed graphs size,
+the best fixed node budget (the first pass's, seed 0) and the adaptive run, each a fresh
+process, their order rotating from round to round (interleaved: all sides see the same
+stretches of machine noise). Each ratio (adaptive / best fixed graphs, adaptive / best fixed
+nodes) is the geometric mean of the R paired ratios with its 95% Student's t interval
+(tuner.noise.ratio_interval), and the budget check covers every adaptive run.
+Writes benchmarks/results/<--out, default adapt[_quick]>.{json,md,png}.
 """
 from __future__ import annotations
 
@@ -57,6 +77,8 @@ def _dataset(spec):
     ds = graph_dataset(spec["graphs"], min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"], num_features=F,
                        seed=0)
     ds.sort(key=lambda d: d.num_nodes)
+    for d in ds:  # a label the model can learn whatever the order (see the module docstring)
+        d.y = torch.tensor([int(d.x[:, 0].mean() > 0)])
     return ds
 
 
@@ -112,12 +134,13 @@ def child(spec) -> dict:
     probe.start()
     base = probe.base
     budget = base + spec["budget_mib"] * 2**20
-    sizes = spec["sizes"]
+    by = spec["by"]
     if spec["mode"] == "fixed":
-        L = AdaptiveLoader(ds, sizes=[spec["size"]], memory="rss")
+        L = AdaptiveLoader(ds, by=by, sizes=[spec["size"]], memory="rss")
     else:
-        L = AdaptiveLoader(ds, sizes=sizes, start=Setting(min(sizes), 2, 0), memory="rss", memory_budget=budget,
-                           window=spec["window"], optimizer=opt, lr_scaling=spec["lr_scaling"])
+        sizes = spec["sizes"] if by == "graphs" else spec["node_sizes"]
+        L = AdaptiveLoader(ds, by=by, sizes=sizes, start=Setting(min(sizes), 2, 0), memory="rss",
+                           memory_budget=budget, window=spec["window"], optimizer=opt, lr_scaling=spec["lr_scaling"])
     t0 = time.perf_counter()
     for _ in range(spec["epochs"]):
         for b in L:
@@ -126,16 +149,28 @@ def child(spec) -> dict:
     L.close()
     graphs = spec["epochs"] * len(ds)
     hist = L.history
-    last = [h for h in hist if h["epoch"] == spec["epochs"] - 1]
     return {
-        "mode": spec["mode"], "size": spec.get("size"), "seed": spec["seed"], "wall_s": wall,
+        "mode": spec["mode"], "by": by, "size": spec.get("size"), "seed": spec["seed"], "wall_s": wall,
         "graphs_per_s": graphs / wall, "compile_s": compile_s, "steps": len(hist),
         "base_rss": base, "budget_rss": budget, "peak_rss": max(h["peak"] for h in hist),
         "peak_above_base_mib": (max(h["peak"] for h in hist) - base) / 2**20,
-        "last_epoch_loss": sum(h["loss"] * h["graphs"] for h in last) / sum(h["graphs"] for h in last),
-        "curve": [[h["graphs"], h["loss"], h["size"], h["nodes"], h["edges"]] for h in hist],
+        "epoch_loss": _epoch_losses(hist, spec["epochs"]),
+        "last_epoch_loss": _epoch_losses(hist, spec["epochs"])[-1],
+        # per step: graphs, loss, size, nodes, edges, seconds, peak above base (MiB), a clean start (0/1)
+        "curve": [[h["graphs"], h["loss"], h["size"], h["nodes"], h["edges"], round(h["seconds"], 6),
+                   round((h["peak"] - base) / 2**20, 1), int(h["clean"])] for h in hist],
+        "releases": L.releases,
         "log": L.log,
     }
+
+
+def _epoch_losses(hist, epochs):
+    """The mean loss per graph of each epoch (each step's loss is its batch's mean)."""
+    out = []
+    for e in range(epochs):
+        hs = [h for h in hist if h["epoch"] == e]
+        out.append(sum(h["loss"] * h["graphs"] for h in hs) / max(1, sum(h["graphs"] for h in hs)))
+    return out
 
 
 def _run(spec, timeout):
@@ -143,104 +178,204 @@ def _run(spec, timeout):
     return _common.run_child(cmd, _common.timing_env(spec["threads"]), timeout)
 
 
+def _label(r) -> str:
+    if r["mode"] != "fixed":
+        return f"adaptive ({r['by']})"
+    return f"{r['size']} graphs" if r["by"] == "graphs" else f"{r['size']} nodes"
+
+
+def _within(r) -> bool:
+    return r["peak_rss"] <= r["budget_rss"]
+
+
+def loss_check(adaptive: dict, seeds: list) -> dict:
+    """The adaptive run against a fixed setting's runs of seeds 0, 1, ...: per epoch the gap
+    |adaptive - mean over the fixed seeds| of the mean loss per graph and the noise (the seed
+    spread: max - min over the fixed seeds); within the noise when gap <= noise. ``better``:
+    the adaptive loss is below the fixed seeds' mean."""
+    fixed = [r["epoch_loss"] for r in seeds]
+    a = adaptive["epoch_loss"]
+    mean = [statistics.fmean(f[e] for f in fixed) for e in range(len(a))]
+    gaps = [abs(x - m) for x, m in zip(a, mean)]
+    noise = [max(f[e] for f in fixed) - min(f[e] for f in fixed) for e in range(len(a))]
+    within = [g <= n for g, n in zip(gaps, noise)]
+    return {"gaps": gaps, "noise": noise, "within": within, "last_within": within[-1] if within else False,
+            "epochs_within": sum(within), "better": [x < m for x, m in zip(a, mean)], "adaptive": a,
+            "fixed_mean": mean, "fixed": fixed, "seeds": [r["seed"] for r in seeds]}
+
+
 def markdown(p: dict) -> str:
     a = p["args"]
+    grid = "/".join(map(str, a["node_sizes"] if a["adaptive_by"] == "nodes" else a["sizes"]))
     lines = [f"# Runtime adaptation: growing batches under a memory budget\n",
              f"`{p['command']}`  \n{p['cpu']}, {a['threads']} threads, torch {p['machine']['torch']}.  "
              f"\n{_common.load_text(p['loadavg_before_after'])}\n",
              f"{a['graphs']} graphs of {a['min_nodes']}-{a['max_nodes']} nodes (average degree 4), sorted by size "
-             f"ascending, {a['epochs']} epochs; adaptive lr scaling: {a['lr_scaling']}; compiled GIN ({F} -> {HIDDEN} x {LAYERS}) + mean pool + linear, Adam. "
-             f"Memory budget: {a['budget_mib']} MiB of peak RSS above the resident set after warm-up.\n",
-             "| run | batch (graphs) | graphs/s | wall s | steps | peak above base MiB | within budget | "
-             "last-epoch loss |", "|---|---|---|---|---|---|---|---|"]
-    for r in p["fixed"] + p["repeats"] + [p["adaptive"]]:
+             f"ascending, {a['epochs']} epochs; compiled GIN ({F} -> {HIDDEN} x {LAYERS}) + mean pool + linear, Adam "
+             f"(lr 1e-3). Memory budget: {a['budget_mib']} MiB of peak RSS above the resident set after warm-up. "
+             f"Adaptive: by='{a['adaptive_by']}' over {grid} (starting at the smallest), window {a['window']}, "
+             f"learning-rate rescaling: {a['lr_scaling'] or 'none'}.\n",
+             "## First pass: every fixed setting, the adaptive runs\n",
+             "| run | setting | seed | graphs/s | wall s | steps | peak above base MiB | within budget | "
+             "last-epoch loss |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in p["fixed"] + p["repeats"] + [p["adaptive"]] + ([p["adaptive_other"]] if p.get("adaptive_other") else []):
         if "error" in r:
-            lines.append(f"| {r.get('label', '?')} | | error: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r.get('label', '?')} | | | error: {r['error'][:80]} | | | | | |")
             continue
-        size = r["size"] if r["mode"] == "fixed" else "adaptive " + "/".join(map(str, a["sizes"]))
-        ok = "yes" if r["peak_rss"] <= r["budget_rss"] else "**no (over budget: excluded)**"
-        lines.append(f"| {r['mode']} seed {r['seed']} | {size} | {r['graphs_per_s']:.0f} | {r['wall_s']:.1f} | "
+        kind = "fixed" if r["mode"] == "fixed" else "adaptive"
+        setting = _label(r) if kind == "fixed" else (
+            f"by {r['by']}: " + "/".join(map(str, a["node_sizes"] if r["by"] == "nodes" else a["sizes"])))
+        ok = "yes" if _within(r) else "**no (over budget: excluded)**"
+        lines.append(f"| {kind} | {setting} | {r['seed']} | {r['graphs_per_s']:.0f} | {r['wall_s']:.2f} | "
                      f"{r['steps']} | {r['peak_above_base_mib']:.0f} | {ok} | {r['last_epoch_loss']:.4f} |")
     s = p.get("summary", {})
     if s:
-        lines += ["", f"**Best fixed within budget: {s['best_fixed_size']} graphs per batch, "
-                  f"{s['best_fixed_graphs_per_s']:.0f} graphs/s. Adaptive: {s['adaptive_graphs_per_s']:.0f} graphs/s = "
-                  f"{s['speedup']:.2f}x**, peak {s['adaptive_peak_above_base_mib']:.0f} MiB above base "
-                  f"(budget {a['budget_mib']} MiB: {'within' if s['adaptive_within_budget'] else 'OVER'}).",
-                  "",
-                  f"Loss (last epoch, mean per graph): adaptive {s['adaptive_loss']:.4f}, best fixed seed 0 "
-                  f"{s['fixed_loss_seed0']:.4f}, seed 1 {s['fixed_loss_seed1']:.4f}: |adaptive - fixed| = "
-                  f"{s['loss_gap']:.4f} against run-to-run noise |seed 1 - seed 0| = {s['loss_noise']:.4f} "
-                  f"({'within' if s['loss_within_noise'] else 'outside'} the noise)."]
+        lines.append("")
+        for k, name in (("graphs", "graphs per batch"), ("nodes", "node budget")):
+            b = s.get(f"best_{k}")
+            if b is None:
+                lines.append(f"Best fixed {name} within budget: none.")
+                continue
+            lines.append(f"- **Best fixed {name} within budget: {b['size']}** ({b['graphs_per_s']:.0f} graphs/s, "
+                         f"peak {b['peak_above_base_mib']:.0f} MiB above base). Adaptive (first pass): "
+                         f"{s['adaptive_graphs_per_s']:.0f} graphs/s = **{s[f'speedup_vs_{k}']:.2f}x** it.")
+        lines.append(f"- Adaptive peak {s['adaptive_peak_above_base_mib']:.0f} MiB above base (budget "
+                     f"{a['budget_mib']} MiB: {'within' if s['adaptive_within_budget'] else 'OVER'}).")
+        if s.get("other") is not None:
+            o = s["other"]
+            lines.append(f"- The other adaptive run (by='{o['by']}'): {o['graphs_per_s']:.0f} graphs/s = "
+                         f"{o['speedup_vs_graphs']:.2f}x the best fixed graphs"
+                         + (f", {o['speedup_vs_nodes']:.2f}x the best fixed nodes" if o.get("speedup_vs_nodes") else "")
+                         + f", peak {o['peak_above_base_mib']:.0f} MiB above base "
+                         f"({'within' if o['within_budget'] else 'OVER'} the budget).")
+        for k in ("graphs", "nodes"):
+            lc = s.get(f"loss_vs_{k}")
+            if not lc:
+                continue
+            b = s[f"best_{k}"]
+            lines += ["", f"### Loss: adaptive vs the best fixed {k} setting ({_label(dict(b, mode='fixed', by=k))}), "
+                      f"seeds {', '.join(map(str, lc['seeds']))}", "",
+                      "| epoch | adaptive | " + " | ".join(f"fixed seed {sd}" for sd in lc["seeds"])
+                      + " | fixed mean | gap adaptive - mean | noise (seed spread) | within |",
+                      "|---|---|" + "---|" * len(lc["seeds"]) + "---|---|---|---|"]
+            for e in range(len(lc["gaps"])):
+                verdict = "yes" if lc["within"][e] else ("no (lower)" if lc["better"][e] else "no (higher)")
+                lines.append(f"| {e} | {lc['adaptive'][e]:.4f} | "
+                             + " | ".join(f"{f[e]:.4f}" for f in lc["fixed"])
+                             + f" | {lc['fixed_mean'][e]:.4f} | {lc['gaps'][e]:.4f} | {lc['noise'][e]:.4f} | {verdict} |")
+            lines.append(f"\nWithin the run-to-run noise in {lc['epochs_within']} of {len(lc['gaps'])} epochs "
+                         f"(last epoch: {'within' if lc['last_within'] else 'outside'}).")
     rd = p.get("rounds")
     if rd:
-        iv = rd["interval"] or {}
-        low, high = iv.get("low"), iv.get("high")
-        span = f"[{low:.2f}, {high:.2f}]" if low is not None else "(one pair: no interval)"
-        lines += ["", f"## Interleaved rounds: best fixed ({s['best_fixed_size']} graphs) vs adaptive", "",
-                  "| round | order | fixed graphs/s | adaptive graphs/s | ratio | adaptive peak above base MiB | "
-                  "adaptive last-epoch loss |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "## Interleaved rounds: best fixed graphs, best fixed nodes, adaptive", "",
+                  "| round | order | fixed graphs graphs/s | fixed nodes graphs/s | adaptive graphs/s | adaptive / "
+                  "graphs | adaptive / nodes | adaptive peak above base MiB | adaptive last-epoch loss |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+
+        def f(v, fmt):
+            return "" if v is None else format(v, fmt)
+
         for r in rd["pairs"]:
-            if r["fixed_error"] or r["adaptive_error"]:
-                lines.append(f"| {r['round']} | {r['order']} | error: {(r['fixed_error'] or r['adaptive_error'])[:60]} "
-                             f"| | | | |")
+            err = [r[f"{k}_error"] for k in rd["sides"] if r.get(f"{k}_error")]
+            if err:
+                lines.append(f"| {r['round']} | {r['order']} | error: {err[0][:60]} | | | | | | |")
                 continue
-            lines.append(f"| {r['round']} | {r['order']} | {r['fixed_graphs_per_s']:.0f} | "
-                         f"{r['adaptive_graphs_per_s']:.0f} | {r['adaptive_graphs_per_s'] / r['fixed_graphs_per_s']:.2f} | "
+            ad, fg, fn = r["adaptive_graphs_per_s"], r.get("graphs_graphs_per_s"), r.get("nodes_graphs_per_s")
+            lines.append(f"| {r['round']} | {r['order']} | {f(fg, '.0f')} | {f(fn, '.0f')} | {ad:.0f} | "
+                         f"{f(fg and ad / fg, '.2f')} | {f(fn and ad / fn, '.2f')} | "
                          f"{r['adaptive_peak_above_base_mib']:.0f} | {r['adaptive_last_epoch_loss']:.4f} |")
-        if iv:
-            lines += ["", f"**Adaptive / best fixed over {iv['pairs']} interleaved rounds: {iv['ratio']:.2f}x "
-                      f"(geometric mean), 95% interval {span}; median {rd['median_ratio']:.2f}x.** Adaptive runs over "
-                      f"the {a['budget_mib']} MiB budget: {rd['adaptive_over_budget']} of {rd['adaptive_runs']} "
-                      f"(largest peak {rd['adaptive_max_peak_above_base_mib']:.0f} MiB above base); the fixed size's "
-                      f"runs over it: {rd['fixed_over_budget']}."]
-    ad = p["adaptive"]
-    if "log" in ad:
-        lines += ["", "## The adaptive run's switches", "", "| step | epoch | kind | from | to | gain | predicted MiB "
-                  "above base | reason |", "|---|---|---|---|---|---|---|---|"]
+        lines.append("")
+        for k in ("graphs", "nodes"):
+            iv = rd.get(f"vs_{k}")
+            if not iv:
+                continue
+            span = f"[{iv['low']:.2f}, {iv['high']:.2f}]" if iv.get("low") is not None else "(one pair: no interval)"
+            lines.append(f"- **Adaptive / best fixed {k} ({s[f'best_{k}']['size']}) over {iv['pairs']} interleaved "
+                         f"rounds: {iv['ratio']:.2f}x** (geometric mean), 95% interval {span}; median "
+                         f"{rd[f'median_vs_{k}']:.2f}x.")
+        lines.append(f"- Adaptive runs over the {a['budget_mib']} MiB budget: {rd['adaptive_over_budget']} of "
+                     f"{rd['adaptive_runs']} (largest peak {rd['adaptive_max_peak_above_base_mib']:.0f} MiB above "
+                     f"base); the best fixed runs over it: {rd['fixed_over_budget']}. Adaptive last-epoch losses "
+                     f"over the rounds: {rd['adaptive_loss_min']:.4f} - {rd['adaptive_loss_max']:.4f}.")
+    for key, title in (("adaptive", "The adaptive run's switches"), ("adaptive_other", "The other adaptive run's switches")):
+        ad = p.get(key)
+        if not ad or "log" not in ad:
+            continue
+        lines += ["", f"## {title} (by='{ad['by']}', first pass)", "", "| step | epoch | kind | from | to | gain | "
+                  "predicted MiB above base | reason |", "|---|---|---|---|---|---|---|---|"]
         for e in ad["log"]:
             pred = "" if e["predicted_bytes"] is None else f"{(e['predicted_bytes'] - ad['base_rss']) / 2**20:.0f}"
             gain = "" if e["gain"] is None else f"{e['gain']:.3f}"
             lines.append(f"| {e['step']} | {e['epoch']} | {e['kind']} | {e['from']['size']} | {e['to']['size']} | "
                          f"{gain} | {pred} | {e['reason']} |")
     lines += ["", "Throughput: graphs / wall seconds over all epochs (loading, measuring and adapting included; "
-              "compilation and warm-up excluded, the same in every run). A fixed size whose measured peak exceeds "
-              "the budget is reported and excluded from 'best fixed'. The adaptive run's sizes are the fixed grid."]
+              "compilation and warm-up excluded, the same in every run). A fixed setting whose measured peak exceeds "
+              "the budget is reported and excluded from 'best fixed'. The adaptive run's sizes are the fixed grid of "
+              "its kind. Loss: mean loss per graph of each epoch; noise: the spread (max - min) of the best fixed "
+              "setting's seeds; within when |adaptive - their mean| <= it."]
     return "\n".join(lines) + "\n"
 
 
-def _rounds(base: dict, best: dict, adaptive: dict, rounds: int, timeout: float) -> dict:
-    """Rounds 2..R of best fixed vs adaptive (fresh processes, order alternating); round 1 is the
-    first pass's pair. The paired ratios' geometric mean and 95% interval, every adaptive run's
-    peak against the budget."""
+SIDES = ("graphs", "nodes", "adaptive")
+
+
+def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
+    """Rounds 2..R of the best fixed graphs size, the best fixed node budget and the adaptive run
+    (fresh processes, the order rotating); round 1 is the first pass's runs. Each paired
+    ratio's geometric mean and 95% interval, every adaptive run's peak against the budget."""
     from gnncompile.tuner import noise
 
-    pairs = [{"round": 1, "order": "fixed first", "fixed": best, "adaptive": adaptive}]
+    sides = [k for k in SIDES if first.get(k) is not None]
+    specs = {"graphs": dict(base, mode="fixed", by="graphs", seed=0, size=first["graphs"]["size"])
+             if first.get("graphs") else None,
+             "nodes": dict(base, mode="fixed", by="nodes", seed=0, size=first["nodes"]["size"])
+             if first.get("nodes") else None,
+             "adaptive": dict(base, mode="adaptive", by=base["adaptive_by"], seed=0)}
+    pairs = [{"round": 1, "order": " > ".join(sides), **{k: first[k] for k in sides}}]
     for k in range(2, rounds + 1):
-        order = ["adaptive", "fixed"] if k % 2 == 0 else ["fixed", "adaptive"]
-        got = {}
-        for side in order:
-            spec = dict(base, mode=side, seed=0, **({"size": best["size"]} if side == "fixed" else {}))
-            got[side] = _run(spec, timeout)
-        print(f"round {k}: fixed {got['fixed'].get('graphs_per_s', got['fixed'].get('error'))}, adaptive "
-              f"{got['adaptive'].get('graphs_per_s', got['adaptive'].get('error'))} graphs/s", file=sys.stderr)
-        pairs.append({"round": k, "order": f"{order[0]} first", **got})
-    ok = [p for p in pairs if "error" not in p["fixed"] and "error" not in p["adaptive"]]
-    iv = noise.ratio_interval([p["adaptive"]["graphs_per_s"] for p in ok], [p["fixed"]["graphs_per_s"] for p in ok])
+        order = sides[(k - 1) % len(sides):] + sides[:(k - 1) % len(sides)]
+        got = {side: _run(specs[side], timeout) for side in order}
+        print(f"round {k}: " + ", ".join(f"{side} {got[side].get('graphs_per_s', got[side].get('error'))}"
+                                         for side in order), file=sys.stderr)
+        pairs.append({"round": k, "order": " > ".join(order), **got})
+    ok = [p for p in pairs if all("error" not in p[side] for side in sides)]
+    out = {"sides": sides, "pairs": [{"round": p["round"], "order": p["order"],
+                                      **{f"{side}_{k}": p[side].get(k) for side in sides
+                                         for k in ("graphs_per_s", "peak_above_base_mib", "last_epoch_loss", "error")}}
+                                     for p in pairs]}
+    for side in ("graphs", "nodes"):
+        if side in sides:
+            out[f"vs_{side}"] = noise.ratio_interval([p["adaptive"]["graphs_per_s"] for p in ok],
+                                                     [p[side]["graphs_per_s"] for p in ok])
+            out[f"median_vs_{side}"] = statistics.median(p["adaptive"]["graphs_per_s"] / p[side]["graphs_per_s"]
+                                                         for p in ok) if ok else None
     ads = [p["adaptive"] for p in ok]
-    return {
-        "pairs": [{"round": p["round"], "order": p["order"],
-                   **{f"{side}_{k}": p[side].get(k) for side in ("fixed", "adaptive")
-                      for k in ("graphs_per_s", "peak_above_base_mib", "last_epoch_loss", "error")}}
-                  for p in pairs],
-        "interval": iv,
-        "median_ratio": statistics.median(p["adaptive"]["graphs_per_s"] / p["fixed"]["graphs_per_s"] for p in ok)
-        if ok else None,
+    out.update({
         "adaptive_max_peak_above_base_mib": max((a["peak_above_base_mib"] for a in ads), default=None),
-        "adaptive_over_budget": sum(a["peak_rss"] > a["budget_rss"] for a in ads),
+        "adaptive_over_budget": sum(not _within(a) for a in ads),
         "adaptive_runs": len(ads),
-        "fixed_over_budget": sum(p["fixed"]["peak_rss"] > p["fixed"]["budget_rss"] for p in ok),
-    }
+        "fixed_over_budget": sum(not _within(p[side]) for p in ok for side in sides if side != "adaptive"),
+        "adaptive_loss_min": min((a["last_epoch_loss"] for a in ads), default=None),
+        "adaptive_loss_max": max((a["last_epoch_loss"] for a in ads), default=None),
+    })
+    return out
+
+
+def _binned(curve, width):
+    """(graphs seen, mean loss per graph) over bins of ``width`` graphs."""
+    xs, ys, seen, acc, n = [], [], 0, 0.0, 0
+    for g, loss, *_ in curve:
+        seen += g
+        acc += loss * g
+        n += g
+        if n >= width:
+            xs.append(seen)
+            ys.append(acc / n)
+            acc, n = 0.0, 0
+    if n:
+        xs.append(seen)
+        ys.append(acc / n)
+    return xs, ys
 
 
 def plot(p: dict, path: Path) -> None:
@@ -249,37 +384,50 @@ def plot(p: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    runs = [r for r in p["fixed"] + [p["adaptive"]] if "error" not in r]
-    labels = [str(r["size"]) if r["mode"] == "fixed" else "adaptive" for r in runs]
-    colors = ["tab:gray" if r["peak_rss"] > r["budget_rss"] else ("tab:green" if r["mode"] != "fixed" else "tab:blue")
-              for r in runs]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.8))
+    runs = [r for r in p["fixed"] + [p["adaptive"]] + ([p["adaptive_other"]] if p.get("adaptive_other") else [])
+            if "error" not in r]
+    labels = [_label(r).replace(" graphs", " g").replace(" nodes", " n") for r in runs]
+    colors = ["tab:gray" if not _within(r) else ("tab:green" if r["mode"] != "fixed" else
+              ("tab:blue" if r["by"] == "graphs" else "tab:orange")) for r in runs]
     ax1.bar(labels, [r["graphs_per_s"] for r in runs], color=colors)
-    ax1.set_xlabel("batch size (graphs); gray: over the memory budget")
     ax1.set_ylabel("graphs / s")
-    ax1.set_title("throughput")
-    s = p.get("summary")
-    curves = [("adaptive", p["adaptive"])]
-    if s:
-        curves += [(f"fixed {s['best_fixed_size']} seed {r['seed']}", r) for r in p["fixed"] + p["repeats"]
-                   if "error" not in r and r["size"] == s["best_fixed_size"]]
-    for name, r in curves:
-        if "curve" not in r:
-            continue
-        seen, xs, ys = 0, [], []
-        for g, loss, *_ in r["curve"]:
-            seen += g
-            xs.append(seen)
-            ys.append(loss)
-        k = max(1, len(ys) // 40)  # smoothed: a running mean over ~1/40 of the run
-        sm = [statistics.fmean(ys[max(0, i - k + 1):i + 1]) for i in range(len(ys))]
-        ax2.plot(xs, sm, label=name)
-    ax2.set_xlabel("graphs seen")
-    ax2.set_ylabel("loss (running mean)")
-    ax2.set_title("loss curves")
+    ax1.set_title("throughput (blue: graphs per batch, orange: node budget,\ngreen: adaptive, gray: over the budget)",
+                  fontsize=9)
+    ax1.tick_params(axis="x", rotation=60, labelsize=8)
+    ax2.bar(labels, [r["peak_above_base_mib"] for r in runs], color=colors)
+    ax2.axhline(p["args"]["budget_mib"], color="red", linestyle="--", label="budget")
+    ax2.set_ylabel("peak RSS above base, MiB")
+    ax2.set_title("measured peak per run")
+    ax2.tick_params(axis="x", rotation=60, labelsize=8)
     ax2.legend()
+    width = max(1, p["args"]["graphs"] // 5)
+    s = p.get("summary") or {}
+    runs_by_key = p["fixed"] + p["repeats"]
+    for k, color in (("graphs", "tab:blue"), ("nodes", "tab:orange")):
+        b = s.get(f"best_{k}")
+        if not b:
+            continue
+        for r in runs_by_key:
+            if "error" in r or r["by"] != k or r["size"] != b["size"]:
+                continue
+            xs, ys = _binned(r["curve"], width)
+            ax3.plot(xs, ys, color=color, alpha=1.0 if r["seed"] == 0 else 0.45,
+                     linestyle="-" if r["seed"] == 0 else ":", label=f"fixed {_label(r)} seed {r['seed']}")
+    if "curve" in p["adaptive"]:
+        xs, ys = _binned(p["adaptive"]["curve"], width)
+        ax3.plot(xs, ys, color="tab:green", linewidth=2, label=f"adaptive ({p['adaptive']['by']}) seed 0")
+    ax3.set_xlabel("graphs seen")
+    ax3.set_ylabel(f"mean loss per graph (bins of {width} graphs)")
+    ax3.set_title("loss curves")
+    ax3.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _best(runs):
+    ok = [r for r in runs if "error" not in r and _within(r)]
+    return max(ok, key=lambda r: r["graphs_per_s"]) if ok else None
 
 
 def main(argv=None) -> int:
@@ -288,16 +436,22 @@ def main(argv=None) -> int:
     ap.add_argument("--min-nodes", type=int, default=8)
     ap.add_argument("--max-nodes", type=int, default=600)
     ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--sizes", default="8,16,32,64,128")
+    ap.add_argument("--sizes", default="8,16,32,64,128", help="fixed graphs-per-batch sizes (the by='graphs' grid)")
+    ap.add_argument("--node-sizes", default="1024,2048,4096,8192,16384",
+                    help="fixed node budgets (the by='nodes' grid)")
+    ap.add_argument("--adaptive-by", default="nodes", choices=["nodes", "graphs"],
+                    help="the adaptive run of the rounds (the other kind runs once in the first pass)")
     ap.add_argument("--budget-mib", type=int, default=150)
     ap.add_argument("--window", type=int, default=8)
-    ap.add_argument("--lr-scaling", default="sqrt", choices=["none", "linear", "sqrt"],
-                    help="the adaptive run's learning-rate rescaling (default sqrt)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of each best fixed setting (the loss noise), >= 2")
+    ap.add_argument("--lr-scaling", default="none", choices=["none", "linear", "sqrt"],
+                    help="the adaptive runs' learning-rate rescaling (default none)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of best fixed vs adaptive (the first runs every fixed size), interleaved")
+                    help="rounds of best fixed graphs, best fixed nodes and adaptive (the first runs every fixed "
+                         "setting), interleaved")
     ap.add_argument("--out", default=None)
     ap.add_argument("--results-dir", type=Path, default=_common.RESULTS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -307,47 +461,69 @@ def main(argv=None) -> int:
         return 0
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.seeds < 2:
+        ap.error(f"--seeds must be >= 2 (the noise needs a second seed), got {args.seeds}")
     if args.quick:
         args.graphs, args.max_nodes, args.epochs = 300, 200, 1
     sizes = sorted(int(s) for s in args.sizes.split(","))
+    node_sizes = sorted(int(s) for s in args.node_sizes.split(","))
     base = {"graphs": args.graphs, "min_nodes": args.min_nodes, "max_nodes": args.max_nodes, "epochs": args.epochs,
-            "budget_mib": args.budget_mib, "threads": args.threads, "sizes": sizes, "window": args.window,
+            "budget_mib": args.budget_mib, "threads": args.threads, "sizes": sizes, "node_sizes": node_sizes,
+            "window": args.window, "adaptive_by": args.adaptive_by, "seeds": args.seeds,
             "lr_scaling": None if args.lr_scaling == "none" else args.lr_scaling}
     load0 = _common.loadavg()
-    fixed = []
-    for s in sizes:
-        r = _run(dict(base, mode="fixed", size=s, seed=0), args.timeout)
-        r.setdefault("label", f"fixed {s}")
-        print(f"fixed {s}: {r.get('graphs_per_s', r.get('error'))} graphs/s, peak above base "
-              f"{r.get('peak_above_base_mib', float('nan')):.0f} MiB", file=sys.stderr)
-        fixed.append(r)
-    ok = [r for r in fixed if "error" not in r and r["peak_rss"] <= r["budget_rss"]]
-    best = max(ok, key=lambda r: r["graphs_per_s"]) if ok else None
+    fixed, best = [], {}
+    for by, grid in (("graphs", sizes), ("nodes", node_sizes)):
+        mine = []
+        for v in grid:
+            r = _run(dict(base, mode="fixed", by=by, size=v, seed=0), args.timeout)
+            r.setdefault("label", f"fixed {v} {by}")
+            print(f"fixed {v} {by}: {r.get('graphs_per_s', r.get('error'))} graphs/s, peak above base "
+                  f"{r.get('peak_above_base_mib', float('nan')):.0f} MiB", file=sys.stderr)
+            mine.append(r)
+        fixed += mine
+        best[by] = _best(mine)
     repeats = []
-    if best is not None:
-        r = _run(dict(base, mode="fixed", size=best["size"], seed=1), args.timeout)
-        r.setdefault("label", f"fixed {best['size']} seed 1")
-        repeats.append(r)
-    adaptive = _run(dict(base, mode="adaptive", seed=0), args.timeout)
-    adaptive.setdefault("label", "adaptive")
+    for k in ("graphs", "nodes"):
+        if best[k] is None:
+            continue
+        for seed in range(1, args.seeds):
+            r = _run(dict(base, mode="fixed", by=k, size=best[k]["size"], seed=seed), args.timeout)
+            r.setdefault("label", f"fixed {best[k]['size']} {k} seed {seed}")
+            repeats.append(r)
+    other = "graphs" if args.adaptive_by == "nodes" else "nodes"
+    adaptive = _run(dict(base, mode="adaptive", by=args.adaptive_by, seed=0), args.timeout)
+    adaptive.setdefault("label", f"adaptive ({args.adaptive_by})")
+    adaptive_other = _run(dict(base, mode="adaptive", by=other, seed=0), args.timeout)
+    adaptive_other.setdefault("label", f"adaptive ({other})")
     payload = {"command": _common.command("adapt", argv), "cpu": _common.cpu_model(), "machine": _common.machine(),
                "args": base, "fixed": fixed, "repeats": repeats, "adaptive": adaptive,
-               "loadavg_before_after": [load0, _common.loadavg()]}
-    if best is not None and "error" not in adaptive and repeats and "error" not in repeats[0]:
-        gap = abs(adaptive["last_epoch_loss"] - best["last_epoch_loss"])
-        noise = abs(repeats[0]["last_epoch_loss"] - best["last_epoch_loss"])
-        payload["summary"] = {
-            "best_fixed_size": best["size"], "best_fixed_graphs_per_s": best["graphs_per_s"],
-            "adaptive_graphs_per_s": adaptive["graphs_per_s"],
-            "speedup": adaptive["graphs_per_s"] / best["graphs_per_s"],
-            "adaptive_peak_above_base_mib": adaptive["peak_above_base_mib"],
-            "adaptive_within_budget": adaptive["peak_rss"] <= adaptive["budget_rss"],
-            "adaptive_loss": adaptive["last_epoch_loss"], "fixed_loss_seed0": best["last_epoch_loss"],
-            "fixed_loss_seed1": repeats[0]["last_epoch_loss"], "loss_gap": gap, "loss_noise": noise,
-            "loss_within_noise": gap <= noise,
-        }
+               "adaptive_other": adaptive_other, "loadavg_before_after": [load0, None]}
+    if "error" not in adaptive and any(best.values()):
+        summary = {"adaptive_graphs_per_s": adaptive["graphs_per_s"],
+                   "adaptive_peak_above_base_mib": adaptive["peak_above_base_mib"],
+                   "adaptive_within_budget": _within(adaptive)}
+        for k in ("graphs", "nodes"):
+            b = best[k]
+            if b is None:
+                continue
+            summary[f"best_{k}"] = {"size": b["size"], "graphs_per_s": b["graphs_per_s"],
+                                    "peak_above_base_mib": b["peak_above_base_mib"]}
+            summary[f"speedup_vs_{k}"] = adaptive["graphs_per_s"] / b["graphs_per_s"]
+            seeds = [b] + [r for r in repeats if "error" not in r and r["by"] == k]
+            if len(seeds) >= 2:
+                summary[f"loss_vs_{k}"] = loss_check(adaptive, seeds)
+        if "error" not in adaptive_other:
+            summary["other"] = {"by": other, "graphs_per_s": adaptive_other["graphs_per_s"],
+                                "peak_above_base_mib": adaptive_other["peak_above_base_mib"],
+                                "within_budget": _within(adaptive_other),
+                                **{f"speedup_vs_{k}": adaptive_other["graphs_per_s"] / best[k]["graphs_per_s"]
+                                   for k in ("graphs", "nodes") if best[k] is not None}}
+        payload["summary"] = summary
         if args.rounds > 1:
-            payload["rounds"] = _rounds(base, best, adaptive, args.rounds, args.timeout)
+            payload["rounds"] = _rounds(base, {"graphs": best["graphs"], "nodes": best["nodes"],
+                                               "adaptive": adaptive}, args.rounds, args.timeout)
+    payload["loadavg_before_after"][1] = _common.loadavg()
     name = args.out or ("adapt_quick" if args.quick else "adapt")
     _common.write_results(args.results_dir, name, payload, markdown, plot)
     return 0

@@ -44,18 +44,29 @@ The policy (:class:`Policy`, deterministic given the measurements):
   next size up or down, the next pool size or worker count) for ``window`` steps, and keeps it
   only when its work per second is at least ``1 + min_gain`` times the current one's (hysteresis,
   default 5%); otherwise it goes back, and tries that neighbour again only after a back-off
-  (doubling per refusal).
+  (doubling per refusal). Under a memory budget the size up it tries is not the next one but
+  the largest predicted to fit (:meth:`Policy._grow`; after a refusal, the next smaller that
+  fits), so batches whose graphs grow or shrink reach the largest size that fits in one trial.
 * Memory: a model of bytes per unit of work (the largest ratio of a step's peak above its start
   to its nodes + edges among the last observations, a conservative linear model) predicts each
   candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
   for neighbor batches from the observed work per seed); a candidate predicted above the
   budget less ``margin`` of the headroom (the budget less the memory at the first step's
-  start) is never tried. Each step's measured peak is compared with its prediction, and the
+  start), or whose batches hold more than ``Policy.EXTRAPOLATE`` (2) times the work of the
+  largest step measured so far (the linear model is not trusted further), is never tried. Each step's measured peak is compared with its prediction, and the
   largest recent excess (``Policy.excess``) is added to every later prediction: what the
   linear model missed once (a fixed cost per step, the allocator's growth) it does not miss
-  again. Before each step, when the next batch under
-  the current setting is predicted over that line, the size shrinks at once (to the largest
-  that fits); when a step's measured peak exceeds the budget anyway, it shrinks at once too.
+  again. Before each step (also the first after a kept
+  trial or a revert), when the next batch under the current setting is predicted over that
+  line, the size shrinks at once (to the largest that fits); when a step's measured peak
+  exceeds the budget anyway, it shrinks at once too. Before each step the memory held now
+  (``MemoryProbe.current``: the resident set between steps, what the allocators kept included;
+  or the last peak) plus the largest recent rise of the peak from one step to the next (without
+  a clean start) is checked against the budget: when it would cross it, the step starts clean
+  (``MemoryProbe.release_next``: for ``'rss'`` the trim of a clean reading, out of schedule;
+  counted in ``adapter.releases``, ``clean`` in each history record). Batches that grow step
+  after step leave freed blocks too small for the next ones, and between clean readings the
+  resident set had crept over the budget that way.
 * Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
   ``'sqrt'`` set each param group's lr to its initial value times (size / first size) or its
   square root at every size switch.
@@ -132,6 +143,15 @@ class MemoryProbe:
     def peak(self) -> int:
         return 0
 
+    def current(self) -> Optional[int]:
+        """The memory held now, between steps (None: not known)."""
+        return None
+
+    def release_next(self) -> bool:
+        """Ask for the next step to start by handing back memory held but idle (a clean
+        reading); False where the probe cannot."""
+        return False
+
 
 class CudaMemory(MemoryProbe):
     """Peak allocated CUDA memory (reset at each step's start) and the allocated bytes at the start."""
@@ -176,6 +196,7 @@ class RssMemory(MemoryProbe):
             raise ValueError(f"RssMemory: trim_every must be an integer >= 1, got {trim_every!r}")
         self.trim_every = int(trim_every)
         self._n = 0
+        self._force = False
         if not self.available():
             raise RuntimeError("memory='rss' needs Linux's /proc/self/clear_refs and /proc/self/status")
         try:
@@ -188,7 +209,8 @@ class RssMemory(MemoryProbe):
         return os.path.exists("/proc/self/clear_refs") and os.path.exists("/proc/self/status")
 
     def start(self) -> None:
-        self.clean = self._trim is not None and self._n % self.trim_every == 0
+        self.clean = self._trim is not None and (self._force or self._n % self.trim_every == 0)
+        self._force = False
         self._n += 1
         if self.clean:
             from .hardware import memory as _memory
@@ -201,6 +223,16 @@ class RssMemory(MemoryProbe):
 
     def peak(self) -> int:
         return _status_kib("VmHWM") * 1024
+
+    def current(self) -> Optional[int]:
+        return _status_kib("VmRSS") * 1024
+
+    def release_next(self) -> bool:
+        """The next step starts clean (trimmed) whatever the schedule."""
+        if self._trim is None:
+            return False
+        self._force = True
+        return True
 
 
 class FnMemory(MemoryProbe):
@@ -274,6 +306,11 @@ class Policy:
 
     MOVES = (("size", 1), ("size", -1), ("pool_size", 1), ("pool_size", -1), ("num_workers", 1),
              ("num_workers", -1))
+    #: steps whose rise of the peak over the step before (without a clean start) :meth:`held_over` keeps
+    CREEP_KEEP = 8
+    #: under a budget, a setting whose next batches' work exceeds this many times the largest
+    #: work of a step measured so far is not predicted to fit (see :meth:`fits`)
+    EXTRAPOLATE = 2.0
 
     def __init__(self, sizes: Sequence[int], pool_sizes: Sequence[int], num_workers: Sequence[int], start: Setting,
                  memory_budget: Optional[int], margin: float, min_gain: float, window: int,
@@ -289,6 +326,9 @@ class Policy:
         self.misses: List[int] = []  # by how much measured peaks exceeded their prediction (>= 0)
         self._expected: Optional[int] = None  # the prediction for the step now running
         self.base = 0  # the memory at the last step's start
+        self.seen_work = 0  # the largest work (nodes + edges) of a step whose memory was measured
+        self.last_peak: Optional[int] = None  # the last step's measured peak
+        self.creep: List[int] = []  # peak - the previous step's peak, for steps without a clean start
         self.floor: Optional[int] = None  # the memory at the first step's start
         self.rates: Dict[Setting, float] = {}
         self.trial: Optional[Tuple[Setting, float]] = None  # (setting we came from, its rate)
@@ -329,10 +369,31 @@ class Policy:
         return self._predict_work(self.work_ahead(setting, self.window))
 
     def fits(self, setting: Setting) -> bool:
+        """Under the budget: the setting's next ``window`` batches are predicted under the line,
+        and their largest work is at most ``EXTRAPOLATE`` times the largest work of a step
+        measured so far (the linear model is not trusted further: a model learned on small
+        batches, whose growth the allocator's retained memory partly hides, predicted a batch of
+        16x their work at half its measured peak)."""
         if self.budget is None:
             return True
-        p = self.predict(setting)
+        work = self.work_ahead(setting, self.window)
+        if work is None or work > self.EXTRAPOLATE * self.seen_work:
+            return False
+        p = self._predict_work(work)
         return p is not None and p <= self.line
+
+    def held_over(self, now: Optional[int]) -> bool:
+        """Whether the next step should start by handing idle memory back: the memory held
+        now (``now``, between steps; or the last measured peak, the larger) plus the largest
+        rise of the peak from one step to the next among the last ``CREEP_KEEP`` steps without
+        a clean start would cross the budget. Batches that grow step after step leave freed
+        blocks too small for the next ones, so between clean readings the peak creeps up by
+        about a step's growth per step, which the clean-reading model (the size choices, with
+        their margin) does not see; this is the guard of the budget itself."""
+        if self.budget is None or not self.creep or self.last_peak is None:
+            return False
+        held = max(self.last_peak, now or 0)
+        return held + max(0, max(self.creep)) > self.budget
 
     def _neighbour(self, dim: str, step: int) -> Optional[Setting]:
         vals = self.grid[dim]
@@ -402,6 +463,12 @@ class Policy:
         self._expected = None
         if learn or self.model.per_work is None:
             self.base = base
+        if peak is not None:
+            self.seen_work = max(self.seen_work, work)
+            if not learn and self.last_peak is not None:
+                self.creep.append(peak - self.last_peak)
+                del self.creep[:-self.CREEP_KEEP]
+            self.last_peak = peak
         if peak is not None and learn:
             self.model.observe(work, peak - base if grown is None else grown)
         if peak is not None:
@@ -438,14 +505,30 @@ class Policy:
         self.rates[self.current] = rate
         return self._explore(rate)
 
+    def _backing_off(self, cand: Setting) -> bool:
+        retry = self.backoff.get((self.current, cand))
+        return retry is not None and self.windows < retry[0]
+
+    def _grow(self) -> Optional[Setting]:
+        """Under a budget, the size to try upwards: the largest above the current one whose
+        next batches are predicted to fit and whose trial from here is not backing off (after a
+        refusal, the next smaller one that fits); None when none does. Batches whose size
+        changes as they go (graphs sorted by size, an epoch's start after its largest graphs)
+        reach the largest size that fits in one trial, not one grid step per trial."""
+        sizes = self.grid["size"]
+        i = sizes.index(self.current.size)
+        for s in reversed(sizes[i + 1:]):
+            cand = Setting(s, self.current.pool_size, self.current.num_workers)
+            if not self._backing_off(cand) and self.fits(cand):
+                return cand
+        return None
+
     def _explore(self, rate: float) -> Optional[Dict[str, Any]]:
         for k in range(len(self.MOVES)):
             dim, step = self.MOVES[(self.move_no + k) % len(self.MOVES)]
-            cand = self._neighbour(dim, step)
-            if cand is None:
-                continue
-            retry = self.backoff.get((self.current, cand))
-            if retry is not None and self.windows < retry[0]:
+            jump = dim == "size" and step > 0 and self.budget is not None
+            cand = self._grow() if jump else self._neighbour(dim, step)
+            if cand is None or self._backing_off(cand):
                 continue
             if dim == "size" and step > 0 and not self.fits(cand):
                 continue
@@ -453,8 +536,9 @@ class Policy:
                 continue
             self.move_no = (self.move_no + k + 1) % len(self.MOVES)
             self.trial = (self.current, rate)
+            what = " (the largest predicted to fit)" if jump and cand != self._neighbour(dim, step) else ""
             return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
-                                f"{getattr(cand, dim)} for {self.window} steps")
+                                f"{getattr(cand, dim)}{what} for {self.window} steps")
         return None
 
 
@@ -532,6 +616,7 @@ class _Adaptive:
                              float(min_gain), int(window), self._work_ahead)
         self.log: List[Dict[str, Any]] = []
         self.history: List[Dict[str, Any]] = []
+        self.releases = 0  # steps started clean because held memory would have crossed the line
         self.step = 0  # steps taken, all epochs
         self.epoch = -1
         self._pending: Optional[Dict[str, Any]] = None  # the yielded step not yet done
@@ -574,7 +659,8 @@ class _Adaptive:
         if loss is not None:
             loss = float(loss.detach().item()) if isinstance(loss, torch.Tensor) else float(loss)
         rec = dict(step=self.step, epoch=self.epoch, **self.setting.as_dict(), graphs=info["graphs"],
-                   nodes=info["nodes"], edges=info["edges"], seconds=seconds, base=info["base"], peak=peak, loss=loss)
+                   nodes=info["nodes"], edges=info["edges"], seconds=seconds, base=info["base"], peak=peak, loss=loss,
+                   clean=info["clean"])
         self.history.append(rec)
         self.step += 1
         work = info["nodes"] + info["edges"]
@@ -585,15 +671,37 @@ class _Adaptive:
             peak, base, grown, clean = self._reduce_memory(dist, work, base, peak, info["clean"])
         else:
             clean = info["clean"]
-        entry = None
+        entries = []
         if dist is None or dist.get_rank() == 0:  # under DDP only rank 0's policy decides
-            entry = self.policy.observe(seconds, work, base, peak, grown, clean)
-            if entry is None:
-                entry = self.policy.before_step() if self._more_to_come() else None
-        if dist is not None:
-            entry = self._broadcast(dist, entry)
-        if entry is not None:
+            # what the measurement decides, then the check of the next batch under the setting
+            # that decision leaves (after a kept trial or a revert too: a size kept for the
+            # batches it was tried on may not fit the larger ones that follow)
+            entries = [self.policy.observe(seconds, work, base, peak, grown, clean)]
+            entries.append(self.policy.before_step() if self._more_to_come() else None)
+            entries = [e for e in entries if e is not None]
+        if dist is not None:  # the other ranks need the setting rank 0 ends with: its last entry
+            last = self._broadcast(dist, entries[-1] if entries else None)
+            if dist.get_rank() != 0:
+                entries = [] if last is None else [last]
+        for entry in entries:
             self._record(entry)
+        if self._more_to_come():
+            self._maybe_release()
+
+    def _maybe_release(self) -> None:
+        """Before the next step: when the memory held now plus the recent creep of the peak
+        would cross the budget (:meth:`Policy.held_over`), the step starts clean (the probe
+        hands idle memory back first). Under DDP only rank 0's policy observes, so only rank 0
+        checks (its peaks are the ranks' largest)."""
+        if self.probe is None or self.policy.budget is None:
+            return
+        now = self.probe.current()
+        if now is None:
+            return
+        if self.policy.held_over(now) and self.probe.release_next():
+            self.releases += 1
+            log.debug("adapt: step %d starts clean: %.1f MiB held, creeping up to %.1f MiB a step, budget %.1f MiB",
+                      self.step, now / 2**20, max(self.policy.creep) / 2**20, self.policy.budget / 2**20)
 
     def _more_to_come(self) -> bool:
         return True
@@ -606,6 +714,7 @@ class _Adaptive:
             entry = self._broadcast(dist, entry)
         if entry is not None:
             self._record(entry)
+        self._maybe_release()
 
     def _reduce_memory(self, dist, work: int, base: int, peak: Optional[int], clean: bool):
         """(peak, base, grown, clean) over the ranks: the largest peak and base, what the memory

@@ -102,6 +102,184 @@ def test_growing_batches_shrink_before_they_cross_the_budget():
     assert sorted(ids) == list(range(len(ds)))
 
 
+def _explores(L):
+    return [(e["from"]["size"], e["to"]["size"]) for e in L.log if e["kind"] == "explore"]
+
+
+def _grow_run(jump, monkeypatch):
+    """Graphs sorted by size under a 100 kB budget (100 bytes per unit of work), a step costing
+    1 ms plus 10 us per unit of work (small batches are overhead); 2 epochs. Returns the loader,
+    the fake seconds taken and, per size-up decision, (sizes predicted to fit then, size chosen).
+    jump=False: the size up tried is the next one (one grid step per trial)."""
+    grown = []
+    real_grow = Policy._grow
+
+    def spy(self):
+        fit = [v for v in self.grid["size"] if self.fits(Setting(v, 2, 0))]
+        out = real_grow(self) if jump else self._neighbour("size", 1)
+        grown.append((self.current.size, fit, None if out is None else out.size, L.epoch))
+        return out
+
+    monkeypatch.setattr(Policy, "_grow", spy)
+    ds = _data(600, lo=5, hi=40, sort=True)
+    clock, state = Clock(), {}
+    L = AdaptiveLoader(ds, sizes=[1, 2, 4, 8, 16, 32], window=4, clock=clock, memory=lambda: 100 * state["work"],
+                       memory_budget=100_000, margin=0.1)  # line 90 kB: 900 units, 36 graphs of 5 nodes, 4 of 40
+    for _ in range(2):
+        for b in L:
+            state["work"] = _work(b)
+            clock.t += 1e-3 + 1e-5 * _work(b)
+            L.step_done(0.0)
+    return L, clock.t, grown
+
+
+def test_under_a_budget_the_size_up_tried_is_the_largest_that_fits(monkeypatch):
+    """Graphs sorted by size, 2 epochs: every size up it tries is the largest predicted to fit
+    at that moment (at least once more than one grid step up: at the second epoch's start, its
+    smallest graphs after the largest, whose batches the model has seen), and no step's peak
+    crosses the budget. Climbing one grid step per trial (the neighbour policy, the test can
+    fail) never skips one."""
+    L, secs, grown = _grow_run(True, monkeypatch)
+    assert max(h["peak"] for h in L.history) <= 90_000
+    tried = [(cur, fit, chose) for cur, fit, chose, _ in grown if chose is not None]
+    assert tried and all(chose == max(fit) for cur, fit, chose in tried)
+    ups = [(a, b) for a, b in _explores(L) if b > a]
+    assert any(b >= 4 * a for a, b in ups)
+    jump = next(e for e in L.log if e["kind"] == "explore" and e["to"]["size"] >= 4 * e["from"]["size"])
+    assert "largest predicted to fit" in jump["reason"] and jump["predicted_bytes"] <= 90_000
+    L2, _, _ = _grow_run(False, monkeypatch)
+    assert all(b == 2 * a for a, b in _explores(L2) if b > a)
+    assert max(h["peak"] for h in L2.history) <= 90_000
+
+
+def test_the_next_batch_is_checked_after_a_kept_trial(monkeypatch):
+    """Graphs sorted by size: a size kept for the batches it was tried on may not fit the
+    larger ones that follow, so the check of the next batch runs after every step, a kept
+    trial's or a revert's too (it used to run only after steps that decided nothing)."""
+    checked = []
+    real = Policy.before_step
+
+    def spy(self):
+        checked.append(L.step)
+        return real(self)
+
+    monkeypatch.setattr(Policy, "before_step", spy)
+    ds = _data(400, lo=5, hi=40, sort=True)
+    clock, state = Clock(), {}
+    L = AdaptiveLoader(ds, sizes=[2, 4, 8], window=3, clock=clock, memory=lambda: 100 * state["work"],
+                       memory_budget=100_000, margin=0.1)
+    _run(L, clock, lambda s: 1000.0 * s.size, state=state)
+    decided = [e["step"] for e in L.log if e["kind"] in ("keep", "revert")]
+    assert decided and all(k in checked for k in decided)
+    assert max(h["peak"] for h in L.history) <= 90_000
+
+
+class HoardingMemory(MemoryProbe):
+    """Like RssMemory on batches that grow step after step: what a step allocated stays held
+    (the blocks it freed do not fit the next, larger ones) until a clean step hands it back;
+    clean every 8th step, or the next one after ``release_next``."""
+
+    def __init__(self, state, honour=True):
+        super().__init__()
+        self.state, self.n, self.level, self.force, self.honour = state, 0, 0, False, honour
+
+    def start(self):
+        self.clean = self.force or self.n % 8 == 0
+        self.force = False
+        self.n += 1
+        if self.clean:
+            self.level = 0
+        self.base = self.level
+
+    def peak(self):
+        self.level = self.base + 100 * self.state["work"]
+        return self.level
+
+    def current(self):
+        return self.level
+
+    def release_next(self):
+        self.force = self.honour
+        return self.honour
+
+
+@pytest.mark.parametrize("honour", [True, False])
+def test_held_memory_that_would_cross_the_budget_is_handed_back_first(honour):
+    """One size, so shrinking cannot help: each step holds 40 kB more than the last until a
+    clean one. Before a step whose held memory plus that creep would cross the budget, the
+    step starts clean and no peak crosses the budget; a probe that cannot release (the test
+    can fail) crosses it."""
+    ds = _data(400)  # 10 nodes, 40 edges: 8 graphs = 400 units = 40 kB per step
+    clock, state = Clock(), {}
+    L = AdaptiveLoader(ds, sizes=[8], window=4, clock=clock, memory=HoardingMemory(state, honour),
+                       memory_budget=100_000, margin=0.1)
+    _run(L, clock, lambda s: 1000.0, state=state)
+    peaks = [h["peak"] for h in L.history]
+    if honour:
+        assert max(peaks) <= 90_000 and L.releases > 0
+        assert sum(h["clean"] for h in L.history) > len(L.history) / 8 + 1  # more than the schedule's
+    else:
+        assert max(peaks) > 100_000
+
+
+def _feed(pol, rate, steps, per_graph=50, bytes_per_work=100):
+    """Runs ``steps`` steps of the policy alone: each step's batch is its size times
+    ``per_graph`` units of work, done at ``rate(size)`` units per second, growing by
+    ``bytes_per_work`` per unit (a clean reading)."""
+    for _ in range(steps):
+        pol.before_step()
+        work = per_graph * pol.current.size
+        pol.observe(work / rate[pol.current.size], work, 0, bytes_per_work * work)
+
+
+def test_a_refused_jump_tries_the_next_largest_that_fits():
+    """From size 1, with a model that has seen batches of size 8 (as at an epoch's start after
+    its largest graphs): 8 fits the budget but is no faster than 1, 4 is twice as fast. The
+    jump to 8 is refused (revert, back-off); the next size up tried is 4 (the next smaller that
+    fits), kept; 16 is never tried (predicted over the budget)."""
+    rate = {1: 1000.0, 2: 1500.0, 4: 2000.0, 8: 1000.0, 16: 4000.0}
+    pol = Policy([1, 2, 4, 8, 16], [2], [0], Setting(1, 2, 0), memory_budget=50_000, margin=0.1, min_gain=0.05,
+                 window=4, work_ahead=lambda s, n: 50 * s.size)
+    pol.observe(400 / rate[8], 400, 0, 40_000)  # a step of size 8's work seen before (40 kB, under 45)
+    pol.current = Setting(1, 2, 0)
+    log, sizes = [], []
+    real_observe = pol.observe
+
+    def observe(*a, **k):
+        e = real_observe(*a, **k)
+        if e is not None:
+            log.append((e["kind"], e["from"]["size"], e["to"]["size"], e["gain"]))
+        sizes.append(pol.current.size)
+        return e
+
+    pol.observe = observe
+    _feed(pol, rate, 200)
+    assert [x[:3] for x in log[:4]] == [("explore", 1, 8), ("revert", 8, 1), ("explore", 1, 4), ("keep", 1, 4)]
+    assert log[1][3] == pytest.approx(1.0)
+    assert 16 not in sizes and sizes.count(4) > 0.6 * len(sizes)
+
+
+def test_a_jump_goes_no_further_than_twice_the_work_measured():
+    """A model learned on small batches is not extrapolated far: the first size up tried
+    is at most twice the largest work measured, though the linear model predicts 16x fits;
+    without the limit (the test can fail) the first jump goes to 16."""
+    rate = {1: 1000.0, 2: 1500.0, 4: 2000.0, 8: 2500.0, 16: 3000.0}
+    for limit, first_up in ((2.0, 2), (float("inf"), 16)):
+        pol = Policy([1, 2, 4, 8, 16], [2], [0], Setting(1, 2, 0), memory_budget=100_000, margin=0.1,
+                     min_gain=0.05, window=4, work_ahead=lambda s, n: 50 * s.size)
+        pol.EXTRAPOLATE = limit
+        got = []
+        for _ in range(200):
+            before = pol.current.size
+            _feed(pol, rate, 1)
+            if pol.current.size > before:
+                got.append((before, pol.current.size, pol.seen_work))
+        assert got[0][:2] == (1, first_up)
+        if limit == 2.0:  # every step up: at most twice the largest work measured before it
+            assert all(50 * b <= 2 * seen for a, b, seen in got)
+            assert pol.current.size == 16  # it gets there, one doubling per trial
+
+
 def _batches(ds, k):
     from gnncompile.data import PooledLoader
 
