@@ -1,0 +1,30 @@
+"""benchmarks.neighbor_step on a tiny graph: phases that add up to the step, chunks alternating
+the thread counts, the profiler's op list, the result files."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import neighbor_step
+
+pytestmark = pytest.mark.slow
+
+
+def test_neighbor_step_tiny(tmp_path):
+    assert neighbor_step.main(["--num-nodes", "3000", "--num-edges", "20000", "--fanout", "4", "3",
+                               "--batch-size", "64", "--threads", "2", "1", "--chunks", "4", "--steps", "3",
+                               "--warmup", "2", "--profile-steps", "2", "--top", "5",
+                               "--folder", str(tmp_path), "--out", "ns"]) == 0
+    r = json.loads((tmp_path / "ns.json").read_text())
+    assert [c["threads"] for c in r["chunks"]] == [2, 1, 2, 1]
+    assert set(r["per_threads"]) == {"2", "1"} and all(p["chunks"] == 2 for p in r["per_threads"].values())
+    for c in r["chunks"]:
+        parts = sum(c[p] for p in ("load", "forward", "loss", "backward", "optimizer"))
+        # medians of the parts need not add up to the median step exactly, but come close
+        assert c["step"] > 0 and 0.5 * c["step"] < parts < 2.0 * c["step"]
+        assert c["seeds_per_s"] > 0
+    assert 1 <= len(r["profile"]) <= 5 and all(o["self_ms_per_step"] >= 0 for o in r["profile"])
+    assert r["batch_sizes_example"]["nodes"] >= 64 and r["workload"]["fanout"] == [4, 3]
+    md = (tmp_path / "ns.md").read_text()
+    assert "| threads |" in md and md.count("\n| 2 |") == 1
