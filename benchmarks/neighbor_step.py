@@ -14,6 +14,12 @@ median over its chunks and the spread (lowest and highest chunk), which shows a 
 speed changes during the run. Then one ``torch.profiler`` pass of ``--profile-steps`` steps at
 the first thread count: the ops' own CPU time per step, largest first.
 
+``--arms JSON``: a list of setting changes (e.g. ``'[{"inner": "inductor"}, {"num_workers": 1,
+"pool_size": 2, "threads": 1}]'``) measured against the defaults in this process with
+:func:`gnncompile.tuner.workloads.interleaved` (``--arm-rounds`` rounds of ``--arm-steps`` steps,
+the order reversed every other round): each arm's median seeds/s and its ratio to the defaults
+with the 95% interval of the paired rounds (:func:`gnncompile.tuner.noise.ratio_interval`).
+
 Writes benchmarks/results/neighbor_step.{json,md} (``--out`` for another stem).
 """
 from __future__ import annotations
@@ -127,6 +133,7 @@ def run(args) -> Dict[str, Any]:
     finally:
         tr.close()
         torch.set_num_threads(old)
+    arms = _arms(w, args) if args.arms else []
     per_threads = {}
     for th in args.threads:
         mine = [c for c in chunks if c["threads"] == th]
@@ -137,7 +144,25 @@ def run(args) -> Dict[str, Any]:
     return {"workload": w.signature_dict(), "batch_size": args.batch_size, "threads": list(args.threads),
             "steps_per_chunk": args.steps, "chunks": chunks, "per_threads": per_threads,
             "profile": ops, "profile_threads": args.threads[0], "profile_steps": args.profile_steps,
-            "batch_sizes_example": sizes, "noise": noise}
+            "batch_sizes_example": sizes, "noise": noise, "arms": arms}
+
+
+def _arms(w, args) -> List[Dict[str, Any]]:
+    import json
+
+    from gnncompile.tuner import noise, workloads as W
+
+    changes = json.loads(args.arms)
+    if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+        raise ValueError("--arms must be a JSON list of objects (setting changes)")
+    base = W.default_settings(w, batch_size=args.batch_size)
+    w2 = W.Workload(**{**w.__dict__, "warmup": max(args.warmup, 2)})
+    runs = W.interleaved(w2, [dict(base)] + [dict(base, **c) for c in changes], args.arm_rounds, args.arm_steps)
+    out = [{"changes": {}, "median": statistics.median(runs[0]), "runs": runs[0]}]
+    for c, r in zip(changes, runs[1:]):
+        out.append({"changes": c, "median": statistics.median(r), "runs": r,
+                    "ratio": noise.ratio_interval(r, runs[0])})
+    return out
 
 
 def markdown(r: Dict[str, Any]) -> str:
@@ -173,6 +198,16 @@ def markdown(r: Dict[str, Any]) -> str:
                   "| op | ms / step | calls / step |", "|---|---|---|"]
         for o in r["profile"]:
             lines.append(f"| {o['op'][:70]} | {o['self_ms_per_step']:.3f} | {o['calls_per_step']:.1f} |")
+    if r.get("arms"):
+        lines += ["", "Settings against the defaults, interleaved in one process (`--arms`): each arm's median "
+                  "seeds/s over the rounds, the ratio to the defaults and its 95% interval over the paired rounds", "",
+                  "| settings changed | seeds/s | ratio | 95% interval |", "|---|---|---|---|"]
+        for a in r["arms"]:
+            if not a["changes"]:
+                lines.append(f"| (defaults) | {a['median']:.4g} | 1 | |")
+            else:
+                q = a["ratio"]
+                lines.append(f"| {a['changes']} | {a['median']:.4g} | {q['ratio']:.3f}x | [{q['low']:.3f}, {q['high']:.3f}] |")
     return "\n".join(lines) + "\n"
 
 
@@ -192,6 +227,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--profile-steps", type=int, default=30, help="0: no profiler pass")
     ap.add_argument("--top", type=int, default=25, help="ops listed from the profiler pass")
+    ap.add_argument("--arms", default=None, help="JSON list of setting changes measured against the defaults")
+    ap.add_argument("--arm-rounds", type=int, default=8)
+    ap.add_argument("--arm-steps", type=int, default=60)
     ap.add_argument("--out", default="neighbor_step", help="stem of the result files")
     ap.add_argument("--folder", default=str(_common.RESULTS))
     args = ap.parse_args(argv)
