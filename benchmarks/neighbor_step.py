@@ -92,6 +92,7 @@ def _chunk(tr: _Trainer, steps: int) -> Dict[str, Any]:
     seconds = sum(r["step"] for r in rows)
     out = {p: statistics.median(r[p] for r in rows) * 1e3 for p in PHASES}  # ms
     out["seeds_per_s"] = sum(r["seeds"] for r in rows) / seconds
+    out["total_ms"] = {p: sum(r[p] for r in rows) * 1e3 for p in PHASES}  # the phases partition the step
     return out
 
 
