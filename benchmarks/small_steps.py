@@ -11,8 +11,11 @@ inner=INNER)``, programs 'always' / 'never' / the default 'auto', the speed guar
 passes/self_term.py, for an A/B of the fold in one process). Every variant steps through every batch in turn, the variants' order rotated each
 round (a variant that always follows another one measured 5-10% apart from an identical one);
 medians per variant. ``--breakdown``: one more pass per variant under torch.profiler, self CPU
-time per group (ms / step; "outside ops" = wall time minus the ops' self time: Python, custom
-ops' autograd glue, the compiled module's wrappers). ``--no-grad``: forward only, under
+time per class (ms / step: matmul, gnncompile's fused ops with their autograd records, per-edge
+aten ops (index ops, or an input with the batch's edge count as its first dim), other aten ops,
+the optimizer's ops (by the profiler's call tree), Dynamo's records, the autograd engine's;
+"outside ops" = wall time minus the ops' self time: Python, custom ops' autograd glue, the
+compiled module's wrappers), then each variant's 25 largest ops by name and class. ``--no-grad``: forward only, under
 torch.no_grad. Each line also gives the variant's minor page faults per step (``getrusage``:
 memory the step's allocations touch for the first time since the allocator took it from the
 kernel; about 3 us each on this project's VM, a cost eager pays more of where it allocates
@@ -142,25 +145,61 @@ def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: 
     if breakdown:
         from torch.profiler import ProfilerActivity, profile
 
-        out["breakdown_ms"] = {}
+        out["breakdown_ms"], out["ops_ms"] = {}, {}
+        edges = {int(b.edge_index.shape[1]) for b in pre}
         for v in variants:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
                 t0 = time.perf_counter()
                 for b in pre:
                     runs[v](b)
                 wall = time.perf_counter() - t0
-            parts = {}
-            for e in prof.key_averages():
-                g = _group(e.key)
-                parts[g] = parts.get(g, 0.0) + e.self_cpu_time_total / 1e3
+            parts, ops = {}, {}
+            for e in prof.events():
+                ms = e.self_cpu_time_total / 1e3
+                g = _class(e, edges)
+                parts[g] = parts.get(g, 0.0) + ms
+                key = f"{e.name} [{g}]"
+                n, t = ops.get(key, (0, 0.0))
+                ops[key] = (n + 1, t + ms)
             parts["outside ops"] = wall * 1e3 - sum(parts.values())
             parts["wall under profiler"] = wall * 1e3
             out["breakdown_ms"][v] = {k: x / len(pre) for k, x in parts.items()}
+            out["ops_ms"][v] = {k: (n / len(pre), t / len(pre)) for k, (n, t) in
+                                sorted(ops.items(), key=lambda kv: -kv[1][1])[:40]}
         keys = sorted({k for d in out["breakdown_ms"].values() for k in d})
-        print("ms / step".ljust(36) + "".join(f"{v:>20s}" for v in variants))
+        print("ms / step".ljust(40) + "".join(f"{v:>20s}" for v in variants))
         for k in keys:
-            print(k.ljust(36) + "".join(f"{out['breakdown_ms'][v].get(k, 0.0):20.3f}" for v in variants))
+            print(k.ljust(40) + "".join(f"{out['breakdown_ms'][v].get(k, 0.0):20.3f}" for v in variants))
+        for v in variants:
+            print(f"{v}: the largest ops (self ms / step, calls / step)")
+            for k, (n, t) in list(out["ops_ms"][v].items())[:25]:
+                print(f"  {t:7.3f} {n:6.1f}x  {k}")
     return out
+
+
+_PER_EDGE_OPS = {"aten::index_select", "aten::scatter_add_", "aten::gather", "aten::index_add_",
+                 "aten::scatter_reduce", "aten::index", "aten::index_put_"}
+
+
+def _class(event, edges: set) -> str:
+    """The breakdown's class of one profiler event (self time): the optimizer's (anything under
+    Optimizer.step / zero_grad), per-edge aten ops (an index op, or any input whose first dim is
+    the batch's edge count: eager's messages), else :func:`_group`'s class by name."""
+    name = event.name
+    if "gnncompile" not in name:
+        p = event
+        while p is not None:
+            if p.name.startswith("Optimizer."):
+                return "optimizer"
+            p = p.cpu_parent
+    g = _group(name)
+    if g == "other aten ops":
+        shapes = getattr(event, "input_shapes", None) or []
+        if name in _PER_EDGE_OPS or any(isinstance(s, (list, tuple)) and len(s) >= 1 and s[0] in edges
+                                        for s in shapes):
+            return "per-edge aten ops"
+        return "other aten ops (node-sized, loss, readout)"
+    return g
 
 
 class _Stack(torch.nn.Module):

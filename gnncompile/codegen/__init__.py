@@ -135,10 +135,18 @@ def prepare_call(op: str, index: torch.Tensor, inputs: Sequence[torch.Tensor], s
     x = inputs[0]
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
         return False
-    memo = (op, tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
-            tuple(int(t.shape[1]) for t in inputs), int(width), reduce, x.dtype, index.dtype,
-            tuple(int(r) for r in results), out_width, bool(by_slot), enc, bool(need_features))
-    hit = _seen.get(memo)
+    # the key as given (numbers compare and hash by value: 1, 1.0 and True are one key), made at
+    # C speed: the backward calls this at every layer of every step (8 us a call with each
+    # element converted in Python, for a derivative program of 30 entries)
+    memo = (op, tuple(code), tuple(consts), tuple(sides), tuple([t.shape[1] for t in inputs]), width, reduce,
+            x.dtype, index.dtype, tuple(results), out_width, by_slot, enc, need_features)
+    try:
+        hit = _seen.get(memo)
+    except TypeError:  # an unhashable element (not a plain number): the key in plain numbers
+        memo = (op, tuple(int(c) for c in code), tuple(float(c) for c in consts), tuple(int(s) for s in sides),
+                tuple(int(t.shape[1]) for t in inputs), int(width), reduce, x.dtype, index.dtype,
+                tuple(int(r) for r in results), out_width, bool(by_slot), enc, bool(need_features))
+        hit = _seen.get(memo)
     if hit is not None:
         return hit
     try:

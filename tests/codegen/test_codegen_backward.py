@@ -191,6 +191,35 @@ def test_keys_match_the_native_registry_keys():
     assert len(keys) == 6  # one kernel per op, results, order and output class
 
 
+def test_prepare_call_memo_by_value(gen, monkeypatch):
+    """prepare_call (the backward's hook at every call) answers a call shape it has seen from its
+    memo, keyed by value: the same program given as ints, floats or bools, or with an element that
+    cannot be hashed (a symbolic size) is one key, found without building its spec again."""
+    ins = _inputs(torch.float32)
+    code, consts = P.encode(P.node("mul", P.node("relu", I0), I1))
+    index = _structure()[0]
+    made = []
+    real = codegen.make_spec
+    monkeypatch.setattr(codegen, "make_spec", lambda *a, **k: made.append(1) or real(*a, **k))
+    assert codegen.prepare_call("reduce", index, ins, SIDES, code, consts, F) is True
+    assert len(made) == 1
+
+    class Unhashable(int):
+        __hash__ = None
+
+    same = [
+        ("reduce", index, ins, SIDES, tuple(code), [float(c) for c in consts], F),
+        ("reduce", index, ins, [Unhashable(s) for s in SIDES], code, consts, Unhashable(F)),
+    ]
+    for args in same:
+        assert codegen.prepare_call(*args) is True
+    assert len(made) == 1
+    other = [c for c in consts] + [2.0]  # another key: built once, its answer cached too
+    codegen.prepare_call("reduce", index, ins, SIDES, code, other, F)
+    codegen.prepare_call("reduce", index, ins, SIDES, code, other, F)
+    assert len(made) == 2
+
+
 def test_bad_op_specs_are_refused():
     code, consts = P.encode(P.node("exp", I0))
     args = (code, consts, [P.COL], [8], 8)

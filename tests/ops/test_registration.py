@@ -102,3 +102,61 @@ def test_out_variants_found_without_the_out_tag(monkeypatch):
     assert registration._is_out_variant(torch.ops.aten.add.out)
     assert not registration._is_out_variant(torch.ops.aten.add.Tensor)
     assert not registration._is_out_variant(torch.ops.gnncompile.spmm.default)
+
+
+def test_tensor_lists_without_pytree(monkeypatch):
+    """A tensor-list op's forward and backward splice its lists by the schema, not by torch's
+    pytree walk (``supports_tensorlist``: about 25 us a call for message_reduce, at every layer of
+    every training step); gradients and the arguments setup_context sees are unchanged."""
+    if registration._internals() is None:
+        pytest.skip("torch internals moved: torch.library.register_autograd is used as it is")
+    import torch.utils._pytree as pytree
+
+    xs = [torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+
+    def walked(*a, **k):
+        raise AssertionError("pytree walked the arguments")
+
+    monkeypatch.setattr(pytree, "tree_flatten", walked)
+    monkeypatch.setattr(pytree, "tree_unflatten", walked)
+    SEEN.clear()
+    out = torch.ops.gnncompile_regtest.scale_list(xs, 2.5)
+    assert len(SEEN[-1][0]) == 3 and all(a is b for a, b in zip(SEEN[-1][0], xs)) and SEEN[-1][1] == 2.5
+    grads = torch.autograd.grad(out.sum(), xs)
+    for g in grads:
+        torch.testing.assert_close(g, torch.full_like(g, 2.5))
+
+
+def test_tensor_list_needs_input_grad_and_partial_grads():
+    """``ctx.needs_input_grad`` holds a list for a tensor-list argument; a backward may give None
+    for a whole list; a list of the wrong length is a clear error."""
+    seen, mode = [], ["all"]
+
+    def setup(ctx, inputs, output):
+        ctx.n = len(inputs[0])
+
+    def backward(ctx, g):
+        seen.append(ctx.needs_input_grad)
+        if mode[0] == "none":
+            return None, None
+        if mode[0] == "short":
+            return [g], None
+        return [g * 2] * ctx.n, None
+
+    lib = torch.library.Library("gnncompile_regtest2", "DEF")
+    lib.define("twice(Tensor[] xs, float a=3.0) -> Tensor")
+    lib.impl("twice", lambda xs, a=3.0: sum(x * 2 for x in xs), "CompositeExplicitAutograd")
+    registration.register_autograd("gnncompile_regtest2::twice", backward, setup_context=setup)
+    x, y = torch.randn(2, requires_grad=True), torch.randn(2)
+    for mode[0] in ("all", "none", "short"):
+        out = torch.ops.gnncompile_regtest2.twice([x, y], 2.0)
+        if mode[0] == "short":
+            with pytest.raises(RuntimeError, match="gradients for argument 0"):
+                torch.autograd.grad(out.sum(), x)
+            continue
+        (gx,) = torch.autograd.grad(out.sum(), x, allow_unused=True)
+        if mode[0] == "all":
+            torch.testing.assert_close(gx, torch.full_like(x, 2.0))
+            assert list(seen[-1][0]) == [True, False]
+        else:
+            assert gx is None
