@@ -29,6 +29,20 @@ linear map (Wt [D, F], b [1, F]), float32, N(0, 1). Variants, each the forward s
                        0's features (perm all 0): the mat-vec's arithmetic and the walk, no x_j, no
                        feature row from memory. What the kernel would cost if memory were free
 
+--overlap adds kernels that take the gather and the arithmetic apart (issue 25: do they overlap?):
+
+  walk_only            a floor: the generated kernel with no edge walked (every row's loop empty):
+                       the output's allocation, the row walk and the stores, which every variant pays
+  x_row0               the generated kernel with every edge reading x row 0 and no prefetch of the
+                       x rows (the edge features and their prefetch as generated): without the gather
+  x_row0_prefetched    x_row0 with the x rows' prefetches still issued (their lines never read):
+                       what issuing the gather's prefetches costs the arithmetic
+  one_pass             a hand-written kernel (F = 128, float32, int64 indices only) that computes
+                       the 5-edge encoder block, adds x_j, applies the relu and adds into each row's
+                       sum in one function, the rows' sums crossing blocks (no per-edge tile loop, no
+                       [5, 128] block of values stored and loaded back); its prefetches 15 slots
+                       ahead, issued in one burst per block. Equal bit for bit to the interpreter
+
 Agreement before any timing: generated and interpreted results bit for bit; the materialized
 variant close to them (addmm sums in its own order). Then --rounds rounds, each calling every
 variant once in turn; medians, and the median of the rounds' ratios to spmm.
@@ -75,7 +89,7 @@ from .codegen import _rounds, _summary  # (interleaved rounds, medians and ratio
 _emit = importlib.import_module("gnncompile.codegen.emit")  # (the package's name emit is its function)
 
 
-def run(N: int, F: int, D: int, rounds: int) -> dict:
+def run(N: int, F: int, D: int, rounds: int, overlap: bool = False) -> dict:
     torch.manual_seed(0)
     ei = power_law_graph(N, 10 * N, seed=0)
     E = int(ei.size(1))
@@ -174,12 +188,30 @@ def run(N: int, F: int, D: int, rounds: int) -> dict:
     if not agreement["edge_by_edge_vs_generated_bitwise"]:
         raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
     del old
-    times = _rounds({"spmm": (codegen.resume, run_spmm), "generated": (codegen.resume, run_enc),
-                     "generated_edge_by_edge": (edge_by_edge, run_enc),
-                     "gather_only": (gather_only, run_enc),
-                     "materialized": (codegen.resume, run_materialized), "interpreter": (interp, run_enc),
-                     "encoder_alone": (codegen.resume, run_alone),
-                     "matvec_only": (codegen.resume, run_matvec_only)}, rounds)
+    fns = {"spmm": (codegen.resume, run_spmm), "generated": (codegen.resume, run_enc),
+           "generated_edge_by_edge": (edge_by_edge, run_enc),
+           "gather_only": (gather_only, run_enc),
+           "materialized": (codegen.resume, run_materialized), "interpreter": (interp, run_enc),
+           "encoder_alone": (codegen.resume, run_alone),
+           "matvec_only": (codegen.resume, run_matvec_only)}
+    if overlap:
+        for name, addr in overlap_kernels(enc_ins, enc_sides, code, consts, F, rowptr.dtype).items():
+            def use(addr=addr):  # registered under the encoder's key for its own call only
+                codegen.resume()
+                codegen._native().register(key, addr)
+
+            use()
+            calls = codegen.calls()
+            out = run_enc()
+            if codegen.calls() != calls + 1:
+                raise RuntimeError(f"codegen_encoder benchmark: the {name} kernel did not run")
+            if name == "one_pass":
+                agreement["one_pass_vs_interpreter_bitwise"] = torch.equal(out.view(torch.int32), ref.view(torch.int32))
+                if not agreement["one_pass_vs_interpreter_bitwise"]:
+                    raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
+            fns[name] = (use, run_enc)
+            del out
+    times = _rounds(fns, rounds)
     codegen.reset()
     return {"N": N, "E": E, "F": F, "D": D, "dtype": "float32", "prepare_in_process_s": prepare_s,
             "agreement": agreement, "forward_sum": _summary(times, "spmm")}
@@ -202,6 +234,212 @@ def edge_by_edge_kernel(inputs, sides, code, consts, F: int, index_dtype):
     if n != 1:
         raise RuntimeError("codegen_encoder benchmark: the generated source has no encoder block call to replace")
     return build.load_kernel(src)
+
+
+_ONE_PASS = r"""// benchmarks/codegen_encoder.py --overlap, one_pass: the sum of relu(x_j + lin(a_e)) over each row,
+// F = 128, D = 16, float32, int64 indices, in one function per block of kEncodeBlock CSR slots
+// (crossing rows, as the generated kernel's EncoderBlock): the block's mat-vec in registers, then
+// per 32 columns x_j + value, the relu and the add into the row's sum. A measurement, not a kernel
+// gnncompile emits.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include "common/dtype.h"
+#include "common/macros.h"
+#include "cpu/codegen_abi.h"
+#include "cpu/encoder_core.h"
+#include "cpu/reduce_core.h"
+#include "cpu/rows_core.h"
+#include "cpu/vmath.h"
+namespace {
+using namespace gnncompile;
+using namespace gnncompile::cpu;
+using scalar_t = float;
+using acc_t = float;
+using index_t = int64_t;
+constexpr int TILE = 128;
+constexpr int K = kEncodeBlock;
+constexpr int NV = kEncodeBlockVectors;
+typedef acc_t vec __attribute__((vector_size(32)));
+constexpr int L = 8;
+constexpr int64_t PD = 15;  // the slots ahead whose x rows and feature rows are prefetched, one burst per block
+
+// K edges' messages relu(x_j + b + a_e Wt), each added into its row's sum acc[k] (nullptr: no edge):
+// encode_block's sums in its order, then x_j + value, the relu, the sum (the generated kernel's order).
+__attribute__((noinline)) void block_msg(const scalar_t* const* fa, const scalar_t* const* xr, acc_t* const* acc,
+                                         int64_t D, const scalar_t* w, int64_t W, const scalar_t* b, int n) {
+#pragma GCC unroll 1
+  for (int c0 = 0; c0 + L * NV <= n; c0 += L * NV) {
+    vec r[K][NV];
+#pragma GCC unroll 64
+    for (int k = 0; k < K; ++k)
+#pragma GCC unroll 64
+      for (int i = 0; i < NV; ++i) std::memcpy(&r[k][i], b + c0 + L * i, sizeof(vec));
+#pragma GCC unroll 1
+    for (int64_t d = 0; d < D; ++d) {
+      vec y[NV];
+#pragma GCC unroll 64
+      for (int i = 0; i < NV; ++i) std::memcpy(&y[i], w + d * W + c0 + L * i, sizeof(vec));
+#pragma GCC unroll 64
+      for (int k = 0; k < K; ++k) {
+        const acc_t ad = fa[k][d];
+#pragma GCC unroll 64
+        for (int i = 0; i < NV; ++i) r[k][i] = r[k][i] + ad * y[i];
+      }
+    }
+#pragma GCC unroll 64
+    for (int k = 0; k < K; ++k) {
+      if (acc[k] == nullptr) break;
+#pragma GCC unroll 64
+      for (int i = 0; i < NV; ++i) {
+        vec x0, s;
+        std::memcpy(&x0, xr[k] + c0 + L * i, sizeof(vec));
+        const vec v2 = x0 + r[k][i];
+        const vec v3 = v2 < acc_t(0) ? vec{} : v2;
+        std::memcpy(&s, acc[k] + c0 + L * i, sizeof(vec));
+        s = s + v3;
+        std::memcpy(acc[k] + c0 + L * i, &s, sizeof(vec));
+      }
+    }
+  }
+}
+
+__attribute__((always_inline)) inline void prefetch_slot(const GenArgs& a, int64_t j) {
+  const int64_t src = static_cast<int64_t>(static_cast<const index_t*>(a.col)[j]);
+  const int64_t e = static_cast<int64_t>(static_cast<const index_t*>(a.perm)[j]);
+  if (in_range(src, a.num_src)) {
+    const char* p = reinterpret_cast<const char*>(static_cast<const scalar_t*>(a.inputs[0]) + src * a.widths[0]);
+    for (int bb = 0; bb < TILE * 4; bb += 64) __builtin_prefetch(p + bb, 0, 2);
+  }
+  if (in_range(e, a.num_edges))
+    __builtin_prefetch(static_cast<const scalar_t*>(a.inputs[1]) + e * 16, 0, 2);
+}
+}  // namespace
+
+extern "C" int gnncompile_codegen_abi() { return kCodegenAbi; }
+
+extern "C" int gnncompile_message_rows(const GenArgs* ap, int64_t row_begin, int64_t row_end) {
+  const GenArgs& a = *ap;
+  const index_t* rowptr = static_cast<const index_t*>(a.rowptr);
+  const index_t* col = static_cast<const index_t*>(a.col);
+  const index_t* perm = static_cast<const index_t*>(a.perm);
+  const scalar_t* in0 = static_cast<const scalar_t*>(a.inputs[0]);
+  const int64_t w0 = a.widths[0];
+  const scalar_t* in1 = static_cast<const scalar_t*>(a.inputs[1]);
+  const scalar_t* wt1 = static_cast<const scalar_t*>(a.inputs[2]);
+  const scalar_t* bs1 = static_cast<const scalar_t*>(a.inputs[3]);
+  const int64_t ew1 = a.widths[2];
+  const int64_t F = a.F;
+  const int n = static_cast<int>(F);
+  scalar_t* out = static_cast<scalar_t*>(a.out);
+  alignas(64) acc_t bufs[K + 1][TILE];
+  acc_t* slot_acc[K + 1];
+  for (int i = 0; i <= K; ++i) slot_acc[i] = bufs[i];
+  if (row_begin >= row_end) return 0;
+  // `row`: the first row not stored; [rb, re): its slots; j: the next slot to compute
+  int64_t row = row_begin;
+  if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+  int64_t rb = static_cast<int64_t>(rowptr[row]), re = static_cast<int64_t>(rowptr[row + 1]);
+  int64_t j = rb;
+  for (int t = 0; t < n; ++t) slot_acc[0][t] = reduce_init<Reduce::Sum, acc_t>();
+  while (true) {
+    // store the rows that are complete
+    while (j == re) {
+      store_reduced<scalar_t, Reduce::Sum, acc_t>(slot_acc[0], nullptr, nullptr, rb, re - rb, n, out + row * F, nullptr);
+      if (++row == row_end) return 0;
+      if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+      rb = static_cast<int64_t>(rowptr[row]);
+      re = static_cast<int64_t>(rowptr[row + 1]);
+      for (int t = 0; t < n; ++t) slot_acc[0][t] = reduce_init<Reduce::Sum, acc_t>();
+    }
+    // a block: up to K slots from j, crossing into later rows of the chunk
+    const scalar_t* fa[K];
+    const scalar_t* xr[K];
+    acc_t* accp[K];
+    int kk = 0, m = 0;           // m: the acc slot of the block's current row
+    int64_t r = row, rre = re;   // the row of the slot being added, its end
+    int64_t s = j;
+    while (kk < K) {
+      if (s == rre) {  // row r done: the next row with a slot, if the chunk has one
+        int64_t r2 = r + 1;
+        bool found = false;
+        while (r2 < row_end) {
+          if (!row_ok(rowptr, r2, a.num_edges)) break;  // checked again (and raised) when stored
+          if (static_cast<int64_t>(rowptr[r2 + 1]) > s) { found = true; break; }
+          ++r2;
+        }
+        if (!found) break;
+        r = r2;
+        rre = static_cast<int64_t>(rowptr[r + 1]);
+        ++m;
+        for (int t = 0; t < n; ++t) slot_acc[m][t] = reduce_init<Reduce::Sum, acc_t>();
+      }
+      const int64_t src = static_cast<int64_t>(col[s]);
+      if (!in_range(src, a.num_src)) return static_cast<int>(Status::BadCol);
+      const int64_t e = static_cast<int64_t>(perm[s]);
+      if (!in_range(e, a.num_edges)) return static_cast<int>(Status::BadPerm);
+      fa[kk] = in1 + e * 16;
+      xr[kk] = in0 + src * w0;
+      accp[kk] = slot_acc[m];
+      ++kk;
+      ++s;
+    }
+    for (int q = 0; q < kk; ++q) if (j + PD + q < a.num_edges) prefetch_slot(a, j + PD + q);
+    for (int q = kk; q < K; ++q) { fa[q] = fa[kk - 1]; xr[q] = xr[kk - 1]; accp[q] = nullptr; }
+    block_msg(fa, xr, accp, 16, wt1, ew1, bs1, n);
+    j = s;
+    // rows before the block's last row are complete: store them (m rows after `row` got slots)
+    // walk rows from `row`, storing each complete one; the block's rows with slots map to acc 0..m
+    int idx = 0;
+    while (idx < m) {
+      // row `row` is complete (its slots all in this or earlier blocks)
+      store_reduced<scalar_t, Reduce::Sum, acc_t>(slot_acc[idx], nullptr, nullptr, rb, re - rb, n, out + row * F, nullptr);
+      ++row;
+      // empty rows between: stored as zeros
+      while (true) {
+        if (!row_ok(rowptr, row, a.num_edges)) return static_cast<int>(Status::BadRowptr);
+        rb = static_cast<int64_t>(rowptr[row]);
+        re = static_cast<int64_t>(rowptr[row + 1]);
+        if (re > rb) break;
+        alignas(64) acc_t z[TILE];
+        for (int t = 0; t < n; ++t) z[t] = reduce_init<Reduce::Sum, acc_t>();
+        store_reduced<scalar_t, Reduce::Sum, acc_t>(z, nullptr, nullptr, rb, 0, n, out + row * F, nullptr);
+        ++row;
+      }
+      ++idx;
+    }
+    if (m > 0) std::swap(slot_acc[0], slot_acc[m]);
+  }
+}
+"""
+
+
+def overlap_kernels(inputs, sides, code, consts, F: int, index_dtype) -> Dict[str, int]:
+    """The --overlap kernels' addresses (walk_only, x_row0, x_row0_prefetched: the encoder
+    program's generated source edited; one_pass: _ONE_PASS, where F = 128, D = 16, float32 and
+    int64 indices)."""
+    spec = _emit.make_spec(code, consts, sides, [int(t.shape[1]) for t in inputs], F, "sum", inputs[0].dtype,
+                           index_dtype)
+    src = _emit.emit(spec)
+
+    def edit(*pairs):
+        out = src
+        for old, new in pairs:
+            if old not in out:
+                raise RuntimeError(f"codegen_encoder --overlap: the generated source has no {old!r}")
+            out = out.replace(old, new)
+        return build.load_kernel(out)
+
+    row0 = ("const scalar_t* p0 = in0 + src * w0;", "const scalar_t* p0 = in0 + 0 * src;")
+    x_prefetch = ("for (int b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2); }",
+                  "(void)p; (void)bytes; }")
+    out = {"walk_only": edit(("for (int64_t j = begin; j < end; ++j) {", "for (int64_t j = begin; j < begin; ++j) {")),
+           "x_row0": edit(row0, x_prefetch), "x_row0_prefetched": edit(row0)}
+    if (F, int(inputs[1].shape[1]), inputs[0].dtype, index_dtype) == (128, 16, torch.float32, torch.int64):
+        out["one_pass"] = build.load_kernel(_ONE_PASS)
+    return out
 
 
 def gather_only_kernel(inputs, sides, code, consts, F: int, index_dtype):
@@ -345,6 +583,15 @@ def markdown(p: dict) -> str:
         lines.append(f"Floors (not results: kernels that leave a part out): the gather and walk without the "
                      f"mat-vec {fs['gather_only']['ratio_to_spmm']:.2f}x, the mat-vec without memory "
                      f"{fs['matvec_only']['ratio_to_spmm']:.2f}x the spmm.")
+    if "x_row0" in fs:
+        ms = {k: v["median_ms"] for k, v in fs.items()}
+        walk = ms["walk_only"]
+        lines.append(f"Taken apart (medians less walk_only's {walk:.1f} ms, the allocation and row walk all pay): "
+                     f"generated {ms['generated'] - walk:.1f} ms; without the x_j gather (x_row0) "
+                     f"{ms['x_row0'] - walk:.1f}; the gather alone (gather_only) {ms['gather_only'] - walk:.1f}; the "
+                     f"gather's prefetches issued but never read (x_row0_prefetched) {ms['x_row0_prefetched'] - walk:.1f}"
+                     + (f"; one_pass {ms['one_pass'] - walk:.1f} ({fs['one_pass']['ratio_to_spmm']:.2f}x the spmm)"
+                        if "one_pass" in ms else "") + ".")
     lines.append("")
     return "\n".join(lines)
 
@@ -362,6 +609,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--dim", type=int, default=16, help="D, the edge features")
     ap.add_argument("--backward", action="store_true", help="the encoder's gradients: per edge vs accumulated")
+    ap.add_argument("--overlap", action="store_true", help="add the kernels that take the gather and the "
+                    "arithmetic apart (walk_only, x_row0, x_row0_prefetched, one_pass)")
     ap.add_argument("--out", default=None, help="the results' file name (without .json / .md); default "
                     "codegen_encoder[_backward][_quick]")
     args = ap.parse_args(argv)
@@ -380,7 +629,7 @@ def main(argv=None) -> int:
                               payload,
                               markdown_backward)
         return 0
-    res = run(N, 128, args.dim, rounds)
+    res = run(N, 128, args.dim, rounds, overlap=args.overlap)
     payload = {"command": _common.command("codegen_encoder", argv), "cpu": _common.cpu_model(),
                "threads": args.threads, "machine": _common.machine(), "env": _allocator_env(),
                "compiler": build._compiler_identity(build.compiler()),
