@@ -17,13 +17,14 @@
 //   g++ -O3 -march=native -std=gnu++17 -ffp-contract=off benchmarks/native/prefetch_overlap.cpp \
 //       -o /tmp/prefetch_overlap && for m in "0 0" "4 45" "0 45" "1 45" "2 45" "3 45"; do /tmp/prefetch_overlap $m; done
 //
-// Measured on a 2-core AMD EPYC (family 25 model 17, Zen 4), GCC 12.2, 2026-12-05 (the other core
-// busy; benchmarks/results/README.md, "The gather and the encoder's arithmetic taken apart"):
-// arithmetic alone 190 ns a block (38 ns an edge: the 128-cycle bound of 2048 products and 2048
-// sums on two multiply and two add pipes), prefetches alone 80-87, burst before 243-258 (of the
-// 86 ns of memory, 53-68 not hidden), four bursts 291-331, every second step 278-300, every step
-// 295-311. With HUGE=1: 190, 80-86, 225, 244, 230, 243. Spreading the prefetches through the
-// arithmetic never beat the single burst.
+// Measured on a 2-core AMD EPYC (family 25 model 17, Zen 4), GCC 12.2, 2026-12-05, three runs
+// each, ns a block (benchmarks/results/README.md, "The gather and the encoder's arithmetic taken
+// apart"). 4 KiB pages: arithmetic alone 189-190 (38 ns an edge, near the 128-cycle bound of 2048
+// products and 2048 sums on two multiply and two add pipes), prefetches alone 85-88, burst before
+// 279-303 (the sum of the two is 275: nothing hidden), four bursts 293-308, every second step
+// 293-295, every step 302. HUGE=1: 189-194, 77-85, 248-256, 253-255, 242-246, 254-256 (58-66 of
+// the prefetches' 77-85 ns not hidden). Spreading the prefetches through the arithmetic did not
+// beat the single burst, with either page size.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
