@@ -381,8 +381,14 @@ def install() -> None:
             if fn is not None:
                 mod = self.value
                 nm.guard_to_detect_forward_monkeypatching(self.source, mod)
-                with nm.record_nn_module_stack(str(id(mod)), self.get_nn_module_stack_source(), tx, mod):
-                    return V.UserFunctionVariable(fn).call_function(tx, [self] + list(args), kwargs)
+                try:
+                    with nm.record_nn_module_stack(str(id(mod)), self.get_nn_module_stack_source(), tx, mod):
+                        return V.UserFunctionVariable(fn).call_function(tx, [self] + list(args), kwargs)
+                except Exception:  # a graph break inside (Dynamo restarts without inlining the
+                    rec = getattr(_local, "record", None)  # call) or an error: not taken
+                    if rec is not None:
+                        rec.taken.pop(id(mod), None)
+                    raise
         return orig(self, tx, args, kwargs)
 
     call_function.__wrapped__ = orig

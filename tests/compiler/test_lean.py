@@ -322,3 +322,16 @@ def test_why_not_reads_the_module():
     conv.register_forward_hook(lambda m, a, o: None)
     assert lean.why_not(conv).startswith("a module hook")
     assert lean.why_not(MyGIN(_mlp(8))).startswith("not one of")
+
+
+def test_a_graph_break_inside_a_lean_forward_is_not_reported_as_taken():
+    """With scalar reads and data-dependent sizes left to eager (capture_dynamic False), GCNConv's
+    self loops break the graph inside the lean forward: Dynamo traces again without inlining the
+    layer, which then runs its own forward, and the record does not list it."""
+    torch.manual_seed(0)
+    model = Net("gcn")
+    inputs = _graph(11)
+    torch._dynamo.reset()
+    compiled = gnncompile.compile(model, dynamic=True, settings={"capture_dynamic": False, "choices": {"guard": "off"}})
+    torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    assert compiled.lean_record.lines(model) == []
