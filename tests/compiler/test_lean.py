@@ -335,3 +335,27 @@ def test_a_graph_break_inside_a_lean_forward_is_not_reported_as_taken():
     compiled = gnncompile.compile(model, dynamic=True, settings={"capture_dynamic": False, "choices": {"guard": "off"}})
     torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
     assert compiled.lean_record.lines(model) == []
+
+
+def test_gine_without_an_edge_encoder_is_pygs_bit_for_bit_and_raises_as_pyg():
+    torch.manual_seed(0)
+
+    class One(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GINEConv(_mlp(8))  # edge_dim None: no edge encoder
+
+        def forward(self, x, edge_index, edge_attr):
+            return self.conv(x, edge_index, edge_attr)
+
+    m = One()
+    x, ei, _, _ = _graph(12)
+    ea = torch.randn(ei.size(1), 8)
+    rec = lean.Record()
+    out_l, grads_l, graphs_l = _capture(m, (x, ei, ea), True, rec)
+    out_p, grads_p, graphs_p = _capture(m, (x, ei, ea), False)
+    assert rec.lines(m) == ["conv (GINEConv): lean forward"]
+    assert _ops(graphs_l[0]) == _ops(graphs_p[0])
+    assert torch.equal(out_l, out_p) and all(torch.equal(a, b) for a, b in zip(grads_l, grads_p))
+    with pytest.raises(Exception, match="dimensionalities do not match"):
+        _capture(m, (x, ei, torch.randn(ei.size(1), 3)), True)
