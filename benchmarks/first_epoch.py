@@ -26,7 +26,9 @@ without a profiler:
   kernels built or loaded (``gnncompile.codegen``); graph structures built; recompiles and graph
   breaks.
 
-``--variants``: besides ``eager`` and ``gnncompile``, ``dynamo-eager`` (``torch.compile(model,
+``--variants``: besides ``eager`` and ``gnncompile``, ``gnncompile-nolean`` (``gnncompile.compile``
+with ``settings={"choices": {"lean_layers": "off"}}``: Dynamo traces PyG's layers as written
+instead of gnncompile's lean forwards, :mod:`gnncompile.compiler.lean`), ``dynamo-eager`` (``torch.compile(model,
 backend="eager", dynamic=True)`` with the sizes captured as gnncompile captures them: Dynamo
 alone, no passes, no guard) and ``gnncompile-warm`` (another small function compiled before
 the epoch, not timed: Dynamo's first use in a process, its lazy imports and caches, paid
@@ -58,7 +60,7 @@ import torch
 from . import _common
 from . import molecules as M
 
-VARIANTS = ("eager", "gnncompile", "dynamo-eager", "gnncompile-warm")
+VARIANTS = ("eager", "gnncompile", "dynamo-eager", "gnncompile-warm", "gnncompile-nolean")
 DYNAMO_KEYS = ("_compile.compile_inner", "bytecode_tracing", "get_fake_value", "variable_builder_call",
                "build_guards", "OutputGraph.call_user_compiler", "insert_deferred_runtime_asserts")
 
@@ -216,6 +218,8 @@ def measure(kind: str, variant: str, opts) -> dict:
         def run(*args):
             with dynamic_output_shapes(True):
                 return plain(*args)
+    elif variant == "gnncompile-nolean":  # PyG's code traced as written (gnncompile.compiler.lean off)
+        run = gnncompile.compile(model, dynamic=True, settings={"choices": {"lean_layers": "off"}})
     else:
         run = M.wrap(model, "gnncompile-pooled" if compiled else "eager")
     if probes is not None and getattr(run, "_guard", None) is not None:
@@ -376,21 +380,26 @@ def markdown(p: dict) -> str:
     row("graphs compiled / breaks", None, lambda c: f"{c['graphs_compiled']} / {c['graph_breaks']}")
     row("generated kernels built / loaded", None,
         lambda c: f"{c['codegen'].get('builds', 0)} / {c['codegen'].get('disk_hits', 0)}")
-    others = [(k, v, R[k][v]) for k in p["models"] for v in R[k] if v in ("dynamo-eager", "gnncompile-warm")
-              or (v == "gnncompile" and any(o in R[k] for o in ("dynamo-eager", "gnncompile-warm")))]
+    extra = ("dynamo-eager", "gnncompile-warm", "gnncompile-nolean")
+    others = [(k, v, R[k][v]) for k in p["models"] for v in R[k] if v in extra
+              or (v == "gnncompile" and any(o in R[k] for o in extra))]
     if others:
         lines += ["", "Dynamo alone (dynamo-eager: `torch.compile(model, backend='eager', dynamic=True)` with the "
-                  "same capture of sizes, no passes, no guard) and Dynamo's first use in the process "
-                  "(gnncompile-warm: another function compiled before the epoch, its time not counted):", "",
+                  "same capture of sizes, no passes, no guard), Dynamo's first use in the process "
+                  "(gnncompile-warm: another function compiled before the epoch, its time not counted) and "
+                  "PyG's code traced as written (gnncompile-nolean: `settings={'choices': {'lean_layers': "
+                  "'off'}}`, gnncompile.compiler.lean off):", "",
                   "| model | variant | first epoch ms | vs eager | first forward ms | compile_inner ms | "
-                  "bytecode tracing ms | warm-up compile ms (before the epoch) |", "|---|---|---|---|---|---|---|---|"]
+                  "bytecode tracing ms | building guards ms | median step 2-32 ms | first loss | "
+                  "warm-up compile ms (before the epoch) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for k, v, r in others:
             if "first_epoch_s" not in r:
-                lines.append(f"| {k} | {v} | error: {r.get('error', '')[:200]} | | | | | |")
+                lines.append(f"| {k} | {v} | error: {r.get('error', '')[:200]} | | | | | | | | |")
                 continue
             lines.append(f"| {k} | {v} | {_ms(r['first_epoch_s'])} | {r.get('over_eager_first_epoch', 0):.2f}x | "
                          f"{_ms(r['first_step']['forward_s'])} | {_ms(r['dynamo_s']['_compile.compile_inner'])} | "
-                         f"{_ms(r['dynamo_s']['bytecode_tracing'])} | {_ms(r.get('warm_up_s', 0.0))} |")
+                         f"{_ms(r['dynamo_s']['bytecode_tracing'])} | {_ms(r['dynamo_s']['build_guards'])} | "
+                         f"{r['step_median_ms']:.1f} | {r['first_loss']:.6f} | {_ms(r.get('warm_up_s', 0.0))} |")
     lines += ["", "What the speed guard kept (first round):", ""]
     for k in p["models"]:
         c = R[k].get("gnncompile", {})
@@ -444,7 +453,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default=",".join(M.MODELS))
     ap.add_argument("--variants", default="eager,gnncompile",
-                    help="comma list of eager, gnncompile, dynamo-eager (torch.compile(backend='eager') with the "
+                    help="comma list of eager, gnncompile, gnncompile-nolean (lean forwards off), dynamo-eager (torch.compile(backend='eager') with the "
                          "same capture: Dynamo alone), gnncompile-warm (after a warm-up compile of another "
                          "function: Dynamo's first use in the process paid before the epoch)")
     ap.add_argument("--attribute", action="store_true", help="also time Dynamo's tracing per inlined function")

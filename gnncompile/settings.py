@@ -64,6 +64,9 @@ Fields:
   :func:`gnncompile.passes.messages.encoder_inside`), 'inside' (computed per edge inside
   the message kernels, its ``E x W`` output never stored; :mod:`gnncompile.passes.messages`) or
   'outside' (computed as written, read by the kernels; ``$GNNCOMPILE_EDGE_ENCODER``).
+  ``lean_layers``: 'auto' (default: Dynamo traces a lean forward of each GINConv, GINEConv and
+  GCNConv layer that may take it, the same ops in the same order as PyG's, for a shorter first
+  call; :mod:`gnncompile.compiler.lean`) or 'off' (PyG's code traced as written).
 * ``profile``: where the profile's settings came from (:attr:`gnncompile.profiles.Profile.label`:
   a path, "(defaults)", or a transfer: "<path> (transferred from <device key>, checked: 1.07x
   the defaults [0.98, 1.15])", "(defaults; transfer from <key> rejected: <reason>)").
@@ -79,6 +82,8 @@ from . import config as _config
 #: the ops a knob list may be given for in ``op_knobs``
 OPS = ("spmm", "edge_softmax", "message", "gather", "attention")
 ATTENTION_MODES = ("fused", "chain")
+#: what choices['lean_layers'] may hold (gnncompile.compiler.lean)
+LEAN_MODES = ("auto", "off")
 #: what choices['spmm_impl'] may hold (gnncompile.compiler.portfolio)
 SPMM_IMPLS = _config.SPMM_IMPLS
 #: what choices['precision'] may hold (gnncompile.passes.precision)
@@ -206,12 +211,16 @@ class Settings:
         if encoder not in _config.EDGE_ENCODER_MODES:
             raise ValueError(f"gnncompile settings: choices['edge_encoder'] must be one of "
                              f"{_config.EDGE_ENCODER_MODES}, got {encoder!r}")
+        lean = dict(self.choices).get("lean_layers", "auto")
+        if lean not in LEAN_MODES:
+            raise ValueError(f"gnncompile settings: choices['lean_layers'] must be one of {LEAN_MODES}, got {lean!r}")
         unknown = set(dict(self.choices)) - {"programs", "guard", "attention", "huge_pages", "buffer_cache",
-                                             "cuda_unverified", "spmm_impl", "precision", "edge_encoder"}
+                                             "cuda_unverified", "spmm_impl", "precision", "edge_encoder",
+                                             "lean_layers"}
         if unknown:
             raise ValueError(f"gnncompile settings: unknown choice(s) {sorted(unknown)}; the choices are "
                              "'programs', 'guard', 'attention', 'huge_pages', 'buffer_cache', 'cuda_unverified', "
-                             "'spmm_impl', 'precision' and 'edge_encoder'")
+                             "'spmm_impl', 'precision', 'edge_encoder' and 'lean_layers'")
 
     # ------------------------------------------------------------------ reading
     def knobs_for(self, device: Any, op: Optional[str] = None) -> List[int]:
@@ -236,6 +245,13 @@ class Settings:
     def edge_encoder(self) -> str:
         """The edge-encoder choice: 'auto' (default), 'inside' or 'outside'."""
         return dict(self.choices).get("edge_encoder", "auto")
+
+    @property
+    def lean_layers(self) -> str:
+        """The lean-forward choice (:mod:`gnncompile.compiler.lean`): 'auto' (default: Dynamo
+        traces the lean forward of the PyG layers that may take it) or 'off' (PyG's code as
+        written)."""
+        return dict(self.choices).get("lean_layers", "auto")
 
     @property
     def attention(self) -> str:

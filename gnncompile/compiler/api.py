@@ -17,6 +17,7 @@ from ..hardware import memory as _memory
 from ..settings import Settings
 from . import backend as _backend
 from . import guard as _guard
+from . import lean as _lean
 
 _log = get_logger(__name__)
 
@@ -47,6 +48,10 @@ class CompiledModule(torch.nn.Module):
         # what the compiled graphs run with (their knobs are baked into them as op arguments)
         object.__setattr__(self, "gnncompile_settings", Settings() if settings is None else settings)
         object.__setattr__(self, "_capture", self.gnncompile_settings.capture_dynamic)
+        # the lean forwards of PyG layers Dynamo traces (gnncompile.compiler.lean): on unless
+        # settings choices['lean_layers'] is 'off'; what they did per layer, as last traced
+        object.__setattr__(self, "_lean", self.gnncompile_settings.lean_layers != "off")
+        object.__setattr__(self, "lean_record", _lean.Record())
         # set by compile(): the backend, and how to compile the model again (_capture_switch)
         object.__setattr__(self, "_backend", None)
         object.__setattr__(self, "_earlier", [])  # backends compiled before a capture switch
@@ -89,7 +94,7 @@ class CompiledModule(torch.nn.Module):
         if self._failed is not None:
             return self._orig_mod(*args, **kwargs)
         try:
-            with _backend.dynamic_output_shapes(self._capture):
+            with _backend.dynamic_output_shapes(self._capture), _lean.scope(self._lean, self.lean_record):
                 out = self._compiled(*args, **kwargs)
             if self._capture is True and self._backend is not None and self._backend.data_dependent_breaks:
                 self._capture_switch()
@@ -407,10 +412,11 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
                            + (guard.decisions if guard is not None else []))
         return out
     compiled_fn, capture = compiled, s.capture_dynamic
+    lean_on, lean_record = s.lean_layers != "off", _lean.Record()
 
     @functools.wraps(model)
     def compiled(*args, **kwargs):
-        with _backend.dynamic_output_shapes(capture):
+        with _backend.dynamic_output_shapes(capture), _lean.scope(lean_on, lean_record):
             return compiled_fn(*args, **kwargs)
 
     compiled.gnncompile_profile = prof
@@ -418,6 +424,7 @@ def compile(model, *, profile: Any = "auto", inner: str = "auto", dynamic: Optio
     compiled.gnncompile_huge_pages = huge_pages
     compiled.gnncompile_buffer_cache = buffer_cache
     compiled.guard_decisions = be.guard_decisions
+    compiled.lean_record = lean_record
     return compiled
 
 

@@ -38,6 +38,7 @@ from ..passes.canonical import size_hint
 from ..passes.report import one_line
 from ..settings import Settings
 from ..ops import hoisted, loops
+from . import lean as _lean
 from .._log import get_logger, log_fusions
 from . import portfolio as _portfolio
 from .guard import SpeedGuard, unrewritten_copy
@@ -484,6 +485,7 @@ class _RecompileLimitWatch(logging.Filter):
 logging.getLogger("torch._dynamo.convert_frame").addFilter(_RecompileLimitWatch())
 _register()
 loops.install()  # PyG's self-loop functions traced as gnncompile ops (see gnncompile.ops.loops)
+_lean.install()  # lean forwards of PyG layers while a gnncompile scope is active (gnncompile.compiler.lean)
 
 __all__ = ["gnncompile_backend", "make_backend", "Backend", "collect", "dynamic_output_shapes", "STATS",
            "RecompileLimitWarning", "RECOMPILE_LIMITS",

@@ -15,6 +15,7 @@ from .._log import get_logger
 from ..settings import Settings
 from . import backend as _backend
 from . import guard as _guard
+from . import lean as _lean
 
 _log = get_logger(__name__)
 
@@ -69,6 +70,9 @@ class ExplainReport(Fusions):
     op_calls: Dict[str, int] = field(default_factory=dict)
     # each graph piece's own fused chains (the lists above are all pieces' together)
     pieces: List[GraphPiece] = field(default_factory=list)
+    # the PyG layers Dynamo traced through gnncompile's lean forward, and those of its classes
+    # that kept PyG's forward with the reason (gnncompile.compiler.lean.Record.lines)
+    lean_layers: List[str] = field(default_factory=list)
 
     @property
     def num_graph_breaks(self) -> int:
@@ -88,6 +92,10 @@ class ExplainReport(Fusions):
                              + ", ".join(f"{k} x{v}" for k, v in sorted(self.op_calls.items())))
             if title == "fused:" and len(self.pieces) > 1:
                 lines.append("  fused chains per graph piece: " + ", ".join(str(p.num_fused) for p in self.pieces))
+        if self.lean_layers:
+            lines.append("lean forwards (Dynamo traced gnncompile's lean forward of these PyG layers: the same ops "
+                         "in the same order, less Python to trace):")
+            lines += [f"  {x}" for x in self.lean_layers]
         if self.skipped_frames:
             lines.append("frames Dynamo skipped (they run eagerly; nothing in them is fused):")
             lines += [f"  {f}" for f in self.skipped_frames]
@@ -130,7 +138,7 @@ class ExplainReport(Fusions):
                 "guard": self.guard, "huge_pages": self.huge_pages,
                 "buffer_cache": self.buffer_cache, "message_kernels": self.message_kernels,
                 "op_calls": dict(self.op_calls),
-                "pieces": [p.as_dict() for p in self.pieces]}
+                "pieces": [p.as_dict() for p in self.pieces], "lean_layers": list(self.lean_layers)}
 
 
 def _frame_root(report, model) -> str:
@@ -201,8 +209,9 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         # the model's own settings, run by the eager inner compiler (no code generation)
         be = _backend.Backend(settings.replace(inner="eager", choices={**dict(settings.choices), "guard": "off"}))
         compiled = torch.compile(model, backend=be, dynamic=False)
+        lean = _lean.Record()
         with _backend.collect() as reports, _backend.dynamic_output_shapes(capture), \
-                cfg.patch(**room), _fresh_code(model):
+                _lean.scope(settings.lean_layers != "off", lean), cfg.patch(**room), _fresh_code(model):
             compiled(*example_inputs, **example_kwargs)
         if attempt or capture is not True or not be.data_dependent_breaks:
             break
@@ -210,7 +219,8 @@ def explain(model, *example_inputs, **example_kwargs) -> ExplainReport:
         capture, switched = _backend.CAPTURE_OUTPUTS, be.data_dependent_breaks[0]
     rep = ExplainReport(num_graphs=len(reports), settings=settings, guard=guard,
                         huge_pages=huge_pages if isinstance(huge_pages, str) else None,
-                        buffer_cache=buffer_cache if isinstance(buffer_cache, str) else None)
+                        buffer_cache=buffer_cache if isinstance(buffer_cache, str) else None,
+                        lean_layers=lean.lines(model))
     for r in reports:
         _place_in_model(r, model)
         rep.pieces.append(GraphPiece(fused=list(r.fused), unfused=list(r.unfused),
