@@ -57,7 +57,7 @@ MODES = _config.HUGE_PAGE_MODES  # the setting's values, defined with its variab
 #: step (its trim threshold follows the mmap threshold: twice the largest block freed), so the
 #: node-sized tensors of a small-graph training step (a 3,300 x 64 float32 activation is 0.8 MiB)
 #: were faulted in again step after step: 400-650 minor faults a step for GIN on molecule batches
-#: of ~3.3k nodes (about 0.5 ms of a 6 ms step; benchmarks/results/HISTORY.md, section 38). From
+#: of ~3.3k nodes (about 0.5 ms of a 6 ms step; benchmarks/results/small_steps_cache_s56a.md). From
 #: 256 KiB up they come from the cache, already faulted in; smaller ones stay glibc's
 DEFAULT_CACHE_MIN = 256 << 10
 #: the 'auto' cap of the block cache: this share of the machine's memory, at most CACHE_CAP_MAX
