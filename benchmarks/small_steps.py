@@ -8,8 +8,10 @@ its graphs in prebuilt batches of 128, one step = forward, cross-entropy, backwa
 variants ``eager`` or ``gnc:INNER[+prog|+never][+guard]`` (``gnncompile.compile(dynamic=True,
 inner=INNER)``, programs 'always' / 'never' / the default 'auto', the speed guard off unless
 ``+guard``; ``@KIB`` after a variant: the block cache of gnncompile.hardware.memory set to keep
-freed blocks from KIB KiB up before each of its steps, e.g. ``eager@2048`` for the minimum before
-small_steps_cache_s56a.md (the cache is process-wide: a compiled variant turns it on for eager too);
+freed blocks from KIB KiB up before each of its steps, inside the timed step (about 30 us, alike
+for every suffixed variant), e.g. ``eager@2048`` for the 2 MiB minimum the cache had before
+results/small_steps_cache_s56a.md (the cache is process-wide: a compiled variant turns it on for
+eager too);
 ``+noself``: compiled with GINConv's self term left unfolded, the graph as before
 passes/self_term.py, for an A/B of the fold in one process). Every variant steps through every batch in turn, the variants' order rotated each
 round (a variant that always follows another one measured 5-10% apart from an identical one);
