@@ -39,6 +39,11 @@ The loader-prepared structures (issue 24 point 2; run only when named in ``--var
   gnncompile-pooled-w2-struct  PooledLoader(num_workers=2, structures=True): the workers
                                build them into the slot, the parent adopts them
   gnncompile-prefetch          DataLoader through ``gnncompile.data.prefetch_structures(depth=2)``
+The allocator alone (run only when named in ``--variants``):
+  eager-allocator     the model as written, DataLoader, with what ``gnncompile.compile`` turns on
+                      process-wide for a CPU model (gnncompile.hardware.memory: huge pages where
+                      the kernel's mode is madvise, the block cache of freed allocations): which
+                      part of a compiled variant's lead over eager is the allocator's
 
 Per run: epoch 1 timed whole (compilation included); the first step's loss checked against an
 eager copy of the model on the same batch (1e-4 relative); ``--epochs`` more epochs timed whole
@@ -79,6 +84,7 @@ VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile-pooled", "gnncompile-
 # the loader's structures (issue 24 point 2), A/B; not run unless named in --variants
 STRUCT_VARIANTS = ("gnncompile-pooled-struct", "gnncompile-pooled-w2", "gnncompile-pooled-w2-struct",
                    "gnncompile-prefetch")
+ALLOCATOR_VARIANTS = ("eager-allocator",)
 PREPARED = ("gnncompile-pooled-struct", "gnncompile-pooled-w2-struct", "gnncompile-prefetch")
 GROUPS = ("gnncompile fused ops", "matmul", "other aten ops", "optimizer", "Dynamo cache lookup (guards)",
           "compiled region (wrappers)", "AOT CompiledFunction (graph code)", "autograd engine", "outside ops")
@@ -138,6 +144,12 @@ def build_model(kind: str) -> Classifier:
 
 def wrap(model, variant: str):
     if variant == "eager":
+        return model
+    if variant == "eager-allocator":
+        from gnncompile.hardware import memory
+
+        memory.apply("auto", {"cpu"})
+        memory.apply_cache("auto", {"cpu"})
         return model
     if variant == "inductor":
         return torch.compile(model, dynamic=True)
@@ -277,7 +289,7 @@ def measure(kind: str, variant: str, dataset: list, opts) -> dict:
             fresh.append(time.perf_counter() - t0)
     recompiles = counters["stats"]["unique_graphs"] - graphs_after_first
     parts = breakdown(step, pre)
-    compiled = variant != "eager"
+    compiled = variant not in ("eager",) + ALLOCATOR_VARIANTS
     return {"model": kind, "variant": variant, "first_epoch_s": first_epoch, "epoch_s": statistics.median(epochs),
             "epoch_times_s": epochs, "step_s": statistics.median(steps), "step_fresh_s": statistics.median(fresh),
             "batches": len(pre),
@@ -426,7 +438,7 @@ def main(argv=None) -> dict:
         return out
     models = [m.strip() for m in opts.models.split(",") if m.strip()]
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
-    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS + STRUCT_VARIANTS]
+    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS + STRUCT_VARIANTS + ALLOCATOR_VARIANTS]
     if bad:
         ap.error(f"unknown models / variants {bad}; known: {', '.join(MODELS)} / {', '.join(VARIANTS)}")
     load_before = _common.loadavg()

@@ -8,7 +8,7 @@ glibc maps every allocation above its mmap threshold (at most 32 MB) afresh and 
 is freed, so a training step on a large graph faults its large tensors in again on every step,
 4 KB at a time. ``choices['huge_pages'] = 'auto'`` (default) marks the whole 2 MB pages inside
 torch's allocations of >= 2 MiB for transparent huge pages; ``choices['buffer_cache'] = 'auto'``
-(default) keeps freed allocations of >= 2 MiB for reuse (capped), so that a step's large tensors
+(default) keeps freed allocations of >= 256 KiB for reuse (capped; 2 MiB before small_steps_cache_s56a.md), so that a step's large tensors
 are not mapped and faulted in again; 'off' leaves torch's allocator as it is. A setting is
 ``HUGE:CACHE`` (``--settings``, default ``off:off,auto:off,auto:auto``: torch as it is, huge
 pages alone, both; the first is the reference of the ratio column). One training step (forward, cross-entropy, backward, Adam) of a compiled

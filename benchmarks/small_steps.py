@@ -7,7 +7,12 @@
 its graphs in prebuilt batches of 128, one step = forward, cross-entropy, backward, Adam;
 variants ``eager`` or ``gnc:INNER[+prog|+never][+guard]`` (``gnncompile.compile(dynamic=True,
 inner=INNER)``, programs 'always' / 'never' / the default 'auto', the speed guard off unless
-``+guard``; ``+noself``: compiled with GINConv's self term left unfolded, the graph as before
+``+guard``; ``@KIB`` after a variant: the block cache of gnncompile.hardware.memory set to keep
+freed blocks from KIB KiB up before each of its steps, inside the timed step (about 30 us, alike
+for every suffixed variant), e.g. ``eager@2048`` for the 2 MiB minimum the cache had before
+results/small_steps_cache_s56a.md (the cache is process-wide: a compiled variant turns it on for
+eager too);
+``+noself``: compiled with GINConv's self term left unfolded, the graph as before
 passes/self_term.py, for an A/B of the fold in one process). Every variant steps through every batch in turn, the variants' order rotated each
 round (a variant that always follows another one measured 5-10% apart from an identical one);
 medians per variant. ``--breakdown``: one more pass per variant under torch.profiler, self CPU
@@ -85,6 +90,22 @@ def _group(name: str) -> str:
     return M._group(name)
 
 
+def _cache_min(variant: str):
+    """``NAME@KIB`` -> (NAME, KIB): the block cache's minimum block size (KiB) set before each of
+    the variant's steps; (NAME, 0) without a suffix (the cache as compile() set it)."""
+    name, sep, kib = variant.partition("@")
+    if sep and (not kib.isdigit() or int(kib) < 4):
+        raise SystemExit(f"small_steps: {variant!r}: the suffix @KIB needs a whole number of KiB >= 4")
+    return name, int(kib or 0)
+
+
+def _set_cache_min(kib: int) -> None:
+    from gnncompile.hardware import memory
+
+    st = memory.status()
+    memory.enable_cache(st["cache_cap"] or memory.default_cache_cap(), min_bytes=kib << 10)
+
+
 def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: bool) -> dict:
     from torch_geometric.loader import DataLoader
 
@@ -93,6 +114,7 @@ def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: 
     runs, losses = {}, {}
     for v in variants:
         model = M.build_model(kind)
+        v, cache_min = _cache_min(v)
         if v == "eager":
             run = model
         else:
@@ -107,7 +129,9 @@ def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: 
             run = _compiled(model, parts[0], choices)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-        def step(b, run=run, opt=opt):
+        def step(b, run=run, opt=opt, cache_min=cache_min):
+            if cache_min:
+                _set_cache_min(cache_min)
             if no_grad:
                 with torch.no_grad():
                     return M._loss(run, b).detach()
@@ -117,8 +141,9 @@ def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: 
             opt.step()
             return loss.detach()
 
+        v = f"{v}@{cache_min}" if cache_min else v
         runs[v] = step
-        with _self_terms(v == "eager" or "noself" not in v.split(":")[-1].split("+")):
+        with _self_terms(v == "eager" or "noself" not in v.split("@")[0].split(":")[-1].split("+")):
             losses[v] = float(step(pre[0]))  # (the graph is captured and rewritten here)
             for b in pre[1:]:
                 step(b)

@@ -254,8 +254,8 @@ VARIABLES: Tuple[Variable, ...] = (
              "by compile() where the kernel's THP mode is madvise (gnncompile.hardware.memory); "
              "off: torch's CPU allocator is left as it is"),
     Variable("GNNCOMPILE_BUFFER_CACHE", "buffer_cache", _buffer_cache, "auto (default), off, MiB > 0",
-             "a cache of freed CPU allocations of >= 2 MiB, reused for later ones of their size (a training "
-             "step's large tensors are then not mapped and faulted in again every step), turned on "
+             "a cache of freed CPU allocations of >= 256 KiB, reused for later ones of their size (a training "
+             "step's large and node-sized tensors are then not mapped and faulted in again every step), turned on "
              "process-wide by compile() for a CPU model (gnncompile.hardware.memory); auto: at most 1/8 of "
              "the memory, 4 GiB, kept idle; a number: that cap in MiB; off: none"),
     Variable("GNNCOMPILE_SPMM_IMPL", "spmm_impl", _one_of(SPMM_IMPLS), "auto (default), native, torch_sparse",

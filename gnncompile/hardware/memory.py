@@ -20,12 +20,14 @@ does. torch's own ``THP_MEM_ALLOC_ENABLE=1``, set before torch is imported, has 
 for every allocation of at least 2 MB.
 
 The same wrapper holds a **block cache** (``choices['buffer_cache']``, :func:`enable_cache`): a
-freed CPU allocation of at least :data:`DEFAULT_CACHE_MIN` bytes is kept, up to a cap of idle
+freed CPU allocation of at least :data:`DEFAULT_CACHE_MIN` bytes (256 KiB) is kept, up to a cap of idle
 bytes (oldest evicted first), and handed out again for a later request of its size (or up to 1/8
 smaller), already faulted in; a block unused for :data:`DEFAULT_MAX_IDLE_S` is given back. With huge pages alone a compiled training step at 100k nodes /
 1M edges still faulted 3,000-4,000 times and spent 18-48 ms of system time a step zeroing and
 mapping its fresh large tensors; a step's large tensors have the same sizes every step, so from
-the second step on they come from the cache. Memory enters the cache only when torch frees it
+the second step on they come from the cache. The threshold is below a huge page because glibc
+trims its heap's top after a step, so node-sized tensors of a few hundred KiB (small-graph
+batches) were faulted in again every step as well. Memory enters the cache only when torch frees it
 (its last storage is gone), so nothing a user or autograd holds is ever handed out twice; what a
 cache hit returns holds old values, as ``torch.empty`` memory may (every kernel writes its
 outputs first: results are bit for bit those without the cache). The cost is resident memory:
@@ -50,9 +52,14 @@ THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 #: the default threshold: c10's own for THP_MEM_ALLOC_ENABLE (one huge page)
 DEFAULT_THRESHOLD = 2 << 20
 MODES = _config.HUGE_PAGE_MODES  # the setting's values, defined with its variable
-#: the smallest allocation the block cache keeps (one huge page: below it glibc's own free lists
-#: serve allocations without new mappings once its mmap threshold has grown)
-DEFAULT_CACHE_MIN = 2 << 20
+#: the smallest allocation the block cache keeps. Below glibc's largest mmap threshold its free
+#: lists serve allocations from the heap, but glibc gives the heap's top back to the kernel after a
+#: step (its trim threshold follows the mmap threshold: twice the largest block freed), so the
+#: node-sized tensors of a small-graph training step (a 3,300 x 64 float32 activation is 0.8 MiB)
+#: were faulted in again step after step: 400-650 minor faults a step for GIN on molecule batches
+#: of ~3.3k nodes (about 0.5 ms of a 6 ms step; benchmarks/results/small_steps_cache_s56a.md). From
+#: 256 KiB up they come from the cache, already faulted in; smaller ones stay glibc's
+DEFAULT_CACHE_MIN = 256 << 10
 #: the 'auto' cap of the block cache: this share of the machine's memory, at most CACHE_CAP_MAX
 CACHE_CAP_SHARE = 8
 CACHE_CAP_MAX = 4 << 30
@@ -227,6 +234,11 @@ def empty_cache() -> int:
         return 0
 
 
+def _size(n: int) -> str:
+    """``n`` bytes in words: whole MiB as MiB, else KiB (the explain() line of the cache)."""
+    return f"{n >> 20} MiB" if n >= (1 << 20) and not n % (1 << 20) else f"{n >> 10} KiB"
+
+
 def apply_cache(choice: Any, devices) -> str:
     """What :func:`gnncompile.compile` does for ``choices['buffer_cache']`` on a model whose
     parameters and buffers are on ``devices``: turns the block cache on (or sets its cap) for a
@@ -250,7 +262,7 @@ def apply_cache(choice: Any, devices) -> str:
     if not on:
         return f"{choice}: not used (another CPU allocator of a higher priority is registered)"
     st = _binding().state()
-    return (f"on (freed CPU allocations of >= {st['cache_min_bytes'] >> 20} MiB kept for reuse, at most "
+    return (f"on (freed CPU allocations of >= {_size(st['cache_min_bytes'])} kept for reuse, at most "
             f"{st['cache_cap'] >> 20} MiB idle{'' if choice == 'auto' else ', set by the settings'})")
 
 

@@ -283,3 +283,38 @@ def test_a_model_off_the_cpu_and_a_missing_extension_are_left_alone(monkeypatch)
     assert "not available" in memory.apply_cache("auto", {"cpu"})
     assert memory.apply_cache("off", {"cpu"}) == "off"
     assert memory.empty_cache() == 0
+
+
+def test_sizes_in_the_explain_line_are_words():
+    assert memory._size(256 << 10) == "256 KiB"
+    assert memory._size(2 << 20) == "2 MiB"
+    assert memory._size(3 << 19) == "1536 KiB"  # not a whole MiB
+
+
+@needs_native
+def test_node_sized_tensors_of_a_small_graph_step_come_from_the_cache():
+    """With compile()'s default settings a freed node-sized tensor of a molecule batch (~3.3k nodes
+    x 64 float32, 0.8 MiB: below a huge page) is handed out again for the next one of its size, or
+    up to 1/8 smaller (the next batch's), instead of going back to glibc, which trims its heap's top
+    after a step so that such blocks were faulted in again every step; a block below
+    DEFAULT_CACHE_MIN stays glibc's."""
+    out = _run(r"""
+import json, torch, gnncompile
+from gnncompile.hardware import memory
+from torch_geometric.nn.models import GIN
+m = gnncompile.compile(GIN(8, 8, 2, 4))
+line = m.gnncompile_buffer_cache
+st0 = memory.status()
+a = torch.empty(3304, 64); pa = a.data_ptr(); del a
+b = torch.empty(3213, 64); reused = b.data_ptr() == pa; del b   # the next batch's size: same block
+st1 = memory.status()
+small = torch.empty(memory.DEFAULT_CACHE_MIN // 4 - 64); del small
+st2 = memory.status()
+print(json.dumps(dict(line=line, min=st0['cache_min_bytes'], default=memory.DEFAULT_CACHE_MIN, reused=reused,
+                      hits=st1['cache_hits'] - st0['cache_hits'], misses=st1['cache_misses'] - st0['cache_misses'],
+                      small=(st2['cache_hits'] - st1['cache_hits'], st2['cache_misses'] - st1['cache_misses']))))
+""")
+    assert out["min"] == out["default"] == 256 << 10, out
+    assert out["reused"] and out["hits"] == 1 and out["misses"] == 1, out
+    assert out["small"] == [0, 0], out
+    assert out["line"].startswith("on (freed CPU allocations of >= 256 KiB kept for reuse"), out
