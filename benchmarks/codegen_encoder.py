@@ -168,22 +168,22 @@ def run(N: int, F: int, D: int, rounds: int, overlap: bool = False) -> dict:
         codegen.resume()
         codegen._native().register(key, gather_addr)
 
-    calls = codegen.calls()
-    gather_only()
-    run_enc()
-    if codegen.calls() != calls + 1:
-        raise RuntimeError("codegen_encoder benchmark: the gather_only kernel did not run")
+    def run_checked(name, register, run=run_enc):  # one call with `register`'s kernel; it must run
+        register()
+        calls = codegen.calls()
+        out = run()
+        if codegen.calls() != calls + 1:
+            raise RuntimeError(f"codegen_encoder benchmark: the {name} kernel did not run")
+        return out
+
+    run_checked("gather_only", gather_only)
     edge_addr = edge_by_edge_kernel(enc_ins, enc_sides, code, consts, F, rowptr.dtype)
 
     def edge_by_edge():  # the kernel before blocks of edges, registered under the same key for its call only
         codegen.resume()
         codegen._native().register(key, edge_addr)
 
-    edge_by_edge()
-    calls = codegen.calls()
-    old = run_enc()
-    if codegen.calls() != calls + 1:
-        raise RuntimeError("codegen_encoder benchmark: the edge_by_edge kernel did not run")
+    old = run_checked("edge_by_edge", edge_by_edge)
     agreement["edge_by_edge_vs_generated_bitwise"] = torch.equal(old.view(torch.int32), gen.view(torch.int32))
     if not agreement["edge_by_edge_vs_generated_bitwise"]:
         raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
@@ -200,11 +200,7 @@ def run(N: int, F: int, D: int, rounds: int, overlap: bool = False) -> dict:
                 codegen.resume()
                 codegen._native().register(key, addr)
 
-            use()
-            calls = codegen.calls()
-            out = run_enc()
-            if codegen.calls() != calls + 1:
-                raise RuntimeError(f"codegen_encoder benchmark: the {name} kernel did not run")
+            out = run_checked(name, use)
             if name == "one_pass":
                 agreement["one_pass_vs_interpreter_bitwise"] = torch.equal(out.view(torch.int32), ref.view(torch.int32))
                 if not agreement["one_pass_vs_interpreter_bitwise"]:
