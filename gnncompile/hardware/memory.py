@@ -34,10 +34,13 @@ outputs first: results are bit for bit those without the cache). The cost is res
 up to the cap stays mapped between steps (:func:`empty_cache` gives it back). On by default
 ('auto': the cap is :func:`default_cache_cap`), process-wide like the allocator, turned on by
 :func:`gnncompile.compile` for a model on the CPU; ``'off'`` (or ``$GNNCOMPILE_BUFFER_CACHE=off``)
-leaves it off, an int sets the cap in MiB.
+leaves it off, an int sets the cap in MiB. torch.profiler's memory report does not see a block the
+cache hands out again (it counts the block as allocated until the cache gives it back): profile
+memory inside :func:`cache_suspended`.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -225,6 +228,28 @@ def disable_cache() -> None:
     b.set_cache(0, max(int(b.state()["cache_min_bytes"]), 4096))
 
 
+@contextlib.contextmanager
+def cache_suspended():
+    """Context manager: the block cache off inside (its idle blocks given back), then on again
+    with the cap, minimum block size and idle limit it had. torch.profiler's memory report
+    (``profile_memory=True``) sees only what torch's own CPU allocator allocates and frees, and a
+    block the cache hands out again passes neither; profile memory inside this block to see every
+    allocation. A no-op where the cache is off or the extension is not loaded."""
+    try:
+        b = _binding()
+        st = b.state()
+    except HugePagesUnavailable:
+        st = None
+    if not st or not st["cache_cap"]:
+        yield
+        return
+    disable_cache()
+    try:
+        yield
+    finally:
+        b.set_cache(int(st["cache_cap"]), int(st["cache_min_bytes"]), float(st["cache_max_idle_s"]))
+
+
 def empty_cache() -> int:
     """Give the block cache's idle blocks back to the allocator (the cache stays on); returns
     the bytes given back. 0 without the extension."""
@@ -267,5 +292,5 @@ def apply_cache(choice: Any, devices) -> str:
 
 
 __all__ = ["enable", "disable", "status", "thp_mode", "apply", "HugePagesUnavailable", "DEFAULT_THRESHOLD",
-           "MODES", "enable_cache", "disable_cache", "empty_cache", "apply_cache", "cache_cap", "default_cache_cap",
+           "MODES", "enable_cache", "disable_cache", "cache_suspended", "empty_cache", "apply_cache", "cache_cap", "default_cache_cap",
            "physical_memory", "DEFAULT_CACHE_MIN"]
