@@ -20,7 +20,8 @@ generated code through the graph module's ``Module.__call__``).
 2. Training steps (forward, cross-entropy, backward, Adam; each variant steps through every batch
    in turn, the order rotated each round; medians): eager, before, after, the speed guard
    called directly and the graph called directly (with the arguments Dynamo passed it for that
-   batch).
+   batch); each step's median, and those of its two parts: forward (zero_grad, forward, loss) and
+   the rest (backward, Adam).
 
 Outputs of the direct calls are checked equal to the compiled module's first. ``--json FILE``
 appends the figures as one JSON line.
