@@ -193,6 +193,61 @@ def test_guard_off_returns_the_rewritten_form_unwrapped():
     assert any(isinstance(f, G.SpeedGuard) for f in seen["time"])
 
 
+def test_speed_guard_forms_call_the_generated_code_directly():
+    # the forms the speed guard races are the graph modules' generated forwards, not Dynamo's
+    # lazily recompiling _lazy_forward, which calls the module (Module.__call__: hooks run) at
+    # every call; the guard-off callable is the same forward (Dynamo unwraps it itself)
+    from gnncompile.compiler.backend import Backend
+
+    torch._dynamo.reset()  # (this test's compiles do not count toward _gcn's recompile limit)
+    for mode in ("time", "off"):
+        torch.manual_seed(0)
+        model = _gcn()
+        be = Backend(Settings.from_config().replace(choices={"guard": mode}, inner="eager"))
+        got = []
+        fn = torch.compile(model, backend=lambda gm, ex: got.append(be(gm, ex)) or got[-1], dynamic=True)
+        fn(*_batch(0))
+        forms = [f for g in got for f in (g._forms if isinstance(g, G.SpeedGuard) else (g,))]
+        assert forms and all(f.__name__ == "forward" and isinstance(f.__self__, torch.fx.GraphModule)
+                             for f in forms), forms
+        through_module = []
+        for f in forms:
+            f.__self__.register_forward_pre_hook(lambda *_: through_module.append(1))
+        for step in range(2 + 2 * G.SAMPLES + 2):  # the guard's race calls both forms
+            x, ei, b = _batch(step)
+            torch.testing.assert_close(fn(x, ei, b), model(x, ei, b), rtol=1e-5, atol=1e-5)
+        assert through_module == []
+    torch._dynamo.reset()
+
+
+def test_a_compiled_call_without_hooks_skips_the_module_call(monkeypatch):
+    # gnncompile.compile's module, no hooks: a call goes to the model guard (or the compiled
+    # model) without Module.__call__ and forward; with a hook, or while exporting, the usual way
+    from gnncompile.compiler.api import CompiledModule
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _gcn()
+    for guard in ("time", "off"):
+        compiled = gnncompile.compile(model, settings={"choices": {"guard": guard}}, dynamic=True)
+        wrapper_calls = []
+        forward = CompiledModule.forward
+        monkeypatch.setattr(CompiledModule, "forward",
+                            lambda self, *a, **k: wrapper_calls.append(1) or forward(self, *a, **k))
+        out = compiled(*_batch(0))
+        torch.testing.assert_close(out, model(*_batch(0)), rtol=1e-5, atol=1e-5)
+        assert wrapper_calls == []
+        hook = compiled.register_forward_hook(lambda m, a, o: o * 2)  # (the races alternate forms)
+        torch.testing.assert_close(compiled(*_batch(0)), 2 * out, rtol=1e-5, atol=1e-5)
+        assert wrapper_calls == [1]
+        hook.remove()
+        monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+        with pytest.raises(RuntimeError, match="torch.export of a module returned by gnncompile.compile"):
+            compiled(*_batch(0))
+        monkeypatch.undo()
+    torch._dynamo.reset()
+
+
 def test_explain_of_an_uncompiled_model_has_no_guard_section():
     rep = gnncompile.explain(_gcn(), *_batch(0))
     assert rep.guard is None and "speed guard" not in str(rep)
@@ -253,9 +308,9 @@ def test_model_runs_as_written_once_the_whole_call_was_slower(monkeypatch):
     torch.testing.assert_close(compiled(*_batch(1)), 2 * out, rtol=0, atol=0)
     assert wrapper_calls == [1] and len(through) == n
     hook.remove()
-    with torch.no_grad():  # no-grad calls are measured apart: still compiled
-        compiled(*_batch(0))
-    assert len(through) == n + 1 and wrapper_calls == [1, 1]
+    with torch.no_grad():  # no-grad calls are measured apart: still compiled (through the model
+        compiled(*_batch(0))  # guard, called without the Module call and forward: no hooks)
+    assert len(through) == n + 1 and wrapper_calls == [1]
     assert "the whole model" in str(gnncompile.explain(compiled, *_batch(0)))
 
 
