@@ -161,8 +161,9 @@ def test_lean_forward_keeps_pygs_errors():
 def _snapshot(model):
     """What compiling must not change: each module's type, instance dict keys and hook dicts,
     and the PyG classes' own dicts."""
-    # (torch.compile itself marks the root module with _is_torch_compile, lean or not)
-    mods = [(type(m), sorted(set(vars(m)) - {"_is_torch_compile"}),
+    # (torch.compile itself marks the root module with _is_torch_compile, lean or not; once
+    # lightning_fabric is imported in the process, its wrapper of torch.compile sets _compile_kwargs)
+    mods = [(type(m), sorted(set(vars(m)) - {"_is_torch_compile", "_compile_kwargs"}),
              [len(getattr(m, h, {})) for h in lean._MODULE_HOOKS + lean._MP_HOOKS], m.training)
             for m in model.modules()]
     classes = [dict(vars(c)) for c in (GINConv, GINEConv, GCNConv)]
