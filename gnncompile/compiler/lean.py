@@ -377,7 +377,17 @@ def install() -> None:
 
     def call_function(self, tx, args, kwargs):
         if getattr(_local, "record", None) is not None and type(self) is cls:
-            fn = _dynamo_choice(self, tx)
+            try:
+                fn = _dynamo_choice(self, tx)
+            except Exception as e:  # another torch's Dynamo internals (an attribute or guard kind
+                # missing): the layer is traced through PyG's code, as without lean forwards
+                if not getattr(install, "warned", False):
+                    install.warned = True
+                    _log.info("lean forwards: reading %s failed inside Dynamo (%s: %s); PyG's code is traced "
+                              "as written", type(self.value).__name__, type(e).__name__, e)
+                if type(self.value) in _CLASSES:
+                    _record_decline(self.value, f"not readable in this torch's Dynamo ({type(e).__name__})")
+                fn = None
             if fn is not None:
                 mod = self.value
                 nm.guard_to_detect_forward_monkeypatching(self.source, mod)

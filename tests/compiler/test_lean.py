@@ -6,6 +6,7 @@ not modified."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torch_geometric.nn import GCNConv, GINConv, GINEConv  # noqa: E402
 
 import gnncompile  # noqa: E402
 from gnncompile.compiler import lean  # noqa: E402
+from gnncompile.compiler.api import CompileFallbackWarning  # noqa: E402
 from gnncompile.compiler.backend import dynamic_output_shapes  # noqa: E402
 from gnncompile.settings import Settings  # noqa: E402
 
@@ -360,3 +362,24 @@ def test_gine_without_an_edge_encoder_is_pygs_bit_for_bit_and_raises_as_pyg():
     assert torch.equal(out_l, out_p) and all(torch.equal(a, b) for a, b in zip(grads_l, grads_p))
     with pytest.raises(Exception, match="dimensionalities do not match"):
         _capture(m, (x, ei, torch.randn(ei.size(1), 3)), True)
+
+
+def test_a_failure_reading_the_layer_inside_dynamo_traces_pygs_code(monkeypatch):
+    """Where reading a layer inside Dynamo fails (another torch's internals: an attribute or a
+    guard kind missing), the layer is traced through PyG's code: same result as eager, the record
+    says why, no compile fallback."""
+    def broken(var, tx):
+        raise AttributeError("no such thing in this torch")
+    monkeypatch.setattr(lean, "_dynamo_choice", broken)
+    torch.manual_seed(0)
+    model = Net("gin")
+    inputs = _graph(5)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileFallbackWarning)
+        compiled = gnncompile.compile(model, dynamic=True, settings={"choices": {"guard": "off"}})
+        out = compiled(*inputs)
+    torch.testing.assert_close(out, model(*inputs), rtol=1e-5, atol=1e-5)
+    lines = compiled.lean_record.lines(model)
+    assert len(lines) == 2 and all("not readable in this torch's Dynamo (AttributeError)" in ln for ln in lines), lines
+    assert compiled._failed is None
