@@ -194,6 +194,13 @@ def write_json(path: Path, payload: dict, default: Optional[Callable] = None) ->
     os.replace(tmp, path)
 
 
+def append_json_line(path, payload: dict) -> None:
+    """Appends ``payload`` to ``path`` as one JSON line (the ``--json`` record of benchmarks that
+    collect one line per run)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(payload) + "\n")
+
+
 def machine() -> dict:
     import gnncompile
 

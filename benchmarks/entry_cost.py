@@ -29,7 +29,6 @@ appends the figures as one JSON line.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 import warnings
@@ -39,6 +38,7 @@ import torch
 import torch.nn.modules.module as _mm
 
 from . import molecules as M
+from ._common import append_json_line, command
 
 
 def _before_class():
@@ -239,11 +239,9 @@ def main(argv=None) -> dict:
     warnings.simplefilter("ignore")
     torch.set_num_threads(opts.threads)
     out = run(opts.model, opts.graphs, opts.rounds, opts.calls)
-    out["command"] = "python -m benchmarks entry_cost " + " ".join(
-        argv if argv is not None else __import__("sys").argv[1:])
+    out["command"] = command("entry_cost", argv)
     if opts.json:
-        with open(opts.json, "a") as f:
-            f.write(json.dumps(out) + "\n")
+        append_json_line(opts.json, out)
     return out
 
 

@@ -38,7 +38,6 @@ Prints one line per variant; ``--json FILE`` appends the figures as one JSON lin
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import time
@@ -48,6 +47,7 @@ import gnncompile  # (the installed package; imported before anything else)
 import torch
 
 from . import molecules as M
+from ._common import append_json_line, command
 
 
 def _compiled(model, inner: str, choices: dict):
@@ -303,10 +303,9 @@ def main(argv=None) -> dict:
         edges, degrees, variants = opts.args
         out = gine([int(e) for e in edges.split(",")], [int(d) for d in degrees.split(",")], variants.split(","),
                    opts.layers, opts.width, opts.steps)
-    out["command"] = "python -m benchmarks small_steps " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    out["command"] = command("small_steps", argv)
     if opts.json:
-        with open(opts.json, "a") as f:
-            f.write(json.dumps(out) + "\n")
+        append_json_line(opts.json, out)
     return out
 
 
