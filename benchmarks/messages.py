@@ -16,6 +16,8 @@ Workloads (``--models``):
   GEN        2 x GENConv(c, h, aggr='softmax', learn_t=True, edge_dim=D) (softmax aggregation with a
              learnable temperature), ReLU after each layer, then Linear(h, classes)
   GATE       2 x GATConv(c, h / 4, heads=4, edge_dim=D), ReLU after each layer, then Linear(h, classes)
+  TCONV      2 x TransformerConv(c, h / 4, heads=4, edge_dim=D), ReLU after each layer, then
+             Linear(h, classes)
   molecules  graph classification: 3 x GINEConv (32 -> 64, edge_dim=D), global_add_pool, Linear(64, 2)
              over a fixed list of --molecule-batches pre-built batches (Batch.from_data_list) of
              --batch-size graphs of 10-40 nodes (gin_batches.make_dataset: a random spanning tree
@@ -71,9 +73,9 @@ import torch
 
 from . import _common
 
-NODE_WORKLOADS = ("GINE", "PNA", "EdgeCNN", "GEN", "GATE")
+NODE_WORKLOADS = ("GINE", "PNA", "EdgeCNN", "GEN", "GATE", "TCONV")
 WORKLOADS = NODE_WORKLOADS + ("molecules",)
-#: what a run without --models measures (GEN and GATE on request)
+#: what a run without --models measures (GEN, GATE and TCONV on request)
 DEFAULT_WORKLOADS = ("GINE", "PNA", "EdgeCNN", "molecules")
 VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile_outside")
 HIDDEN = 128
@@ -182,6 +184,12 @@ def build_model(workload: str, F: int, C: int, D: int, edge_index=None, N: int =
         from torch_geometric.nn import GATConv
 
         convs = torch.nn.ModuleList(GATConv(F if i == 0 else HIDDEN, HIDDEN // 4, heads=4, edge_dim=D) for i in range(2))
+        return GINENet(F, HIDDEN, 2, C, D, convs)
+    if workload == "TCONV":
+        from torch_geometric.nn import TransformerConv
+
+        convs = torch.nn.ModuleList(TransformerConv(F if i == 0 else HIDDEN, HIDDEN // 4, heads=4, edge_dim=D)
+                                    for i in range(2))
         return GINENet(F, HIDDEN, 2, C, D, convs)
     if workload == "molecules":
         return MolGINE(D)

@@ -100,3 +100,17 @@ def test_messages_tiny(tmp_path):
     assert mol["eager"]["batches"] == 2 and mol["eager"]["graphs_per_batch"] == 8
     assert mol["eager"]["loss_eager"] == mol["gnncompile"]["loss_eager"]  # the same initial weights
     assert mol["gnncompile"]["recompiles_in_epochs"] == 0
+
+
+def test_messages_tiny_attention_workloads(tmp_path):
+    """The workloads run on request (GEN, GATE, TCONV: TransformerConv with edge_dim), eager and
+    gnncompile in-process on a 300-node graph: they agree with eager and gnncompile fuses their
+    messages."""
+    p = messages.main(["--quick", "--graphs", "300", "--models", "GEN,GATE,TCONV", "--variants", "eager,gnncompile",
+                       "--repeats", "1", "--warmup", "0", "--results-dir", str(tmp_path), "--out", "a"])
+    assert [r["workload"] for r in p["rows"]] == ["GEN", "GATE", "TCONV"]
+    for row in p["rows"]:
+        for v, r in row["results"].items():
+            assert "error" not in r, (row["workload"], v, r)
+            assert r["agreed"] and r["rel_err"] <= 1e-3
+        assert row["results"]["gnncompile"]["fused_ops"] >= 2, row["workload"]
