@@ -39,6 +39,13 @@ The loader-prepared structures (issue 24 point 2; run only when named in ``--var
   gnncompile-pooled-w2-struct  PooledLoader(num_workers=2, structures=True): the workers
                                build them into the slot, the parent adopts them
   gnncompile-prefetch          DataLoader through ``gnncompile.data.prefetch_structures(depth=2)``
+The loader's own cost (run only when named in ``--variants``):
+  gnncompile-pooled-loader-before
+                      as gnncompile-pooled with the PooledLoader's batch assembly as it was before
+                      section 39 of HISTORY.md (``LEGACY_LOADER``: ``Batch(_base_cls=...)`` and
+                      ``setattr`` per attribute, a few small tensor ops per column for its slices,
+                      increments and totals), patched into the child's process; the "before" of
+                      the loader's cut in the same run
 The allocator alone (run only when named in ``--variants``):
   eager-allocator     the model as written, DataLoader, with what ``gnncompile.compile`` turns on
                       process-wide for a CPU model (gnncompile.hardware.memory: huge pages where
@@ -47,7 +54,8 @@ The allocator alone (run only when named in ``--variants``):
 
 Per run: epoch 1 timed whole (compilation included); the first step's loss checked against an
 eager copy of the model on the same batch (1e-4 relative); ``--epochs`` more epochs timed whole
-(loader + steps: "end to end"); then the model alone on a list of batches collated beforehand
+(loader + steps: "end to end"); as many passes of the loader with no step ("loader alone"); then
+the model alone on a list of batches collated beforehand
 (``--repeats`` passes, every step timed: "model alone", median); the model alone again with a fresh
 copy of each batch's edge_index per step, as a loader hands out ("model alone, fresh edge_index":
 the step finds no structure by identity; for the variants that prepare structures they are
@@ -85,6 +93,7 @@ VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile-pooled", "gnncompile-
 STRUCT_VARIANTS = ("gnncompile-pooled-struct", "gnncompile-pooled-w2", "gnncompile-pooled-w2-struct",
                    "gnncompile-prefetch")
 ALLOCATOR_VARIANTS = ("eager-allocator",)
+LOADER_VARIANTS = ("gnncompile-pooled-loader-before",)
 PREPARED = ("gnncompile-pooled-struct", "gnncompile-pooled-w2-struct", "gnncompile-prefetch")
 GROUPS = ("gnncompile fused ops", "matmul", "other aten ops", "optimizer", "Dynamo cache lookup (guards)",
           "compiled region (wrappers)", "AOT CompiledFunction (graph code)", "autograd engine", "outside ops")
@@ -162,7 +171,8 @@ def wrap(model, variant: str):
 
 def make_loader(dataset: list, batch_size: int, variant: str):
     gen = torch.Generator().manual_seed(0)
-    if variant in ("gnncompile-pooled", "gnncompile-breaks", "gnncompile-pooled-struct", "gnncompile-pooled-before"):
+    if variant in ("gnncompile-pooled", "gnncompile-breaks", "gnncompile-pooled-struct", "gnncompile-pooled-before",
+                   "gnncompile-pooled-loader-before"):
         from gnncompile.data import PooledLoader
 
         return PooledLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen,
@@ -184,6 +194,78 @@ def make_loader(dataset: list, batch_size: int, variant: str):
 
         return _Prefetched()
     return loader
+
+
+# ----------------------------------------------------------------------------- the loader before
+def _legacy_collate_into(self, idx, bufs):
+    """``_Store.collate_into`` before section 39 (per column: sizes[idx], sum, int)."""
+    from gnncompile.data.loader import _ADDABLE, _used
+    from gnncompile.ops import collate_rows, segment_ids
+
+    B = idx.numel()
+    used = {}
+    for c in self.columns:
+        sizes = c.sizes[idx]
+        total = int(sizes.sum())
+        buf = bufs[c.key] if c.cat_dim == 0 else _used(bufs[c.key], c.cat_dim, total)
+        incs = c.incs if c.has_inc else None
+        native = c.values.is_contiguous() and (incs is None or c.values.dtype in _ADDABLE)
+        if native and c.cat_dim == 0:
+            collate_rows(c.values, c.starts, c.sizes, idx, buf, incs)
+        elif native and c.cat_dim == 1 and c.values.dim() == 2 and c.values.size(0) <= 8:
+            for r in range(c.values.size(0)):
+                collate_rows(c.values[r], c.starts, c.sizes, idx, buf[r], incs)
+        else:
+            self._collate_torch(c, idx, sizes, total, buf)
+        used[c.key] = total
+        if c.key in self.follow_batch:
+            segment_ids(c.sizes, idx, bufs[c.key + "_batch"], bufs[c.key + "_ptr"])
+            used[c.key + "_batch"] = total
+            used[c.key + "_ptr"] = B + 1
+    total = int(self.num_nodes[idx].sum())
+    segment_ids(self.num_nodes, idx, bufs["batch"], bufs["ptr"])
+    used["batch"] = total
+    used["ptr"] = B + 1
+    used["_num_nodes"] = total
+    return used
+
+
+def _legacy_make_batch(self, idx, bufs, used):
+    """``_Store.make_batch`` before section 39 (``Batch(_base_cls=...)``, ``setattr`` per
+    attribute, per column a cumsum and a cat for its slices)."""
+    from gnncompile.data.loader import _exclusive_cumsum, _used
+    from torch_geometric.data import Batch
+
+    out = Batch(_base_cls=self.data_cls)
+    B = idx.numel()
+    slice_dict, inc_dict = {}, {}
+    for c in self.columns:
+        v = _used(bufs[c.key], c.cat_dim, used[c.key])
+        setattr(out, c.key, v)
+        sizes = c.sizes[idx]
+        slice_dict[c.key] = torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
+        inc_dict[c.key] = _exclusive_cumsum(c.incs[idx]) if c.has_inc else torch.zeros(B, dtype=torch.long)
+        if c.key in self.follow_batch:
+            setattr(out, c.key + "_batch", _used(bufs[c.key + "_batch"], 0, used[c.key + "_batch"]))
+            setattr(out, c.key + "_ptr", _used(bufs[c.key + "_ptr"], 0, B + 1))
+    if self.has_num_nodes_attr:
+        out._num_nodes = self.num_nodes[idx].tolist()
+        out.num_nodes = used["_num_nodes"]
+    out.batch = _used(bufs["batch"], 0, used["batch"])
+    out.ptr = _used(bufs["ptr"], 0, B + 1)
+    out._num_graphs = B
+    out._slice_dict = slice_dict
+    out._inc_dict = inc_dict
+    return out
+
+
+def use_legacy_loader() -> None:
+    """Patches the PooledLoader's batch assembly back to the code before section 39 (this
+    process only; the variant gnncompile-pooled-loader-before)."""
+    from gnncompile.data.loader import _Store
+
+    _Store.collate_into = _legacy_collate_into
+    _Store.make_batch = _legacy_make_batch
 
 
 def _loss(run, b):
@@ -231,6 +313,8 @@ def measure(kind: str, variant: str, dataset: list, opts) -> dict:
 
     torch.set_num_threads(opts.threads)
     counters.clear()
+    if variant in LOADER_VARIANTS:
+        use_legacy_loader()
     model0 = build_model(kind)
     ref, model = copy.deepcopy(model0), copy.deepcopy(model0)
     run = wrap(model, variant)
@@ -265,6 +349,12 @@ def measure(kind: str, variant: str, dataset: list, opts) -> dict:
         for b in loader:
             step(b)
         epochs.append(time.perf_counter() - t0)
+    loader_alone = []  # the loader without steps: its epoch
+    for _ in range(opts.epochs):
+        t0 = time.perf_counter()
+        for b in loader:
+            pass
+        loader_alone.append(time.perf_counter() - t0)
     # the model alone, on batches collated beforehand (clones: a pooled batch is a view of a slot)
     pre = [b.clone() for b in make_loader(dataset, opts.batch_size, "eager")]
     for b in pre[:2]:
@@ -291,7 +381,7 @@ def measure(kind: str, variant: str, dataset: list, opts) -> dict:
     parts = breakdown(step, pre)
     compiled = variant not in ("eager",) + ALLOCATOR_VARIANTS
     return {"model": kind, "variant": variant, "first_epoch_s": first_epoch, "epoch_s": statistics.median(epochs),
-            "epoch_times_s": epochs, "step_s": statistics.median(steps), "step_fresh_s": statistics.median(fresh),
+            "epoch_times_s": epochs, "loader_s": statistics.median(loader_alone), "step_s": statistics.median(steps), "step_fresh_s": statistics.median(fresh),
             "batches": len(pre),
             "first_loss": losses[0], "first_loss_eager": expect, "last_loss": losses[-1],
             "graph_breaks": breaks if compiled else 0,
@@ -309,8 +399,17 @@ def combine(rounds: list, eager: list) -> dict:
         return rounds[0] if rounds else {"error": "no run"}
     med = statistics.median
     out = dict(ok[0])
-    for k in ("first_epoch_s", "epoch_s", "step_s", "step_fresh_s"):
-        out[k] = med(r[k] for r in ok)
+    for k in ("first_epoch_s", "epoch_s", "step_s", "step_fresh_s", "loader_s"):
+        if all(k in r for r in ok):
+            out[k] = med(r[k] for r in ok)
+    # each ratio to eager over the rounds' pairs: geometric mean and 95% Student's t interval
+    from gnncompile.tuner import noise
+
+    pairs_ok = [(r, e) for r, e in zip(rounds, eager or []) if "epoch_s" in r and "epoch_s" in e]
+    for k in ("epoch_s", "step_s"):
+        if pairs_ok:  # throughputs: 1 / time
+            out[f"eager_over_{k}_interval"] = noise.ratio_interval([1 / r[k] for r, _ in pairs_ok],
+                                                                   [1 / e[k] for _, e in pairs_ok])
     for k in ("graph_breaks", "graphs_compiled", "recompiles_after_first_epoch"):
         out[k] = max(r[k] for r in ok)
     out["breakdown_ms"] = {g: med(r["breakdown_ms"][g] for r in ok) for g in GROUPS}
@@ -331,7 +430,8 @@ def child(kind: str, variant: str, opts) -> dict:
 
 # ----------------------------------------------------------------------------- report
 def markdown(p: dict) -> str:
-    head = ["model", "variant", "end to end s / epoch", "vs eager", "model alone ms / step", "vs eager",
+    head = ["model", "variant", "end to end s / epoch", "vs eager", "vs eager, geo. mean [95% interval]",
+            "loader alone s / epoch", "model alone ms / step", "vs eager", "vs eager, geo. mean [95% interval]",
             "model alone, fresh edge_index ms / step",
             "first epoch s (compile incl.)", "vs eager's first", "graph breaks", "recompiles after epoch 1",
             "first loss (eager)"]
@@ -345,9 +445,19 @@ def markdown(p: dict) -> str:
             def ratio(key):
                 return f"{r['eager_over_' + key]:.2f}x" if "eager_over_" + key in r else "n/a"
 
+            def interval(key):
+                iv = r.get("eager_over_" + key + "_interval")
+                if not iv:
+                    return "n/a"
+                if iv.get("low") is None:
+                    return f"{iv['ratio']:.2f}x"
+                return f"{iv['ratio']:.2f}x [{iv['low']:.2f}, {iv['high']:.2f}]"
+
             first = (f"{1 / r['eager_over_first_epoch_s']:.2f}x" if "eager_over_first_epoch_s" in r else "n/a")
+            loader_s = f"{r['loader_s']:.4f}" if "loader_s" in r else "n/a"
             lines.append("| " + " | ".join([
-                kind, v, f"{r['epoch_s']:.3f}", ratio("epoch_s"), f"{r['step_s'] * 1e3:.2f}", ratio("step_s"),
+                kind, v, f"{r['epoch_s']:.3f}", ratio("epoch_s"), interval("epoch_s"), loader_s,
+                f"{r['step_s'] * 1e3:.2f}", ratio("step_s"), interval("step_s"),
                 f"{r['step_fresh_s'] * 1e3:.3f}",
                 f"{r['first_epoch_s']:.2f}", first, str(r["graph_breaks"]), str(r["recompiles_after_first_epoch"]),
                 f"{r['first_loss']:.6f} ({r['first_loss_eager']:.6f})"]) + " |")
@@ -368,11 +478,13 @@ def markdown(p: dict) -> str:
               f"nodes and {d['edges_mean']:.1f} directed edges, average degree {d['degree']:.2f}; F = {F}, edge features "
               f"{EDGE_DIM}), batches of {p['batch_size']} shuffled ({p['batches_per_epoch']} a epoch). Models: "
               f"{LAYERS} layers of width {HIDDEN}, global_add_pool(h, batch) with no graph count, Linear, Adam. "
-              f"End to end: median of {p['epochs']} epochs after the first (loader + steps). Model alone: median "
+              f"End to end: median of {p['epochs']} epochs after the first (loader + steps); loader alone: "
+              f"median of as many passes of the variant's loader with no step. Model alone: median "
               f"step over {p['repeats']} passes of batches collated beforehand. Each model x variant in a process "
               f"of its own, {p['rounds']} rounds in turn; times are medians over the rounds, ratios the median of "
               f"each round's ratio to eager's run of that round (vs eager: eager / variant, > 1 is faster; first "
-              f"epoch: variant / eager). {p['threads']} threads; CPU: {p['cpu']}; torch {m['torch']}. "
+              f"epoch: variant / eager; geo. mean: of the rounds' paired ratios, with its 95% Student's t "
+              f"interval). {p['threads']} threads; CPU: {p['cpu']}; torch {m['torch']}. "
               f"{_common.load_text(p['loadavg_before_after'])} (a shared machine). Model alone, fresh edge_index: "
               f"the same, each step on a new copy of the batch's edge_index (structures prepared for it before the "
               f"timed step in {', '.join(PREPARED)}). Command: `{p['command']}`"]
@@ -438,7 +550,7 @@ def main(argv=None) -> dict:
         return out
     models = [m.strip() for m in opts.models.split(",") if m.strip()]
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
-    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS + STRUCT_VARIANTS + ALLOCATOR_VARIANTS]
+    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS + STRUCT_VARIANTS + ALLOCATOR_VARIANTS + LOADER_VARIANTS]
     if bad:
         ap.error(f"unknown models / variants {bad}; known: {', '.join(MODELS)} / {', '.join(VARIANTS)}")
     load_before = _common.loadavg()

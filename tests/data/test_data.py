@@ -157,6 +157,104 @@ def test_bad_arguments():
             PooledLoader(DS, **kw)
 
 
+# ------------------------------------------------------------- the Batch object itself
+def _graphs_with_num_nodes(n=60):
+    g = torch.Generator().manual_seed(4)
+    out = []
+    for i in range(n):
+        k = 2 + i % 7
+        out.append(Data(x=torch.randn(k, 3, generator=g), edge_index=torch.randint(0, k, (2, 2 * k), generator=g),
+                        edge_attr=torch.randn(2 * k, 2, generator=g), y=torch.tensor([i % 3]), num_nodes=k))
+    return out
+
+
+@pytest.mark.parametrize("follow", [None, ["edge_attr"]])
+def test_batch_bookkeeping_as_pyg(follow):
+    # what PyG's own methods read from a batch (slices, increments, node counts) is PyG's
+    ds = _graphs_with_num_nodes()
+    kw = dict(batch_size=13, shuffle=True, follow_batch=follow)
+    torch.manual_seed(5)
+    expected = list(DataLoader(ds, **kw))
+    torch.manual_seed(5)
+    loader = PooledLoader(ds, pool_size=len(expected), **kw)
+    for a, b in zip(loader, expected):
+        assert type(a) is type(b)
+        assert set(a._store._mapping) == set(b._store._mapping)
+        assert set(a._store.__dict__) == set(b._store.__dict__)
+        assert a.num_graphs == b.num_graphs and a._num_nodes == b._num_nodes
+        for d in ("_slice_dict", "_inc_dict"):
+            da, db = getattr(a, d), getattr(b, d)
+            assert set(da) == set(db), d
+            for k in db:
+                assert torch.equal(da[k], db[k]), (d, k)
+        for ga, gb in list(zip(a.to_data_list(), b.to_data_list())) + [(a.get_example(2), b.get_example(2))]:
+            assert ga.num_nodes == gb.num_nodes
+            for k in ("x", "edge_index", "edge_attr", "y"):
+                assert torch.equal(ga[k], gb[k]), k
+
+
+def test_batch_factory_writes_what_setattr_writes():
+    from torch_geometric.data import Batch
+
+    from gnncompile.data.loader import _BatchFactory
+
+    x, ei, ptr = torch.randn(4, 2), torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 4])
+    attrs = [("x", x), ("edge_index", ei), ("num_nodes", 4), ("ptr", ptr)]
+    private = [("_num_graphs", 1), ("_slice_dict", {"x": ptr})]
+    got = _BatchFactory(Data)(attrs, private)
+    want = Batch(_base_cls=Data)
+    for k, v in attrs + private:
+        setattr(want, k, v)
+    assert type(got) is type(want)
+    assert list(got._store._mapping) == list(want._store._mapping)
+    assert all(got._store._mapping[k] is v for k, v in want._store._mapping.items())
+    assert set(got.__dict__) == set(want.__dict__)
+    assert {k: v for k, v in got._store.__dict__.items() if k not in ("_mapping", "_parent")} == \
+        {k: v for k, v in want._store.__dict__.items() if k not in ("_mapping", "_parent")}
+    assert got._store._parent() is got
+
+
+def test_batch_factory_known_setters_only_write_the_mapping():
+    # the setters the factory bypasses write the storage's mapping and nothing else
+    from gnncompile.data.loader import _BatchFactory
+    from torch_geometric.data.storage import GlobalStorage
+
+    known = _BatchFactory._known_setters()
+    assert ("Data", "x") in known and ("GlobalStorage", "num_nodes") in known
+    for (owner, k), fset in known.items():
+        d = Data()
+        before = dict(d._store.__dict__)
+        value = torch.arange(3)
+        fset(d if owner == "Data" else d._store, value)
+        assert list(d._store._mapping) == [k] and d._store._mapping[k] is value, (owner, k)
+        assert {n for n in d._store.__dict__ if n != "_mapping"} == {n for n in before if n != "_mapping"}
+    assert isinstance(getattr(GlobalStorage, "num_nodes"), property)
+
+
+def test_batch_factory_calls_a_subclass_setter():
+    # a data class of the user's with its own setter for an attribute: the setter runs
+    from gnncompile.data.loader import _BatchFactory
+
+    calls = []
+
+    class MyData(Data):
+        @property
+        def x(self):
+            return self["x"]
+
+        @x.setter
+        def x(self, v):
+            calls.append(v.shape)
+            self._store.x = v * 1
+
+    ds = [MyData(x=torch.ones(3, 2), edge_index=torch.tensor([[0, 1], [1, 2]])) for _ in range(6)]
+    calls.clear()
+    b = next(iter(PooledLoader(ds, batch_size=4)))
+    assert calls == [torch.Size([12, 2])]
+    assert torch.equal(b.x, torch.ones(12, 2))
+    assert not _BatchFactory(MyData)._is_plain("x") and _BatchFactory(MyData)._is_plain("edge_index")
+
+
 # ------------------------------------------------------------- the collation kernels
 from gnncompile.ops import _native  # noqa: E402
 from gnncompile.ops import reference  # noqa: E402
