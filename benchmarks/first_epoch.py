@@ -43,7 +43,7 @@ so these are shares, not totals). ``--dynamo k=v`` (repeatable): a compiled vari
 ``torch._dynamo.config`` (or ``fx.k=v``: ``torch.fx.experimental._config``) value, checked for
 the same captured graph (the code of the graph Dynamo hands to the backend), the same first
 loss, graph breaks and recompiles as the default. Writes
-benchmarks/results/first_epoch.{json,md}.
+benchmarks/results/first_epoch.{json,md,png}.
 """
 from __future__ import annotations
 
@@ -500,6 +500,48 @@ def markdown(p: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(p: dict, path: Path) -> None:
+    """Stacked bars per model and variant: the first epoch's parts (medians over the rounds), the
+    2x-eager line of issue 24 per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = (("Dynamo tracing", lambda r: r["dynamo_s"]["bytecode_tracing"]),
+             ("building guards", lambda r: r["dynamo_s"]["build_guards"]),
+             ("rest of the compile (backend incl.)", lambda r: r["dynamo_s"]["_compile.compile_inner"]
+              - r["dynamo_s"]["bytecode_tracing"] - r["dynamo_s"]["build_guards"]),
+             ("first step's rest", lambda r: r["first_step_s"] - r.get("dynamo_s", {}).get("_compile.compile_inner", 0.0)),
+             ("steps 2-32", lambda r: r["rest_s"]),
+             ("loader", lambda r: r["rest_loader_s"]))
+    bars, labels = [], []
+    for k in p["models"]:
+        for v, r in p["results"][k].items():
+            if "first_epoch_s" in r:
+                bars.append((k, v, r))
+                labels.append(f"{k}\n{v.replace('gnncompile', 'gnc')}")
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(bars)), 4.5))
+    bottom = [0.0] * len(bars)
+    for name, fn in parts:
+        vals = [max(0.0, fn(r) if "dynamo_s" in r or name in ("first step's rest", "steps 2-32", "loader") else 0.0) * 1e3
+                for _, _, r in bars]
+        ax.bar(range(len(bars)), vals, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, (k, v, r) in enumerate(bars):
+        e = p["results"][k].get("eager", {})
+        if v == "eager" and "first_epoch_s" in e:
+            n = sum(1 for kk, _, _ in bars if kk == k)
+            ax.hlines(2e3 * e["first_epoch_s"], i - 0.4, i + n - 0.6, colors="k", linestyles="dashed", lw=0.8)
+    ax.set_xticks(range(len(bars)), labels, fontsize=7)
+    ax.set_ylabel("first epoch, ms (median of the rounds)")
+    ax.set_title(f"first epoch, compile included (dashed: 2x eager's); {p['cpu']}", fontsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", type=int, default=4000)
@@ -558,7 +600,7 @@ def main(argv=None) -> dict:
     if opts.attribute:
         payload["attribution"] = {k: child(k, "gnncompile", opts, attribute=True) for k in models}
     payload["loadavg_before_after"] = [load_before, _common.loadavg()]
-    _common.write_results(Path(opts.results_dir), opts.out, payload, markdown)
+    _common.write_results(Path(opts.results_dir), opts.out, payload, markdown, plot)
     return payload
 
 
