@@ -1,23 +1,23 @@
 """Work Dynamo does on a first compile that changes neither the graph, the guards nor any result:
 skipped while a gnncompile-compiled call compiles.
 
-Taken apart on molecule batches (benchmarks/first_epoch.py, HISTORY section 39), three parts of
-Dynamo's first compile in a process compute nothing the compiled model, its guards or its
-graph depend on:
+Taken apart on molecule batches (benchmarks/first_epoch.py, results/first_epoch_s57*.md),
+three parts of Dynamo's first compile in a process compute nothing the compiled model, its
+guards or its graph depend on:
 
 * ``local_map``'s check (``LocalMapWrappedHigherOrderVariable.should_wrap_in_hop``): Dynamo
   asks it of every callable it wraps, and it imports
   ``torch.distributed.tensor.experimental._func_map`` to compare the callable with that
   module's ``_local_map_wrapped`` by identity. The import pulls in DTensor's experimental
-  package and its context-parallel custom ops (60-100 ms on this project's CPU, once a
-  process, most of it an ``inspect.getmodule`` scan of every loaded module made by a
+  package and its context-parallel custom ops (50-100 ms on this project's CPU, once a
+  process, much of it an ``inspect.getmodule`` scan of every loaded module made by a
   ``register_fake``), and its objects count towards the next full garbage collection. A
   function defined in a module that was never imported cannot be that module's function: while
   the module is not in ``sys.modules`` the answer is False without the import. Once anything
   has imported it, Dynamo's own check runs.
 * the log header of every traced call (``get_funcname`` in
   ``InstructionTranslator.get_line_of_code_header``): Dynamo tokenizes each traced source file
-  to name the function around a line (35-50 ms a process) for a string that only its
+  to name the function around a line (35-50 ms a process, HISTORY section 38) for a string that only its
   ``trace_call`` / ``trace_source`` debug logs print. While none of those loggers is enabled
   for DEBUG the name is not looked up (the header, unprinted, lacks it).
 * the guard latency metric (``profile_guard_manager`` after building guards): runs the new
