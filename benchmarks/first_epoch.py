@@ -24,11 +24,14 @@ without a profiler:
   many calls ran each form, and the forward time of the form that lost above the median of the
   one that won: what the race cost compared with knowing the winner from the start); generated
   kernels built or loaded (``gnncompile.codegen``); graph structures built; recompiles and graph
-  breaks.
+  breaks; the garbage collector's full collections (``gc.callbacks``: in the epoch, and in the
+  first forward) and the time of its younger ones.
 
 ``--variants``: besides ``eager`` and ``gnncompile``, ``gnncompile-nolean`` (``gnncompile.compile``
 with ``settings={"choices": {"lean_layers": "off"}}``: Dynamo traces PyG's layers as written
-instead of gnncompile's lean forwards, :mod:`gnncompile.compiler.lean`), ``dynamo-eager`` (``torch.compile(model,
+instead of gnncompile's lean forwards, :mod:`gnncompile.compiler.lean`), ``gnncompile-notrim``
+(``gnncompile.compile`` with :mod:`gnncompile.compiler.trims` off: Dynamo's first compile with
+the work it does for logs, metrics and a lazy import), ``dynamo-eager`` (``torch.compile(model,
 backend="eager", dynamic=True)`` with the sizes captured as gnncompile captures them: Dynamo
 alone, no passes, no guard) and ``gnncompile-warm`` (another small function compiled before
 the epoch, not timed: Dynamo's first use in a process, its lazy imports and caches, paid
@@ -40,7 +43,7 @@ so these are shares, not totals). ``--dynamo k=v`` (repeatable): a compiled vari
 ``torch._dynamo.config`` (or ``fx.k=v``: ``torch.fx.experimental._config``) value, checked for
 the same captured graph (the code of the graph Dynamo hands to the backend), the same first
 loss, graph breaks and recompiles as the default. Writes
-benchmarks/results/first_epoch.{json,md}.
+benchmarks/results/first_epoch.{json,md,png}.
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ import torch
 from . import _common
 from . import molecules as M
 
-VARIANTS = ("eager", "gnncompile", "dynamo-eager", "gnncompile-warm", "gnncompile-nolean")
+VARIANTS = ("eager", "gnncompile", "dynamo-eager", "gnncompile-warm", "gnncompile-nolean", "gnncompile-notrim")
 DYNAMO_KEYS = ("_compile.compile_inner", "bytecode_tracing", "get_fake_value", "variable_builder_call",
                "build_guards", "OutputGraph.call_user_compiler", "insert_deferred_runtime_asserts")
 
@@ -185,6 +188,38 @@ class TraceAttribution:
                 for k, v in rows]
 
 
+class GcTimer:
+    """Wall-clock seconds of the garbage collector's passes while it is installed (``gc.callbacks``):
+    full collections (generation 2: the whole heap, the dataset's graphs included) and the
+    younger ones."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.full_s = self.young_s = 0.0
+        self.full_n = 0
+        self._t0 = 0.0
+
+        def callback(phase, info):
+            if phase == "start":
+                self._t0 = time.perf_counter()
+                return
+            dt = time.perf_counter() - self._t0
+            if info.get("generation") == 2:
+                self.full_s += dt
+                self.full_n += 1
+            else:
+                self.young_s += dt
+        self._cb = callback
+        gc.callbacks.append(callback)
+
+    def stop(self) -> None:
+        import gc
+
+        if self._cb in gc.callbacks:
+            gc.callbacks.remove(self._cb)
+
+
 # ----------------------------------------------------------------------------- one run
 def _set_config(items) -> None:
     for item in items or []:
@@ -202,6 +237,10 @@ def measure(kind: str, variant: str, opts) -> dict:
     torch.set_num_threads(opts.threads)
     compiled = variant != "eager"
     _set_config(opts.dynamo if variant == "gnncompile+config" else None)
+    if variant == "gnncompile-notrim":  # Dynamo's first compile as is (gnncompile.compiler.trims off)
+        from gnncompile.compiler import trims
+
+        trims.ENABLED[0] = False
     probes = Probes() if compiled and not opts.attribute_child else None
     attribution = TraceAttribution() if opts.attribute_child else None
     dataset = M.make_dataset(opts.graphs)
@@ -227,6 +266,7 @@ def measure(kind: str, variant: str, opts) -> dict:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loader = M.make_loader(dataset, opts.batch_size, "gnncompile-pooled" if compiled else "eager")
     steps, losses, first, ref_s, expect = [], [], {}, 0.0, None
+    collections_ = GcTimer()
     t_epoch = time.perf_counter()
     for i, b in enumerate(loader):
         if i == 0:  # the first loss against eager's (not timed)
@@ -242,8 +282,11 @@ def measure(kind: str, variant: str, opts) -> dict:
                         probes.watch(g, "piece")
         c0, t0 = time.process_time(), time.perf_counter()
         opt.zero_grad(set_to_none=True)
+        gc_before = collections_.full_s
         out = run(b.x, b.edge_index, b.edge_attr, b.batch)
         t1, c1 = time.perf_counter(), time.process_time()
+        if i == 0:
+            gc_forward = collections_.full_s - gc_before
         loss = torch.nn.functional.cross_entropy(out, b.y)
         loss.backward()
         t2 = time.perf_counter()
@@ -255,11 +298,13 @@ def measure(kind: str, variant: str, opts) -> dict:
             # (CPU seconds of the process: less sensitive to other jobs than the wall clock)
             first = {"forward_s": t1 - t0, "forward_cpu_s": c1 - c0, "backward_s": t2 - t1, "optimizer_s": t3 - t2}
     epoch = time.perf_counter() - t_epoch - ref_s
+    collections_.stop()
     out = {"model": kind, "variant": variant, "first_epoch_s": epoch, "first_step_s": steps[0], "first_step": first,
            "rest_s": sum(steps[1:]), "rest_loader_s": epoch - sum(steps), "steps": len(steps),
            "step_median_ms": statistics.median(steps[1:]) * 1e3, "first_loss": losses[0], "first_loss_eager": expect,
            "steps_ms": [round(s * 1e3, 3) for s in steps], "threads": torch.get_num_threads(), "config": opts.dynamo if variant == "gnncompile+config" else [],
-           "warm_up_s": warm_up_s}
+           "warm_up_s": warm_up_s, "gc_full_s": collections_.full_s, "gc_full_n": collections_.full_n,
+           "gc_full_first_forward_s": gc_forward, "gc_young_s": collections_.young_s}
     if not compiled:
         return out
     out["dynamo_s"] = {k: sum(ctm.get(k, [0.0])) for k in DYNAMO_KEYS}
@@ -311,7 +356,8 @@ def combine(rounds: list, eager: list) -> dict:
         return rounds[0] if rounds else {"error": "no run"}
     med = statistics.median
     out = dict(ok[0])
-    for k in ("first_epoch_s", "first_step_s", "rest_s", "rest_loader_s", "step_median_ms", "warm_up_s"):
+    for k in ("first_epoch_s", "first_step_s", "rest_s", "rest_loader_s", "step_median_ms", "warm_up_s", "gc_full_s",
+              "gc_full_n", "gc_full_first_forward_s", "gc_young_s"):
         out[k] = med(r.get(k, 0.0) for r in ok)
     out["first_step"] = {k: med(r["first_step"][k] for r in ok) for k in ok[0]["first_step"]}
     for group in ("dynamo_s", "gnncompile_s"):
@@ -376,11 +422,16 @@ def markdown(p: dict) -> str:
     row("- of it: speed guard races, whole model", None, lambda c: f"{c.get('race_cost_ms', {}).get('model', 0):.1f}")
     row("structure builds (all 32 steps)", None, lambda c: _ms(c["gnncompile_s"].get("structure builds", 0)))
     row("loader (all 32 batches)", lambda e: _ms(e["rest_loader_s"]), lambda c: _ms(c["rest_loader_s"]))
+    row("full garbage collections in the epoch (count, ms)", lambda e: f"{e.get('gc_full_n', 0):.0f}, {_ms(e.get('gc_full_s', 0))}",
+        lambda c: f"{c.get('gc_full_n', 0):.0f}, {_ms(c.get('gc_full_s', 0))}")
+    row("- of it in the first forward", lambda e: _ms(e.get("gc_full_first_forward_s", 0)),
+        lambda c: _ms(c.get("gc_full_first_forward_s", 0)))
+    row("younger collections in the epoch (ms)", lambda e: _ms(e.get("gc_young_s", 0)), lambda c: _ms(c.get("gc_young_s", 0)))
     row("median step 2-32", lambda e: f"{e['step_median_ms']:.1f}", lambda c: f"{c['step_median_ms']:.1f}")
     row("graphs compiled / breaks", None, lambda c: f"{c['graphs_compiled']} / {c['graph_breaks']}")
     row("generated kernels built / loaded", None,
         lambda c: f"{c['codegen'].get('builds', 0)} / {c['codegen'].get('disk_hits', 0)}")
-    extra = ("dynamo-eager", "gnncompile-warm", "gnncompile-nolean")
+    extra = ("dynamo-eager", "gnncompile-warm", "gnncompile-nolean", "gnncompile-notrim")
     others = [(k, v, R[k][v]) for k in p["models"] for v in R[k] if v in extra
               or (v == "gnncompile" and any(o in R[k] for o in extra))]
     if others:
@@ -388,17 +439,21 @@ def markdown(p: dict) -> str:
                   "same capture of sizes, no passes, no guard), Dynamo's first use in the process "
                   "(gnncompile-warm: another function compiled before the epoch, its time not counted) and "
                   "PyG's code traced as written (gnncompile-nolean: `settings={'choices': {'lean_layers': "
-                  "'off'}}`, gnncompile.compiler.lean off):", "",
+                  "'off'}}`, gnncompile.compiler.lean off) and Dynamo's first compile as is (gnncompile-notrim: "
+                  "gnncompile.compiler.trims off):", "",
                   "| model | variant | first epoch ms | vs eager | first forward ms | compile_inner ms | "
-                  "bytecode tracing ms | building guards ms | median step 2-32 ms | first loss | "
-                  "warm-up compile ms (before the epoch) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "bytecode tracing ms | wrapping inputs, parameters ms | building guards ms | full GCs: count, ms (in the first forward) | "
+                  "median step 2-32 ms | first loss | warm-up compile ms (before the epoch) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for k, v, r in others:
             if "first_epoch_s" not in r:
-                lines.append(f"| {k} | {v} | error: {r.get('error', '')[:200]} | | | | | | | | |")
+                lines.append(f"| {k} | {v} | error: {r.get('error', '')[:200]} | | | | | | | | | | |")
                 continue
             lines.append(f"| {k} | {v} | {_ms(r['first_epoch_s'])} | {r.get('over_eager_first_epoch', 0):.2f}x | "
                          f"{_ms(r['first_step']['forward_s'])} | {_ms(r['dynamo_s']['_compile.compile_inner'])} | "
-                         f"{_ms(r['dynamo_s']['bytecode_tracing'])} | {_ms(r['dynamo_s']['build_guards'])} | "
+                         f"{_ms(r['dynamo_s']['bytecode_tracing'])} | {_ms(r['dynamo_s']['variable_builder_call'])} | "
+                         f"{_ms(r['dynamo_s']['build_guards'])} | "
+                         f"{r.get('gc_full_n', 0):.0f}, {_ms(r.get('gc_full_s', 0))} ({_ms(r.get('gc_full_first_forward_s', 0))}) | "
                          f"{r['step_median_ms']:.1f} | {r['first_loss']:.6f} | {_ms(r.get('warm_up_s', 0.0))} |")
     lines += ["", "What the speed guard kept (first round):", ""]
     for k in p["models"]:
@@ -445,6 +500,48 @@ def markdown(p: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(p: dict, path: Path) -> None:
+    """Stacked bars per model and variant: the first epoch's parts (medians over the rounds), the
+    2x-eager line of issue 24 per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = (("Dynamo tracing", lambda r: r["dynamo_s"]["bytecode_tracing"]),
+             ("building guards", lambda r: r["dynamo_s"]["build_guards"]),
+             ("rest of the compile (backend incl.)", lambda r: r["dynamo_s"]["_compile.compile_inner"]
+              - r["dynamo_s"]["bytecode_tracing"] - r["dynamo_s"]["build_guards"]),
+             ("first step's rest", lambda r: r["first_step_s"] - r.get("dynamo_s", {}).get("_compile.compile_inner", 0.0)),
+             ("steps 2-32", lambda r: r["rest_s"]),
+             ("loader", lambda r: r["rest_loader_s"]))
+    bars, labels = [], []
+    for k in p["models"]:
+        for v, r in p["results"][k].items():
+            if "first_epoch_s" in r:
+                bars.append((k, v, r))
+                labels.append(f"{k}\n{v.replace('gnncompile', 'gnc')}")
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(bars)), 4.5))
+    bottom = [0.0] * len(bars)
+    for name, fn in parts:
+        vals = [max(0.0, fn(r) if "dynamo_s" in r or name in ("first step's rest", "steps 2-32", "loader") else 0.0) * 1e3
+                for _, _, r in bars]
+        ax.bar(range(len(bars)), vals, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, (k, v, r) in enumerate(bars):
+        e = p["results"][k].get("eager", {})
+        if v == "eager" and "first_epoch_s" in e:
+            n = sum(1 for kk, _, _ in bars if kk == k)
+            ax.hlines(2e3 * e["first_epoch_s"], i - 0.4, i + n - 0.6, colors="k", linestyles="dashed", lw=0.8)
+    ax.set_xticks(range(len(bars)), labels, fontsize=7)
+    ax.set_ylabel("first epoch, ms (median of the rounds)")
+    ax.set_title(f"first epoch, compile included (dashed: 2x eager's); {p['cpu']}", fontsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--graphs", type=int, default=4000)
@@ -453,7 +550,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default=",".join(M.MODELS))
     ap.add_argument("--variants", default="eager,gnncompile",
-                    help="comma list of eager, gnncompile, gnncompile-nolean (lean forwards off), dynamo-eager (torch.compile(backend='eager') with the "
+                    help="comma list of eager, gnncompile, gnncompile-nolean (lean forwards off), gnncompile-notrim "
+                         "(gnncompile.compiler.trims off), dynamo-eager (torch.compile(backend='eager') with the "
                          "same capture: Dynamo alone), gnncompile-warm (after a warm-up compile of another "
                          "function: Dynamo's first use in the process paid before the epoch)")
     ap.add_argument("--attribute", action="store_true", help="also time Dynamo's tracing per inlined function")
@@ -502,7 +600,7 @@ def main(argv=None) -> dict:
     if opts.attribute:
         payload["attribution"] = {k: child(k, "gnncompile", opts, attribute=True) for k in models}
     payload["loadavg_before_after"] = [load_before, _common.loadavg()]
-    _common.write_results(Path(opts.results_dir), opts.out, payload, markdown)
+    _common.write_results(Path(opts.results_dir), opts.out, payload, markdown, plot)
     return payload
 
 

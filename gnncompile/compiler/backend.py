@@ -39,6 +39,7 @@ from ..passes.report import one_line
 from ..settings import Settings
 from ..ops import hoisted, loops
 from . import lean as _lean
+from . import trims as _trims
 from .._log import get_logger, log_fusions
 from . import portfolio as _portfolio
 from .guard import SpeedGuard, unrewritten_copy
@@ -501,6 +502,7 @@ logging.getLogger("torch._dynamo.convert_frame").addFilter(_RecompileLimitWatch(
 _register()
 loops.install()  # PyG's self-loop functions traced as gnncompile ops (see gnncompile.ops.loops)
 _lean.install()  # lean forwards of PyG layers while a gnncompile scope is active (gnncompile.compiler.lean)
+_trims.install()  # Dynamo's work that changes no result skipped in that scope (gnncompile.compiler.trims)
 
 __all__ = ["gnncompile_backend", "make_backend", "Backend", "collect", "dynamic_output_shapes", "STATS",
            "RecompileLimitWarning", "RECOMPILE_LIMITS",
