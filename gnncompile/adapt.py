@@ -16,8 +16,10 @@ batch). Both yield the wrapped loader's batches and measure, per step:
 
 * **time**: from the previous ``step_done`` (or the epoch's start) to this one, so it covers
   waiting for the batch and the training step. Throughput is compared per unit of work, nodes +
-  edges per second, so batches of other sizes (graphs sorted by size, a growing fanout) compare
-  fairly; the first step after a switch (the loader's restart, a recompile) is left out of the
+  edges per second, so batches of other sizes (graphs sorted by size) compare fairly; the
+  neighbor loader compares seeds per second instead (a larger seed batch shares more of its
+  sampled neighbourhood: less work per seed), and a new fanout
+  (:meth:`AdaptiveNeighborLoader.set_num_neighbors`) starts a new measurement; the first step after a switch (the loader's restart, a recompile) is left out of the
   rate (it still counts in any wall-clock figure).
 * **memory**: ``memory='cuda'``: ``torch.cuda.max_memory_allocated`` (peak reset at each step's
   start) against the allocated bytes at that start. ``memory='rss'`` (Linux): the process's
@@ -272,25 +274,54 @@ def _probe(memory, device) -> Optional[MemoryProbe]:
 
 
 class MemoryModel:
-    """Bytes per unit of work (nodes + edges) above a step's starting memory: the largest ratio
-    among the last ``keep`` steps (conservative). ``predict(work, base)`` = base + ratio * work."""
+    """Bytes above a step's starting memory per unit of work (nodes + edges), from the last
+    ``keep`` clean steps. ``predict(work, base)`` = base + ratio * work: by default the ratio
+    is the largest observed (conservative). With ``nearest=True`` (the neighbor loader's) it
+    is the largest among the observed steps of at most ``work`` whose work is at least half the
+    largest such (the steps nearest below the candidate): a step's growth has a part that does
+    not scale with its work (per-step buffers, the allocator's rounding), so its bytes per unit
+    of work fall as batches grow, and the ratio of a smaller step is an upper bound for a larger
+    one, while the ratio of much smaller steps overstates it many times over (on a neighbor
+    workload 1.4 KiB per unit at 128 seeds, 0.6 KiB at 2048: the largest ratio of all kept every
+    larger size out). A candidate below every observed step is bounded by the growth of the
+    smallest steps (growth rises with work): the largest growth among the steps of at most 1.5x
+    the smallest work."""
 
-    def __init__(self, keep: int = 32) -> None:
+    def __init__(self, keep: int = 32, nearest: bool = False) -> None:
         self.keep = keep
-        self.ratios: List[float] = []
+        self.nearest = bool(nearest)
+        self.obs: List[Tuple[int, int]] = []  # (work, growth) of clean steps
+
+    @property
+    def ratios(self) -> List[float]:
+        return [g / w for w, g in self.obs]
 
     @property
     def per_work(self) -> Optional[float]:
-        return max(self.ratios) if self.ratios else None
+        """The largest ratio observed (None before any)."""
+        return max(self.ratios) if self.obs else None
 
     def observe(self, work: int, grown: int) -> None:
         if work > 0:
-            self.ratios.append(max(0, grown) / work)
-            del self.ratios[:-self.keep]
+            self.obs.append((int(work), max(0, int(grown))))
+            del self.obs[:-self.keep]
+
+    def growth(self, work: int) -> Optional[float]:
+        """The predicted growth (bytes) of a step of ``work``."""
+        if not self.obs:
+            return None
+        if not self.nearest:
+            return self.per_work * work
+        below = [(w, g) for w, g in self.obs if w <= work]
+        if below:
+            top = max(w for w, _ in below)
+            return max(g / w for w, g in below if 2 * w >= top) * work
+        low = min(w for w, _ in self.obs)
+        return float(max(g for w, g in self.obs if w <= 1.5 * low))
 
     def predict(self, work: int, base: int) -> Optional[int]:
-        r = self.per_work
-        return None if r is None else int(base + r * work)
+        g = self.growth(work)
+        return None if g is None else int(base + g)
 
 
 # ---------------------------------------------------------------------------------- policy
@@ -1009,6 +1040,7 @@ class AdaptiveNeighborLoader(_Adaptive):
         self.data = data
         self.num_neighbors = self._check_fanout(num_neighbors)
         self.policy.unit = "seeds"
+        self.policy.model = MemoryModel(nearest=True)
         self._estimated = False  # _per_seed holds only an estimate for a new fanout
         if input_nodes is None:
             self.inputs = torch.arange(int(data.num_nodes))
@@ -1125,7 +1157,9 @@ class AdaptiveNeighborLoader(_Adaptive):
     def _work_ahead(self, setting: Setting, steps: int) -> Optional[int]:
         if not self._per_seed:
             return None
-        seeds = min(setting.size, max(1, self._share.numel() - self._pos))
+        # a full batch even near the epoch's end: the next epoch's batches follow (a trial
+        # predicted on the last few seeds only would take any size for one that fits)
+        seeds = min(setting.size, max(1, self._share.numel() or self.inputs.numel()))
         return int(math.ceil(max(self._per_seed[-32:]) * seeds))
 
     def _more_to_come(self) -> bool:

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from gnncompile.adapt import AdaptiveNeighborLoader, Policy, Setting
+from gnncompile.adapt import AdaptiveNeighborLoader, MemoryModel, Policy, Setting
 from gnncompile.data import power_law_graph
 
 with warnings.catch_warnings():
@@ -159,3 +159,31 @@ def test_workload_change_abandons_a_trial_and_restarts_the_window():
     assert p.current.size == 1 and p.trial is None and not p.rates and not p.backoff
     assert p.skip == 1 and p.w_steps == 0
     assert p.workload_changed("again") is None and p.skip == 1
+
+
+def test_nearest_memory_model_bounds_larger_steps_by_the_nearest_smaller_ones():
+    """Growth = 1 MB + 100 bytes per unit (a fixed part): the ratio of a small step overstates a
+    large one. The nearest model predicts 4x the largest measured work from the largest steps'
+    ratio (an upper bound of the truth, far below the largest-ratio model's), and a step below
+    every observation from the smallest steps' growth."""
+    true = lambda w: 1_000_000 + 100 * w  # noqa: E731
+    near, old = MemoryModel(nearest=True), MemoryModel()
+    for w in (1_000, 2_000, 10_000, 20_000):
+        near.observe(w, true(w))
+        old.observe(w, true(w))
+    W = 80_000
+    assert true(W) <= near.predict(W, 0) < old.predict(W, 0) / 5
+    assert near.predict(W, 0) == int(true(10_000) / 10_000 * W)  # the steps of at least half the largest below
+    assert near.predict(15_000, 0) == int(true(10_000) / 10_000 * 15_000)  # ratio of the steps nearest below
+    assert near.predict(500, 0) == true(1_000) >= true(500)  # below every step: the smallest steps' growth
+    assert old.predict(W, 0) == int(true(1_000) / 1_000 * W)  # the default model: unchanged
+    assert MemoryModel(nearest=True).predict(10, 0) is None
+
+
+def test_a_trial_near_the_epoch_end_is_predicted_on_full_batches():
+    L = AdaptiveNeighborLoader(_graph(), [2, 2], sizes=[16, 256], memory=None)
+    L._share = torch.arange(400)
+    L._per_seed = [10.0]
+    L._pos = 390  # 10 seeds left in the epoch: the next epoch's batches follow
+    assert L._work_ahead(Setting(256, 2, 0), 4) == 2560
+    assert L._work_ahead(Setting(16, 2, 0), 4) == 160
