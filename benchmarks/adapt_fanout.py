@@ -26,7 +26,12 @@ adaptation; what a NeighborLoader user sets as ``batch_size``), seed 0: every si
 ``--sizes``. They get the budget too: one size cannot shrink, but the loader's release guard
 (a step starts clean, malloc_trim, when the memory held plus the peak's recent creep would
 cross the budget) applies to them as to the adaptive run; without it the allocator's creep
-between clean readings put even 128 seeds a batch at 164 MiB above base over 8 epochs. The best whose measured peak stays within the budget over the whole run runs
+between clean readings put even 128 seeds a batch at 164 MiB above base over 8 epochs.
+gnncompile's block cache of freed large allocations is off in every run (``--buffer-cache``,
+``$GNNCOMPILE_BUFFER_CACHE``): neighbor batches change shape every step, so the cache missed
+and its idle blocks stayed resident next to the step's fresh ones, doubling the peak of a step
+without a clean start (512 seeds a batch: 149 MiB above base with it, 115 MiB without, at the
+same speed); under an RSS budget it is memory the budget cannot steer. The best whose measured peak stays within the budget over the whole run runs
 again with seeds 1 .. ``--seeds``-1 (model initialisation and seed order: the loss noise).
 Adaptive: the adaptive loader over ``--sizes``, starting at the smallest, ``--window`` steps
 per measurement, 5% hysteresis, 10% margin, rates in seeds per second, no learning-rate
@@ -180,7 +185,9 @@ def _mean_loss(hist, e):
 
 def _run(spec, timeout):
     cmd = _common.module_command("adapt_fanout") + ["--child", json.dumps(spec)]
-    return _common.run_child(cmd, _common.timing_env(spec["threads"]), timeout)
+    env = _common.timing_env(spec["threads"])
+    env["GNNCOMPILE_BUFFER_CACHE"] = spec.get("buffer_cache", "off")
+    return _common.run_child(cmd, env, timeout)
 
 
 def _within(r) -> bool:
@@ -205,7 +212,8 @@ def markdown(p: dict) -> str:
              f"Power-law graph of {a['nodes']} nodes / {a['edges']} edges, {F} features, {C} classes; {a['train']} "
              f"training seeds an epoch; compiled GraphSAGE ({F} -> {HIDDEN}, 2 layers), Adam (lr 3e-3). Fanout "
              f"curriculum: {sched} (set between epochs with `set_num_neighbors`, same loader). Memory budget: "
-             f"{a['budget_mib']} MiB of peak RSS above the resident set after warm-up. Adaptive: seed batch sizes "
+             f"{a['budget_mib']} MiB of peak RSS above the resident set after warm-up (gnncompile's block cache: "
+             f"{a.get('buffer_cache', 'auto')}). Adaptive: seed batch sizes "
              f"{'/'.join(map(str, a['sizes']))} (starting at the smallest), window {a['window']}, rates in seeds/s, "
              f"no learning-rate rescaling.\n",
              "## First pass: every fixed seed batch size, the adaptive run\n",
@@ -441,6 +449,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="128,256,512,1024,2048,4096,8192", help="seed batch sizes (fixed and adaptive)")
     ap.add_argument("--budget-mib", type=int, default=128)
     ap.add_argument("--window", type=int, default=4)
+    ap.add_argument("--buffer-cache", default="off",
+                    help="$GNNCOMPILE_BUFFER_CACHE of every run (default off: see the module docstring)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the best fixed size (the loss noise), >= 2")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
@@ -468,7 +478,7 @@ def main(argv=None) -> int:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     base = {"nodes": args.nodes, "edges": args.edges, "train": args.train, "fanouts": fanouts,
             "epochs_per_fanout": args.epochs_per_fanout, "budget_mib": args.budget_mib, "threads": args.threads,
-            "sizes": sizes, "window": args.window, "seeds": args.seeds}
+            "sizes": sizes, "window": args.window, "seeds": args.seeds, "buffer_cache": args.buffer_cache}
     load0 = _common.loadavg()
     fixed = []
     for v in sizes:

@@ -183,7 +183,26 @@ def test_nearest_memory_model_bounds_larger_steps_by_the_nearest_smaller_ones():
 def test_a_trial_near_the_epoch_end_is_predicted_on_full_batches():
     L = AdaptiveNeighborLoader(_graph(), [2, 2], sizes=[16, 256], memory=None)
     L._share = torch.arange(400)
-    L._per_seed = [10.0]
+    L._per_seed = [(16, 10.0)]
     L._pos = 390  # 10 seeds left in the epoch: the next epoch's batches follow
     assert L._work_ahead(Setting(256, 2, 0), 4) == 2560
     assert L._work_ahead(Setting(16, 2, 0), 4) == 160
+
+
+def test_work_per_seed_is_taken_from_the_nearest_smaller_batches():
+    """Work per seed falls with the seed batch (shared neighbours): a candidate is predicted
+    from the batches nearest below it, so a measured 256-seed batch lets 512 seeds (twice its
+    work) through Policy.EXTRAPOLATE; from the largest per-seed work of all (the 128-seed
+    batches, the rule before) 512 seeds would be predicted over twice the work measured."""
+    L = AdaptiveNeighborLoader(_graph(), [2, 2], sizes=[128, 256, 512], memory=None)
+    L._per_seed = [(128, 40.0)] * 4 + [(256, 30.0)] * 4 + [(40, 60.0)]  # the last: an epoch's tail
+    assert L._seed_work(512) == 512 * 30.0
+    assert L._seed_work(256) == 256 * 30.0
+    assert L._seed_work(128) == 128 * 40.0
+    assert L._seed_work(64) == 64 * 60.0  # the tail batch (40 seeds) is the nearest below 64
+    assert L._seed_work(20) == 40 * 60.0  # below every batch: the smallest batch's work
+    L.policy.seen_work = 256 * 30
+    L.policy.budget, L.policy.floor = 10**12, 0
+    L.policy.model.observe(256 * 30, 0)
+    assert L.policy.fits(Setting(512, 2, 0))
+    assert 512 * 40.0 > 2 * 256 * 30  # the largest per-seed work of all would not have fitted
