@@ -16,8 +16,10 @@ batch). Both yield the wrapped loader's batches and measure, per step:
 
 * **time**: from the previous ``step_done`` (or the epoch's start) to this one, so it covers
   waiting for the batch and the training step. Throughput is compared per unit of work, nodes +
-  edges per second, so batches of other sizes (graphs sorted by size, a growing fanout) compare
-  fairly; the first step after a switch (the loader's restart, a recompile) is left out of the
+  edges per second, so batches of other sizes (graphs sorted by size) compare fairly; the
+  neighbor loader compares seeds per second instead (a larger seed batch shares more of its
+  sampled neighbourhood: less work per seed), and a new fanout
+  (:meth:`AdaptiveNeighborLoader.set_num_neighbors`) starts a new measurement; the first step after a switch (the loader's restart, a recompile) is left out of the
   rate (it still counts in any wall-clock figure).
 * **memory**: ``memory='cuda'``: ``torch.cuda.max_memory_allocated`` (peak reset at each step's
   start) against the allocated bytes at that start. ``memory='rss'`` (Linux): the process's
@@ -272,25 +274,54 @@ def _probe(memory, device) -> Optional[MemoryProbe]:
 
 
 class MemoryModel:
-    """Bytes per unit of work (nodes + edges) above a step's starting memory: the largest ratio
-    among the last ``keep`` steps (conservative). ``predict(work, base)`` = base + ratio * work."""
+    """Bytes above a step's starting memory per unit of work (nodes + edges), from the last
+    ``keep`` clean steps. ``predict(work, base)`` = base + ratio * work: by default the ratio
+    is the largest observed (conservative). With ``nearest=True`` (the neighbor loader's) it
+    is the largest among the observed steps of at most ``work`` whose work is at least half the
+    largest such (the steps nearest below the candidate): a step's growth has a part that does
+    not scale with its work (per-step buffers, the allocator's rounding), so its bytes per unit
+    of work fall as batches grow, and the ratio of a smaller step is an upper bound for a larger
+    one, while the ratio of much smaller steps overstates it many times over (on a neighbor
+    workload 1.4 KiB per unit at 128 seeds, 0.6 KiB at 2048: the largest ratio of all kept every
+    larger size out). A candidate below every observed step is bounded by the growth of the
+    smallest steps (growth rises with work): the largest growth among the steps of at most 1.5x
+    the smallest work."""
 
-    def __init__(self, keep: int = 32) -> None:
+    def __init__(self, keep: int = 32, nearest: bool = False) -> None:
         self.keep = keep
-        self.ratios: List[float] = []
+        self.nearest = bool(nearest)
+        self.obs: List[Tuple[int, int]] = []  # (work, growth) of clean steps
+
+    @property
+    def ratios(self) -> List[float]:
+        return [g / w for w, g in self.obs]
 
     @property
     def per_work(self) -> Optional[float]:
-        return max(self.ratios) if self.ratios else None
+        """The largest ratio observed (None before any)."""
+        return max(self.ratios) if self.obs else None
 
     def observe(self, work: int, grown: int) -> None:
         if work > 0:
-            self.ratios.append(max(0, grown) / work)
-            del self.ratios[:-self.keep]
+            self.obs.append((int(work), max(0, int(grown))))
+            del self.obs[:-self.keep]
+
+    def growth(self, work: int) -> Optional[float]:
+        """The predicted growth (bytes) of a step of ``work``."""
+        if not self.obs:
+            return None
+        if not self.nearest:
+            return self.per_work * work
+        below = [(w, g) for w, g in self.obs if w <= work]
+        if below:
+            top = max(w for w, _ in below)
+            return max(g / w for w, g in below if 2 * w >= top) * work
+        low = min(w for w, _ in self.obs)
+        return float(max(g for w, g in self.obs if w <= 1.5 * low))
 
     def predict(self, work: int, base: int) -> Optional[int]:
-        r = self.per_work
-        return None if r is None else int(base + r * work)
+        g = self.growth(work)
+        return None if g is None else int(base + g)
 
 
 # ---------------------------------------------------------------------------------- policy
@@ -335,6 +366,7 @@ class Policy:
         self.backoff: Dict[Tuple[Setting, Setting], Tuple[int, int]] = {}  # -> (retry at window no, wait)
         self.windows = 0
         self.move_no = 0
+        self.unit = "work"  # what the rates count (the log's wording): 'work' or 'seeds'
         self._reset_window(skip=0)
 
     # -- measurement window
@@ -377,7 +409,7 @@ class Policy:
         if self.budget is None:
             return True
         work = self.work_ahead(setting, self.window)
-        if work is None or work > self.EXTRAPOLATE * self.seen_work:
+        if work is None or work > self.EXTRAPOLATE * self.seen_work + 1:  # + 1: a prediction's rounding
             return False
         p = self._predict_work(work)
         return p is not None and p <= self.line
@@ -449,12 +481,15 @@ class Policy:
 
     # -- after a step
     def observe(self, seconds: float, work: int, base: int, peak: Optional[int],
-                grown: Optional[int] = None, learn: bool = True) -> Optional[Dict[str, Any]]:
+                grown: Optional[int] = None, learn: bool = True,
+                progress: Optional[float] = None) -> Optional[Dict[str, Any]]:
         """One step's measurements: wall seconds, work (nodes + edges), the memory at its
         start and its peak (None without a probe); ``grown`` (default ``peak - base``) is what
         the memory model learns from, when ``learn`` (a clean reading; predictions start from
-        the base of the last one). Returns a log entry when the setting changes or a trial is
-        kept."""
+        the base of the last one); ``progress`` (default ``work``) is what the rates compare
+        per second: the neighbor loader gives the step's seeds, since a larger seed batch
+        shares more of its sampled neighbourhood and so does less work per seed. Returns a log
+        entry when the setting changes or a trial is kept."""
         if self.floor is None:
             self.floor = base
         if peak is not None and self._expected is not None:
@@ -478,7 +513,7 @@ class Policy:
         if self.skip > 0:
             self.skip -= 1
             return None
-        self.w_work += work
+        self.w_work += work if progress is None else progress
         self.w_time += seconds
         self.w_steps += 1
         if self.w_steps < self.window:
@@ -493,17 +528,31 @@ class Policy:
             self.rates[self.current] = rate
             if gain >= 1.0 + self.min_gain:
                 self.backoff.pop((prev, self.current), None)
-                e = self._entry("keep", self.current, gain, f"{(gain - 1) * 100:.1f}% more work per second "
+                e = self._entry("keep", self.current, gain, f"{(gain - 1) * 100:.1f}% more {self.unit} per second "
                                 f"(>= {self.min_gain * 100:g}%)")
                 e["from"] = prev.as_dict()
                 return e
             key = (prev, self.current)
             wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
             self.backoff[key] = (self.windows + wait, wait)
-            return self._switch("revert", prev, gain, f"{(gain - 1) * 100:+.1f}% work per second, under the "
+            return self._switch("revert", prev, gain, f"{(gain - 1) * 100:+.1f}% {self.unit} per second, under the "
                                 f"{self.min_gain * 100:g}% needed to switch")
         self.rates[self.current] = rate
         return self._explore(rate)
+
+    def workload_changed(self, reason: str) -> Optional[Dict[str, Any]]:
+        """The batches' nature changed (a new fanout): rates measured before do not compare with
+        rates after, so the measurement window starts again (its first step left out), the
+        refusals' back-offs are forgotten, and a trial under way ends without a verdict: back
+        to the setting it came from (a 'revert' entry, gain None)."""
+        self.rates.clear()
+        self.backoff.clear()
+        if self.trial is not None:
+            prev, _ = self.trial
+            self.trial = None
+            return self._switch("revert", prev, None, f"trial abandoned: {reason}")
+        self._reset_window()
+        return None
 
     def _backing_off(self, cand: Setting) -> bool:
         retry = self.backoff.get((self.current, cand))
@@ -676,7 +725,7 @@ class _Adaptive:
             # what the measurement decides, then the check of the next batch under the setting
             # that decision leaves (after a kept trial or a revert too: a size kept for the
             # batches it was tried on may not fit the larger ones that follow)
-            entries = [self.policy.observe(seconds, work, base, peak, grown, clean)]
+            entries = [self.policy.observe(seconds, work, base, peak, grown, clean, self._progress(info))]
             entries.append(self.policy.before_step() if self._more_to_come() else None)
             entries = [e for e in entries if e is not None]
         if dist is not None:  # the other ranks need the setting rank 0 ends with: its last entry
@@ -705,6 +754,10 @@ class _Adaptive:
 
     def _more_to_come(self) -> bool:
         return True
+
+    def _progress(self, info: Dict[str, Any]) -> Optional[float]:
+        """What a step's rate counts (None: its work, nodes + edges)."""
+        return None
 
     def _check_ahead(self) -> None:
         """At an epoch's start: shrink now if its first batch is predicted over the budget."""
@@ -964,7 +1017,10 @@ class AdaptiveNeighborLoader(_Adaptive):
     take the same steps. At a switch the rest of this rank's share is sampled by a new
     ``NeighborLoader`` (the sampler's CSC is the structure cache's, built once). The work of a
     batch (its nodes + edges) is known only once sampled: candidates are predicted from the
-    largest observed work per seed. Other arguments as :class:`AdaptiveLoader`;
+    largest observed work per seed. Rates are compared in seeds per second (not work: a larger
+    seed batch shares more of its sampled neighbourhood, so it does less work per seed, and
+    seeds are what an epoch is made of). :meth:`set_num_neighbors` changes the fanout between
+    epochs (a curriculum) or from the next batch. Other arguments as :class:`AdaptiveLoader`;
     ``loader_kwargs`` go to ``NeighborLoader`` (replace, directed, disjoint, ...)."""
 
     def __init__(self, data: Any, num_neighbors: Any, *, input_nodes: Any = None, sizes: Sequence[int] = (256, 512, 1024),
@@ -982,7 +1038,10 @@ class AdaptiveNeighborLoader(_Adaptive):
                          memory_budget=memory_budget, memory=memory, margin=margin, min_gain=min_gain, window=window,
                          optimizer=optimizer, lr_scaling=lr_scaling, device=device, clock=clock)
         self.data = data
-        self.num_neighbors = num_neighbors
+        self.num_neighbors = self._check_fanout(num_neighbors)
+        self.policy.unit = "seeds"
+        self.policy.model = MemoryModel(nearest=True)
+        self._estimated = False  # _per_seed holds only an estimate for a new fanout
         if input_nodes is None:
             self.inputs = torch.arange(int(data.num_nodes))
         else:
@@ -998,7 +1057,7 @@ class AdaptiveNeighborLoader(_Adaptive):
         self.rank = dist.get_rank() if dist is not None else 0
         self._share = torch.empty(0, dtype=torch.long)
         self._pos = 0
-        self._per_seed: List[float] = []
+        self._per_seed: List[Tuple[int, float]] = []  # (seeds, nodes + edges per seed) of recent batches
 
     def _epoch_share(self, epoch: int) -> torch.Tensor:
         n = self.inputs.numel()
@@ -1015,11 +1074,111 @@ class AdaptiveNeighborLoader(_Adaptive):
             order = order.repeat(-(-total // n))[:total]
         return order[self.rank:total:R]
 
+    @staticmethod
+    def _check_fanout(num_neighbors: Any) -> Any:
+        """A list of ints >= 1 or -1 (all neighbors), one per hop; or a dict of them (hetero)."""
+        def ok(v):
+            return (not isinstance(v, (str, bytes, dict)) and hasattr(v, "__iter__") and len(list(v)) > 0 and
+                    all(not isinstance(k, bool) and isinstance(k, numbers.Integral) and (k >= 1 or k == -1)
+                        for k in v))
+        if isinstance(num_neighbors, dict):
+            if not num_neighbors or not all(ok(v) for v in num_neighbors.values()):
+                raise ValueError(f"AdaptiveNeighborLoader: num_neighbors must map edge types to lists of ints "
+                                 f">= 1 (or -1), got {num_neighbors!r}")
+            return {k: [int(x) for x in v] for k, v in num_neighbors.items()}
+        if not ok(num_neighbors):
+            raise ValueError(f"AdaptiveNeighborLoader: num_neighbors must be a non-empty list of ints >= 1 (or -1: "
+                             f"every neighbor), one per hop, got {num_neighbors!r}")
+        return [int(x) for x in num_neighbors]
+
+    @staticmethod
+    def _fanout_bound(num_neighbors: Any) -> Optional[float]:
+        """The most nodes + edges one seed can bring: 1 + 2 * (f1 + f1 f2 + ...); None when not
+        bounded by the fanout alone (-1, or per edge type)."""
+        if isinstance(num_neighbors, dict) or any(k < 0 for k in num_neighbors):
+            return None
+        total, prod = 1.0, 1.0
+        for k in num_neighbors:
+            prod *= k
+            total += 2 * prod
+        return total
+
+    def set_num_neighbors(self, num_neighbors: Any) -> None:
+        """Samples with ``num_neighbors`` from the next batch on (between epochs: from the next
+        epoch), without a restart: the seeds not yet yielded are sampled by a new
+        ``NeighborLoader`` (as at a switch; none lost or repeated). The number of hops may not
+        change (the model's depth). The memory model's work per seed is scaled by the ratio of
+        the fanouts' bounds (1 + 2 * (f1 + f1 f2 + ...), conservative: real graphs have nodes
+        of lower degree and shared neighbours) until the first batch under the new fanout is
+        measured; without a bound (-1, per edge type) it is unknown until then, and under a
+        budget the size shrinks to the smallest. The policy starts a new measurement window
+        (:meth:`Policy.workload_changed`). ValueError on a bad fanout."""
+        new = self._check_fanout(num_neighbors)
+        old = self.num_neighbors
+        if isinstance(new, dict) != isinstance(old, dict) or (
+                not isinstance(new, dict) and len(new) != len(old)) or (
+                isinstance(new, dict) and any(len(v) != len(old.get(k, v)) for k, v in new.items())):
+            raise ValueError(f"AdaptiveNeighborLoader.set_num_neighbors: {num_neighbors!r} has another number of "
+                             f"hops (or edge types) than {old!r}")
+        if new == old:
+            return
+        self.num_neighbors = new
+        reason = f"fanout {old} -> {new}"
+        b_old, b_new = self._fanout_bound(old), self._fanout_bound(new)
+        if self._per_seed:
+            if b_old is not None and b_new is not None:
+                size = self.setting.size
+                self._per_seed = [(size, self._seed_work(size) / size * b_new / b_old)]
+                self._estimated = True
+            else:
+                self._per_seed = []
+        entries = []
+        dist = _dist()
+        if dist is None or dist.get_rank() == 0:
+            entries.append(self.policy.workload_changed(reason))
+            if not self._per_seed and self.policy.budget is not None and self.setting.size != self.sizes[0]:
+                entries.append(self.policy._switch("shrink", Setting(self.sizes[0], self.setting.pool_size,
+                                                                     self.setting.num_workers), None,
+                                                   f"{reason}: work per seed unknown until measured"))
+            entries = [e for e in entries if e is not None]
+        else:
+            self.policy.workload_changed(reason)
+        if dist is not None:
+            last = self._broadcast(dist, entries[-1] if entries else None)
+            if dist.get_rank() != 0:
+                entries = [] if last is None else [last]
+        for e in entries:
+            self._record(e)
+        log.info("adapt: step %d fanout %s -> %s", self.step, old, new)
+        self._replan = True
+
+    def _progress(self, info: Dict[str, Any]) -> Optional[float]:
+        return info["graphs"]  # seeds
+
     def _work_ahead(self, setting: Setting, steps: int) -> Optional[int]:
         if not self._per_seed:
             return None
-        seeds = min(setting.size, max(1, self._share.numel() - self._pos))
-        return int(math.ceil(max(self._per_seed[-32:]) * seeds))
+        # a full batch even near the epoch's end: the next epoch's batches follow (a trial
+        # predicted on the last few seeds only would take any size for one that fits)
+        seeds = min(setting.size, max(1, self._share.numel() or self.inputs.numel()))
+        return int(round(self._seed_work(seeds)))
+
+    def _seed_work(self, seeds: int) -> float:
+        """The predicted work (nodes + edges) of a batch of ``seeds`` seeds from the recent
+        batches: ``seeds`` times the largest work per seed among the batches of the largest
+        seed count at most ``seeds`` (a larger seed batch
+        shares more of its neighbourhood, so its work per seed is at most a smaller one's; the
+        largest per-seed work of all, from the smallest batches, predicted 512 seeds at 1.1x
+        the work of 256 at fanout [5, 5] on a 20k-node graph and so never let the size
+        double under Policy.EXTRAPOLATE); below every batch measured, the work of the smallest
+        (fewer seeds sample no more)."""
+        obs = self._per_seed[-32:]
+        below = [(s, p) for s, p in obs if s <= seeds]
+        if below:
+            top = max(s for s, _ in below)
+            return seeds * max(p for s, p in below if s == top)
+        low = min(s for s, _ in obs)
+        return max(s * p for s, p in obs if s == low)
 
     def _more_to_come(self) -> bool:
         return self._pos < self._share.numel()
@@ -1053,7 +1212,9 @@ class AdaptiveNeighborLoader(_Adaptive):
             for batch in loader:
                 seeds = int(batch.batch_size)
                 nodes, edges = int(batch.num_nodes), int(batch.edge_index.size(1))
-                self._per_seed.append((nodes + edges) / max(1, seeds))
+                if self._estimated:  # the first batch under a new fanout replaces the estimate
+                    self._per_seed, self._estimated = [], False
+                self._per_seed.append((seeds, (nodes + edges) / max(1, seeds)))
                 del self._per_seed[:-64]
                 if self.device is not None:
                     batch = batch.to(self.device, non_blocking=True)

@@ -1,0 +1,525 @@
+"""Runtime adaptation under a growing fanout: AdaptiveNeighborLoader vs every fixed seed batch size, a memory budget.
+
+    python -m benchmarks adapt_fanout                  # the first pass: every fixed size, seeds, adaptive
+    python -m benchmarks adapt_fanout --rounds 8       # then 7 more rounds of best fixed vs adaptive
+    python -m benchmarks adapt_fanout --quick          # a small graph, for a smoke test
+
+Workload: node classification with neighbor sampling. Graph: ``power_law_graph(--nodes,
+--edges)`` (gnncompile.data.synthetic; default 20k nodes, 1M edges: dense enough that a larger
+fanout samples more, where 100k nodes / 1M edges saturate near 60-75 nodes + edges per seed
+whatever the fanout), 16 random features; label: the argmax over 4 classes of a fixed random
+projection of the node's features plus the mean of its in-neighbours' (learnable by SAGE).
+Training nodes: ``--train`` of them (a fixed random subset). Model: PyG ``GraphSAGE(16, 64, 2
+layers, 4)`` compiled with ``gnncompile.compile(model, dynamic=True)``; step: forward,
+cross-entropy on the seeds, backward, Adam (lr 3e-3).
+
+The curriculum (``--fanouts``, ``--epochs-per-fanout``): fanout [5, 5] for 2 epochs, then
+[10, 10], [20, 20], [40, 40] (2 epochs each), set between epochs on the same loader with
+``AdaptiveNeighborLoader.set_num_neighbors`` (no restart) in every run, fixed or adaptive.
+
+Memory: the process's peak resident set in each step (``memory='rss'``, see gnncompile.adapt).
+The budget is ``--budget-mib`` above the resident set after warm-up (compiled, two steps at
+each fanout; the same in every run). Every run is a process of its own.
+
+Fixed settings (an AdaptiveNeighborLoader with one size: the same loader path, measuring, no
+adaptation; what a NeighborLoader user sets as ``batch_size``), seed 0: every size of
+``--sizes``. They get the budget too: one size cannot shrink, but the loader's release guard
+(a step starts clean, malloc_trim, when the memory held plus the peak's recent creep would
+cross the budget) applies to them as to the adaptive run; without it the allocator's creep
+between clean readings put even 128 seeds a batch at 164 MiB above base over 8 epochs.
+gnncompile's block cache of freed large allocations is off in every run (``--buffer-cache``,
+``$GNNCOMPILE_BUFFER_CACHE``): neighbor batches change shape every step, so the cache missed
+and its idle blocks stayed resident next to the step's fresh ones, doubling the peak of a step
+without a clean start (512 seeds a batch: 149 MiB above base with it, 115 MiB without, at the
+same speed); under an RSS budget it is memory the budget cannot steer. The best whose measured peak stays within the budget over the whole run runs
+again with seeds 1 .. ``--seeds``-1 (model initialisation and seed order: the loss noise).
+Adaptive: the adaptive loader over ``--sizes``, starting at the smallest, ``--window`` steps
+per measurement, 5% hysteresis, 10% margin, rates in seeds per second, no learning-rate
+rescaling (the lr is the same in every run).
+
+Throughput: seeds per second over all epochs (sampling, measuring, adapting included;
+compilation and warm-up excluded). Loss: the mean loss per seed of each epoch; the adaptive
+run (seed 0) is within the noise in an epoch when its gap to the mean of the best fixed
+size's seeds is at most their spread (max - min).
+
+``--rounds R`` (R > 1): R - 1 more rounds of the best fixed size (seed 0) and the adaptive
+run, fresh processes, the order alternating; the ratio adaptive / best fixed is the
+geometric mean of the R paired ratios with its 95% Student's t interval, and the budget
+check covers every adaptive run. Writes benchmarks/results/<--out, default
+adapt_fanout[_quick]>.{json,md,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import _common
+from .adapt import loss_check
+
+F, HIDDEN, C = 16, 64, 4
+
+
+def _graph(spec):
+    from gnncompile.data.synthetic import power_law_graph
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch_geometric.data import Data
+
+    n = spec["nodes"]
+    ei = power_law_graph(n, spec["edges"], seed=0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, F, generator=g)
+    agg = torch.zeros(n, F).index_add_(0, ei[1], x[ei[0]])
+    deg = torch.bincount(ei[1], minlength=n).clamp(min=1).unsqueeze(1)
+    w1, w2 = torch.randn(F, C, generator=g), torch.randn(F, C, generator=g)
+    y = (x @ w1 + (agg / deg) @ w2).argmax(1)
+    train = torch.randperm(n, generator=g)[:spec["train"]]
+    return Data(x=x, edge_index=ei, y=y, num_nodes=n), train
+
+
+def _model(seed):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch_geometric.nn.models import GraphSAGE
+
+    torch.manual_seed(seed)
+    return GraphSAGE(F, HIDDEN, 2, C)
+
+
+def _schedule(spec):
+    """The fanout of each epoch."""
+    return [list(f) for f in spec["fanouts"] for _ in range(spec["epochs_per_fanout"])]
+
+
+def child(spec) -> dict:
+    import gnncompile
+    from gnncompile.adapt import AdaptiveNeighborLoader, RssMemory, Setting
+
+    torch.set_num_threads(spec["threads"])
+    data, train = _graph(spec)
+    model = _model(spec["seed"])
+    cmodel = gnncompile.compile(model, dynamic=True)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def step(b):
+        k = int(b.batch_size)
+        out = cmodel(b.x, b.edge_index)
+        loss = torch.nn.functional.cross_entropy(out[:k], b.y[:k])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    sched = _schedule(spec)
+    # warm-up (not timed): compile, two steps at each fanout; then the model and optimizer restart
+    t0 = time.perf_counter()
+    for fan in spec["fanouts"]:
+        warm = AdaptiveNeighborLoader(data, list(fan), input_nodes=train[:256], sizes=[128], memory=None)
+        for b in warm:
+            warm.step_done(step(b))
+    compile_s = time.perf_counter() - t0
+    model.load_state_dict(_model(spec["seed"]).state_dict())
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    gc.collect()
+    probe = RssMemory()
+    probe.start()
+    base = probe.base
+    budget = base + spec["budget_mib"] * 2**20
+    sizes = spec["sizes"]
+    if spec["mode"] == "fixed":
+        # the budget too: one size cannot shrink, but the release guard (a clean start when the
+        # memory held would cross the budget) keeps the allocator's creep out of its peak as in
+        # the adaptive run
+        L = AdaptiveNeighborLoader(data, sched[0], input_nodes=train, sizes=[spec["size"]], shuffle=True,
+                                   seed=spec["seed"], memory="rss", memory_budget=budget)
+    else:
+        L = AdaptiveNeighborLoader(data, sched[0], input_nodes=train, sizes=sizes, start=Setting(min(sizes), 2, 0),
+                                   shuffle=True, seed=spec["seed"], memory="rss", memory_budget=budget,
+                                   window=spec["window"])
+    epoch_s = []
+    t0 = time.perf_counter()
+    for fan in sched:
+        L.set_num_neighbors(fan)
+        te = time.perf_counter()
+        for b in L:
+            L.step_done(step(b))
+        epoch_s.append(time.perf_counter() - te)
+    wall = time.perf_counter() - t0
+    hist = L.history
+    E = len(sched)
+    seeds = E * int(train.numel())
+    ep_loss = [_mean_loss(hist, e) for e in range(E)]
+    return {
+        "mode": spec["mode"], "size": spec.get("size"), "seed": spec["seed"], "wall_s": wall,
+        "seeds_per_s": seeds / wall, "compile_s": compile_s, "steps": len(hist),
+        "base_rss": base, "budget_rss": budget, "peak_rss": max(h["peak"] for h in hist),
+        "peak_above_base_mib": (max(h["peak"] for h in hist) - base) / 2**20,
+        "epoch_loss": ep_loss, "last_epoch_loss": ep_loss[-1],
+        "epochs": [{"fanout": sched[e], "seconds": epoch_s[e], "seeds_per_s": int(train.numel()) / epoch_s[e],
+                    "sizes": sorted({h["size"] for h in hist if h["epoch"] == e}),
+                    "peak_above_base_mib": (max(h["peak"] for h in hist if h["epoch"] == e) - base) / 2**20,
+                    "work_per_seed": sum(h["nodes"] + h["edges"] for h in hist if h["epoch"] == e)
+                    / max(1, sum(h["graphs"] for h in hist if h["epoch"] == e))}
+                   for e in range(E)],
+        # per step: seeds, loss, size, nodes, edges, seconds, peak above base (MiB), a clean start (0/1), epoch
+        "curve": [[h["graphs"], h["loss"], h["size"], h["nodes"], h["edges"], round(h["seconds"], 6),
+                   round((h["peak"] - base) / 2**20, 1), int(h["clean"]), h["epoch"]] for h in hist],
+        "releases": L.releases,
+        "log": L.log,
+    }
+
+
+def _mean_loss(hist, e):
+    hs = [h for h in hist if h["epoch"] == e]
+    return sum(h["loss"] * h["graphs"] for h in hs) / max(1, sum(h["graphs"] for h in hs))
+
+
+def _run(spec, timeout):
+    cmd = _common.module_command("adapt_fanout") + ["--child", json.dumps(spec)]
+    env = _common.timing_env(spec["threads"])
+    env["GNNCOMPILE_BUFFER_CACHE"] = spec.get("buffer_cache", "off")
+    return _common.run_child(cmd, env, timeout)
+
+
+def _within(r) -> bool:
+    return r["peak_rss"] <= r["budget_rss"]
+
+
+def _best(runs):
+    ok = [r for r in runs if "error" not in r and _within(r)]
+    return max(ok, key=lambda r: r["seeds_per_s"]) if ok else None
+
+
+def _fan(f) -> str:
+    return "[" + ", ".join(map(str, f)) + "]"
+
+
+def markdown(p: dict) -> str:
+    a = p["args"]
+    sched = ", ".join(f"{_fan(f)} x{a['epochs_per_fanout']}" for f in a["fanouts"])
+    lines = ["# Runtime adaptation: a growing fanout under a memory budget\n",
+             f"`{p['command']}`  \n{p['cpu']}, {a['threads']} threads, torch {p['machine']['torch']}.  "
+             f"\n{_common.load_text(p['loadavg_before_after'])}\n",
+             f"Power-law graph of {a['nodes']} nodes / {a['edges']} edges, {F} features, {C} classes; {a['train']} "
+             f"training seeds an epoch; compiled GraphSAGE ({F} -> {HIDDEN}, 2 layers), Adam (lr 3e-3). Fanout "
+             f"curriculum: {sched} (set between epochs with `set_num_neighbors`, same loader). Memory budget: "
+             f"{a['budget_mib']} MiB of peak RSS above the resident set after warm-up (gnncompile's block cache: "
+             f"{a.get('buffer_cache', 'auto')}). Adaptive: seed batch sizes "
+             f"{'/'.join(map(str, a['sizes']))} (starting at the smallest), window {a['window']}, rates in seeds/s, "
+             f"no learning-rate rescaling.\n",
+             "## First pass: every fixed seed batch size, the adaptive run\n",
+             "| run | seeds per batch | seed | seeds/s | wall s | steps | peak above base MiB | within budget | "
+             "last-epoch loss | seeds/s per fanout |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in p["fixed"] + p["repeats"] + [p["adaptive"]]:
+        if "error" in r:
+            lines.append(f"| {r.get('label', '?')} | | | error: {r['error'][:80]} | | | | | | |")
+            continue
+        kind = "fixed" if r["mode"] == "fixed" else "adaptive"
+        setting = str(r["size"]) if kind == "fixed" else "/".join(map(str, a["sizes"]))
+        ok = "yes" if _within(r) else "**no (over budget: excluded)**"
+        per = " / ".join(f"{statistics.fmean(e['seeds_per_s'] for e in r['epochs'] if e['fanout'] == list(f)):.0f}"
+                         for f in a["fanouts"])
+        lines.append(f"| {kind} | {setting} | {r['seed']} | {r['seeds_per_s']:.0f} | {r['wall_s']:.2f} | "
+                     f"{r['steps']} | {r['peak_above_base_mib']:.0f} | {ok} | {r['last_epoch_loss']:.4f} | {per} |")
+    s = p.get("summary", {})
+    if s:
+        b = s.get("best")
+        lines.append("")
+        if b is None:
+            lines.append("Best fixed size within budget: none.")
+        else:
+            lines.append(f"- **Best fixed seed batch size within budget: {b['size']}** ({b['seeds_per_s']:.0f} "
+                         f"seeds/s, peak {b['peak_above_base_mib']:.0f} MiB above base). Adaptive (first pass): "
+                         f"{s['adaptive_seeds_per_s']:.0f} seeds/s = **{s['speedup']:.2f}x** it.")
+        lines.append(f"- Adaptive peak {s['adaptive_peak_above_base_mib']:.0f} MiB above base (budget "
+                     f"{a['budget_mib']} MiB: {'within' if s['adaptive_within_budget'] else 'OVER'}).")
+        ad = p["adaptive"]
+        lines += ["", "### Per epoch (first pass): the adaptive run and the best fixed size", "",
+                  "| epoch | fanout | adaptive sizes | adaptive seeds/s | adaptive peak MiB | adaptive work/seed | "
+                  "fixed seeds/s | fixed peak MiB |", "|---|---|---|---|---|---|---|---|"]
+        bf = s.get("best_run")
+        for e, ea in enumerate(ad["epochs"]):
+            ef = bf["epochs"][e] if bf else None
+            lines.append(f"| {e} | {_fan(ea['fanout'])} | {'/'.join(map(str, ea['sizes']))} | {ea['seeds_per_s']:.0f} | "
+                         f"{ea['peak_above_base_mib']:.0f} | {ea['work_per_seed']:.0f} | "
+                         + (f"{ef['seeds_per_s']:.0f} | {ef['peak_above_base_mib']:.0f} |" if ef else " | |"))
+        lc = s.get("loss")
+        if lc:
+            lines += ["", f"### Loss: adaptive vs the best fixed size ({b['size']}), seeds "
+                      f"{', '.join(map(str, lc['seeds']))}", "",
+                      "| epoch | fanout | adaptive | " + " | ".join(f"fixed seed {sd}" for sd in lc["seeds"])
+                      + " | fixed mean | gap adaptive - mean | noise (seed spread) | within |",
+                      "|---|---|---|" + "---|" * len(lc["seeds"]) + "---|---|---|---|"]
+            for e in range(len(lc["gaps"])):
+                verdict = "yes" if lc["within"][e] else ("no (lower)" if lc["better"][e] else "no (higher)")
+                lines.append(f"| {e} | {_fan(ad['epochs'][e]['fanout'])} | {lc['adaptive'][e]:.4f} | "
+                             + " | ".join(f"{f[e]:.4f}" for f in lc["fixed"])
+                             + f" | {lc['fixed_mean'][e]:.4f} | {lc['gaps'][e]:.4f} | {lc['noise'][e]:.4f} | {verdict} |")
+            lines.append(f"\nWithin the run-to-run noise in {lc['epochs_within']} of {len(lc['gaps'])} epochs "
+                         f"(last epoch: {'within' if lc['last_within'] else 'outside'}).")
+    rd = p.get("rounds")
+    if rd:
+        lines += ["", "## Interleaved rounds: best fixed size vs adaptive", "",
+                  "| round | order | fixed seeds/s | adaptive seeds/s | adaptive / fixed | adaptive peak above base MiB | "
+                  "fixed peak MiB | adaptive last-epoch loss | fixed last-epoch loss |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in rd["pairs"]:
+            if r.get("error"):
+                lines.append(f"| {r['round']} | {r['order']} | error: {r['error'][:60]} | | | | | | |")
+                continue
+            lines.append(f"| {r['round']} | {r['order']} | {r['fixed_seeds_per_s']:.0f} | {r['adaptive_seeds_per_s']:.0f} "
+                         f"| {r['adaptive_seeds_per_s'] / r['fixed_seeds_per_s']:.2f} | "
+                         f"{r['adaptive_peak_above_base_mib']:.0f} | {r['fixed_peak_above_base_mib']:.0f} | "
+                         f"{r['adaptive_last_epoch_loss']:.4f} | {r['fixed_last_epoch_loss']:.4f} |")
+        iv = rd.get("ratio")
+        lines.append("")
+        if iv:
+            span = f"[{iv['low']:.2f}, {iv['high']:.2f}]" if iv.get("low") is not None else "(one pair: no interval)"
+            lines.append(f"- **Adaptive / best fixed ({s['best']['size']}) over {iv['pairs']} interleaved rounds: "
+                         f"{iv['ratio']:.2f}x** (geometric mean), 95% interval {span}; median {rd['median']:.2f}x.")
+        lines.append(f"- Adaptive runs over the {a['budget_mib']} MiB budget: {rd['adaptive_over_budget']} of "
+                     f"{rd['adaptive_runs']} (largest peak {rd['adaptive_max_peak_above_base_mib']:.0f} MiB above "
+                     f"base); best fixed runs over it: {rd['fixed_over_budget']} of {rd['adaptive_runs']}. Last-epoch "
+                     f"loss over the rounds: adaptive {rd['adaptive_loss_min']:.4f} - {rd['adaptive_loss_max']:.4f}, "
+                     f"fixed {rd['fixed_loss_min']:.4f} - {rd['fixed_loss_max']:.4f}.")
+    ad = p.get("adaptive")
+    if ad and "log" in ad:
+        sched_e = [e["fanout"] for e in ad["epochs"]]
+        lines += ["", "## The adaptive run's switches (first pass)", "",
+                  "| step | epoch | fanout | kind | from | to | gain (seeds/s) | predicted MiB above base | reason |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for e in ad["log"]:
+            pred = "" if e["predicted_bytes"] is None else f"{(e['predicted_bytes'] - ad['base_rss']) / 2**20:.0f}"
+            gain = "" if e["gain"] is None else f"{e['gain']:.3f}"
+            fan = _fan(sched_e[e["epoch"]]) if 0 <= e["epoch"] < len(sched_e) else ""
+            lines.append(f"| {e['step']} | {e['epoch']} | {fan} | {e['kind']} | {e['from']['size']} | {e['to']['size']} "
+                         f"| {gain} | {pred} | {e['reason']} |")
+    lines += ["", "Throughput: training seeds / wall seconds over all epochs (sampling, measuring and adapting "
+              "included; compilation and warm-up excluded, the same in every run). A fixed size whose measured peak "
+              "exceeds the budget in any epoch is reported and excluded from 'best fixed'. Loss: mean loss per seed "
+              "of each epoch; noise: the spread (max - min) of the best fixed size's seeds; within when |adaptive - "
+              "their mean| <= it."]
+    return "\n".join(lines) + "\n"
+
+
+def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
+    """Rounds 2..R of the best fixed size (seed 0) and the adaptive run, fresh processes, the
+    order alternating; round 1 is the first pass's runs."""
+    from gnncompile.tuner import noise
+
+    specs = {"fixed": dict(base, mode="fixed", size=first["fixed"]["size"], seed=0),
+             "adaptive": dict(base, mode="adaptive", seed=0)}
+    pairs = [{"round": 1, "order": "fixed > adaptive", **first}]
+    for k in range(2, rounds + 1):
+        order = ["fixed", "adaptive"] if k % 2 else ["adaptive", "fixed"]
+        got = {side: _run(specs[side], timeout) for side in order}
+        print(f"round {k}: " + ", ".join(f"{side} {got[side].get('seeds_per_s', got[side].get('error'))}"
+                                         for side in order), file=sys.stderr)
+        pairs.append({"round": k, "order": " > ".join(order), **got})
+    ok = [p for p in pairs if all("error" not in p[side] for side in ("fixed", "adaptive"))]
+    out = {"pairs": []}
+    for p in pairs:
+        err = next((p[s]["error"] for s in ("fixed", "adaptive") if "error" in p[s]), None)
+        row = {"round": p["round"], "order": p["order"], "error": err}
+        if err is None:
+            for side in ("fixed", "adaptive"):
+                for k in ("seeds_per_s", "peak_above_base_mib", "last_epoch_loss"):
+                    row[f"{side}_{k}"] = p[side][k]
+                row[f"{side}_within"] = _within(p[side])
+        out["pairs"].append(row)
+    out["ratio"] = noise.ratio_interval([p["adaptive"]["seeds_per_s"] for p in ok],
+                                        [p["fixed"]["seeds_per_s"] for p in ok])
+    out["median"] = statistics.median(p["adaptive"]["seeds_per_s"] / p["fixed"]["seeds_per_s"] for p in ok) \
+        if ok else None
+    ads, fxs = [p["adaptive"] for p in ok], [p["fixed"] for p in ok]
+    out.update({
+        "adaptive_max_peak_above_base_mib": max((a["peak_above_base_mib"] for a in ads), default=None),
+        "adaptive_over_budget": sum(not _within(a) for a in ads),
+        "adaptive_runs": len(ads),
+        "fixed_over_budget": sum(not _within(f) for f in fxs),
+        "adaptive_loss_min": min((a["last_epoch_loss"] for a in ads), default=None),
+        "adaptive_loss_max": max((a["last_epoch_loss"] for a in ads), default=None),
+        "fixed_loss_min": min((f["last_epoch_loss"] for f in fxs), default=None),
+        "fixed_loss_max": max((f["last_epoch_loss"] for f in fxs), default=None),
+    })
+    return out
+
+
+def _binned(curve, width):
+    xs, ys, seen, acc, n = [], [], 0, 0.0, 0
+    for g, loss, *_ in curve:
+        seen += g
+        acc += loss * g
+        n += g
+        if n >= width:
+            xs.append(seen)
+            ys.append(acc / n)
+            acc, n = 0.0, 0
+    if n:
+        xs.append(seen)
+        ys.append(acc / n)
+    return xs, ys
+
+
+def plot(p: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axs = plt.subplots(1, 4, figsize=(21, 4.8))
+    runs = [r for r in p["fixed"] + [p["adaptive"]] if "error" not in r]
+    labels = [str(r["size"]) if r["mode"] == "fixed" else "adaptive" for r in runs]
+    colors = ["tab:gray" if not _within(r) else ("tab:green" if r["mode"] != "fixed" else "tab:blue") for r in runs]
+    axs[0].bar(labels, [r["seeds_per_s"] for r in runs], color=colors)
+    axs[0].set_ylabel("seeds / s")
+    axs[0].set_xlabel("seeds per batch")
+    axs[0].set_title("throughput (blue: fixed, green: adaptive, gray: over the budget)", fontsize=9)
+    axs[1].bar(labels, [r["peak_above_base_mib"] for r in runs], color=colors)
+    axs[1].axhline(p["args"]["budget_mib"], color="red", linestyle="--", label="budget")
+    axs[1].set_ylabel("peak RSS above base, MiB")
+    axs[1].set_title("measured peak per run")
+    axs[1].legend()
+    s = p.get("summary") or {}
+    b = s.get("best")
+    width = max(1, p["args"]["train"] // 4)
+    if b:
+        for r in p["fixed"] + p["repeats"]:
+            if "error" in r or r["size"] != b["size"]:
+                continue
+            xs, ys = _binned(r["curve"], width)
+            axs[2].plot(xs, ys, color="tab:blue", alpha=1.0 if r["seed"] == 0 else 0.45,
+                        linestyle="-" if r["seed"] == 0 else ":", label=f"fixed {r['size']} seed {r['seed']}")
+    ad = p["adaptive"]
+    if "curve" in ad:
+        xs, ys = _binned(ad["curve"], width)
+        axs[2].plot(xs, ys, color="tab:green", linewidth=2, label="adaptive seed 0")
+        axs[2].set_xlabel("seeds seen")
+        axs[2].set_ylabel(f"mean loss per seed (bins of {width})")
+        axs[2].set_title("loss curves")
+        axs[2].legend(fontsize=7)
+        steps = list(range(len(ad["curve"])))
+        axs[3].step(steps, [c[2] for c in ad["curve"]], where="post", color="tab:green", label="adaptive seeds/batch")
+        if b:
+            axs[3].axhline(b["size"], color="tab:blue", linestyle="--", label=f"best fixed ({b['size']})")
+        ep = [c[8] for c in ad["curve"]]
+        for i in range(1, len(ep)):
+            if ep[i] != ep[i - 1]:
+                axs[3].axvline(i, color="0.8", linewidth=0.8)
+        for e, info in enumerate(ad["epochs"]):
+            first = ep.index(e) if e in ep else None
+            if first is not None and (e == 0 or info["fanout"] != ad["epochs"][e - 1]["fanout"]):
+                axs[3].text(first, max(c[2] for c in ad["curve"]) * 1.02, _fan(info["fanout"]), fontsize=7)
+        axs[3].set_yscale("log", base=2)
+        axs[3].set_xlabel("step")
+        axs[3].set_title("the adaptive run's seed batch size (epochs: gray lines)")
+        axs[3].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _fanouts(text: str):
+    out = []
+    for part in text.split(";"):
+        f = [int(v) for v in part.split(",")]
+        if not f or any(v < 1 for v in f):
+            raise ValueError(f"--fanouts: {part!r} is not a list of ints >= 1")
+        out.append(f)
+    if len({len(f) for f in out}) != 1:
+        raise ValueError("--fanouts: every fanout needs the same number of hops")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks adapt_fanout", description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=20000)
+    ap.add_argument("--edges", type=int, default=1000000)
+    ap.add_argument("--train", type=int, default=8192, help="training seeds an epoch")
+    ap.add_argument("--fanouts", default="5,5;10,10;20,20;40,40", help="the curriculum: fanouts separated by ';'")
+    ap.add_argument("--epochs-per-fanout", type=int, default=2)
+    ap.add_argument("--sizes", default="128,256,512,1024,2048,4096,8192", help="seed batch sizes (fixed and adaptive)")
+    ap.add_argument("--budget-mib", type=int, default=128)
+    ap.add_argument("--window", type=int, default=4)
+    ap.add_argument("--buffer-cache", default="off",
+                    help="$GNNCOMPILE_BUFFER_CACHE of every run (default off: see the module docstring)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of the best fixed size (the loss noise), >= 2")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of best fixed vs adaptive (the first is the first pass)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--results-dir", type=Path, default=_common.RESULTS)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(child(json.loads(args.child))))
+        return 0
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.seeds < 2:
+        ap.error(f"--seeds must be >= 2 (the noise needs a second seed), got {args.seeds}")
+    if args.epochs_per_fanout < 1:
+        ap.error("--epochs-per-fanout must be >= 1")
+    try:
+        fanouts = _fanouts(args.fanouts)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.quick:
+        args.nodes, args.edges, args.train, args.epochs_per_fanout = 3000, 60000, 1024, 1
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    base = {"nodes": args.nodes, "edges": args.edges, "train": args.train, "fanouts": fanouts,
+            "epochs_per_fanout": args.epochs_per_fanout, "budget_mib": args.budget_mib, "threads": args.threads,
+            "sizes": sizes, "window": args.window, "seeds": args.seeds, "buffer_cache": args.buffer_cache}
+    load0 = _common.loadavg()
+    fixed = []
+    for v in sizes:
+        r = _run(dict(base, mode="fixed", size=v, seed=0), args.timeout)
+        r.setdefault("label", f"fixed {v}")
+        print(f"fixed {v}: {r.get('seeds_per_s', r.get('error'))} seeds/s, peak above base "
+              f"{r.get('peak_above_base_mib', float('nan')):.0f} MiB", file=sys.stderr)
+        fixed.append(r)
+    best = _best(fixed)
+    repeats = []
+    if best is not None:
+        for seed in range(1, args.seeds):
+            r = _run(dict(base, mode="fixed", size=best["size"], seed=seed), args.timeout)
+            r.setdefault("label", f"fixed {best['size']} seed {seed}")
+            repeats.append(r)
+    adaptive = _run(dict(base, mode="adaptive", seed=0), args.timeout)
+    adaptive.setdefault("label", "adaptive")
+    print(f"adaptive: {adaptive.get('seeds_per_s', adaptive.get('error'))} seeds/s", file=sys.stderr)
+    payload = {"command": _common.command("adapt_fanout", argv), "cpu": _common.cpu_model(),
+               "machine": _common.machine(), "args": base, "fixed": fixed, "repeats": repeats, "adaptive": adaptive,
+               "loadavg_before_after": [load0, None]}
+    if "error" not in adaptive:
+        summary = {"adaptive_seeds_per_s": adaptive["seeds_per_s"],
+                   "adaptive_peak_above_base_mib": adaptive["peak_above_base_mib"],
+                   "adaptive_within_budget": _within(adaptive), "best": None}
+        if best is not None:
+            summary["best"] = {"size": best["size"], "seeds_per_s": best["seeds_per_s"],
+                               "peak_above_base_mib": best["peak_above_base_mib"]}
+            summary["best_run"] = {"epochs": best["epochs"]}
+            summary["speedup"] = adaptive["seeds_per_s"] / best["seeds_per_s"]
+            seeds = [best] + [r for r in repeats if "error" not in r]
+            if len(seeds) >= 2:
+                summary["loss"] = loss_check(adaptive, seeds)
+        payload["summary"] = summary
+        if args.rounds > 1 and best is not None:
+            payload["rounds"] = _rounds(base, {"fixed": best, "adaptive": adaptive}, args.rounds, args.timeout)
+    payload["loadavg_before_after"][1] = _common.loadavg()
+    name = args.out or ("adapt_fanout_quick" if args.quick else "adapt_fanout")
+    _common.write_results(args.results_dir, name, payload, markdown, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

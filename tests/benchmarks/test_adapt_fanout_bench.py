@@ -1,0 +1,75 @@
+"""benchmarks/adapt_fanout: the driver's first pass (every fixed size, the best within budget
+again with other seeds, the adaptive run), its rounds (alternating order, pairing, the
+interval, budget counts) and the table, with the child processes replaced by a stand-in."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import adapt_fanout
+
+
+class FakeRuns:
+    """Fixed sizes at 1000 + size seeds/s, 512 and up over the budget; adaptive at 1400,
+    its second run over the budget; a drift of +1 per call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, spec, timeout):
+        self.calls.append((spec["mode"], spec.get("size") if spec["mode"] == "fixed" else None, spec["seed"]))
+        n = len(self.calls)
+        budget = 1000 + spec["budget_mib"] * 2**20
+        if spec["mode"] == "fixed":
+            rate = 1000.0 + spec["size"] + n
+            peak_mib = 100 if spec["size"] >= 512 else 50
+        else:
+            rate = 1400.0 + n
+            peak_mib = 70 if sum(c[0] == "adaptive" for c in self.calls) == 2 else 60
+        loss = 1.0 + 0.01 * n
+        fans = [f for f in spec["fanouts"] for _ in range(spec["epochs_per_fanout"])]
+        return {"mode": spec["mode"], "size": spec.get("size"), "seed": spec["seed"], "seeds_per_s": rate,
+                "wall_s": 1.0, "steps": 10, "base_rss": 1000, "budget_rss": budget,
+                "peak_rss": 1000 + peak_mib * 2**20, "peak_above_base_mib": float(peak_mib),
+                "epoch_loss": [loss] * len(fans), "last_epoch_loss": loss,
+                "epochs": [{"fanout": f, "seconds": 0.1, "seeds_per_s": rate, "sizes": [128],
+                            "peak_above_base_mib": float(peak_mib), "work_per_seed": 10.0} for f in fans],
+                "curve": [[128, 1.0, 128, 100, 200, 0.01, 50.0, 1, e] for e in range(len(fans))],
+                "releases": 0,
+                "log": [{"step": 1, "epoch": 0, "kind": "explore", "from": {"size": 128}, "to": {"size": 256},
+                         "gain": None, "predicted_bytes": 1000 + 2**20, "reason": "trying"}]}
+
+
+def test_first_pass_and_alternating_rounds(monkeypatch, tmp_path):
+    fake = FakeRuns()
+    monkeypatch.setattr(adapt_fanout, "_run", fake)
+    assert adapt_fanout.main(["--quick", "--sizes", "128,256,512", "--seeds", "2", "--rounds", "3",
+                              "--budget-mib", "64", "--results-dir", str(tmp_path), "--out", "f"]) == 0
+    B, A = ("fixed", 256, 0), ("adaptive", None, 0)
+    assert fake.calls == [("fixed", 128, 0), B, ("fixed", 512, 0), ("fixed", 256, 1), A,
+                          A, B,   # round 2: adaptive first
+                          B, A]   # round 3
+    p = json.loads((tmp_path / "f.json").read_text())
+    assert p["summary"]["best"]["size"] == 256  # 512 is faster but over the budget
+    rd = p["rounds"]
+    assert [r["order"] for r in rd["pairs"]] == ["fixed > adaptive", "adaptive > fixed", "fixed > adaptive"]
+    ratios = [r["adaptive_seeds_per_s"] / r["fixed_seeds_per_s"] for r in rd["pairs"]]
+    iv = rd["ratio"]
+    assert iv["pairs"] == 3 and iv["ratio"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 3))
+    assert iv["low"] < iv["ratio"] < iv["high"]
+    assert rd["adaptive_over_budget"] == 1 and rd["adaptive_runs"] == 3 and rd["fixed_over_budget"] == 0
+    md = (tmp_path / "f.md").read_text()
+    assert "**Best fixed seed batch size within budget: 256**" in md
+    assert f"over 3 interleaved rounds: {iv['ratio']:.2f}x** (geometric mean)" in md
+    assert "over the 64 MiB budget: 1 of 3" in md
+    assert "## The adaptive run's switches (first pass)" in md and "| 1 | 0 | [5, 5] | explore | 128 | 256 |" in md
+    assert (tmp_path / "f.png").exists()
+
+
+def test_bad_fanouts_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        adapt_fanout.main(["--fanouts", "5,5;10", "--results-dir", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        adapt_fanout.main(["--fanouts", "0,5", "--results-dir", str(tmp_path)])
