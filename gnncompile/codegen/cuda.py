@@ -272,6 +272,9 @@ def test_programs() -> List[Tuple[str, Spec]]:
                                                  op="multi", results=results)))
         out.append((f"enc_edges_{dt}", make_spec(*enc, enc_sides, [70, 40, 7, 7, 1], 70, "sum", dt, "int64",
                                                  op="edges", out_width=14, by_slot=True)))
+        # an encoder whose features are stored per CSR slot (enc_slot: read at sl)
+        out.append((f"enc_slot_{dt}", make_spec(*enc, [P.COL, P.ENCS, P.CONST, P.CONST, P.SLOT], [70, 16, 70, 70, 1],
+                                                70, "sum", dt, "int64")))
     return out
 
 

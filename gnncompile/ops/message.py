@@ -401,6 +401,19 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
     backward its value gradient is computed per edge ([E, W], differentiable), then carried to
     its features, weight and bias (:func:`_encoder_grads`)."""
     rowptr, col, perm = csr
+    if torch.is_grad_enabled() and P.ENCS in sides:
+        # a double backward: enc_slot features put back in edge order (differentiably) and read as
+        # enc, so the transposed passes need no slot map (they take no gradient with one) and the
+        # sums run as enc's; their gradient handed back per CSR slot
+        moved = [k for k, s in enumerate(sides) if s == P.ENCS]
+        inputs, sides = list(inputs), list(sides)
+        for k in moved:
+            inputs[k], sides[k] = _edge_order(inputs[k], perm), P.ENC
+        out = _segment_grads(csr, csc, inputs, sides, code, consts, F, need, g, g_side, knobs, extreme)
+        for k in moved:
+            if out[k] is not None:
+                out[k] = out[k].index_select(0, perm.long())
+        return out
     n = len(inputs)
     encoders = _encoders(sides)
     need_enc = {k: [bool(need[k + i]) for i in range(3)] for k in encoders}

@@ -87,12 +87,16 @@ def _state(a: Tensor):
 
 
 def content_fingerprint(a: Tensor):
-    """The fingerprint (``gnncompile::fingerprint``) of ``a``'s bytes: its elements read as int32
-    (4-byte dtypes) or int64 (8-byte ones); other dtypes have none (None)."""
-    words = {4: torch.int32, 8: torch.int64}.get(a.element_size())
-    if words is None:
+    """The fingerprint (``gnncompile::fingerprint``) of ``a``'s bytes, read as 64-bit words where
+    they split into them (half the terms of 32-bit ones), else as 32-bit words; dtypes of another
+    size have none (None)."""
+    if a.element_size() not in (4, 8):
         return None
-    return _identity.fingerprint(a.detach().contiguous().reshape(-1).view(words))
+    flat = a.detach().contiguous().reshape(-1)
+    try:
+        return _identity.fingerprint(flat.view(torch.int64))
+    except RuntimeError:  # an odd number of 4-byte elements (or an unaligned start): 32-bit words
+        return _identity.fingerprint(flat.view(torch.int32))
 
 
 class _Copy:
