@@ -61,6 +61,7 @@ class Built:
     # graph input -> the same tensor in CSR slot order, copied once per structure and tensor
     # (gnncompile::cached_slot_rows, ops/slots.py): read in order by the message kernels
     slot_copies: Dict[Node, Node] = field(default_factory=dict)
+    slot_copies_ok: bool = True  # compiled graphs only (export's graphs hold standard ops)
 
 
 def node_order(graph) -> Dict[Node, int]:
@@ -242,7 +243,7 @@ def _cached_slots(graph, node: Node, b: Built, row_width: Optional[int] = None) 
     with the structure (``gnncompile::cached_slot_rows``), reshaped to ``[-1, row_width]`` (or the
     root's own rows when None), or None where that does not apply (:func:`_slot_copy_root`; a
     structure not built from an ``edge_index``; Settings.slot_order off)."""
-    if not b.slot_order or b.shared.edge_index is None:
+    if not b.slot_order or not b.slot_copies_ok or b.shared.edge_index is None:
         return None
     v = fake_tensor(node)
     if v is None or v.dim() < 1:
@@ -447,14 +448,17 @@ def drop_dead(graph, claimed=()) -> None:
 
 def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = False,
             settings: Optional[Settings] = None, attention: bool = False,
-            portfolio: Optional[Callable] = None, size_from_first: bool = True) -> PassReport:
+            portfolio: Optional[Callable] = None, size_from_first: bool = True,
+            slot_copies: bool = True) -> PassReport:
     """Applies plan ``p`` to ``graph``; returns what was fused and what was left, with reasons.
     The kernel knobs of ``settings`` (default: none, the kernels' defaults) go into the fused
     calls as arguments. ``attention``: attention chains become one ``gnncompile::attention``
     (:mod:`.attention`) where ``settings.attention`` is 'fused'. ``portfolio``: the decision of
     each remaining spmm's implementation (:mod:`.portfolio`; None: native). ``size_from_first``:
     structure sizes read from the first tensor of that dim 0 (:func:`_size0`; compiled graphs,
-    ``passes.run(hoist=True)``), else from the replaced scatter's buffer (export graphs)."""
+    ``passes.run(hoist=True)``), else from the replaced scatter's buffer (export graphs).
+    ``slot_copies``: large per-edge inputs of the graph read from a copy in CSR slot order cached
+    with the structure (:func:`_cached_slots`; compiled graphs, not export's)."""
     settings = DEFAULT if settings is None else settings
     report = PassReport()
     writes = Writes(graph)
@@ -462,6 +466,7 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
     for b in built:
         b.writes = writes
         b.slot_order = settings.slot_order
+        b.slot_copies_ok = slot_copies
     chains = sorted(((m, b) for b in built for m in b.shared.members), key=lambda mb: order[mb[0].anchor])
     outs = []
     for m, b in chains:
