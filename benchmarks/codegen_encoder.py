@@ -15,6 +15,15 @@ linear map (Wt [D, F], b [1, F]), float32, N(0, 1). Variants, each the forward s
                        once (native/cpu/encoder_core.h, EncoderBlock)
   generated_edge_by_edge  the same kernel as generated before its encoder went by blocks of edges
                        (encode_run per edge, the knob's prefetch distance): before / after in one run
+  generated_slot       the same kernel reading the edge features in CSR slot order (side enc_slot) from
+                       a copy a[perm] made once before the rounds: what a training loop over a fixed
+                       graph runs once the copy is cached (gnncompile/ops/slots.py)
+  generated_slot_cached  generated_slot with the cache's lookup in each call (slots.slot_copy, check mode
+                       'off': the identity and version counter; the copy made once)
+  generated_slot_checked  the same with check mode 'cpu' (the default): the lookup also fingerprints the
+                       features' bytes, against writes that bypass the version counter
+  generated_slot_fresh a fresh copy (gnncompile::slot_rows) and the slot kernel in every call: what a
+                       tensor seen once pays
   interpreter          the same program run by the interpreter (native/cpu/message_core.h)
   encoder_alone        the generated kernel of the sum of lin(a_e) alone (no x_j): what computing
                        the encoder costs, its feature rows read through the edge permutation
@@ -57,6 +66,8 @@ Writes benchmarks/results/codegen_encoder[_quick].{json,md} (--out NAME: NAME.{j
   accumulate           gnncompile::message_encoder_grad: one pass over the edges, dWt and db
                        accumulated per chunk of the row split, da written per edge ([E, D])
   accumulate_interp    the same op run by the interpreter
+  accumulate_slot      accumulate with the features in CSR slot order (side enc_slot, a copy made
+                       once): dWt and db bit for bit accumulate's, da per CSR slot
 
 each alone ("encoder_grads": the op calls only) and inside the whole backward ("backward":
 autograd.grad of the sum for x, a, Wt and b; x's gradient is the same CSC pass in both). Peak
@@ -89,7 +100,7 @@ from .codegen import _rounds, _summary  # (interleaved rounds, medians and ratio
 _emit = importlib.import_module("gnncompile.codegen.emit")  # (the package's name emit is its function)
 
 
-def run(N: int, F: int, D: int, rounds: int, overlap: bool = False) -> dict:
+def run(N: int, F: int, D: int, rounds: int, overlap: bool = False, only=()) -> dict:
     torch.manual_seed(0)
     ei = power_law_graph(N, 10 * N, seed=0)
     E = int(ei.size(1))
@@ -127,13 +138,33 @@ def run(N: int, F: int, D: int, rounds: int, overlap: bool = False) -> dict:
     def run_spmm():
         return ops.spmm(rowptr, col, perm, None, x, "sum", knobs)[0]
 
+    from gnncompile.ops import slots as S
+    from gnncompile.ops.structure import Structure
+    a_slot = ops.slot_rows(a, perm)
+    slot_sides = [P.COL, P.ENCS, P.CONST, P.CONST]
+    structure = Structure(rowptr, col, perm, N, 0, N - 1)
+
+    def run_slot(rows=None):
+        return ops.message_reduce(rowptr, col, perm, [x, a_slot if rows is None else rows, wt, b], slot_sides, code,
+                                  consts, F, "sum", knobs, [], None)[0]
+
+    def run_slot_cached():
+        return run_slot(S.slot_copy(structure, a, "off"))
+
+    def run_slot_checked():
+        return run_slot(S.slot_copy(structure, a, "cpu"))
+
+    def run_slot_fresh():
+        return run_slot(ops.slot_rows(a, perm))
+
     e_like = torch.empty(E, F)
     codegen.reset()
     ref = run_enc()  # the interpreter
     t0 = time.perf_counter()
     ok = [codegen.prepare(enc_ins, enc_sides, code, consts, F, "sum", rowptr.dtype, force=True),
           codegen.prepare([x, e_like], [P.COL, P.EDGE], code, consts, F, "sum", rowptr.dtype, force=True),
-          codegen.prepare([a, wt, b], [P.ENC, P.CONST, P.CONST], *alone, F, "sum", rowptr.dtype, force=True)]
+          codegen.prepare([a, wt, b], [P.ENC, P.CONST, P.CONST], *alone, F, "sum", rowptr.dtype, force=True),
+          codegen.prepare([x, a_slot, wt, b], slot_sides, code, consts, F, "sum", rowptr.dtype, force=True)]
     prepare_s = time.perf_counter() - t0
     del e_like
     if not all(ok):
@@ -142,10 +173,17 @@ def run(N: int, F: int, D: int, rounds: int, overlap: bool = False) -> dict:
     gen, mat = run_enc(), run_materialized()
     if codegen.calls() != calls + 2:
         raise RuntimeError("codegen_encoder benchmark: the generated kernels did not run")
+    calls = codegen.calls()
+    slot_out = run_slot_checked()
+    if codegen.calls() != calls + 1:
+        raise RuntimeError("codegen_encoder benchmark: the generated slot-order kernel did not run")
     agreement = {"generated_vs_interpreter_bitwise": torch.equal(gen.view(torch.int32), ref.view(torch.int32)),
+                 "generated_slot_vs_generated_bitwise": torch.equal(slot_out.view(torch.int32),
+                                                                    gen.view(torch.int32)),
                  "materialized_vs_generated_close": bool(torch.allclose(mat, gen, rtol=1e-4, atol=1e-3)),
                  "materialized_vs_generated_max_abs_diff": float((mat - gen).abs().max())}
-    if not (agreement["generated_vs_interpreter_bitwise"] and agreement["materialized_vs_generated_close"]):
+    if not (agreement["generated_vs_interpreter_bitwise"] and agreement["materialized_vs_generated_close"]
+            and agreement["generated_slot_vs_generated_bitwise"]):
         raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
 
     def interp():
@@ -189,6 +227,9 @@ def run(N: int, F: int, D: int, rounds: int, overlap: bool = False) -> dict:
         raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
     del old
     fns = {"spmm": (codegen.resume, run_spmm), "generated": (codegen.resume, run_enc),
+           "generated_slot": (codegen.resume, run_slot), "generated_slot_cached": (codegen.resume, run_slot_cached),
+           "generated_slot_checked": (codegen.resume, run_slot_checked),
+           "generated_slot_fresh": (codegen.resume, run_slot_fresh),
            "generated_edge_by_edge": (edge_by_edge, run_enc),
            "gather_only": (gather_only, run_enc),
            "materialized": (codegen.resume, run_materialized), "interpreter": (interp, run_enc),
@@ -207,6 +248,8 @@ def run(N: int, F: int, D: int, rounds: int, overlap: bool = False) -> dict:
                     raise RuntimeError(f"codegen_encoder benchmark: results differ {agreement}")
             fns[name] = (use, run_enc)
             del out
+    if only:
+        fns = {k: v for k, v in fns.items() if k in only or k == "spmm"}
     times = _rounds(fns, rounds)
     codegen.reset()
     return {"N": N, "E": E, "F": F, "D": D, "dtype": "float32", "prepare_in_process_s": prepare_s,
@@ -477,14 +520,23 @@ def run_backward(N: int, F: int, D: int, rounds: int) -> dict:
     def accumulate():
         return ops.message_encoder_grad(rowptr, col, perm, ins_g, sides_g, dcode, dconsts, F, 1, True, knobs)
 
-    leaves = [t.clone().requires_grad_() for t in (x, a, wt, b)]
+    a_slot = ops.slot_rows(a, perm)
+    sides_s = [P.COL, P.ENCS, P.CONST, P.CONST]
+    ins_s = [x, a_slot, wt, b, up]
 
-    def whole(mode):
+    def accumulate_slot():
+        return ops.message_encoder_grad(rowptr, col, perm, ins_s, sides_s + [P.ROW], dcode, dconsts, F, 1, True, knobs)
+
+    leaves = [t.clone().requires_grad_() for t in (x, a, wt, b)]
+    leaves_s = [t.clone().requires_grad_() for t in (x, a_slot, wt, b)]
+
+    def whole(mode, slot=False):
         def fn():
             M.ENCODER_GRAD = mode
+            ls, sd = (leaves_s, sides_s) if slot else (leaves, sides)
             with torch.enable_grad():
-                out = ops.message_reduce(rowptr, col, perm, leaves, sides, code, consts, F, "sum", knobs, [], None)[0]
-            return torch.autograd.grad(out, leaves, up)
+                out = ops.message_reduce(rowptr, col, perm, ls, sd, code, consts, F, "sum", knobs, [], None)[0]
+            return torch.autograd.grad(out, ls, up)
         return fn
 
     codegen.reset()
@@ -494,32 +546,43 @@ def run_backward(N: int, F: int, D: int, rounds: int) -> dict:
                           out_width=F),
           codegen.prepare(ins_g, sides_g, dcode, dconsts, F, "sum", rowptr.dtype, force=True, op="encgrad",
                           out_width=F, enc=1, need_features=True),
-          codegen.prepare(leaves, sides, code, consts, F, "sum", rowptr.dtype, force=True)]
+          codegen.prepare(leaves, sides, code, consts, F, "sum", rowptr.dtype, force=True),
+          codegen.prepare(ins_s, sides_s + [P.ROW], dcode, dconsts, F, "sum", rowptr.dtype, force=True, op="encgrad",
+                          out_width=F, enc=1, need_features=True),
+          codegen.prepare(leaves_s, sides_s, code, consts, F, "sum", rowptr.dtype, force=True)]
     prepare_s = time.perf_counter() - t0
     if not all(ok):
         raise RuntimeError("codegen_encoder --backward: no generated kernel (no C++ compiler?)")
     calls = codegen.calls()
-    fused, old = accumulate(), per_edge()
-    if codegen.calls() != calls + 2:
+    fused, old, fused_s = accumulate(), per_edge(), accumulate_slot()
+    if codegen.calls() != calls + 3:
         raise RuntimeError("codegen_encoder --backward: the generated kernels did not run")
     bits = all(torch.equal(u.view(torch.int32), v.view(torch.int32)) for u, v in zip(fused, interp))
+    slot_bits = all(torch.equal(u.view(torch.int32), v.view(torch.int32))
+                    for u, v in zip((fused[0].index_select(0, perm), fused[1], fused[2]), fused_s))
     diffs = [float(((u - v).abs().max() / v.abs().max().clamp(min=1e-30))) for u, v in zip(fused, old)]
-    w_old, w_new = whole("per_edge")(), whole("accumulate")()
+    w_old, w_new, w_slot = whole("per_edge")(), whole("accumulate")(), whole("accumulate", True)()
+    whole_slot_bits = all(torch.equal(u.view(torch.int32), v.view(torch.int32)) for u, v in
+                          zip((w_new[0], w_new[1].index_select(0, perm), w_new[2], w_new[3]), w_slot))
     whole_diffs = [float(((u - v).abs().max() / v.abs().max().clamp(min=1e-30))) for u, v in zip(w_new, w_old)]
     agreement = {"accumulate_generated_vs_interpreter_bitwise": bits,
+                 "accumulate_slot_vs_accumulate_bitwise": slot_bits,
+                 "backward_slot_vs_accumulate_bitwise": whole_slot_bits,
                  "accumulate_vs_per_edge_max_rel_diff_da_dwt_db": diffs,
                  "backward_accumulate_vs_per_edge_max_rel_diff_x_a_wt_b": whole_diffs}
-    if not bits or max(diffs + whole_diffs) > 1e-3:
+    if not bits or not slot_bits or not whole_slot_bits or max(diffs + whole_diffs) > 1e-3:
         raise RuntimeError(f"codegen_encoder --backward: results differ {agreement}")
-    del fused, old, interp, w_old, w_new
+    del fused, old, interp, w_old, w_new, fused_s, w_slot
 
     def interp_mode():
         codegen.suspend()
 
     times = _rounds({"per_edge": (codegen.resume, per_edge), "accumulate": (codegen.resume, accumulate),
-                     "accumulate_interp": (interp_mode, accumulate)}, rounds)
+                     "accumulate_interp": (interp_mode, accumulate),
+                     "accumulate_slot": (codegen.resume, accumulate_slot)}, rounds)
     whole_times = _rounds({"per_edge": (codegen.resume, whole("per_edge")),
-                           "accumulate": (codegen.resume, whole("accumulate"))}, rounds)
+                           "accumulate": (codegen.resume, whole("accumulate")),
+                           "accumulate_slot": (codegen.resume, whole("accumulate", True))}, rounds)
     codegen.resume()
     peaks = {"encoder_grads": {}, "backward": {}}
     for name, fn in (("per_edge", per_edge), ("accumulate", accumulate)):
@@ -572,6 +635,13 @@ def markdown(p: dict) -> str:
     gen = r["forward_sum"]["generated"]["ratio_to_spmm"]
     lines += ["", f"Generated (encoder inside) / spmm of x_j = {gen:.2f} (issue 25's target: within 1.5x)."]
     fs = r["forward_sum"]
+    if "generated_slot" in fs:
+        lines.append(f"Edge features in CSR slot order (a copy a[perm], enc_slot): the kernel "
+                     f"{fs['generated_slot']['median_ms']:.1f} ms ({fs['generated_slot']['ratio_to_spmm']:.2f}x), with "
+                     f"the cache's lookup {fs['generated_slot_cached']['ratio_to_spmm']:.2f}x (check 'off') / "
+                     f"{fs['generated_slot_checked']['ratio_to_spmm']:.2f}x (check 'cpu', the fingerprint), a fresh "
+                     f"copy every call {fs['generated_slot_fresh']['ratio_to_spmm']:.2f}x; through perm "
+                     f"{fs['generated']['ratio_to_spmm']:.2f}x.")
     if "generated_edge_by_edge" in fs:
         lines.append(f"Before the encoder went by blocks of edges (the same run): "
                      f"{fs['generated_edge_by_edge']['ratio_to_spmm']:.2f}x.")
@@ -607,11 +677,13 @@ def main(argv=None) -> int:
     ap.add_argument("--backward", action="store_true", help="the encoder's gradients: per edge vs accumulated")
     ap.add_argument("--overlap", action="store_true", help="add the kernels that take the gather and the "
                     "arithmetic apart (walk_only, x_row0, x_row0_prefetched, one_pass)")
+    ap.add_argument("--nodes", type=int, default=None, help="N (default 100k, 10k with --quick); 10 N edges")
+    ap.add_argument("--only", default="", help="comma-separated forward variants to time (spmm always)")
     ap.add_argument("--out", default=None, help="the results' file name (without .json / .md); default "
                     "codegen_encoder[_backward][_quick]")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    N = 10_000 if args.quick else 100_000
+    N = args.nodes or (10_000 if args.quick else 100_000)
     rounds = 5 if args.quick else args.rounds
     load0 = _common.loadavg()
     if args.backward:
@@ -625,7 +697,7 @@ def main(argv=None) -> int:
                               payload,
                               markdown_backward)
         return 0
-    res = run(N, 128, args.dim, rounds, overlap=args.overlap)
+    res = run(N, 128, args.dim, rounds, overlap=args.overlap, only=tuple(v for v in args.only.split(",") if v))
     payload = {"command": _common.command("codegen_encoder", argv), "cpu": _common.cpu_model(),
                "threads": args.threads, "machine": _common.machine(), "env": _allocator_env(),
                "compiler": build._compiler_identity(build.compiler()),

@@ -35,6 +35,8 @@ Variants:
   gnncompile   gnncompile.compile(model) (default settings)
   gnncompile_outside   the same with edge encoders computed as written, outside the message
                kernels (GNNCOMPILE_EDGE_ENCODER=outside; not run unless named in --variants)
+  gnncompile_perm      the same with edge inputs read through perm, not from the copy in CSR slot
+               order cached with the structure (GNNCOMPILE_SLOT_ORDER=0; ops/slots.py; only if named)
 Every variant runs in two subprocesses (``torch.set_num_threads(--threads)``): one timed under the
 default allocator, as a user's process runs, and one measuring the peak step memory under
 MALLOC_MMAP_THRESHOLD_ as _common.isolated_env sets it (until 2026-12-03 one child did both under
@@ -77,7 +79,7 @@ NODE_WORKLOADS = ("GINE", "PNA", "EdgeCNN", "GEN", "GATE", "TCONV")
 WORKLOADS = NODE_WORKLOADS + ("molecules",)
 #: what a run without --models measures (GEN, GATE and TCONV on request)
 DEFAULT_WORKLOADS = ("GINE", "PNA", "EdgeCNN", "molecules")
-VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile_outside")
+VARIANTS = ("eager", "inductor", "gnncompile", "gnncompile_outside", "gnncompile_perm")
 HIDDEN = 128
 MOL_F, MOL_HIDDEN, MOL_LAYERS, MOL_C = 32, 64, 3, 2
 OUT_TOL, LOSS_TOL = 1e-3, 1e-4
@@ -207,6 +209,11 @@ def wrap(model, variant: str):
         from gnncompile import config
 
         with config.override(edge_encoder="outside"):
+            return gnncompile.compile(model)
+    if variant == "gnncompile_perm":  # edge features read through perm, no copy in CSR slot order (before s57)
+        from gnncompile import config
+
+        with config.override(slot_order=False):
             return gnncompile.compile(model)
     raise ValueError(f"unknown variant {variant!r}")
 

@@ -12,7 +12,8 @@ freed blocks from KIB KiB up before each of its steps, inside the timed step (ab
 for every suffixed variant), e.g. ``eager@2048`` for the 2 MiB minimum the cache had before
 results/small_steps_cache_s56a.md (the cache is process-wide: a compiled variant turns it on for
 eager too);
-``+noself``: compiled with GINConv's self term left unfolded, the graph as before
+``+perm``: compiled with settings slot_order False (edge inputs read through perm, no copy in CSR
+slot order cached with the structure: gnncompile/ops/slots.py); ``+noself``: compiled with GINConv's self term left unfolded, the graph as before
 passes/self_term.py, for an A/B of the fold in one process). Every variant steps through every batch in turn, the variants' order rotated each
 round (a variant that always follows another one measured 5-10% apart from an identical one);
 medians per variant. ``--breakdown``: one more pass per variant under torch.profiler, self CPU
@@ -126,7 +127,11 @@ def molecules(kind: str, variants: list, rounds: int, breakdown: bool, no_grad: 
                 choices["programs"] = "never"
             if "guard" in parts:
                 choices.pop("guard")
-            run = _compiled(model, parts[0], choices)
+            if "perm" in parts:  # edge inputs read through perm, no cached copy in CSR slot order
+                run = gnncompile.compile(model, dynamic=True, inner=parts[0],
+                                         settings={"choices": choices, "slot_order": False})
+            else:
+                run = _compiled(model, parts[0], choices)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def step(b, run=run, opt=opt, cache_min=cache_min):

@@ -239,8 +239,9 @@ VARIABLES: Tuple[Variable, ...] = (
              "capture ended a graph piece at a data-dependent guard in torch's attention compiles "
              "again as with outputs"),
     Variable("GNNCOMPILE_SLOT_ORDER", "slot_order", _flag, "1 (default) / 0",
-             "recompute per-edge inputs in CSR order (0: read them through the permutation; "
-             "for A/B measurements)"),
+             "recompute per-edge inputs in CSR order, and read large per-edge inputs of the graph "
+             "(edge encoders' features) from a copy in CSR order cached with the structure "
+             "(gnncompile.ops.slots; 0: read them through the permutation; for A/B measurements)"),
     Variable("GNNCOMPILE_PROGRAMS", "programs", _one_of(PROGRAM_MODES), "auto (default), always, never",
              "message programs (any elementwise message, run by generated kernels or the CPU "
              "interpreter): auto fuses them where a measured rule says they are faster (many edges, "

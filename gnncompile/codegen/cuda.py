@@ -142,7 +142,7 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if k not in read:
             continue
-        if s == P.ENC:  # an edge encoder: computed per feature (emit._enc_value), inputs k + 1, k + 2 its Wt and b
+        if s in P.ENCODERS:  # an edge encoder: computed per feature (emit._enc_value), inputs k + 1, k + 2 its Wt and b
             setup += _encoder_pointers(k, kind)
             continue
         setup += _input_pointers(k, kind)
@@ -157,7 +157,7 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
     if P.EDGE in sides or P.ENC in sides or edges:
         edge.append(f"{ind}const int64_t e = static_cast<int64_t>(perm[j]);")
         edge.append(f"{ind}if (!gen_in_range(e, a.num_edges)) {{ gen_fail(a, Status::BadPerm); return; }}")
-    if P.SLOT in sides:
+    if P.SLOT in sides or P.ENCS in sides:
         edge.append(f"{ind}int64_t sl = j;")
         edge.append(f"{ind}if (slot != nullptr) {{")
         edge.append(f"{ind}  sl = static_cast<int64_t>(slot[j]);")
@@ -166,8 +166,8 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if s in (P.ROW, P.CONST) or k not in read:
             continue
-        if s == P.ENC:
-            edge.append(f"{ind}const scalar_t* p{k} = in{k} + e * {spec.dim(k)};")
+        if s in P.ENCODERS:  # enc: edge e's features; enc_slot: CSR slot sl's (stored in CSR order)
+            edge.append(f"{ind}const scalar_t* p{k} = in{k} + {'e' if s == P.ENC else 'sl'} * {spec.dim(k)};")
             continue
         r = {P.COL: "src", P.EDGE: "e", P.SLOT: "sl"}[s]
         edge.append(f"{ind}const scalar_t* p{k} = in{k} + {r} * w{k};")
@@ -175,7 +175,7 @@ def emit_cuda(spec: Spec, symbol: str = "gnncompile_message_rows") -> str:
             edge.append(f"{ind}const acc_t s{k} = to_acc(p{k}[0]);")
     index_ptrs = [f"  const index_t* {n} = static_cast<const index_t*>(a.{n});" for n, used in
                   (("col", P.COL in sides), ("perm", P.EDGE in sides or P.ENC in sides or edges),
-                   ("slot", P.SLOT in sides)) if used]
+                   ("slot", P.SLOT in sides or P.ENCS in sides)) if used]
     instrs, res, reg = _statements(spec.code, spec.consts, kinds, spec.dtype, spec.dims, cuda=True)
     lines = [_device(ln) for ins in instrs for ln in ins[1]]
     if edges:
@@ -272,6 +272,9 @@ def test_programs() -> List[Tuple[str, Spec]]:
                                                  op="multi", results=results)))
         out.append((f"enc_edges_{dt}", make_spec(*enc, enc_sides, [70, 40, 7, 7, 1], 70, "sum", dt, "int64",
                                                  op="edges", out_width=14, by_slot=True)))
+        # an encoder whose features are stored per CSR slot (enc_slot: read at sl)
+        out.append((f"enc_slot_{dt}", make_spec(*enc, [P.COL, P.ENCS, P.CONST, P.CONST, P.SLOT], [70, 16, 70, 70, 1],
+                                                70, "sum", dt, "int64")))
     return out
 
 

@@ -105,7 +105,7 @@ class Spec:
         """The registry key, byte for byte as codegen_key (native/cpu/message_codegen.cpp) writes it
         (an edge encoder's input: its side, its output's width class, then ``d<D>``)."""
         ks = ",".join(f"{struct.unpack('<Q', struct.pack('<d', float(c)))[0]:016x}" for c in self.consts)
-        ins = ",".join(f"{s}{k}" + (f"d{self.dim(i)}" if s == P.ENC else "")
+        ins = ",".join(f"{s}{k}" + (f"d{self.dim(i)}" if s in P.ENCODERS else "")
                        for i, (s, k) in enumerate(zip(self.sides, self.kinds)))
         return (f"v{ABI}|{self.op_key()}|{'f64' if self.dtype == 'float64' else 'f32'}|"
                 f"{'i64' if self.index == 'int64' else 'i32'}|c{','.join(str(c) for c in self.code)}|k{ks}|i{ins}")
@@ -153,7 +153,7 @@ def make_spec(code: Sequence[int], consts: Sequence[float], sides: Sequence[int]
             raise ValueError(f"gnncompile.codegen: out_width {out_width} does not divide the message width {F}")
         out = "f" if int(out_width) == int(F) else "g"
     elif op == "encgrad":
-        if enc is None or not 0 <= int(enc) < len(sides) or int(sides[int(enc)]) != P.ENC:
+        if enc is None or not 0 <= int(enc) < len(sides) or int(sides[int(enc)]) not in P.ENCODERS:
             raise ValueError(f"gnncompile.codegen: an 'encgrad' kernel needs enc, the input of an edge encoder "
                              f"(got {enc})")
         if out_width is None or int(out_width) != int(widths[int(enc) + 1]):
@@ -175,7 +175,7 @@ def _kinds(sides: Sequence[int], widths: Sequence[int], F: int) -> Tuple[Tuple[s
     native/cpu/message.cpp's check_encoder that the widths allow, as ValueError."""
     kinds, dims = [], []
     for k, (s, w) in enumerate(zip(sides, widths)):
-        if int(s) != P.ENC:
+        if int(s) not in P.ENCODERS:
             kinds.append(width_kind(int(w), F))
             dims.append(0)
             continue
@@ -188,7 +188,7 @@ def _kinds(sides: Sequence[int], widths: Sequence[int], F: int) -> Tuple[Tuple[s
                              f"and a bias of width {widths[k + 2]}: not D >= 1 and one width dividing {F}")
         kinds.append(width_kind(W, F))
         dims.append(int(w))
-    return tuple(kinds), (tuple(dims) if P.ENC in [int(s) for s in sides] else ())
+    return tuple(kinds), (tuple(dims) if any(int(s) in P.ENCODERS for s in sides) else ())
 
 
 def check_program(code: Sequence[int], consts: Sequence[float], n_inputs: int) -> set:
@@ -627,7 +627,7 @@ inline int row_encgrad(const GenArgs& a, int64_t row, int64_t begin, int64_t end
     if (j + a.prefetch < a.num_edges) {{  // past the row's end too
       prefetch_slot(a, j + a.prefetch, 0, static_cast<int>(F < TILE ? F : TILE));
       const int64_t ea = static_cast<int64_t>(perm[j + a.prefetch]);
-      if (in_range(ea, a.num_edges)) prefetch_bytes<0, 0>(ga + ea * kD, kD * sizeof(scalar_t));
+      if ({prefetch_a} && in_range(ea, a.num_edges)) prefetch_bytes<0, 0>(ga + ea * kD, kD * sizeof(scalar_t));
     }}
 {edge}
     acc_t* vb = scratch + pend.n * W;
@@ -636,8 +636,8 @@ inline int row_encgrad(const GenArgs& a, int64_t row, int64_t begin, int64_t end
       const int n = static_cast<int>(F - f0 < TILE ? F - f0 : TILE);{enc_lines}
 {loops}
     }}
-    pend.a[pend.n] = ga + e * kD;
-    pend.da[pend.n] = kNeedA ? da + e * kD : nullptr;
+    pend.a[pend.n] = ga + {ra} * kD;  // (enc_slot: the features and their gradient per CSR slot)
+    pend.da[pend.n] = kNeedA ? da + {ra} * kD : nullptr;
     if (++pend.n == kEncoderGradBlock) {{
       encode_grad_edges<acc_t>(pend.a, pend.da, pend.n, kD, scratch, gwt, W, dwt, db);
       pend.n = 0;
@@ -708,7 +708,7 @@ def emit(spec: Spec) -> str:
     # message_edges writes at perm[j], message_encoder_grad reads the encoder at perm[j]: read
     # and checked always
     reads_perm = P.EDGE in sides or P.ENC in sides or edges
-    reads_slot = P.SLOT in sides
+    reads_slot = P.SLOT in sides or P.ENCS in sides  # (an enc_slot encoder's features: at sl)
     # a tile walk (reduce, multi, softmax) computes its encoders of width class f / g by blocks of
     # edges (encoder_core.h, EncoderBlock); the per-edge kernels (edges, encgrad) edge by edge
     tiled = not edges
@@ -718,7 +718,7 @@ def emit(spec: Spec) -> str:
     read = {int(spec.code[i + 2]) for i in range(0, len(spec.code), P.INSTR) if spec.code[i] == P.OPCODE["in"]}
     # the pointers of every input: rows fixed for the tile (row / const sides) set up once
     for k, (s, kind) in enumerate(zip(sides, kinds)):
-        if s == P.ENC:
+        if s in P.ENCODERS:
             if k not in read:
                 continue
             setup += _encoder_pointers(k, kind)
@@ -747,22 +747,25 @@ def emit(spec: Spec) -> str:
     for k, (s, kind) in enumerate(zip(sides, kinds)):
         if s in (P.ROW, P.CONST):
             continue
-        if s == P.ENC:  # its features, and its values per edge: the tile's columns (encoder_core.h)
+        if s in P.ENCODERS:  # its features, and its values per edge: the tile's columns (encoder_core.h)
             if k not in read:
                 continue
             D = spec.dim(k)
-            edge.append(f"    const scalar_t* p{k} = in{k} + e * {D};")
+            # enc: the features of edge e (through perm); enc_slot: of CSR slot sl (stored in CSR
+            # order; a block's rows: slot[j + k], or j + k on the CSR itself, slot nullptr)
+            row, idx = ("e", "perm") if s == P.ENC else ("sl", "slot")
+            edge.append(f"    const scalar_t* p{k} = in{k} + {row} * {D};")
             edge.append(f"    (void)p{k};")
             ind = "      " if edges else "    "
             if kind == "s":
                 edge.append(f"    const acc_t s{k} = {_enc_value(k, D, '0', spec.dtype)};")
             elif kind == "f" and tiled:
-                enc.append(f"{ind}e{k} = eb.e{k}.get(j, jlim, perm, a.num_edges, in{k}, {D}, wt{k}, ew{k}, bs{k}, f0, n);")
+                enc.append(f"{ind}e{k} = eb.e{k}.get(j, jlim, {idx}, a.num_edges, in{k}, {D}, wt{k}, ew{k}, bs{k}, f0, n);")
             elif kind == "f":
                 enc.append(f"{ind}encode_run<acc_t>(p{k}, {D}, wt{k} + f0, ew{k}, bs{k} + f0, n, e{k});")
             elif tiled:
                 enc += [f"{ind}const int64_t c0_{k} = f0 / div{k};",
-                        f"{ind}e{k} = eb.e{k}.get(j, jlim, perm, a.num_edges, in{k}, {D}, wt{k}, ew{k}, bs{k}, c0_{k}, "
+                        f"{ind}e{k} = eb.e{k}.get(j, jlim, {idx}, a.num_edges, in{k}, {D}, wt{k}, ew{k}, bs{k}, c0_{k}, "
                         f"static_cast<int>((f0 + n - 1) / div{k} - c0_{k} + 1));"]
             else:
                 enc += [f"{ind}const int64_t c0_{k} = f0 / div{k};",
@@ -781,7 +784,7 @@ def emit(spec: Spec) -> str:
     # it; the encoder alone (no gathered row) and the backward's per-edge kernels not. A prefetch
     # changes no value.
     hint = 2 if (spec.op in ("reduce", "multi", "softmax") and reads_col
-                 and any(s == P.ENC and k in read for k, s in enumerate(sides))) else 0
+                 and any(s in P.ENCODERS and k in read for k, s in enumerate(sides))) else 0
     if reads_col:
         prefetch.append("  const int64_t src = static_cast<int64_t>(static_cast<const index_t*>(a.col)[j]);")
         prefetch.append("  if (!in_range(src, a.num_src)) return;")
@@ -789,6 +792,8 @@ def emit(spec: Spec) -> str:
         prefetch.append("  const int64_t e = static_cast<int64_t>(static_cast<const index_t*>(a.perm)[j]);")
         prefetch.append("  if (!in_range(e, a.num_edges)) return;")
     for k, (s, kind) in enumerate(zip(sides, kinds)):
+        if s == P.ENCS:  # features in CSR order: read in order (not prefetched, as a slot input)
+            continue
         if s == P.ENC:  # the edge's features, all D of them (every tile reads them all)
             if k not in read:
                 continue
@@ -812,7 +817,7 @@ def emit(spec: Spec) -> str:
     head = _HEAD.format(what=_WHAT[spec.op], key=spec.key(), scalar=scalar,
                         index="int64_t" if spec.index == "int64" else "int32_t", tile=TILE[spec.dtype],
                         prefetch="\n".join(prefetch) + "\n")
-    if P.ENC in sides or encgrad:
+    if any(s in P.ENCODERS for s in sides) or encgrad:
         head = head.replace('#include "cpu/codegen_abi.h"\n',
                             '#include "cpu/codegen_abi.h"\n#include "cpu/encoder_core.h"\n')
     if encgrad:
@@ -820,6 +825,8 @@ def emit(spec: Spec) -> str:
         arrays, loops = _loops(instrs, [store], [res], "        const int64_t f = f0 + t;\n        (void)f;",
                                indent="      ")
         return head + _ENCGRAD.format(enc=spec.enc, need_a="true" if spec.need_features else "false",
+                                      ra="e" if sides[spec.enc] == P.ENC else "sl",
+                                      prefetch_a="true" if sides[spec.enc] == P.ENC else "false",
                                       D=spec.dim(spec.enc), setup="\n".join(setup), arrays="\n".join(arrays),
                                       edge="\n".join(edge),
                                       vb_zero="" if spec.out == "f" else "for (int64_t c = 0; c < W; ++c) vb[c] = acc_t(0);",
@@ -883,7 +890,7 @@ def emit(spec: Spec) -> str:
         reduce = _REDUCE_NAMES[spec.reduce]
     arrays, loops = _loops(instrs, fold, tail_reads, loop_head)
     blocks = [f"  EncoderBlock<acc_t, index_t, TILE> e{k};" for k, (s, kind) in enumerate(zip(sides, kinds))
-              if s == P.ENC and k in read and kind != "s"]
+              if s in P.ENCODERS and k in read and kind != "s"]
     return head + _TILE.format(reduce=reduce, prefetch_scale=3 if blocks else 1,
                                blocks="\n".join(blocks) or "  char unused;", setup="\n".join(setup), acc="\n".join(acc), arrays="\n".join(arrays),
                                edge="\n".join(edge), enc="".join("\n" + ln for ln in enc), loops="\n".join(loops),

@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from . import reference, schemas  # noqa: F401  (schemas first: it defines the ops)
-from . import autograd, loops, message, program, structure, targets, vendor  # noqa: F401
+from . import autograd, loops, message, program, slots, structure, targets, vendor  # noqa: F401
 from .functional import REDUCES, collate_rows, edge_softmax, segment_ids, spmm
 from .structure import (cache_info, clear_cache, set_structure_check, structure_check, transpose_structure,
                         validation_count, validations_since)

@@ -40,7 +40,7 @@ def _check(rowptr, col, perm, inputs, sides, width: int, op: str) -> None:
         raise ValueError(f"{op}: {len(inputs)} inputs for {len(sides)} sides (at least one input)")
     M, E = rowptr.numel() - 1, col.numel()
     for k, (t, s) in enumerate(zip(inputs, sides)):
-        if s == P.ENC:
+        if s in P.ENCODERS:
             _check_encoder(inputs, sides, k, width, E, op)
             continue
         if t.dim() != 2 or t.shape[1] < 1 or width % t.shape[1]:
@@ -94,6 +94,10 @@ def _slot_values(rowptr, col, perm, inputs, sides, slot=None) -> Tuple[List[torc
         elif s == P.ENC:
             k = len(vals)
             vals.append(P.encode_edges(t.index_select(0, perm.long()), inputs[k + 1], inputs[k + 2]))
+        elif s == P.ENCS:  # the features stored per CSR slot
+            k = len(vals)
+            vals.append(P.encode_edges(t if slot is None else t.index_select(0, slot.long()), inputs[k + 1],
+                                       inputs[k + 2]))
         else:
             vals.append(t[:1])
     return vals, rows
@@ -205,13 +209,14 @@ def message_encoder_grad(rowptr, col, perm, inputs, sides, code, consts, width: 
     an [E, W] tensor), then ``dk Wt^T``, ``a^T dk`` and the column sums of ``dk``. The native CPU
     kernel (native/cpu/message.cpp) accumulates them per chunk of its row split instead."""
     op = "gnncompile.message_encoder_grad"
-    if not 0 <= enc < len(inputs) or len(sides) != len(inputs) or sides[enc] != P.ENC:
-        raise ValueError(f"{op}: input {enc} is not an edge encoder (side {P.ENC})")
+    if not 0 <= enc < len(inputs) or len(sides) != len(inputs) or sides[enc] not in P.ENCODERS:
+        raise ValueError(f"{op}: input {enc} is not an edge encoder (side {P.ENC} or {P.ENCS})")
     _check(rowptr, col, perm, inputs, sides, width, op)
     a, wt = inputs[enc], inputs[enc + 1]
     W = wt.shape[1]
-    dk = ops.message_edges(rowptr, col, perm, list(inputs), list(sides), list(code), list(consts), width, W, False,
-                           list(knobs), [], None)
+    # (enc_slot: the features, and so their gradient, in CSR slot order: dk by slot too)
+    dk = ops.message_edges(rowptr, col, perm, list(inputs), list(sides), list(code), list(consts), width, W,
+                           sides[enc] == P.ENCS, list(knobs), [], None)
     da = dk.mm(wt.t()) if need_features else a.new_empty((0, a.shape[1]))
     return da, a.t().mm(dk), dk.sum(0, keepdim=True)
 
@@ -274,7 +279,8 @@ def _generated(op: str, index: torch.Tensor, ins, sides, code, consts, F: int, *
 #: benchmarks/codegen_encoder.py). Read when the backward runs (traced: when it is traced).
 ENCODER_GRAD = "accumulate"
 
-_SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT, P.ENC: P.ENC}
+_SWAP = {P.COL: P.ROW, P.ROW: P.COL, P.EDGE: P.EDGE, P.CONST: P.CONST, P.SLOT: P.SLOT, P.ENC: P.ENC,
+         P.ENCS: P.ENCS}
 
 
 def _csc_slots(perm: torch.Tensor, perm_t: torch.Tensor) -> torch.Tensor:
@@ -352,18 +358,32 @@ def _row_only_grad(csr, csc, ins, sides, dcode, dconsts, F, t, side, deg, knobs,
     return out
 
 
-def _encoder_grads(dk: Optional[torch.Tensor], a, wt, b, need) -> List[Optional[torch.Tensor]]:
+def _encoder_grads(dk: Optional[torch.Tensor], a, wt, b, need, perm: Optional[torch.Tensor] = None
+                   ) -> List[Optional[torch.Tensor]]:
     """The gradients of an edge encoder's features, transposed weight and bias (program.py) from
     ``dk`` ([E, W], the gradient of its values in the user's edge order; None: the message does not
-    depend on them): ``dk Wt^T``, ``a^T dk`` and the column sums of ``dk``."""
+    depend on them): ``dk Wt^T``, ``a^T dk`` and the column sums of ``dk``. With ``perm`` (an
+    enc_slot encoder: ``a`` stored in CSR slot order), the features are put back in edge order
+    first, so every sum runs over the edges in the order it does for an enc encoder (the same
+    bits), and their gradient is handed back in slot order."""
     if dk is None:
         return [torch.zeros_like(t) if n else None for t, n in zip((a, wt, b), need)]
-    return [dk.mm(wt.t()) if need[0] else None, a.t().mm(dk) if need[1] else None,
-            dk.sum(0, keepdim=True) if need[2] else None]
+    if perm is not None and need[1]:
+        a = _edge_order(a, perm)
+    out = [dk.mm(wt.t()) if need[0] else None, a.t().mm(dk) if need[1] else None,
+           dk.sum(0, keepdim=True) if need[2] else None]
+    if perm is not None and out[0] is not None:
+        out[0] = out[0].index_select(0, perm.long())
+    return out
+
+
+def _edge_order(t: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``t`` (per CSR slot) in the user's edge order: ``out[perm[j]] = t[j]`` (a copy, differentiable)."""
+    return t.new_empty(t.shape).index_copy(0, perm.long(), t)
 
 
 def _encoders(sides) -> List[int]:
-    return [k for k, s in enumerate(sides) if s == P.ENC]
+    return [k for k, s in enumerate(sides) if s in P.ENCODERS]
 
 
 def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts, F, need, g, g_side, knobs,
@@ -381,6 +401,19 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
     backward its value gradient is computed per edge ([E, W], differentiable), then carried to
     its features, weight and bias (:func:`_encoder_grads`)."""
     rowptr, col, perm = csr
+    if torch.is_grad_enabled() and P.ENCS in sides:
+        # a double backward: enc_slot features put back in edge order (differentiably) and read as
+        # enc, so the transposed passes need no slot map (they take no gradient with one) and the
+        # sums run as enc's; their gradient handed back per CSR slot
+        moved = [k for k, s in enumerate(sides) if s == P.ENCS]
+        inputs, sides = list(inputs), list(sides)
+        for k in moved:
+            inputs[k], sides[k] = _edge_order(inputs[k], perm), P.ENC
+        out = _segment_grads(csr, csc, inputs, sides, code, consts, F, need, g, g_side, knobs, extreme)
+        for k in moved:
+            if out[k] is not None:
+                out[k] = out[k].index_select(0, perm.long())
+        return out
     n = len(inputs)
     encoders = _encoders(sides)
     need_enc = {k: [bool(need[k + i]) for i in range(3)] for k in encoders}
@@ -399,7 +432,7 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
         nonlocal csc, slot_t
         if not csc:
             csc = transpose_structure(rowptr, col, perm, rows)
-        if slot_t is None and P.SLOT in sides_g:
+        if slot_t is None and (P.SLOT in sides_g or P.ENCS in sides_g):
             slot_t = _csc_slots(perm, csc[2])
         return csc, slot_t
 
@@ -416,9 +449,9 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
             continue
         dcode, dconsts = d
         W, side = t.shape[1], sides[k]
-        if side == P.ENC:
+        if side in P.ENCODERS:
             W = inputs[k + 1].shape[1]
-        if side == P.ENC and multi and extreme is not True and ENCODER_GRAD == "accumulate":
+        if side in P.ENCODERS and multi and extreme is not True and ENCODER_GRAD == "accumulate":
             # outside a double backward: the encoder's gradients accumulated over the edges by
             # one pass (message_encoder_grad), its [E, W] value gradient never formed
             nk = need_enc.pop(k)
@@ -443,7 +476,8 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
             swapped = [_SWAP[s] for s in sides_g]
             _generated("reduce", c[0], ins, swapped, dcode, dconsts, F)
             out[k] = _finish(ops.message_reduce(*c, ins, swapped, dcode, dconsts, F, "sum", knobs, [], st)[0], t, side)
-        elif side in (P.EDGE, P.SLOT, P.ENC):
+        elif side in (P.EDGE, P.SLOT, P.ENC, P.ENCS):
+            # (an enc_slot encoder's value gradient in edge order too: _encoder_grads sums over the edges)
             _generated("edges", rowptr, ins, sides_g, dcode, dconsts, F, out_width=W, by_slot=side == P.SLOT)
             out[k] = ops.message_edges(rowptr, col, perm, ins, sides_g, dcode, dconsts, F, W, side == P.SLOT,
                                        knobs, list(csc or []), None)
@@ -467,7 +501,8 @@ def _segment_grads(csr, csc: Sequence[torch.Tensor], inputs, sides, code, consts
                 out[k] = _finish(r[i], inputs[k], sides[k])
     for k, nk in need_enc.items():  # out[k]: the gradient of the encoder's values, per edge
         if any(nk):
-            out[k:k + 3] = _encoder_grads(out[k], inputs[k], inputs[k + 1], inputs[k + 2], nk)
+            out[k:k + 3] = _encoder_grads(out[k], inputs[k], inputs[k + 1], inputs[k + 2], nk,
+                                          perm if sides[k] == P.ENCS else None)
     return out
 
 
@@ -736,13 +771,14 @@ def _reduce_backward(ctx, grad_out, grad_arg):
     return _fix_empty(_backward_return(n_csc, grads), ctx)
 
 
-def _encoder_values(csr, a, wt, b, knobs) -> torch.Tensor:
+def _encoder_values(csr, a, wt, b, knobs, side: int = P.ENC) -> torch.Tensor:
     """An edge encoder's values per edge ([E, W], the user's edge order), computed by the op the
-    messages ran (message_edges over the program that reads the encoder)."""
+    messages ran (message_edges over the program that reads the encoder; ``side`` enc or
+    enc_slot, as the messages read it)."""
     W = wt.shape[1]
     code, consts = _LOAD
-    _generated("edges", csr[0], [a, wt, b], [P.ENC, P.CONST, P.CONST], code, consts, W, out_width=W, by_slot=False)
-    return ops.message_edges(*csr, [a, wt, b], [P.ENC, P.CONST, P.CONST], code, consts, W, W, False, knobs, [],
+    _generated("edges", csr[0], [a, wt, b], [side, P.CONST, P.CONST], code, consts, W, out_width=W, by_slot=False)
+    return ops.message_edges(*csr, [a, wt, b], [side, P.CONST, P.CONST], code, consts, W, W, False, knobs, [],
                              None)
 
 
@@ -755,15 +791,16 @@ def _extreme_grads_encoded(csr, ins, sides, code, consts, F, need, arg, out, g, 
     messages against the reduced values) and read as a per-edge input, then its gradient
     carried to the encoder."""
     ins, sides, need = list(ins), list(sides), list(need)
-    encoders = {k: (ins[k], list(need[k:k + 3])) for k in _encoders(sides)}
+    encoders = {k: (ins[k], list(need[k:k + 3]), sides[k]) for k in _encoders(sides)}
     for k in encoders:
-        ins[k] = _encoder_values(csr, ins[k], ins[k + 1], ins[k + 2], knobs)
+        ins[k] = _encoder_values(csr, ins[k], ins[k + 1], ins[k + 2], knobs, sides[k])
         sides[k], need[k] = P.EDGE, any(need[k:k + 3])
         need[k + 1] = need[k + 2] = False
     grads = _extreme_grads(csr, ins, sides, code, consts, F, need, arg, out, g, knobs, csc)
-    for k, (a, nk) in encoders.items():
+    for k, (a, nk, side) in encoders.items():
         if any(nk):
-            grads[k:k + 3] = _encoder_grads(grads[k], a, ins[k + 1], ins[k + 2], nk)
+            grads[k:k + 3] = _encoder_grads(grads[k], a, ins[k + 1], ins[k + 2], nk,
+                                            csr[2] if side == P.ENCS else None)
     return grads
 
 

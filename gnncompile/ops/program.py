@@ -14,13 +14,18 @@ side       code    the row read for the edge ``e = perm[j]`` in CSR slot ``j`` o
 ``slot``   4       ``j`` (a per-edge tensor stored in CSR order: no random access; on a
                    transposed structure, the CSR slot of the traversed slot, ``slot[j]``)
 ``enc``    5       ``e``, through an edge encoder computed inside the kernel (below)
+``enc_slot`` 6     ``j`` (``slot[j]`` on a transposed structure), through an edge encoder
+                   whose features are stored in CSR order (as ``slot`` is to ``edge``)
 =========  ======  ===================================================================
 
 An ``enc`` input ``k`` is an *edge encoder*: a linear map of narrow edge features computed per
 edge inside the kernels, so that its ``E x W`` output never exists in memory. Input ``k`` is the
 edge features ``a`` (``[E, D]``, the user's edge order, read like an ``edge`` input; ``D`` need not
 divide ``F``); inputs ``k + 1`` and ``k + 2`` are ``const`` inputs holding the map's transposed
-weight ``Wt`` (``[D, W]``) and bias ``b`` (``[1, W]``), which no instruction reads. The value read
+weight ``Wt`` (``[D, W]``) and bias ``b`` (``[1, W]``), which no instruction reads. An
+``enc_slot`` input is the same encoder with its features in CSR slot order (``a[perm]``, a copy
+made once per structure and tensor: ``gnncompile.ops.slots``), read in order instead of at random
+through ``perm``; the values are the same bit for bit. The value read
 for edge ``e`` at feature ``f`` (column ``c = f // (F / W)``) is
 
     v = b[c];  for d in 0 .. D-1:  v = v + a[e, d] * Wt[d, c]
@@ -56,8 +61,11 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-COL, ROW, EDGE, CONST, SLOT, ENC = 0, 1, 2, 3, 4, 5
-SIDES = {"col": COL, "row": ROW, "edge": EDGE, "const": CONST, "slot": SLOT, "enc": ENC}
+COL, ROW, EDGE, CONST, SLOT, ENC, ENCS = 0, 1, 2, 3, 4, 5, 6
+SIDES = {"col": COL, "row": ROW, "edge": EDGE, "const": CONST, "slot": SLOT, "enc": ENC, "enc_slot": ENCS}
+#: the sides of an edge encoder: its features read per edge (ENC, at perm[j]) or stored per CSR
+#: slot (ENCS, at the traversal's CSR slot, as SLOT is to EDGE: a copy in CSR order, read in order)
+ENCODERS = (ENC, ENCS)
 
 # opcode -> (name, number of slot operands, number of float params)
 OPS: Dict[int, Tuple[str, int, int]] = {
@@ -459,5 +467,5 @@ def evaluate_slots(code, consts, values, F: int, last: bool = False):
     return out if last else regs
 
 
-__all__ = ["COL", "ROW", "EDGE", "CONST", "SLOT", "ENC", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
+__all__ = ["COL", "ROW", "EDGE", "CONST", "SLOT", "ENC", "ENCS", "ENCODERS", "SIDES", "OPS", "OPCODE", "MAX_SLOTS", "inp", "const", "node",
            "encode", "encode_many", "decode", "derivative", "upstream", "backward_expr", "evaluate"]

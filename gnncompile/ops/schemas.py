@@ -94,6 +94,11 @@ _lib.define("adopt_worker_structure(Tensor rowptr, Tensor col, Tensor perm, int 
 # A 64-bit content fingerprint of an index tensor (0-d int64 on its device; native/common/
 # fingerprint.h): the structure cache compares it to notice edits that bypass the version counter.
 _lib.define("fingerprint(Tensor index) -> Tensor")
+# A per-edge tensor in CSR slot order: out[j] = a[perm[j]] (any dtype, a's first dim the edges;
+# native/cpu/slot_rows.cpp, index_select elsewhere). What the message kernels read in order
+# (sides slot / enc_slot) instead of through perm; made once per structure and tensor by
+# gnncompile::cached_slot_rows (ops/slots.py). Its gradient goes back through perm (ops/slots.py).
+_lib.define("slot_rows(Tensor a, Tensor perm) -> Tensor")
 # Dropout whose mask is a counter-based function of (seed, element index): x / (1 - p) where
 # kept, x * 0 elsewhere (0, or NaN for a NaN / inf, as torch's x * mask); its backward is the
 # same op on the gradient (nothing stored). seed: a 0-d int64 tensor (the compiled graph draws

@@ -8,6 +8,7 @@ from . import autograd  # noqa: F401  (the ops carry their autograd formulas whe
 from . import hoisted as _hoisted  # noqa: F401  (defines gnncompile::hoisted)
 from . import message as _message  # noqa: F401  (message programs: reference, fake, autograd)
 from . import structure  # noqa: F401  (defines the structure ops)
+from . import slots as _slots  # noqa: F401  (defines gnncompile::slot_rows, cached_slot_rows)
 from . import vendor  # noqa: F401  (defines gnncompile::spmm_sparse, the spmm portfolio's vendor candidate)
 from .dense import mha_forward as MHA_FORWARD  # multi-head attention over gnncompile::dense_attention
 from .schemas import ops
@@ -32,10 +33,11 @@ HOISTED = ops.hoisted.default
 DROPOUT = ops.dropout.default
 MESSAGE_REDUCE = ops.message_reduce.default
 MESSAGE_EDGES = ops.message_edges.default
+CACHED_SLOT_ROWS = ops.cached_slot_rows.default  # an edge input in CSR slot order, cached (ops/slots.py)
 MESSAGE_SOFTMAX = ops.message_softmax.default
 NEIGHBOR_SAMPLE = ops.neighbor_sample.default  # called by gnncompile.data.neighbor
 HETERO_NEIGHBOR_SAMPLE = ops.hetero_neighbor_sample.default
 
 __all__ = ["BUILD_CSR", "SPMM", "SPMM_SPARSE", "SPMM_BF16", "EDGE_SOFTMAX", "ATTENTION", "ATTENTION_V2", "ATTENTION_DOT", "DENSE_ATTENTION", "MHA_FORWARD", "GATHER", "CACHED_CSR", "CACHED_CSC", "PAIR_CSR",
-           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES", "MESSAGE_SOFTMAX",
+           "PAIR_CSC", "CSR_DEGREE", "HOISTED", "DROPOUT", "MESSAGE_REDUCE", "MESSAGE_EDGES", "MESSAGE_SOFTMAX", "CACHED_SLOT_ROWS",
            "NEIGHBOR_SAMPLE", "HETERO_NEIGHBOR_SAMPLE"]

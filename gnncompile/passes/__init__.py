@@ -76,7 +76,7 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
                     softmax_programs=softmax_programs)
     notes += matches.notes
     report = rewrite(graph, plan(matches, order), order, copy_structures, settings, attention=programs,
-                     portfolio=portfolio, size_from_first=hoist)
+                     portfolio=portfolio, size_from_first=hoist, slot_copies=hoist)
     if hoist:  # compiled graphs (export's have no ONNX function for it)
         fuse_self_terms(graph, report)
     if programs and settings.attention == "fused":

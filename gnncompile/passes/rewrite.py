@@ -57,6 +57,11 @@ class Built:
     # the slot, not through perm); Settings.slot_order = False turns this off (A/B measurements)
     slot_order: bool = True
     check: str = ""  # the structure check mode baked into the structure ops (Settings.structure_check)
+    copy: bool = False  # the structure ops hand out clones (inner compilers that recycle buffers)
+    # graph input -> the same tensor in CSR slot order, copied once per structure and tensor
+    # (gnncompile::cached_slot_rows, ops/slots.py): read in order by the message kernels
+    slot_copies: Dict[Node, Node] = field(default_factory=dict)
+    slot_copies_ok: bool = True  # compiled graphs only (export's graphs hold standard ops)
 
 
 def node_order(graph) -> Dict[Node, int]:
@@ -118,7 +123,7 @@ def insert_structures(graph, p: Plan, copy: bool, report: PassReport, check: str
                 call = graph.call_function(targets.CACHED_CSR, (s.edge_index, num_dst, copy, check))
             else:
                 call = graph.call_function(targets.PAIR_CSR, (first.dst_index, s.pair_src_index(), num_dst))
-            b = Built(s, _unpack(graph, call), num_dst, check=check)
+            b = Built(s, _unpack(graph, call), num_dst, check=check, copy=copy)
         report.structures += 1
         for m in s.members:
             if isinstance(m, Aggregate) and m.needs_csc and _insert_csc(graph, b, m, copy):
@@ -200,6 +205,62 @@ def _slot_chain(leaf: Node, writes: Writes, at: Node, wide_ok=()) -> Optional[Tu
     return cur, list(reversed(chain))
 
 
+_VIEWS = ("reshape", "view", "contiguous")  # ops that keep a tensor's rows (dim 0) as they are
+
+
+def _static_edges(v) -> Optional[int]:
+    """The edge count of a per-edge tensor's fake ``v`` when it is a plain int (a graph whose size
+    does not change between calls), else None."""
+    e = v.shape[0] if v is not None and v.dim() >= 1 else None
+    return e if isinstance(e, int) else None
+
+
+def _slot_copy_root(node: Node, E) -> Optional[Node]:
+    """The graph input ``node`` is read from (through reshapes that keep its rows: dim 0, the
+    edges), if it qualifies for a copy in CSR slot order cached with the structure
+    (:mod:`gnncompile.ops.slots`): a CPU float32 / float64 input of the compiled graph (a
+    placeholder or a module attribute: the same tensor call after call, so the copy is reused)
+    that needs no gradient, with a static edge count of at least ``SLOT_COPY_MIN_EDGES``. A
+    tensor computed in the graph would be copied anew every call: not taken."""
+    from ..ops.slots import SLOT_COPY_MIN_EDGES
+    cur = node
+    while cur.op in ("call_method", "call_function") and opname(cur) in _VIEWS and cur.args \
+            and isinstance(cur.args[0], Node):
+        cur = cur.args[0]
+    if cur.op not in ("placeholder", "get_attr"):
+        return None
+    v = fake_tensor(cur)
+    e = _static_edges(v)
+    if v is None or e is None or not isinstance(E, int) or e != E or e < SLOT_COPY_MIN_EDGES:
+        return None
+    if v.device.type != "cpu" or v.dtype not in (torch.float32, torch.float64) or v.requires_grad:
+        return None
+    return cur
+
+
+def _cached_slots(graph, node: Node, b: Built, row_width: Optional[int] = None) -> Optional[Node]:
+    """``node`` (a per-edge input of a message program) read in CSR slot order from a copy cached
+    with the structure (``gnncompile::cached_slot_rows``), reshaped to ``[-1, row_width]`` (or the
+    root's own rows when None), or None where that does not apply (:func:`_slot_copy_root`; a
+    structure not built from an ``edge_index``; Settings.slot_order off)."""
+    if not b.slot_order or not b.slot_copies_ok or b.shared.edge_index is None:
+        return None
+    v = fake_tensor(node)
+    if v is None or v.dim() < 1:
+        return None
+    root = _slot_copy_root(node, _static_edges(v))
+    if root is None:
+        return None
+    rv = fake_tensor(root)
+    if row_width is not None and rv.numel() != rv.shape[0] * row_width:
+        return None
+    out = b.slot_copies.get(root)
+    if out is None:
+        out = graph.call_function(targets.CACHED_SLOT_ROWS, (b.shared.edge_index, b.num_dst, root, b.copy, b.check))
+        b.slot_copies[root] = out
+    return out if row_width is None else graph.call_method("reshape", (out, (-1, row_width)))
+
+
 def _leaf_in_csr_order(graph, leaf: Node, b: Built, knobs: List[int]) -> Optional[Node]:
     """``leaf`` recomputed in CSR order (side slot) from its reordered root, or None. A root
     that is an edge program of this structure (EdgeConv's MLP input) is recomputed in CSR order
@@ -219,8 +280,10 @@ def _leaf_in_csr_order(graph, leaf: Node, b: Built, knobs: List[int]) -> Optiona
         root, chain = found
         if root in edge_programs:
             start = _emit_program(graph, edge_programs[root], b, knobs, by_slot=True)
-        else:
-            start = graph.call_method("index_select", (root, 0, b.csr[2]))
+        else:  # a graph input copied once per structure (ops/slots.py), else reordered here each call
+            start = _cached_slots(graph, root, b)
+            if start is None:
+                start = graph.call_method("index_select", (root, 0, b.csr[2]))
         mapping = {root: start}
         for n in chain:
             mapping[n] = graph.node_copy(n, lambda x: mapping.get(x, x))
@@ -284,14 +347,21 @@ def _emit_program(graph, m: Program, b: Built, knobs: List[int], by_slot: bool =
             ins.append(graph.call_method("new_zeros", (node, (1, lf.width))))
             sides.append(side)
             continue
-        if side == P.ENC:  # its edge features
-            ins.append(graph.call_method("reshape", (node, (-1, lf.depth))))
-            sides.append(side)
+        if side == P.ENC:  # its edge features: read in CSR slot order from a cached copy where that applies
+            slots = _cached_slots(graph, node, b, lf.depth)
+            ins.append(slots if slots is not None else graph.call_method("reshape", (node, (-1, lf.depth))))
+            sides.append(P.ENCS if slots is not None else side)
             continue
         if side == P.EDGE and b.slot_order:
             reordered = _leaf_in_csr_order(graph, node, b, knobs)
             if reordered is not None:
                 node, side = reordered, P.SLOT
+            else:
+                slots = _cached_slots(graph, node, b, lf.width)
+                if slots is not None:
+                    ins.append(slots)
+                    sides.append(P.SLOT)
+                    continue
         shape = (1, lf.width) if side == P.CONST else (-1, lf.width)
         ins.append(graph.call_method("reshape", (node, shape)))
         sides.append(side)
@@ -378,14 +448,17 @@ def drop_dead(graph, claimed=()) -> None:
 
 def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = False,
             settings: Optional[Settings] = None, attention: bool = False,
-            portfolio: Optional[Callable] = None, size_from_first: bool = True) -> PassReport:
+            portfolio: Optional[Callable] = None, size_from_first: bool = True,
+            slot_copies: bool = True) -> PassReport:
     """Applies plan ``p`` to ``graph``; returns what was fused and what was left, with reasons.
     The kernel knobs of ``settings`` (default: none, the kernels' defaults) go into the fused
     calls as arguments. ``attention``: attention chains become one ``gnncompile::attention``
     (:mod:`.attention`) where ``settings.attention`` is 'fused'. ``portfolio``: the decision of
     each remaining spmm's implementation (:mod:`.portfolio`; None: native). ``size_from_first``:
     structure sizes read from the first tensor of that dim 0 (:func:`_size0`; compiled graphs,
-    ``passes.run(hoist=True)``), else from the replaced scatter's buffer (export graphs)."""
+    ``passes.run(hoist=True)``), else from the replaced scatter's buffer (export graphs).
+    ``slot_copies``: large per-edge inputs of the graph read from a copy in CSR slot order cached
+    with the structure (:func:`_cached_slots`; compiled graphs, not export's)."""
     settings = DEFAULT if settings is None else settings
     report = PassReport()
     writes = Writes(graph)
@@ -393,6 +466,7 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
     for b in built:
         b.writes = writes
         b.slot_order = settings.slot_order
+        b.slot_copies_ok = slot_copies
     chains = sorted(((m, b) for b in built for m in b.shared.members), key=lambda mb: order[mb[0].anchor])
     outs = []
     for m, b in chains:
@@ -409,6 +483,14 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
                 line.note += ("; its gradient in one pass per row (gnncompile::extreme_edges_backward: the messages "
                               "equal to the extreme counted, the gradient shared among them, as torch's)")
         outs.append((m, out))
+    copies = sum(len(b.slot_copies) for b in built)
+    if copies:
+        from ..ops.slots import SLOT_COPY_MIN_EDGES
+        report.notes.append(
+            f"edge inputs read in CSR slot order: {copies} input(s) copied once per structure and tensor "
+            f"(gnncompile::cached_slot_rows, kept with the structure; a changed tensor is copied again), read in "
+            f"order by the message kernels instead of through perm (inputs of the graph that need no gradient, "
+            f">= {SLOT_COPY_MIN_EDGES} edges; settings slot_order=False turns it off)")
     # replace only now: chains may read other chains' anchors (a hop's output feeds the next)
     new_order = node_order(graph)
     for m, out in outs:

@@ -137,7 +137,9 @@ inline void encode_block(const T* const* a, int64_t D, const T* w, int64_t W, co
 #endif
 
 // An edge encoder's values in a generated reduction (gnncompile/codegen/emit.py), computed for
-// kEncodeBlock edges at once: the edges of CSR slots [j, j + K) (read through perm, up to `jlim`,
+// kEncodeBlock edges at once: the edges of CSR slots [j, j + K) (their feature rows idx[j + k]:
+// idx is perm, or for features stored per CSR slot the traversal's slot array, nullptr on the
+// CSR itself, where row j + k is read: in order, not through perm; up to `jlim`,
 // the row's end or, where one tile covers the row, the chunk's last slot: a block crosses rows),
 // columns [c0, c0 + nc) (at most COLS), kept until the walk leaves them. get(j) is edge j's row of
 // values. Each value is encode_run's, bit for bit (encode_block). A slot whose perm entry lies
@@ -148,18 +150,18 @@ struct EncoderBlock {
   int nc = 0;
   alignas(64) T v[kEncodeBlock * COLS];
 
-  const T* get(int64_t j, int64_t jlim, const index_t* perm, int64_t num_edges, const T* in, int64_t D, const T* wt,
+  const T* get(int64_t j, int64_t jlim, const index_t* idx, int64_t num_edges, const T* in, int64_t D, const T* wt,
                int64_t W, const T* bias, int64_t c0_, int nc_) {
     if (j >= j0 && j < j1 && c0_ == c0 && nc_ == nc) return v + (j - j0) * COLS;
     const T* p[kEncodeBlock];
     int k = 0;
     for (; k < kEncodeBlock && j + k < jlim; ++k) {
-      const int64_t e = static_cast<int64_t>(perm[j + k]);
+      const int64_t e = idx != nullptr ? static_cast<int64_t>(idx[j + k]) : j + k;
       if (static_cast<uint64_t>(e) >= static_cast<uint64_t>(num_edges)) break;
       p[k] = in + e * D;
     }
-    if (k == 0) {  // the caller checked perm[j]; a block always holds edge j
-      p[0] = in + static_cast<int64_t>(perm[j]) * D;
+    if (k == 0) {  // the caller checked idx[j]; a block always holds edge j
+      p[0] = in + (idx != nullptr ? static_cast<int64_t>(idx[j]) : j) * D;
       k = 1;
     }
     for (int i = k; i < kEncodeBlock; ++i) p[i] = p[k - 1];  // the block's unused rows: a copy, not read

@@ -110,9 +110,9 @@ Inputs check_inputs(const at::TensorList inputs, c10::IntArrayRef sides, int64_t
                      ", input 0 has ", dtype);
     TORCH_CHECK_VALUE(t.dim() == 2, op, ": input ", k, " must be 2-D [rows, width], got ", t.dim(), "-D");
     const int64_t W = t.size(1), rows = t.size(0), side = sides[k];
-    if (side == msg::Enc) {  // the edge features: D need not divide F (the weight's width must)
+    if (msg::is_encoder(static_cast<int32_t>(side))) {  // the edge features: D need not divide F (the weight's width must)
       check_encoder(inputs, sides, k, F, E, op);
-      r.reads_perm = true;
+      (side == msg::Enc ? r.reads_perm : r.reads_slot) = true;  // EncSlot: stored per CSR slot
       r.tensors.push_back(t.contiguous());
       continue;
     }
@@ -169,7 +169,7 @@ msg::Args<scalar_t, acc_t, index_t> make_args(const at::Tensor& rowptr, const at
   for (size_t k = 0; k < in.tensors.size(); ++k) {
     const at::Tensor& t = in.tensors[k];
     msg::Input<scalar_t> v{t.const_data_ptr<scalar_t>(), static_cast<int32_t>(sides[k]), t.size(1), F / t.size(1)};
-    if (sides[k] == msg::Enc) {  // checked: inputs k + 1 and k + 2 are Wt [D, W] and b [1, W]
+    if (msg::is_encoder(static_cast<int32_t>(sides[k]))) {  // checked: inputs k + 1 and k + 2 are Wt [D, W] and b [1, W]
       const at::Tensor& wt = in.tensors[k + 1];
       v.width = wt.size(1);
       v.div = F / v.width;
@@ -463,8 +463,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> message_encoder_grad_cpu(
   const char* op = "gnncompile.message_encoder_grad";
   TORCH_CHECK_VALUE(enc >= 0 && enc < static_cast<int64_t>(inputs.size()) &&
                         static_cast<int64_t>(sides.size()) == static_cast<int64_t>(inputs.size()) &&
-                        sides[enc] == msg::Enc,
-                    op, ": input ", enc, " is not an edge encoder (side ", static_cast<int>(msg::Enc), ")");
+                        msg::is_encoder(static_cast<int32_t>(sides[enc])),
+                    op, ": input ", enc, " is not an edge encoder (side ", static_cast<int>(msg::Enc), " or ",
+                    static_cast<int>(msg::EncSlot), ")");
   const Call c = prepare(rowptr_in, col_in, perm_in, inputs, sides, code, consts, F, std::nullopt, op);
   const at::Tensor& a_t = c.in.tensors[enc];
   const at::Tensor& wt_t = c.in.tensors[enc + 1];

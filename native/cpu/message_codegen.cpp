@@ -68,8 +68,9 @@ std::string codegen_key(const std::string& op, bool f64, bool i64, c10::IntArray
   for (size_t i = 0; i < sides.size(); ++i) {
     if (i) k += ',';
     k += std::to_string(sides[i]);
-    // an edge encoder (side 5): the class of its output's width (Wt's, input i + 1) and its D
-    const bool enc = sides[i] == 5 && i + 1 < widths.size();
+    // an edge encoder (side 5, or 6: its features stored per CSR slot): the class of its
+    // output's width (Wt's, input i + 1) and its D
+    const bool enc = (sides[i] == 5 || sides[i] == 6) && i + 1 < widths.size();
     const int64_t w = enc ? widths[i + 1] : widths[i];
     k += w == F ? 'f' : (w == 1 ? 's' : 'g');
     if (enc) k += "d" + std::to_string(widths[i]);

@@ -10,7 +10,9 @@
 // is per edge. An edge-encoder input (side Enc, program.py) is read for edge e as
 // b[c] + a[e, 0] * Wt[0, c] + ... + a[e, D-1] * Wt[D-1, c] (c = f / (F / W_k)), summed in that
 // order, each product rounded (message.cpp is compiled with -ffp-contract=off: no multiply-add),
-// computed per tile inside the kernel: its [E, W] values never exist in memory. Transcendental
+// computed per tile inside the kernel: its [E, W] values never exist in memory. Side EncSlot is
+// the same encoder with its features stored per CSR slot (a[sl], a copy made once in CSR order:
+// read in order, not at random through perm; the same sums, the same bits). Transcendental
 // operators call vmath.h (float32: inline, branch-free functions the tile loops vectorize;
 // float64: libm), as the generated kernels do: the same functions, the same bits.
 //
@@ -48,7 +50,9 @@ enum Op : int32_t {
   Eq = 30,
   NumOps = 31,
 };
-enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3, Slot = 4, Enc = 5 };
+enum Side : int32_t { Col = 0, Row = 1, Edge = 2, Global = 3, Slot = 4, Enc = 5, EncSlot = 6 };
+// an edge encoder, its features read per edge (Enc, at perm[j]) or per CSR slot (EncSlot, at sl)
+inline bool is_encoder(int32_t side) { return side == Enc || side == EncSlot; }
 constexpr int kMaxSlots = 32;
 constexpr int kInstr = 5;
 
@@ -138,10 +142,10 @@ inline const acc_t* eval(const Args<scalar_t, acc_t, index_t>& a, acc_t (*s)[TIL
     switch (op) {
       case In: {
         const Input<scalar_t>& in = a.inputs[ins[2]];
-        if (in.side == Enc) {
+        if (is_encoder(in.side)) {
           // the tile's columns [c0, c1] once each, then spread over the tile in place from its end
           // (the column of feature f0 + t is at index (f0 + t) / div - c0 <= t)
-          const scalar_t* ar = in.data + e * in.dim;
+          const scalar_t* ar = in.data + (in.side == Enc ? e : sl) * in.dim;
           if (in.div == 1) {
             encode_columns(in, ar, f0, n, d);
           } else if (n > 0) {
@@ -279,6 +283,7 @@ inline void prefetch_slot(const Args<scalar_t, acc_t, index_t>& a, int64_t j, in
       for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 0);
       continue;
     }
+    // (EncSlot, Slot: read in slot order on the CSR; not prefetched, as a Slot input never was)
     if (in.side != Col && in.side != Edge) continue;
     const char* p = reinterpret_cast<const char*>(in.data + (in.side == Col ? src : e) * in.width + f0 / in.div);
     const int bytes = static_cast<int>((n / in.div + 1) * sizeof(scalar_t));
@@ -530,7 +535,7 @@ Status encoder_grad_rows(const Args<scalar_t, acc_t, index_t>& a, int enc, acc_t
       if (j + a.prefetch < a.num_edges) {  // past the row's end too
         prefetch_slot(a, j + a.prefetch, 0, static_cast<int>(a.F < TILE ? a.F : TILE));
         const int64_t ea = static_cast<int64_t>(a.perm[j + a.prefetch]);
-        if (in_range(ea, a.num_edges)) {
+        if (in.side == Enc && in_range(ea, a.num_edges)) {
           const char* q = reinterpret_cast<const char*>(in.data + ea * D);
           for (int64_t b = 0; b < static_cast<int64_t>(D * sizeof(scalar_t)); b += 64) __builtin_prefetch(q + b, 0, 0);
         }
@@ -550,8 +555,9 @@ Status encoder_grad_rows(const Args<scalar_t, acc_t, index_t>& a, int enc, acc_t
           for (int t = 0; t < n; ++t) vb[(f0 + t) / div_o] += v[t];
         }
       }
-      pa[pend] = in.data + e * D;
-      pda[pend] = da != nullptr ? da + e * D : nullptr;
+      const int64_t ra = in.side == Enc ? e : sl;  // EncSlot: features and their gradient per CSR slot
+      pa[pend] = in.data + ra * D;
+      pda[pend] = da != nullptr ? da + ra * D : nullptr;
       if (++pend == kEncoderGradBlock) {
         encode_grad_edges<acc_t>(pa, pda, pend, D, scratch, in.wt, W, dwt, db);
         pend = 0;
