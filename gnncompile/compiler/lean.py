@@ -17,7 +17,7 @@ forward inside the same trace.
 One exception to "op for op": within one trace (one output graph), GCNConv layers called on the
 same edge_index value (the same graph node, not changed in place since: its fake tensor's version),
 the same edge_weight value or None, the same ``improved`` / ``add_self_loops``, x's dtype and the
-same number of nodes trace PyG's ``gcn_norm`` once (:func:`gcn_norm_part`); the later layers reuse
+same number of nodes (an edge_weight that needs no gradient) trace PyG's ``gcn_norm`` once (:func:`gcn_norm_part`); the later layers reuse
 its result and trace only ``lin`` and the propagation (:func:`gcn_propagate_part`). The same ops
 on the same inputs, computed once instead of once per layer: the same bits, less to trace (PyG's
 graph with one normalization, which the hoist pass would otherwise merge after tracing). Any
@@ -430,6 +430,10 @@ def _gcn_memo_call(var, tx, args, kwargs):
     fx, fei = _fake(x_vt), _fake(ei_vt)
     few = None if ew_vt is None else _fake(ew_vt)
     if fx is None or fei is None or (ew_vt is not None and few is None) or fx.dim() != 2:
+        return None
+    if few is not None and few.requires_grad:
+        # (gradients into edge_weight through a shared normalization would be summed before its
+        # backward instead of after each layer's: another order of float sums, so not PyG's bits)
         return None
     size = _size_key(fx.size(-2))
     if size is None:

@@ -489,6 +489,31 @@ def test_gcn_norm_is_not_shared_across_settings_dtypes_or_graphs():
     assert _memo_case(m, _graph(14)) == ([2], [3])
 
 
+def test_gcn_norm_is_not_shared_for_an_edge_weight_that_needs_gradients():
+    # (its gradient would sum the layers' contributions in another order than PyG's)
+    torch.manual_seed(0)
+    model = GCN3()
+    x, ei, ea, ew = _graph(16, weights=True)
+    loops = ei[0][ei[0] == ei[1]]
+    assert loops.unique().numel() == loops.numel()  # (no node with two self loops: there the edge_weight
+    # gradient through gnncompile::remaining_self_loops is not eager PyG's, memo or not)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    grads = []
+    for compiled in (torch.compile(model, backend=backend, dynamic=True), model):
+        torch._dynamo.reset()
+        w = ew.detach().clone().requires_grad_(True)
+        with dynamic_output_shapes(True), lean.scope(True):
+            compiled(x, ei, ea, w).sum().backward()
+        grads.append(w.grad)
+    assert [_norms(g) for g in graphs] == [3]
+    assert torch.equal(grads[0], grads[1])
+
+
 def test_gcn_memo_off_in_this_module_is_the_per_layer_lean_forward():
     torch.manual_seed(0)
     model = GCN3()
