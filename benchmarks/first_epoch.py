@@ -29,7 +29,9 @@ without a profiler:
 
 ``--variants``: besides ``eager`` and ``gnncompile``, ``gnncompile-nolean`` (``gnncompile.compile``
 with ``settings={"choices": {"lean_layers": "off"}}``: Dynamo traces PyG's layers as written
-instead of gnncompile's lean forwards, :mod:`gnncompile.compiler.lean`), ``gnncompile-notrim``
+instead of gnncompile's lean forwards, :mod:`gnncompile.compiler.lean`), ``gnncompile-nonormmemo``
+(lean forwards on, but every GCNConv layer traces its own ``gcn_norm``: ``lean.NORM_MEMO`` off),
+``gnncompile-notrim``
 (``gnncompile.compile`` with :mod:`gnncompile.compiler.trims` off: Dynamo's first compile with
 the work it does for logs, metrics and a lazy import), ``dynamo-eager`` (``torch.compile(model,
 backend="eager", dynamic=True)`` with the sizes captured as gnncompile captures them: Dynamo
@@ -63,7 +65,8 @@ import torch
 from . import _common
 from . import molecules as M
 
-VARIANTS = ("eager", "gnncompile", "dynamo-eager", "gnncompile-warm", "gnncompile-nolean", "gnncompile-notrim")
+VARIANTS = ("eager", "gnncompile", "dynamo-eager", "gnncompile-warm", "gnncompile-nolean", "gnncompile-notrim",
+            "gnncompile-nonormmemo")
 DYNAMO_KEYS = ("_compile.compile_inner", "bytecode_tracing", "get_fake_value", "variable_builder_call",
                "build_guards", "OutputGraph.call_user_compiler", "insert_deferred_runtime_asserts")
 
@@ -241,6 +244,10 @@ def measure(kind: str, variant: str, opts) -> dict:
         from gnncompile.compiler import trims
 
         trims.ENABLED[0] = False
+    if variant == "gnncompile-nonormmemo":  # each GCNConv layer traces its own gcn_norm
+        from gnncompile.compiler import lean
+
+        lean.NORM_MEMO[0] = False
     probes = Probes() if compiled and not opts.attribute_child else None
     attribution = TraceAttribution() if opts.attribute_child else None
     dataset = M.make_dataset(opts.graphs)
@@ -431,7 +438,7 @@ def markdown(p: dict) -> str:
     row("graphs compiled / breaks", None, lambda c: f"{c['graphs_compiled']} / {c['graph_breaks']}")
     row("generated kernels built / loaded", None,
         lambda c: f"{c['codegen'].get('builds', 0)} / {c['codegen'].get('disk_hits', 0)}")
-    extra = ("dynamo-eager", "gnncompile-warm", "gnncompile-nolean", "gnncompile-notrim")
+    extra = ("dynamo-eager", "gnncompile-warm", "gnncompile-nolean", "gnncompile-notrim", "gnncompile-nonormmemo")
     others = [(k, v, R[k][v]) for k in p["models"] for v in R[k] if v in extra
               or (v == "gnncompile" and any(o in R[k] for o in extra))]
     if others:
@@ -439,7 +446,8 @@ def markdown(p: dict) -> str:
                   "same capture of sizes, no passes, no guard), Dynamo's first use in the process "
                   "(gnncompile-warm: another function compiled before the epoch, its time not counted) and "
                   "PyG's code traced as written (gnncompile-nolean: `settings={'choices': {'lean_layers': "
-                  "'off'}}`, gnncompile.compiler.lean off) and Dynamo's first compile as is (gnncompile-notrim: "
+                  "'off'}}`, gnncompile.compiler.lean off), every GCNConv layer tracing its own normalization "
+                  "(gnncompile-nonormmemo: gnncompile.compiler.lean.NORM_MEMO off) and Dynamo's first compile as is (gnncompile-notrim: "
                   "gnncompile.compiler.trims off):", "",
                   "| model | variant | first epoch ms | vs eager | first forward ms | compile_inner ms | "
                   "bytecode tracing ms | wrapping inputs, parameters ms | building guards ms | full GCs: count, ms (in the first forward) | "
@@ -550,7 +558,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--models", default=",".join(M.MODELS))
     ap.add_argument("--variants", default="eager,gnncompile",
-                    help="comma list of eager, gnncompile, gnncompile-nolean (lean forwards off), gnncompile-notrim "
+                    help="comma list of eager, gnncompile, gnncompile-nolean (lean forwards off), gnncompile-nonormmemo "
+                         "(each GCNConv layer traces its own gcn_norm), gnncompile-notrim "
                          "(gnncompile.compiler.trims off), dynamo-eager (torch.compile(backend='eager') with the "
                          "same capture: Dynamo alone), gnncompile-warm (after a warm-up compile of another "
                          "function: Dynamo's first use in the process paid before the epoch)")

@@ -14,6 +14,16 @@ result bit for bit (tests/compiler/test_lean.py). Inputs the lean forward is not
 (a bipartite tuple, a ``SparseTensor`` or ``EdgeIndex``, an explicit ``size``, ...) take PyG's
 forward inside the same trace.
 
+One exception to "op for op": within one trace (one output graph), GCNConv layers called on the
+same edge_index value (the same graph node, not changed in place since: its fake tensor's version),
+the same edge_weight value or None, the same ``improved`` / ``add_self_loops``, x's dtype and the
+same number of nodes (an edge_weight that needs no gradient) trace PyG's ``gcn_norm`` once (:func:`gcn_norm_part`); the later layers reuse
+its result and trace only ``lin`` and the propagation (:func:`gcn_propagate_part`). The same ops
+on the same inputs, computed once instead of once per layer: the same bits, less to trace (PyG's
+graph with one normalization, which the hoist pass would otherwise merge after tracing). Any
+condition not met traces the layer's whole lean forward; :data:`NORM_MEMO` ``[0] = False`` turns
+the sharing off.
+
 How: while a gnncompile-compiled callable runs (:class:`scope`, entered with
 :func:`~gnncompile.compiler.backend.dynamic_output_shapes` by the compiled module, the compiled
 function and ``explain``), Dynamo's call of an ``nn.Module`` variable
@@ -121,10 +131,19 @@ def gine_forward(self, x, edge_index, edge_attr=None, size=None):
 def gcn_forward(self, x, edge_index, edge_weight=None):
     """``GCNConv.forward`` with ``normalize=True, cached=False`` (sum aggregation, flow
     source_to_target, node_dim -2): ``gcn_norm`` for a plain edge_index, then the propagation."""
-    if not (_plain_inputs(x, edge_index) and (edge_weight is None or _plain(edge_weight))):
+    norm = gcn_norm_part(self, x, edge_index, edge_weight)
+    if norm is None:
         return _PYG_FORWARD["GCNConv"](self, x, edge_index, edge_weight)
+    return gcn_propagate_part(self, x, norm[0], norm[1])
+
+
+def gcn_norm_part(self, x, edge_index, edge_weight=None):
+    """The first half of :func:`gcn_forward`: PyG's ``gcn_norm(edge_index, edge_weight,
+    x.size(-2), improved, add_self_loops, flow, x.dtype)`` as the pair (edge_index, edge_weight),
+    or None where the lean forward is not written for the inputs (PyG's forward then)."""
+    if not (_plain_inputs(x, edge_index) and (edge_weight is None or _plain(edge_weight))):
+        return None
     num_nodes = x.size(-2)
-    # gcn_norm(edge_index, edge_weight, num_nodes, improved, add_self_loops, flow, x.dtype)
     fill_value = 2. if self.improved else 1.
     if self.add_self_loops:
         edge_index, edge_weight = add_remaining_self_loops(edge_index, edge_weight, fill_value, num_nodes)
@@ -132,13 +151,18 @@ def gcn_forward(self, x, edge_index, edge_weight=None):
         edge_weight = torch.ones((edge_index.size(1), ), dtype=x.dtype, device=edge_index.device)
     row, col = edge_index[0], edge_index[1]
     if edge_weight.dim() != 1 or col.dim() != 1:
-        return _PYG_FORWARD["GCNConv"](self, x, edge_index, edge_weight)  # (PyG raises there)
+        return None  # (PyG raises there)
     deg = _scatter_sum(edge_weight, col, 0, num_nodes)
     deg_inv_sqrt = deg.pow_(-0.5)
     deg_inv_sqrt.masked_fill_(deg_inv_sqrt == float('inf'), 0)
     edge_weight = deg_inv_sqrt[row] * edge_weight * deg_inv_sqrt[col]
+    return edge_index, edge_weight
+
+
+def gcn_propagate_part(self, x, edge_index, edge_weight):
+    """The second half of :func:`gcn_forward`: ``self.lin(x)``, then ``propagate(edge_index,
+    x=x, edge_weight=edge_weight)`` with the normalized edge_index and edge_weight."""
     x = self.lin(x)
-    # propagate(edge_index, x=x, edge_weight=edge_weight)
     _check_edge_index(edge_index)
     edge_index_i = edge_index[1]
     edge_index_j = edge_index[0]
@@ -359,6 +383,104 @@ def _record_decline(mod, why: str) -> None:
         rec.note(mod, why)
 
 
+#: ``NORM_MEMO[0] = False``: every GCNConv layer traces its own ``gcn_norm`` (as before the memo)
+NORM_MEMO = [True]
+_MEMO_ATTR = "_gnncompile_gcn_norm_memo"
+
+
+def _fake(vt):
+    """The fake tensor of a plain TensorVariable ``vt`` (exact type), else None."""
+    from torch._dynamo.variables.tensor import TensorVariable
+
+    if type(vt) is not TensorVariable or vt.python_type() is not Tensor:
+        return None
+    v = vt.as_proxy().node.meta.get("example_value")
+    return v if isinstance(v, Tensor) and v.layout == torch.strided else None
+
+
+def _size_key(s):
+    """x.size(-2) as a hashable key: the int, or the SymInt's expression."""
+    if isinstance(s, int):
+        return ("int", s)
+    node = getattr(s, "node", None)
+    expr = getattr(node, "expr", None)
+    return None if expr is None else ("sym", expr)
+
+
+def _gcn_memo_call(var, tx, args, kwargs):
+    """A GCNConv layer's lean forward traced with its normalization shared: within one trace
+    (one output graph), ``gcn_norm`` of the same edge_index node (unchanged since: its fake
+    tensor's version), the same edge_weight node or None, the same ``improved`` and
+    ``add_self_loops``, x's dtype and the same number of nodes (x.size(-2), the same expression)
+    is traced once; a later layer reuses its result and traces only ``lin`` and the propagation.
+    None where any condition is not met: the caller traces :func:`gcn_forward` whole."""
+    from torch._dynamo.guards import GuardBuilder, install_guard
+    from torch._dynamo.source import AttrSource
+    from torch._dynamo.variables import ConstantVariable, TupleVariable, UserFunctionVariable
+
+    if not NORM_MEMO[0] or len(args) not in (2, 3) or set(kwargs) - {"edge_weight"} or (len(args) == 3 and kwargs):
+        return None
+    def realize(vt):  # (an input not yet wrapped: what the traced forward's first use would do)
+        return vt.realize() if hasattr(vt, "realize") else vt
+    x_vt, ei_vt = realize(args[0]), realize(args[1])
+    ew_vt = args[2] if len(args) == 3 else kwargs.get("edge_weight")
+    ew_vt = None if ew_vt is None else realize(ew_vt)
+    if ew_vt is not None and isinstance(ew_vt, ConstantVariable) and ew_vt.value is None:
+        ew_vt = None
+    fx, fei = _fake(x_vt), _fake(ei_vt)
+    few = None if ew_vt is None else _fake(ew_vt)
+    if fx is None or fei is None or (ew_vt is not None and few is None) or fx.dim() != 2:
+        return None
+    if few is not None and few.requires_grad:
+        # (gradients into edge_weight through a shared normalization would be summed before its
+        # backward instead of after each layer's: another order of float sums, so not PyG's bits)
+        return None
+    size = _size_key(fx.size(-2))
+    if size is None:
+        return None
+    consts = []
+    for attr in ("improved", "add_self_loops"):
+        v = var.var_getattr(tx, attr)
+        v = (v.realize() if hasattr(v, "realize") else v).as_python_constant()
+        if type(v) is not bool:
+            return None
+        install_guard(AttrSource(var.source, attr).make_guard(GuardBuilder.CONSTANT_MATCH))
+        consts.append(v)
+    tracer = tx.output.current_tracer
+    ei_node = ei_vt.as_proxy().node
+    ew_node = None if ew_vt is None else ew_vt.as_proxy().node
+    key = (id(tracer), ei_node, ew_node, consts[0], consts[1], fx.dtype, size)
+    memo = getattr(tx.output, _MEMO_ATTR, None)
+    if memo is None:
+        memo = {}
+        setattr(tx.output, _MEMO_ATTR, memo)
+    versions = (fei._version, None if few is None else few._version)
+    hit = memo.get(key)
+    norm = None
+    if hit is not None:
+        h_tracer, h_versions, h_norm, h_out_versions = hit
+        outs = [_fake(v) for v in h_norm.items]
+        nodes = [v.as_proxy().node for v in h_norm.items]
+        if (h_tracer is tracer and h_versions == versions and all(o is not None for o in outs)
+                and tuple(o._version for o in outs) == h_out_versions
+                and not any(getattr(n, "_erased", True) for n in nodes)
+                and all(n.graph is tracer.graph for n in nodes)):
+            norm = h_norm
+    if norm is None:
+        res = UserFunctionVariable(gcn_norm_part).call_function(
+            tx, [var, x_vt, ei_vt, ew_vt if ew_vt is not None else ConstantVariable.create(None)], {})
+        if not (isinstance(res, TupleVariable) and len(res.items) == 2):  # as gcn_forward: PyG's forward
+            return UserFunctionVariable(_PYG_FORWARD["GCNConv"]).call_function(
+                tx, [var, x_vt, ei_vt, ew_vt if ew_vt is not None else ConstantVariable.create(None)], {})
+        outs = [_fake(v) for v in res.items]
+        if any(o is None for o in outs):  # pragma: no cover - gcn_norm_part returns tensors
+            memo.pop(key, None)
+        else:
+            memo[key] = (tracer, versions, res, tuple(o._version for o in outs))
+        norm = res
+    return UserFunctionVariable(gcn_propagate_part).call_function(tx, [var, x_vt] + list(norm.items), {})
+
+
 def install() -> None:
     """Routes Dynamo's calls of module variables through :func:`_dynamo_choice` while a
     :class:`scope` is active (once per process; a no-op where this torch lacks the hook point or
@@ -400,6 +522,10 @@ def install() -> None:
                 nm.guard_to_detect_forward_monkeypatching(self.source, mod)
                 try:
                     with nm.record_nn_module_stack(str(id(mod)), self.get_nn_module_stack_source(), tx, mod):
+                        if fn is gcn_forward:
+                            out = _gcn_memo_call(self, tx, list(args), dict(kwargs))
+                            if out is not None:
+                                return out
                         return V.UserFunctionVariable(fn).call_function(tx, [self] + list(args), kwargs)
                 except Exception:  # a graph break inside (Dynamo restarts without inlining the
                     rec = getattr(_local, "record", None)  # call) or an error: not taken
@@ -414,4 +540,5 @@ def install() -> None:
 
 
 __all__ = ["LEAN_CLASSES", "LEAN_MODES", "Record", "scope", "install", "why_not", "decline",
-           "gin_forward", "gine_forward", "gcn_forward"]
+           "gin_forward", "gine_forward", "gcn_forward",
+           "gcn_norm_part", "gcn_propagate_part", "NORM_MEMO"]

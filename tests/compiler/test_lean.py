@@ -115,6 +115,24 @@ def _ops(gm) -> list:
     return out
 
 
+def _norms(gm) -> int:
+    """How many times the graph computes GCN's normalization (its ``pow_(-0.5)``)."""
+    return sum(1 for n in gm.graph.nodes if n.op in ("call_method", "call_function") and "pow_" in str(n.target))
+
+
+class _memo:
+    """lean.NORM_MEMO set for a block."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.prev, lean.NORM_MEMO[0] = lean.NORM_MEMO[0], self.on
+
+    def __exit__(self, *exc):
+        lean.NORM_MEMO[0] = self.prev
+
+
 CASES = [
     ("gin", {}),
     ("gin", {"train_eps": True, "eps": 0.25}),
@@ -143,6 +161,12 @@ def test_lean_forward_is_pygs_bit_for_bit(kind, opts):
         out_p, grads_p, graphs_p = _capture(model, inputs, False)
         out_e, grads_e = _eager(model, inputs)
         assert len(graphs_l) == len(graphs_p) == 1
+        if kind == "gcn":  # (the second layer reuses the first's gcn_norm: PyG's graph with the memo off)
+            assert _norms(graphs_l[0]) == 1
+            with _memo(False):
+                out_l, grads_l2, graphs_l = _capture(model, inputs, True)
+            assert _norms(graphs_l[0]) == 2
+            assert all(torch.equal(a, b) for a, b in zip(grads_l, grads_l2))
         assert _ops(graphs_l[0]) == _ops(graphs_p[0])  # PyG's graph, op for op
         assert torch.equal(out_l, out_p) and torch.equal(out_l, out_e)
         for a, b, c in zip(grads_l, grads_p, grads_e):
@@ -383,3 +407,118 @@ def test_a_failure_reading_the_layer_inside_dynamo_traces_pygs_code(monkeypatch)
     lines = compiled.lean_record.lines(model)
     assert len(lines) == 2 and all("not readable in this torch's Dynamo (AttributeError)" in ln for ln in lines), lines
     assert compiled._failed is None
+
+
+class GCN3(torch.nn.Module):
+    """Three GCNConv layers with something between the second and third: ``between(x,
+    edge_index, edge_weight) -> (edge_index, edge_weight)`` (identity by default)."""
+
+    def __init__(self, between=None, **opts):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([GCNConv(8, 16, **opts), GCNConv(16, 16, **opts), GCNConv(16, 16, **opts)])
+        self.between = between
+
+    def forward(self, x, edge_index, edge_attr, edge_weight):
+        edge_index = edge_index.clone()
+        for i, conv in enumerate(self.convs):
+            if i == 2 and self.between is not None:
+                edge_index, edge_weight = self.between(x, edge_index, edge_weight)
+            x = conv(x, edge_index, edge_weight).relu()
+        return x.sum(0)
+
+
+def _memo_case(model, inputs):
+    """Bits against eager and against the memo off; the normalizations in the memo's graph(s)."""
+    out_m, grads_m, graphs_m = _capture(model, inputs, True)
+    with _memo(False):
+        out_o, grads_o, graphs_o = _capture(model, inputs, True)
+    out_e, grads_e = _eager(model, inputs)
+    assert torch.equal(out_m, out_e) and torch.equal(out_m, out_o)
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(grads_m, grads_o, grads_e))
+    return [_norms(g) for g in graphs_m], [_norms(g) for g in graphs_o]
+
+
+def _flip_in_place(x, ei, ew):
+    ei.copy_(ei.flip(0))
+    return ei, ew
+
+
+@pytest.mark.parametrize("between,weights,expect", [
+    (None, False, [1]),
+    (None, True, [1]),
+    (_flip_in_place, False, [2]),  # edge_index changed in place: normalized again
+    (lambda x, ei, ew: (ei.flip(0), ew), False, [2]),  # another edge_index
+    (lambda x, ei, ew: (ei, ew * 2), True, [2]),  # another edge_weight
+    (lambda x, ei, ew: (ei, ew), True, [1]),
+    (lambda x, ei, ew: (ei[:, :-5], ew), False, [2]),  # fewer edges
+], ids=["same", "same-weights", "in-place", "other-index", "other-weights", "same-weights-passed", "sliced"])
+def test_gcn_norm_is_traced_once_per_identical_input(between, weights, expect):
+    torch.manual_seed(0)
+    model = GCN3(between)
+    memo, off = _memo_case(model, _graph(11, n=31, e=97, weights=weights))
+    assert memo == expect and off == [3]
+
+
+def test_gcn_norm_is_not_shared_across_settings_dtypes_or_graphs():
+    torch.manual_seed(0)
+    model = GCN3()
+    model.convs[1].improved = True  # layer 1 normalizes with fill value 2: its own norm
+    assert _memo_case(model, _graph(12))[0] == [2]
+    model = GCN3()
+    model.convs[2].add_self_loops = False
+    assert _memo_case(model, _graph(12))[0] == [2]
+
+    class Break(GCN3):  # a graph break between the layers: one norm per graph, never carried across
+        def forward(self, x, edge_index, edge_attr, edge_weight):
+            x = self.convs[0](x, edge_index).relu()
+            torch._dynamo.graph_break()
+            for conv in self.convs[1:]:
+                x = conv(x, edge_index).relu()
+            return x.sum(0)
+    torch.manual_seed(0)
+    assert _memo_case(Break(), _graph(13)) == ([1, 1], [1, 2])
+
+    class Dtypes(GCN3):  # x in float64 at the last layer: PyG's ones in that dtype, another norm
+        def forward(self, x, edge_index, edge_attr, edge_weight):
+            for conv in self.convs[:2]:
+                x = conv(x, edge_index).relu()
+            return self.convs[2](x.double(), edge_index).sum(0)
+    torch.manual_seed(0)
+    m = Dtypes()
+    m.convs[2].double()
+    assert _memo_case(m, _graph(14)) == ([2], [3])
+
+
+def test_gcn_norm_is_not_shared_for_an_edge_weight_that_needs_gradients():
+    # (its gradient would sum the layers' contributions in another order than PyG's)
+    torch.manual_seed(0)
+    model = GCN3()
+    x, ei, ea, ew = _graph(16, weights=True)
+    loops = ei[0][ei[0] == ei[1]]
+    assert loops.unique().numel() == loops.numel()  # (no node with two self loops: there the edge_weight
+    # gradient through gnncompile::remaining_self_loops is not eager PyG's, memo or not)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    grads = []
+    for compiled in (torch.compile(model, backend=backend, dynamic=True), model):
+        torch._dynamo.reset()
+        w = ew.detach().clone().requires_grad_(True)
+        with dynamic_output_shapes(True), lean.scope(True):
+            compiled(x, ei, ea, w).sum().backward()
+        grads.append(w.grad)
+    assert [_norms(g) for g in graphs] == [3]
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_gcn_memo_off_in_this_module_is_the_per_layer_lean_forward():
+    torch.manual_seed(0)
+    model = GCN3()
+    inputs = _graph(15)
+    with _memo(False):
+        _, _, g_off = _capture(model, inputs, True)
+    _, _, g_pyg = _capture(model, inputs, False)
+    assert _ops(g_off[0]) == _ops(g_pyg[0]) and _norms(g_off[0]) == 3
