@@ -15,6 +15,12 @@ layer has the one size the op declares, and the op (graph-only) is hoisted by
   last existing loop ``v -> v`` (PyG keeps an existing loop's attribute), else
   ``E + v`` (row ``v`` of the fill attributes).
 * ``remove_self_loops(edge_index) -> (edge_index', kept)``.
+* ``loop_attr(edge_attr, loop_fill, edge_index, pos)``: ``cat([edge_attr, loop_fill])[pos]``,
+  used where ``edge_attr`` needs a gradient. Its backward is PyG's: PyG writes the loop
+  attributes with an indexed assignment, ``loop_attr[loop_nodes] = edge_attr[is_loop]``, whose
+  backward hands the gradient of node ``v``'s loop to *every* existing loop ``v -> v``, the ones
+  the assignment overwrote included; the plain gather's backward would give it to the last
+  loop only (a different gradient wherever a node carries two loops).
 
 :func:`install` registers Dynamo substitutions (``torch.compiler.substitute_in_graph``) of the
 two PyG functions that call these ops for plain tensors; export turns them off
@@ -87,6 +93,41 @@ def _(edge_index):
     return edge_index.new_empty(2, k), edge_index.new_empty(k, dtype=torch.long)
 
 
+@torch.library.custom_op("gnncompile::loop_attr", mutates_args=())
+def loop_attr(edge_attr: Tensor, loop_fill: Tensor, edge_index: Tensor, pos: Tensor) -> Tensor:
+    return torch.cat([edge_attr, loop_fill], dim=0).index_select(0, pos)
+
+
+@loop_attr.register_fake
+def _(edge_attr, loop_fill, edge_index, pos):
+    return edge_attr.new_empty((pos.size(0), ) + tuple(edge_attr.shape[1:]))
+
+
+def _loop_attr_setup(ctx, inputs, output):
+    edge_attr, loop_fill, edge_index, pos = inputs
+    ctx.save_for_backward(edge_index, pos)
+    ctx.E, ctx.n = edge_attr.size(0), loop_fill.size(0)
+
+
+def _loop_attr_backward(ctx, grad):
+    """PyG's gradient: the gather's (each output row's gradient to the row it read), and in
+    addition, for every existing self loop ``e`` of a node ``v``, the gradient of ``v``'s loop
+    (output row ``K + v``, the loops follow the ``K`` kept edges in node order): what the
+    backward of PyG's ``loop_attr[loop_nodes] = edge_attr[is_loop]`` gives each loop,
+    overwritten or not."""
+    edge_index, pos = ctx.saved_tensors
+    E, n = ctx.E, ctx.n
+    g = grad.new_zeros((E + n, ) + tuple(grad.shape[1:])).index_copy(0, pos, grad)
+    g_edge, g_fill = g[:E], g[E:]
+    loops = (edge_index[0] == edge_index[1]).nonzero().view(-1)  # (empty: nothing copied)
+    rows = edge_index[0].index_select(0, loops).long() + (pos.size(0) - n)
+    g_edge = g_edge.index_copy(0, loops, grad.index_select(0, rows))
+    return g_edge, g_fill, None, None
+
+
+torch.library.register_autograd("gnncompile::loop_attr", _loop_attr_backward, setup_context=_loop_attr_setup)
+
+
 # ----------------------------------------------------------------------------- substitutions
 def _plain(t) -> bool:
     return type(t) is torch.Tensor and t.layout == torch.strided
@@ -117,6 +158,8 @@ def install() -> None:
         if edge_attr is None:
             return out, None
         loop_attr = pyg_loop.compute_loop_attr(edge_index, edge_attr, n, False, fill_value)
+        if edge_attr.requires_grad:  # PyG's gradient for nodes with several loops (loop_attr's docstring)
+            return out, torch.ops.gnncompile.loop_attr(edge_attr, loop_attr, edge_index, pos)
         return out, torch.cat([edge_attr, loop_attr], dim=0).index_select(0, pos)
 
     @torch.compiler.substitute_in_graph(orig_remove, skip_signature_check=True)
@@ -143,4 +186,4 @@ def install() -> None:
         return out, torch.cat([edge_attr[mask], loop_attr], dim=0)
 
 
-__all__ = ["remaining_self_loops", "remove_self_loops", "install", "use_loop_ops"]
+__all__ = ["remaining_self_loops", "remove_self_loops", "loop_attr", "install", "use_loop_ops"]
