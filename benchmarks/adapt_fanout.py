@@ -62,7 +62,7 @@ from pathlib import Path
 import torch
 
 from . import _common
-from .adapt import loss_check
+from .adapt import _binned, _within, loss_check
 
 F, HIDDEN, C = 16, 64, 4
 
@@ -188,10 +188,6 @@ def _run(spec, timeout):
     env = _common.timing_env(spec["threads"])
     env["GNNCOMPILE_BUFFER_CACHE"] = spec.get("buffer_cache", "off")
     return _common.run_child(cmd, env, timeout)
-
-
-def _within(r) -> bool:
-    return r["peak_rss"] <= r["budget_rss"]
 
 
 def _best(runs):
@@ -352,22 +348,6 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
         "fixed_loss_max": max((f["last_epoch_loss"] for f in fxs), default=None),
     })
     return out
-
-
-def _binned(curve, width):
-    xs, ys, seen, acc, n = [], [], 0, 0.0, 0
-    for g, loss, *_ in curve:
-        seen += g
-        acc += loss * g
-        n += g
-        if n >= width:
-            xs.append(seen)
-            ys.append(acc / n)
-            acc, n = 0.0, 0
-    if n:
-        xs.append(seen)
-        ys.append(acc / n)
-    return xs, ys
 
 
 def plot(p: dict, path: Path) -> None:
