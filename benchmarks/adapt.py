@@ -204,6 +204,24 @@ def loss_check(adaptive: dict, seeds: list) -> dict:
             "fixed_mean": mean, "fixed": fixed, "seeds": [r["seed"] for r in seeds]}
 
 
+def loss_lines(lc: dict, heading: str, fanouts=None) -> list:
+    """The markdown lines of a :func:`loss_check` result under ``heading``: per epoch the adaptive
+    loss, each fixed seed's, their mean, the gap and the noise (a fanout column where given)."""
+    fan_head, fan_rule = ("fanout | ", "---|") if fanouts else ("", "")
+    lines = ["", heading, "",
+             "| epoch | " + fan_head + "adaptive | " + " | ".join(f"fixed seed {sd}" for sd in lc["seeds"])
+             + " | fixed mean | gap adaptive - mean | noise (seed spread) | within |",
+             "|---|" + fan_rule + "---|" + "---|" * len(lc["seeds"]) + "---|---|---|---|"]
+    for e in range(len(lc["gaps"])):
+        verdict = "yes" if lc["within"][e] else ("no (lower)" if lc["better"][e] else "no (higher)")
+        lines.append(f"| {e} | " + (f"{fanouts[e]} | " if fanouts else "") + f"{lc['adaptive'][e]:.4f} | "
+                     + " | ".join(f"{f[e]:.4f}" for f in lc["fixed"])
+                     + f" | {lc['fixed_mean'][e]:.4f} | {lc['gaps'][e]:.4f} | {lc['noise'][e]:.4f} | {verdict} |")
+    lines.append(f"\nWithin the run-to-run noise in {lc['epochs_within']} of {len(lc['gaps'])} epochs "
+                 f"(last epoch: {'within' if lc['last_within'] else 'outside'}).")
+    return lines
+
+
 def markdown(p: dict) -> str:
     a = p["args"]
     grid = "/".join(map(str, a["node_sizes"] if a["adaptive_by"] == "nodes" else a["sizes"]))
@@ -253,18 +271,8 @@ def markdown(p: dict) -> str:
             if not lc:
                 continue
             b = s[f"best_{k}"]
-            lines += ["", f"### Loss: adaptive vs the best fixed {k} setting ({_label(dict(b, mode='fixed', by=k))}), "
-                      f"seeds {', '.join(map(str, lc['seeds']))}", "",
-                      "| epoch | adaptive | " + " | ".join(f"fixed seed {sd}" for sd in lc["seeds"])
-                      + " | fixed mean | gap adaptive - mean | noise (seed spread) | within |",
-                      "|---|---|" + "---|" * len(lc["seeds"]) + "---|---|---|---|"]
-            for e in range(len(lc["gaps"])):
-                verdict = "yes" if lc["within"][e] else ("no (lower)" if lc["better"][e] else "no (higher)")
-                lines.append(f"| {e} | {lc['adaptive'][e]:.4f} | "
-                             + " | ".join(f"{f[e]:.4f}" for f in lc["fixed"])
-                             + f" | {lc['fixed_mean'][e]:.4f} | {lc['gaps'][e]:.4f} | {lc['noise'][e]:.4f} | {verdict} |")
-            lines.append(f"\nWithin the run-to-run noise in {lc['epochs_within']} of {len(lc['gaps'])} epochs "
-                         f"(last epoch: {'within' if lc['last_within'] else 'outside'}).")
+            lines += loss_lines(lc, f"### Loss: adaptive vs the best fixed {k} setting "
+                                    f"({_label(dict(b, mode='fixed', by=k))}), seeds {', '.join(map(str, lc['seeds']))}")
     rd = p.get("rounds")
     if rd:
         lines += ["", "## Interleaved rounds: best fixed graphs, best fixed nodes, adaptive", "",

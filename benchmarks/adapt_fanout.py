@@ -62,7 +62,7 @@ from pathlib import Path
 import torch
 
 from . import _common
-from .adapt import _binned, _within, loss_check
+from .adapt import _binned, _within, loss_check, loss_lines
 
 F, HIDDEN, C = 16, 64, 4
 
@@ -250,18 +250,9 @@ def markdown(p: dict) -> str:
                          + (f"{ef['seeds_per_s']:.0f} | {ef['peak_above_base_mib']:.0f} |" if ef else " | |"))
         lc = s.get("loss")
         if lc:
-            lines += ["", f"### Loss: adaptive vs the best fixed size ({b['size']}), seeds "
-                      f"{', '.join(map(str, lc['seeds']))}", "",
-                      "| epoch | fanout | adaptive | " + " | ".join(f"fixed seed {sd}" for sd in lc["seeds"])
-                      + " | fixed mean | gap adaptive - mean | noise (seed spread) | within |",
-                      "|---|---|---|" + "---|" * len(lc["seeds"]) + "---|---|---|---|"]
-            for e in range(len(lc["gaps"])):
-                verdict = "yes" if lc["within"][e] else ("no (lower)" if lc["better"][e] else "no (higher)")
-                lines.append(f"| {e} | {_fan(ad['epochs'][e]['fanout'])} | {lc['adaptive'][e]:.4f} | "
-                             + " | ".join(f"{f[e]:.4f}" for f in lc["fixed"])
-                             + f" | {lc['fixed_mean'][e]:.4f} | {lc['gaps'][e]:.4f} | {lc['noise'][e]:.4f} | {verdict} |")
-            lines.append(f"\nWithin the run-to-run noise in {lc['epochs_within']} of {len(lc['gaps'])} epochs "
-                         f"(last epoch: {'within' if lc['last_within'] else 'outside'}).")
+            lines += loss_lines(lc, f"### Loss: adaptive vs the best fixed size ({b['size']}), seeds "
+                                    f"{', '.join(map(str, lc['seeds']))}",
+                                [_fan(ad["epochs"][e]["fanout"]) for e in range(len(lc["gaps"]))])
     rd = p.get("rounds")
     if rd:
         lines += ["", "## Interleaved rounds: best fixed size vs adaptive", "",
