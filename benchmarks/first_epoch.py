@@ -43,7 +43,7 @@ outside the epoch).
 it inlines (inclusive and exclusive of the functions it calls; the timers add their own cost,
 so these are shares, not totals). ``--dynamo k=v`` (repeatable): a compiled variant with that
 ``torch._dynamo.config`` (or ``fx.k=v``: ``torch.fx.experimental._config``) value, checked for
-the same captured graph (the code of the graph Dynamo hands to the backend), the same first
+the same captured graph (the nodes of the graph Dynamo hands to the backend, :func:`graph_key`), the same first
 loss, graph breaks and recompiles as the default. Writes
 benchmarks/results/first_epoch.{json,md,png}.
 """
@@ -83,7 +83,7 @@ class Probes:
 
         self.t = collections.defaultdict(float)
         self.n = collections.Counter()
-        self.graphs: list = []  # sha1 of the code of each graph Dynamo hands to the backend
+        self.graphs: list = []  # graph_key of each graph Dynamo hands to the backend
         self.forms: dict = collections.defaultdict(list)  # 'model:eager' -> [(call index, fwd s)]
         self.calls = 0
 
@@ -106,7 +106,7 @@ class Probes:
         call = B.Backend.__call__
 
         def backend_call(be, gm, example_inputs):
-            self.graphs.append(hashlib.sha1(gm.code.encode()).hexdigest()[:12])
+            self.graphs.append(graph_key(gm))
             return timed("backend", call)(be, gm, example_inputs)
         B.Backend.__call__ = backend_call
 
@@ -147,6 +147,21 @@ class Probes:
                         "loser_median_ms": statistics.median(lo) * 1e3 if lo else None,
                         "cost_ms": max(0.0, sum(lo) - med * len(lo)) * 1e3}
         return out
+
+
+def graph_key(gm) -> str:
+    """A short sha1 of the graph Dynamo hands to the backend: each node's op, name, target,
+    args and kwargs in order. Not of ``gm.code``: Dynamo's graph module compiles lazily, and
+    reading its code generates and compiles Python the compile itself never runs (the passes
+    rewrite the graph first), 3-10 ms inside the first forward."""
+    from torch.fx.node import map_arg
+
+    def target(t):
+        return t if isinstance(t, str) else f"{getattr(t, '__module__', '')}.{getattr(t, '__qualname__', repr(t))}"
+
+    rows = [f"{n.op} {n.name} {target(n.target)} {map_arg(n.args, lambda a: a.name)!r} "
+            f"{map_arg(dict(n.kwargs), lambda a: a.name)!r}" for n in gm.graph.nodes]
+    return hashlib.sha1("\n".join(rows).encode()).hexdigest()[:12]
 
 
 class TraceAttribution:
@@ -483,7 +498,7 @@ def markdown(p: dict) -> str:
             lines.append("")
     if p.get("configs"):
         lines += ["", "Dynamo configuration tried (compiled variant with the setting vs the default, same "
-                  "round; exact = same graph code handed to the backend, same first loss, same breaks and "
+                  "round; exact = same graph (its nodes) handed to the backend, same first loss, same breaks and "
                   "recompiles):", "",
                   "| model | setting | first epoch ms (default) | compile_inner ms (default) | first forward CPU ms "
                   "(default) | same graph | same first loss | breaks | graphs |", "|---|---|---|---|---|---|---|---|---|"]

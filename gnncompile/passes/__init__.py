@@ -39,6 +39,7 @@ from .plan import plan
 from .report import Fused, Fusions, PassReport, Unfused
 from .rewrite import node_order, rewrite
 from .self_term import fuse_self_terms
+from .semantics import writes_cache
 from ..settings import DEFAULT, Settings
 
 
@@ -64,7 +65,13 @@ def run(gm: GraphModule, settings: Optional[Settings] = None, copy_structures: b
     None: every spmm runs the native op, as in export). ``softmax_programs``: a softmax
     aggregation of a message program becomes one ``message_softmax`` (export: False, the chain
     edge_softmax + program stays, and a note says why)."""
-    settings = DEFAULT if settings is None else settings
+    with writes_cache():  # each pass's in-place-write analysis, reused while the graph is unchanged
+        return _run(gm, DEFAULT if settings is None else settings, copy_structures, hoist, fast_dropout, programs,
+                    portfolio, softmax_programs)
+
+
+def _run(gm: GraphModule, settings: Settings, copy_structures: bool, hoist: bool, fast_dropout: bool,
+         programs: bool, portfolio: Optional[Callable], softmax_programs: bool) -> PassReport:
     graph = gm.graph
     drop_identity_dropout(graph)
     dropouts = fast_dropout_pass(graph) if fast_dropout else 0

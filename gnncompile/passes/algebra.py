@@ -343,7 +343,7 @@ def push_linear_to_nodes(graph, reassociate: bool = False, notes: Optional[List[
     for rule in (_rewrite_linear, _merge_linears):
         if rule is _merge_linears and done:
             drop_dead(graph)  # what the first rewrites replaced no longer counts as a user
-        writes = Writes(graph)  # positions are not used: any write to what a rewrite reads stops it
+        writes = Writes.of(graph)  # positions are not used: any write to what a rewrite reads stops it
         for n in list(graph.nodes):
             if n.graph is graph and opname(n) == "linear":
                 try:

@@ -27,7 +27,6 @@ measurements, and a model that needs a second derivative through the attention).
 """
 from __future__ import annotations
 
-import operator
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -175,13 +174,6 @@ def _match(spmm: Node, edge_index: Node, writes: Writes) -> dict:
                 removed=[es, s, raw, *adds, src[1], dst[1], *s_chain, *w_chain] + ([d_node] if d_node else []))
 
 
-def _call_of(out: Node) -> Node:
-    """The fused op call behind a chain's result (getitem / flatten of it, or itself)."""
-    while out.op == "call_function" and out.target is operator.getitem or opname(out) == "flatten":
-        out = out.args[0]
-    return out
-
-
 def fuse_attention(graph, built, settings, lines: Dict[Node, Fused], fused: List[Fused]) -> int:
     """Every attention chain over a structure of ``built`` (rewrite's) in one op; ``lines``:
     the report line of each fused op call (the spmm's becomes the attention's, the softmax's is
@@ -192,7 +184,7 @@ def fuse_attention(graph, built, settings, lines: Dict[Node, Fused], fused: List
         b = by_rowptr.get(spmm.args[0])
         if b is None:
             continue
-        writes = Writes(graph)
+        writes = Writes.of(graph)
         try:
             m = _match(spmm, b.shared.edge_index, writes)
         except _Skip:

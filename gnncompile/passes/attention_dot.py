@@ -316,7 +316,7 @@ def fuse_attention_dot(graph, built, settings, lines: Dict[Node, Fused], fused: 
         if b is None:
             continue
         try:
-            m = _match(es, b, Writes(graph), node_order(graph))
+            m = _match(es, b, Writes.of(graph), node_order(graph))
         except _Skip:
             continue
         terminal = m["terminal"]

@@ -146,7 +146,7 @@ def fuse_attention_v2(graph, built, settings, lines: Dict[Node, Fused], fused: L
         if b is None:
             continue
         try:
-            m = _match(spmm, b.shared.edge_index, Writes(graph))
+            m = _match(spmm, b.shared.edge_index, Writes.of(graph))
         except _Skip:
             continue
         why = unfused_on(m["device"], "attention_v2", "GATv2", settings)

@@ -648,7 +648,7 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
     program, with a note)."""
     programs = programs and program_mode != "never"
     m = Matches()
-    writes = Writes(graph)
+    writes = Writes.of(graph)
     scatters: Dict[Node, Scatter] = {}
     for n in graph.nodes:
         if opname(n) in SCATTERS:
@@ -682,7 +682,7 @@ def match(graph, order: Dict[Node, int], programs: bool = True, program_mode: st
             from .messages import match_program  # a message program: any elementwise message
 
             stops = {sm.anchor for sm in m.softmaxes}  # fused softmaxes are read, not re-derived
-            if attention:
+            if attention and stops:  # (TransformerConv's message reads a fused softmax: one of stops)
                 from .attention_dot import LEFT, leave_for_attention_dot
 
                 if leave_for_attention_dot(sc.message, stops, attention_cuda):

@@ -147,7 +147,7 @@ def aggregate_first(graph, lines: Dict[Node, Fused], reassociate: bool, notes: L
                              f"spmm wider ({fin} > {fout} features)")
             continue
         if writes is None:
-            writes = Writes(graph)
+            writes = Writes.of(graph)
         if writes.clean([x, w]) is not None:
             continue
         if not reassociate:

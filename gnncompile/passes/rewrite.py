@@ -427,6 +427,13 @@ def _replace(graph, m: Match, out: Node, order: Dict[Node, int]) -> None:
     graph.erase_node(anchor)
 
 
+def _call_of(out: Node) -> Node:
+    """The fused op call behind a chain's result (getitem / flatten of it, or itself)."""
+    while out.op == "call_function" and out.target is operator.getitem or opname(out) == "flatten":
+        out = out.args[0]
+    return out
+
+
 def drop_dead(graph, claimed=()) -> None:
     """Drops unused pure nodes, and the claimed scatters (softmax internals) once nothing reads
     them or the zeros buffer they fill."""
@@ -461,7 +468,7 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
     with the structure (:func:`_cached_slots`; compiled graphs, not export's)."""
     settings = DEFAULT if settings is None else settings
     report = PassReport()
-    writes = Writes(graph)
+    writes = Writes.of(graph)
     built = insert_structures(graph, p, copy_structures, report, settings.structure_check, size_from_first)
     for b in built:
         b.writes = writes
@@ -499,10 +506,12 @@ def rewrite(graph, p: Plan, order: Dict[Node, int], copy_structures: bool = Fals
         report.unfused.append(Unfused(opname(n), layer_of(n), why, n.name))
     drop_dead(graph, p.claimed)
     report.gathers = rewrite_edge_gathers(graph, built, settings)
-    from .attention import _call_of
-
     lines = {_call_of(out): line for (_, out), line in zip(outs, report.fused)}
-    if attention and settings.attention == "fused":
+    # each of the three attention fusions starts from an edge_softmax call (a GAT / GATv2 spmm's
+    # weights are one, a TransformerConv chain is found from one): without any, none can fuse
+    # (and their modules need not be imported)
+    if attention and settings.attention == "fused" and any(
+            n.op == "call_function" and n.target is targets.EDGE_SOFTMAX for n in graph.nodes):
         from .attention import fuse_attention
         from .attention_dot import fuse_attention_dot
         from .attention_v2 import fuse_attention_v2

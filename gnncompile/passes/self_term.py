@@ -75,7 +75,7 @@ def fuse_self_terms(graph: Graph, report: PassReport) -> int:
     allow, replaced by one ``spmm_self`` call. Returns how many were folded (also in
     ``report.self_terms``, with a note)."""
     done = 0
-    writes = Writes(graph)
+    writes = Writes.of(graph)
     for n in list(graph.nodes):
         if not _plain_binary(n, _ADDS):
             continue

@@ -20,10 +20,12 @@ leaves its chain unfused, and ``explain()`` says why.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
 import operator
+import threading
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -225,7 +227,25 @@ class Writes:
     the first call that writes ``n``'s memory strictly after position ``lo`` and before
     ``hi`` (both node positions in the graph this was built from)."""
 
+    @classmethod
+    def of(cls, graph) -> "Writes":
+        """``Writes(graph)``, or inside :func:`writes_cache` the one built before for ``graph``
+        if the graph is unchanged since (see there)."""
+        cache = getattr(_SCOPE, "cache", None)
+        if cache is None or not CACHE[0]:
+            return cls(graph)
+        key = _snapshot(graph)
+        hit = cache.get(id(graph))
+        if (hit is not None and hit[0] is graph and len(hit[1]) == len(key)
+                and all(map(operator.is_, hit[1], key))):
+            STATS["reused"] += 1
+            return hit[2]
+        w = cls(graph)
+        cache[id(graph)] = (graph, key, w)
+        return w
+
     def __init__(self, graph) -> None:
+        STATS["built"] += 1
         self.pos: Dict[Node, int] = {}
         self._parent: Dict[Node, Node] = {}
         self._writes: Dict[Node, List[Tuple[int, Node]]] = defaultdict(list)
@@ -283,6 +303,45 @@ class Writes:
         return None
 
 
+# ----------------------------------------------------------------------------- the cache
+# Writes is rebuilt by each pass that checks writes, and the attention passes rebuild it per
+# candidate: about ten builds of one graph per compile, most of them of a graph no pass changed
+# in between. Inside writes_cache() (passes.run), Writes.of(graph) hands back the last one built
+# for the same graph object when nothing it was built from has changed. What a Writes reads of a
+# graph: the nodes in order; of each node its op, target, args and kwargs; and the recorded
+# example value of a getitem's base (whether indexing it copies). The snapshot holds each of
+# these objects and the check is by identity: FX keeps args and kwargs as immutable tuples and
+# dicts (immutable_list / immutable_dict inside), so every change to them (an update_arg,
+# replace_input_with, replace_all_uses_with, an args or kwargs assignment) installs new objects;
+# inserting, erasing or moving a node changes the node sequence; a new target or meta value is
+# another object. An equal object that is not the same one only makes a miss (a new build).
+CACHE = [True]  # CACHE[0] = False: every Writes.of builds a new one (tests compare both ways)
+STATS = {"built": 0, "reused": 0}
+_SCOPE = threading.local()
+
+
+def _snapshot(graph) -> list:
+    out: list = []
+    for n in graph.nodes:
+        out += (n, n.op, n.target, n._args, n._kwargs, n.meta.get("example_value"))
+    return out
+
+
+@contextlib.contextmanager
+def writes_cache():
+    """Within it, on this thread, :meth:`Writes.of` reuses the analysis of an unchanged graph.
+    Nested scopes share the outer one's cache; it is dropped when the outermost scope ends (the
+    cache holds the graph's nodes, erased ones included)."""
+    outer = getattr(_SCOPE, "cache", None)
+    if outer is None:
+        _SCOPE.cache = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _SCOPE.cache = None
+
+
 def describe_write(w: Node, of: Node) -> str:
     """'written in place by add_ (at add_)' for a reason text."""
     name = opname(w) or (w.target if w.op == "call_method" else getattr(w.target, "__name__", w.op))
@@ -290,7 +349,7 @@ def describe_write(w: Node, of: Node) -> str:
 
 
 __all__ = ["SIGNATURES", "MESSAGE_OPS", "OPERAND", "PARAM", "ANY", "INPLACE", "VARARGS", "unmodelled", "Writes",
-           "written_args", "describe_write", "table"]
+           "written_args", "describe_write", "table", "writes_cache"]
 
 
 def table() -> str:
