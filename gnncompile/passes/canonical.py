@@ -113,8 +113,23 @@ def size_hint(n: Any) -> Optional[int]:
 
 
 def size_key(size: Any) -> str:
-    """Printable identity of a (possibly symbolic) size."""
+    """Printable identity of a (possibly symbolic) size: ``str(size)``. For a SymInt that is
+    its node's expression (the shape environment's simplified form, read at each call) printed
+    by sympy, about 40 us a print; the prints are kept by expression (sympy's are immutable, so
+    an expression prints the same every time), as the passes ask for the same few sizes
+    hundreds of times a compile."""
+    if type(size) is torch.SymInt:
+        expr = size.node.expr
+        key = _SIZE_KEYS.get(expr)
+        if key is None:
+            if len(_SIZE_KEYS) >= 4096:
+                _SIZE_KEYS.clear()
+            key = _SIZE_KEYS[expr] = str(size)
+        return key
     return str(size)
+
+
+_SIZE_KEYS: dict = {}  # sympy expression -> its print (size_key)
 
 
 def same_size(a: Any, b: Any) -> bool:

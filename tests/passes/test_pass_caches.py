@@ -1,5 +1,6 @@
-"""passes/semantics.py: the in-place-write analysis (Writes) reused within one passes.run while
-the graph is unchanged (Writes.of inside writes_cache), and built again after any change."""
+"""Caches of the passes' compile-time work: the in-place-write analysis (semantics.Writes) reused
+within one passes.run while the graph is unchanged (Writes.of inside writes_cache) and built again
+after any change; the printed sizes of canonical.size_key."""
 from __future__ import annotations
 
 import operator
@@ -222,3 +223,31 @@ def test_passes_give_the_same_graph_and_bits_with_the_cache_on_and_off(kind, mon
     assert stats[True]["built"] + stats[True]["reused"] == stats[False]["built"]
     if kind in ("gin", "gcn", "gat"):
         assert stats[True]["reused"] > 0
+
+
+def test_size_keys_are_the_prints_of_the_sizes():
+    from gnncompile.passes import canonical as C
+
+    sizes = []
+
+    def backend(gm, ex):
+        for n in gm.graph.nodes:
+            v = n.meta.get("example_value")
+            if isinstance(v, torch.Tensor):
+                sizes.extend(v.shape)
+            elif isinstance(v, torch.SymInt):
+                sizes.append(v)
+        return gm.forward
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, i: torch.cat([x[i], x]).view(-1, 2) * x.size(0), backend=backend, dynamic=True)
+    f(torch.ones(6, 2), torch.arange(3))
+    syms = [s for s in sizes if isinstance(s, torch.SymInt)]
+    assert len({str(s) for s in syms}) >= 3  # several expressions (s0, s1, s0 + s1, ...)
+    C._SIZE_KEYS.clear()
+    for s in sizes + [1, 7]:
+        assert C.size_key(s) == str(s)
+        assert C.size_key(s) == str(s)  # from the cache
+    assert len(C._SIZE_KEYS) == len({s.node.expr for s in syms})
+    a, b = syms[0], syms[0] + 1
+    assert C.same_size(a, a) and not C.same_size(a, b) and C.size_key(b) == str(b)
