@@ -248,3 +248,21 @@ def test_the_compiled_model_runs_the_candidate_measured_faster(tmp_path, monkeyp
         lines = [ln for ln in text.splitlines() if "spmm[" in ln]
         assert len(lines) == 2 and all(f"runs {faster} (fastest" in ln for ln in lines), text
         assert f"{faster} 1 ms" in lines[0] and f"{other} 3 ms" in lines[0]
+
+
+def test_a_class_measured_in_too_few_rounds_keeps_native(cache, monkeypatch):
+    _fake_times(monkeypatch, "torch_sparse")
+    clock = iter(range(0, 10_000))  # one second a perf_counter() call: the budget ends after round 2
+    monkeypatch.setattr(portfolio.time, "perf_counter", lambda: float(next(clock)))
+    d = portfolio.decide("cpu", torch.float32, 20)
+    assert d.impl == "native" and "2 round(s) only" in d.why
+    # read back from the file: still native, no new measurement
+    monkeypatch.setattr(portfolio, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert portfolio.decide("cpu", torch.float32, 30).impl == "native"
+    assert portfolio.decide("cpu", torch.float32, 30, setting="torch_sparse").impl == "torch_sparse"  # asked for
+    # enough rounds: the faster one
+    key = portfolio.device_key(torch.device("cpu"))
+    doc = json.loads(portfolio.cache_path(key).read_text())
+    doc["classes"][portfolio.class_key(torch.float32, False, 20)]["rounds"] = portfolio.MIN_ROUNDS
+    portfolio.cache_path(key).write_text(json.dumps(doc))
+    assert portfolio.decide("cpu", torch.float32, 30).impl == "torch_sparse"
