@@ -46,6 +46,12 @@ The loader's own cost (run only when named in ``--variants``):
                       ``setattr`` per attribute, a few small tensor ops per column for its slices,
                       increments and totals), patched into the child's process; the "before" of
                       the loader's cut in the same run
+The custom ops' glue (run only when named in ``--variants``):
+  gnncompile-pooled-glue-before
+                      as gnncompile-pooled with ``gnncompile::spmm_sparse``'s per-call Python as it
+                      was before section 40 of HISTORY.md (``use_legacy_glue``: the kernels that
+                      ``torch.library.custom_op`` registers around it), patched into the child's
+                      process; the "before" of that cut in the same run
 The allocator alone (run only when named in ``--variants``):
   eager-allocator     the model as written, DataLoader, with what ``gnncompile.compile`` turns on
                       process-wide for a CPU model (gnncompile.hardware.memory: huge pages where
@@ -94,6 +100,7 @@ STRUCT_VARIANTS = ("gnncompile-pooled-struct", "gnncompile-pooled-w2", "gnncompi
                    "gnncompile-prefetch")
 ALLOCATOR_VARIANTS = ("eager-allocator",)
 LOADER_VARIANTS = ("gnncompile-pooled-loader-before",)
+GLUE_VARIANTS = ("gnncompile-pooled-glue-before",)
 PREPARED = ("gnncompile-pooled-struct", "gnncompile-pooled-w2-struct", "gnncompile-prefetch")
 GROUPS = ("gnncompile fused ops", "matmul", "other aten ops", "optimizer", "Dynamo cache lookup (guards)",
           "compiled region (wrappers)", "AOT CompiledFunction (graph code)", "autograd engine", "outside ops")
@@ -172,7 +179,7 @@ def wrap(model, variant: str):
 def make_loader(dataset: list, batch_size: int, variant: str):
     gen = torch.Generator().manual_seed(0)
     if variant in ("gnncompile-pooled", "gnncompile-breaks", "gnncompile-pooled-struct", "gnncompile-pooled-before",
-                   "gnncompile-pooled-loader-before"):
+                   "gnncompile-pooled-loader-before", "gnncompile-pooled-glue-before"):
         from gnncompile.data import PooledLoader
 
         return PooledLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen,
@@ -308,6 +315,41 @@ def breakdown(step, batches) -> dict:
     return {k: v / len(batches) for k, v in out.items()}
 
 
+_LEGACY_LIBS: list = []  # the Library objects holding the patched kernels (kept alive)
+
+
+def use_legacy_glue() -> None:
+    """Puts back the per-call Python that ``torch.library.custom_op`` ran around
+    ``gnncompile::spmm_sparse`` before section 40 of HISTORY.md (this process only; the variant
+    gnncompile-pooled-glue-before): torch's generated autograd kernel (``make_autograd_impl``:
+    defaults refilled at every forward, a dataclass for the dispatch keys) and its backend wrapper
+    (Dynamo disabled around the kernel, the aliasing check of the outputs, the warnings silenced at
+    every call). The same kernel and formulas, so the same bits."""
+    import warnings as _w
+
+    from torch._library import autograd as _la, utils as _lu
+
+    from gnncompile.ops import vendor as V
+
+    op = torch.ops.gnncompile.spmm_sparse.default
+    lib = torch.library.Library("gnncompile", "FRAGMENT")
+    _LEGACY_LIBS.append(lib)
+    lib.impl("spmm_sparse", _la.make_autograd_impl(op, _la.Info(V._backward, V._setup)), "Autograd",
+             with_keyset=True)
+
+    @torch._disable_dynamo
+    def wrapped(*args, **kwargs):
+        with _w.catch_warnings():
+            _w.simplefilter("ignore", UserWarning)
+            return V._spmm_sparse_impl(*args, **kwargs)
+
+    def backend_impl(*args, **kwargs):
+        result = wrapped(*args, **kwargs)
+        _lu._c_check_aliasing_constraint("spmm_sparse", args, kwargs, result, lambda: V)
+        return result
+    lib.impl("spmm_sparse", backend_impl, "CompositeExplicitAutograd")
+
+
 def measure(kind: str, variant: str, dataset: list, opts) -> dict:
     from torch._dynamo.utils import counters
 
@@ -315,6 +357,8 @@ def measure(kind: str, variant: str, dataset: list, opts) -> dict:
     counters.clear()
     if variant in LOADER_VARIANTS:
         use_legacy_loader()
+    if variant in GLUE_VARIANTS:
+        use_legacy_glue()
     model0 = build_model(kind)
     ref, model = copy.deepcopy(model0), copy.deepcopy(model0)
     run = wrap(model, variant)
@@ -550,7 +594,7 @@ def main(argv=None) -> dict:
         return out
     models = [m.strip() for m in opts.models.split(",") if m.strip()]
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
-    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS + STRUCT_VARIANTS + ALLOCATOR_VARIANTS + LOADER_VARIANTS]
+    bad = [m for m in models if m not in MODELS] + [v for v in variants if v not in VARIANTS + STRUCT_VARIANTS + ALLOCATOR_VARIANTS + LOADER_VARIANTS + GLUE_VARIANTS]
     if bad:
         ap.error(f"unknown models / variants {bad}; known: {', '.join(MODELS)} / {', '.join(VARIANTS)}")
     load_before = _common.loadavg()

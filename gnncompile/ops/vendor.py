@@ -32,6 +32,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .registration import register_autograd
 from .schemas import ops
 from .structure import transpose_structure
 
@@ -46,6 +47,10 @@ _lock = threading.Lock()
 #: calls of the op per device type (its forward and the backward's spmm over the CSC): what tests
 #: and benchmarks read to see which implementation ran
 CALLS = {"cpu": 0, "cuda": 0}
+#: device types on which a product has run: torch warns once a process ("sparse CSR support is in
+#: beta", TORCH_WARN_ONCE), so the warnings are silenced around the first product of a device type
+#: only (``warnings.catch_warnings`` costs about 2 us a call and resets the warning registries)
+_QUIET: set = set()
 
 
 def supports(reduce: str, x_dtype: torch.dtype, weight_dims: Optional[int], weight_dtype=None) -> bool:
@@ -73,10 +78,15 @@ def _ones(E: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 def _product(rowptr: Tensor, col: Tensor, perm: Tensor, weight: Optional[Tensor], x2: Tensor) -> Tensor:
     M, E = rowptr.numel() - 1, col.numel()
     vals = _ones(E, x2.dtype, x2.device) if weight is None else weight.index_select(0, perm)
+    if x2.device.type in _QUIET:
+        A = torch.sparse_csr_tensor(rowptr, col, vals, (M, x2.shape[0]), check_invariants=False)
+        return torch.sparse.mm(A, x2)
     with warnings.catch_warnings():  # "sparse CSR support is in beta" and the invariant-check notice
         warnings.simplefilter("ignore", UserWarning)
         A = torch.sparse_csr_tensor(rowptr, col, vals, (M, x2.shape[0]), check_invariants=False)
-        return torch.sparse.mm(A, x2)
+        out = torch.sparse.mm(A, x2)
+    _QUIET.add(x2.device.type)
+    return out
 
 
 def _check(rowptr, col, perm, weight, x, reduce) -> None:
@@ -100,12 +110,14 @@ def _check(rowptr, col, perm, weight, x, reduce) -> None:
                              "source nodes (x.size(0))")
 
 
-@torch.library.custom_op("gnncompile::spmm_sparse", mutates_args=())
-def spmm_sparse(rowptr: Tensor, col: Tensor, perm: Tensor, weight: Optional[Tensor], x: Tensor, reduce: str,
-                knobs: List[int], rowptr_t: Optional[Tensor] = None, col_t: Optional[Tensor] = None,
-                perm_t: Optional[Tensor] = None) -> Tensor:
-    """``gnncompile::spmm(...)[0]`` for a sum or a mean through ``torch.sparse.mm`` (see the
-    module); ``knobs`` are passed to the native ``edge_dot`` of the weight's gradient."""
+_lib = torch.library.Library("gnncompile", "FRAGMENT")
+_lib.define("spmm_sparse(Tensor rowptr, Tensor col, Tensor perm, Tensor? weight, Tensor x, str reduce, int[] knobs, "
+            "Tensor? rowptr_t=None, Tensor? col_t=None, Tensor? perm_t=None) -> Tensor")
+
+
+def _spmm_sparse_impl(rowptr: Tensor, col: Tensor, perm: Tensor, weight: Optional[Tensor], x: Tensor, reduce: str,
+                      knobs: List[int], rowptr_t: Optional[Tensor] = None, col_t: Optional[Tensor] = None,
+                      perm_t: Optional[Tensor] = None) -> Tensor:
     _check(rowptr, col, perm, weight, x, reduce)
     CALLS[x.device.type] = CALLS.get(x.device.type, 0) + 1
     N, M = x.shape[0], rowptr.numel() - 1
@@ -119,9 +131,27 @@ def spmm_sparse(rowptr: Tensor, col: Tensor, perm: Tensor, weight: Optional[Tens
     return out if tuple(out.shape) == shape else out.reshape(shape).clone()
 
 
-@spmm_sparse.register_fake
+# A Python kernel on the dispatcher's CompositeExplicitAutograd key, its gradient registered by
+# ops.registration (the Python that torch.library.custom_op runs around every call, forward and
+# backward, done once: HISTORY section 40)
+_lib.impl("spmm_sparse", _spmm_sparse_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("gnncompile::spmm_sparse")
 def _(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t=None, col_t=None, perm_t=None):
     return x.new_empty((rowptr.shape[0] - 1,) + tuple(x.shape[1:]))
+
+
+SPMM_SPARSE = torch.ops.gnncompile.spmm_sparse.default
+
+
+def spmm_sparse(rowptr: Tensor, col: Tensor, perm: Tensor, weight: Optional[Tensor], x: Tensor, reduce: str,
+                knobs: List[int], rowptr_t: Optional[Tensor] = None, col_t: Optional[Tensor] = None,
+                perm_t: Optional[Tensor] = None) -> Tensor:
+    """``gnncompile::spmm(...)[0]`` for a sum or a mean through ``torch.sparse.mm`` (see the
+    module); ``knobs`` are passed to the native ``edge_dot`` of the weight's gradient. Calls
+    ``torch.ops.gnncompile.spmm_sparse``."""
+    return SPMM_SPARSE(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t, col_t, perm_t)
 
 
 def _setup(ctx, inputs, output) -> None:
@@ -148,8 +178,6 @@ def _backward(ctx, grad):
     return None, None, None, gw, gx, None, None, None, None, None
 
 
-spmm_sparse.register_autograd(_backward, setup_context=_setup)
-
-SPMM_SPARSE = torch.ops.gnncompile.spmm_sparse.default
+register_autograd("gnncompile::spmm_sparse", _backward, setup_context=_setup)
 
 __all__ = ["spmm_sparse", "supports", "REDUCES", "DTYPES", "CALLS", "ONES", "SPMM_SPARSE"]

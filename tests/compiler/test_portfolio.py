@@ -4,6 +4,7 @@ candidate measured faster (and says so in explain)."""
 from __future__ import annotations
 
 import json
+from typing import List, Optional
 import warnings
 
 import pytest
@@ -266,3 +267,81 @@ def test_a_class_measured_in_too_few_rounds_keeps_native(cache, monkeypatch):
     doc["classes"][portfolio.class_key(torch.float32, False, 20)]["rounds"] = portfolio.MIN_ROUNDS
     portfolio.cache_path(key).write_text(json.dumps(doc))
     assert portfolio.decide("cpu", torch.float32, 30).impl == "torch_sparse"
+
+
+@torch.library.custom_op("gnncompile_test_glue::spmm_sparse", mutates_args=())
+def _custom_op_copy(rowptr: torch.Tensor, col: torch.Tensor, perm: torch.Tensor, weight: Optional[torch.Tensor],
+                    x: torch.Tensor, reduce: str, knobs: List[int], rowptr_t: Optional[torch.Tensor] = None,
+                    col_t: Optional[torch.Tensor] = None, perm_t: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """gnncompile::spmm_sparse's kernel and formulas behind torch.library.custom_op's glue (as the
+    op was registered before HISTORY section 40)."""
+    return vendor._spmm_sparse_impl(rowptr, col, perm, weight, x, reduce, knobs, rowptr_t, col_t, perm_t)
+
+
+_custom_op_copy.register_fake(lambda rowptr, col, perm, weight, x, *a, **k: x.new_empty((rowptr.shape[0] - 1,)
+                                                                                         + tuple(x.shape[1:])))
+
+
+def _copy_backward(ctx, grad):
+    out = list(vendor._backward(ctx, grad))
+    if out[4] is not None:  # vendor._backward's x gradient, through the copy's own op again
+        rowptr, col, perm, weight, x, rowptr_t, col_t, perm_t = ctx.saved_tensors
+        g = grad.contiguous()
+        if ctx.reduce == "mean":
+            deg = (rowptr[1:] - rowptr[:-1]).clamp(min=1).to(g.dtype)
+            g = g / deg.view(-1, *([1] * (g.dim() - 1)))
+        if rowptr_t is None:
+            rowptr_t, col_t, perm_t = S.transpose_structure(rowptr, col, perm, ctx.num_src)
+        out[4] = _custom_op_copy(rowptr_t, col_t, perm_t, weight, g, "sum", ctx.knobs)
+    return tuple(out)
+
+
+_custom_op_copy.register_autograd(_copy_backward, setup_context=vendor._setup)
+
+
+@NATIVE
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("with_csc", [False, True])
+def test_torch_sparse_registration_same_bits_as_custom_op_and_no_per_call_glue(reduce, weighted, with_csc,
+                                                                                monkeypatch):
+    """gnncompile::spmm_sparse is a dispatcher op whose autograd kernel is ops.registration's: the
+    output and gradients are bit for bit those of the same kernel behind torch.library.custom_op
+    (as before), and a forward with a gradient no longer refills the op's defaults from its schema
+    (torch._library.utils.fill_defaults) at every call."""
+    from torch._library import utils as lib_utils
+
+    ei, g = _graph(N=50, E=400, seed=4)
+    s = S.build(ei, 50)
+    csc = list(S.transpose_structure(s.rowptr, s.col, s.perm, 50)) if with_csc else [None, None, None]
+    x = torch.randn(50, 6, generator=g, requires_grad=True)
+    w = torch.rand(400, generator=g, requires_grad=True) if weighted else None
+    grad = torch.randn(50, 6, generator=g)
+    got = []
+    for f in (vendor.spmm_sparse, _custom_op_copy):
+        x.grad = None
+        if w is not None:
+            w.grad = None
+        out = f(s.rowptr, s.col, s.perm, w, x, reduce, [], *csc)
+        out.backward(grad)
+        got.append((out.detach(), x.grad.clone(), None if w is None else w.grad.clone()))
+    for a, b in zip(*got):
+        assert (a is None and b is None) or torch.equal(a, b)
+    calls = []
+    real = lib_utils.fill_defaults
+    monkeypatch.setattr(lib_utils, "fill_defaults", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    out = vendor.spmm_sparse(s.rowptr, s.col, s.perm, w, x, reduce, [], *csc)
+    assert type(out.grad_fn).__name__ == "GeneratedBackwardFor_gnncompile_spmm_sparse_defaultBackward"
+    out.backward(grad)
+    assert calls == []
+    _custom_op_copy(s.rowptr, s.col, s.perm, w, x, reduce, [], *csc)
+    assert calls  # (the check sees torch's glue where it runs)
+
+
+@NATIVE
+def test_torch_sparse_opcheck():
+    ei, g = _graph(N=20, E=80, seed=5)
+    s = S.build(ei, 20)
+    x = torch.randn(20, 3, generator=g, requires_grad=True)
+    w = torch.rand(80, generator=g, requires_grad=True)
+    torch.library.opcheck(torch.ops.gnncompile.spmm_sparse.default, (s.rowptr, s.col, s.perm, w, x, "mean", []))
