@@ -10,7 +10,8 @@
 ``GraphedStep(model, optimizer, loss_fn)`` runs ``optimizer.zero_grad(); loss = loss_fn(model,
 batch); loss.backward(); optimizer.step()``. On CUDA it does so by replaying a
 ``torch.cuda.CUDAGraph``: the first batch of each shape (the tensors' shapes and dtypes and
-``batch.num_graphs``: with ``pad_to_buckets``, one per bucket) is copied into static buffers of
+``batch.num_graphs``: with ``pad_to_buckets``, one per bucket; and the model's ``training``
+flag) is copied into static buffers of
 that shape; the step is warmed up there (``warmup`` runs on a side stream, as torch requires,
 which also creates the optimizer's state), the parameters, buffers and optimizer state are put
 back as they were before the warm-up (so the warm-up trains nothing: the captured steps give the
@@ -208,7 +209,7 @@ class GraphedStep:
             loss.backward()
             self.optimizer.step()
             return loss.detach()
-        key = _shape_key(batch)
+        key = _shape_key(batch) + (self.model.training,)  # train() / eval(): another graph
         c = self._graphs.get(key)
         if c is None:
             c = self._capture(batch)
@@ -264,9 +265,13 @@ class GraphedStep:
                 loss.backward()
                 opt.step()
         except Exception as e:
-            torch.cuda.synchronize(dev)
-            snap.restore()
-            opt.zero_grad(set_to_none=True)
+            try:
+                torch.cuda.synchronize(dev)
+                snap.restore()
+                opt.zero_grad(set_to_none=True)
+            except Exception as e2:  # the device is in doubt: say so rather than hide the first error
+                raise RuntimeError(f"GraphedStep: capturing the step failed ({type(e).__name__}: {e}), and "
+                                   f"putting the model back failed too ({e2})") from e
             raise RuntimeError(f"GraphedStep: capturing the step failed ({type(e).__name__}: {e}). Usual cause: an "
                                "op that waits on the host (.item(), int(batch.max()) in a readout given no size=, "
                                "boolean masking, add_remaining_self_loops in GCNConv); the model and optimizer "

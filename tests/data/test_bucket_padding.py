@@ -298,3 +298,46 @@ def test_graphed_step_bad_arguments():
         GraphedStep(model, opt, _loss, warmup=0)
     with pytest.raises(ValueError, match="no parameters"):
         GraphedStep(torch.nn.ReLU(), opt, _loss)
+
+
+def test_the_warm_up_is_undone_exactly():
+    """GraphedStep's _Snapshot (device-independent): steps taken after it and then undone leave
+    the model and optimizer as a copy that never took them: the next step is bit-equal,
+    for a fresh optimizer state (reset to zero) and for an existing one (copied back)."""
+    from gnncompile.cuda_graphs import _Snapshot
+
+    torch.manual_seed(0)
+    p, _ = _pairs(_data(n=16), 8)[0]
+    for make, pre in ((lambda ps: torch.optim.Adam(ps, lr=1e-2), 0), (lambda ps: torch.optim.AdamW(ps, lr=1e-2), 2),
+                      (lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9), 0)):
+        a = GIN()
+        b = copy.deepcopy(a)
+        oa, ob = make(a.parameters()), make(b.parameters())
+
+        def step(m, o):
+            o.zero_grad(set_to_none=True)
+            _loss(m, p).backward()
+            o.step()
+
+        for _ in range(pre):  # an existing state
+            step(a, oa), step(b, ob)
+        snap = _Snapshot(a, oa)
+        for _ in range(3):  # the warm-up
+            step(a, oa)
+        assert any(not torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+        snap.restore()
+        step(a, oa), step(b, ob)
+        for x, y in zip(a.parameters(), b.parameters()):
+            assert torch.equal(x, y)
+        for x, y in zip(a.parameters(), b.parameters()):
+            for k, v in ob.state[y].items():
+                assert torch.equal(torch.as_tensor(oa.state[x][k]), torch.as_tensor(v)), k
+
+
+def test_batches_of_one_bucket_share_a_shape_key():
+    from gnncompile.cuda_graphs import _shape_key
+
+    L = PooledLoader(_data(), batch_size=8, pad_to_buckets=2)
+    got = [b.clone() for b in L]
+    keys = {_shape_key(b) for b in got}
+    assert len(keys) == len({(b.x.size(0), b.edge_index.size(1)) for b in got}) <= 2
