@@ -18,7 +18,8 @@ of steps launched back to back, then one synchronize, divided by the steps (ms p
 median over the epochs the --budget allows (at least 3). Checked before timing: the first
 epoch's losses of plain-padded and graphed agree (max relative difference reported) and the
 first loss of plain and plain-padded agree. Writes cuda_graphs.json and cuda_graphs.txt to
-OUTDIR. Needs a CUDA device.
+OUTDIR. Needs a CUDA device (``--device cpu`` runs the same code with GraphedStep's plain step:
+a check of the script, not a measurement of CUDA graphs).
 """
 from __future__ import annotations
 
@@ -69,17 +70,19 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--buckets", type=int, default=3)
     ap.add_argument("--budget", type=float, default=30.0, help="seconds for the timed epochs, all models")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("cuda_graphs: needs a CUDA device")
         return 2
     from gnncompile.cuda_graphs import GraphedStep
     from gnncompile.data import PooledLoader, graph_dataset
 
     os.makedirs(args.out, exist_ok=True)
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     t_start = time.monotonic()
-    results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "graphs": args.graphs,
+    results = {"device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu (script check)", "torch": torch.__version__, "graphs": args.graphs,
                "batch_size": args.batch_size, "models": {}}
     lines = [f"CUDA graphs (GraphedStep) vs plain steps, {results['device']}: {args.graphs} graphs of 10-40 nodes, "
              f"batches of {args.batch_size}, 3 layers of 64, Adam(capturable); ms per step, median of epochs"]
@@ -100,7 +103,7 @@ def main(argv=None) -> int:
         variants = {}
         for v in ("plain", "plain-padded", "graphed"):
             m = copy.deepcopy(base)
-            opt = torch.optim.Adam(m.parameters(), lr=1e-3, capturable=True)
+            opt = torch.optim.Adam(m.parameters(), lr=1e-3, capturable=dev.type == "cuda")
             if v == "graphed":
                 fn = GraphedStep(m, opt, _loss)
             else:
@@ -113,7 +116,7 @@ def main(argv=None) -> int:
             variants[v] = (fn, plain if v == "plain" else padded)
         # first epoch: checks (and the captures)
         first = {v: torch.stack([fn(b) for b in bs]) for v, (fn, bs) in variants.items()}
-        torch.cuda.synchronize()
+        sync()
         rel = float(((first["graphed"] - first["plain-padded"]).abs() / first["plain-padded"].abs()).max())
         rel0 = float(abs(first["plain"][0] - first["plain-padded"][0]) / abs(first["plain"][0]))
         times = {v: [] for v in variants}
@@ -121,11 +124,11 @@ def main(argv=None) -> int:
         t_model = time.monotonic()
         while True:
             for v, (fn, bs) in variants.items():
-                torch.cuda.synchronize()
+                sync()
                 t0 = time.perf_counter()
                 for b in bs:
                     fn(b)
-                torch.cuda.synchronize()
+                sync()
                 times[v].append((time.perf_counter() - t0) * 1e3 / len(bs))
             n = len(times["plain"])
             if n >= 3 and (time.monotonic() - t_model > share or n >= 50):

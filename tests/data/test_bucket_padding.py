@@ -341,3 +341,20 @@ def test_batches_of_one_bucket_share_a_shape_key():
     got = [b.clone() for b in L]
     keys = {_shape_key(b) for b in got}
     assert len(keys) == len({(b.x.size(0), b.edge_index.size(1)) for b in got}) <= 2
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_padding_with_prepared_structures(workers):
+    """structures=True builds the structure of the padded edge_index (its node count padded)."""
+    from gnncompile.ops import structure as S
+
+    ds = _data(n=24)
+    ref = [b.clone() for b in PooledLoader(ds, batch_size=8, pad_to_buckets=2)]
+    L = PooledLoader(ds, batch_size=8, pad_to_buckets=2, structures=True, num_workers=workers)
+    for b, r in zip(L, ref):
+        for k in ("x", "edge_index", "batch", "ptr", "node_mask"):
+            assert torch.equal(b[k], r[k]), k
+        s = S.CACHE.get(b.edge_index, b.num_nodes)  # the prepared one (a hit) or a build
+        fresh = S.build(b.edge_index.clone(), b.num_nodes)
+        assert torch.equal(s.rowptr, fresh.rowptr) and torch.equal(s.col, fresh.col)
+    L.close()
