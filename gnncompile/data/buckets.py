@@ -29,21 +29,27 @@ padded rows).
 Buckets (``choose_buckets``): from the node and edge totals of sample batches of the dataset (a
 private generator: the global RNG is not drawn from), the batches split at node-count quantiles
 into ``k`` groups, each bucket the largest node count + 1 and edge count of its group, rounded up
-to a multiple of ``granule``. A batch is put in the smallest bucket that holds it (``N + 1 <= Nb``
+to a multiple of ``granule``, the largest one standard deviation of the totals higher. A batch is put in the smallest bucket that holds it (``N + 1 <= Nb``
 and ``E <= Eb``); a batch that no bucket holds gets a new bucket (rounded up, 5% over its size;
-a warning says so) before its pass starts. ``loader.padding_stats()`` reports the buckets, the
+a warning says so) before its pass starts; after ``MAX_NEW`` (4) such buckets the next one is the
+largest possible batch (the ``batch_size`` largest graphs), so a loader never holds more than
+``k + 5`` buckets. ``loader.padding_stats()`` reports the buckets, the
 batches in each and the padding overhead (padded / real nodes and edges) over what was yielded.
 """
 from __future__ import annotations
 
 import math
 import numbers
+import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 MASK_KEYS = ("graph_mask", "node_mask", "edge_mask")
+# new buckets a loader adds (for batches no bucket holds) before the next one is the largest
+# possible batch (so a loader has at most count + MAX_NEW + 1 buckets)
+MAX_NEW = 4
 _SIGNED = (torch.int64, torch.int32, torch.int16, torch.int8)
 
 
@@ -70,7 +76,7 @@ class BucketPadding:
     ValueError on a bad value.
     """
 
-    def __init__(self, buckets=4, *, ignore_index: int = -100, granule: int = 8, sample: int = 256) -> None:
+    def __init__(self, buckets=4, *, ignore_index: int = -100, granule: int = 8, sample: int = 1024) -> None:
         self.explicit: Optional[List[Tuple[int, int]]] = None
         if isinstance(buckets, (bool, str, bytes, dict)) or buckets is None:
             raise ValueError(f"pad_to_buckets: buckets must be a count or a list of (nodes, edges), got {buckets!r}")
@@ -115,22 +121,28 @@ def _round_up(v: int, g: int) -> int:
     return -(-v // g) * g
 
 
-def choose_buckets(nodes: Sequence[int], edges: Sequence[int], k: int, granule: int = 8) -> List[Tuple[int, int]]:
+def choose_buckets(nodes: Sequence[int], edges: Sequence[int], k: int, granule: int = 8,
+                   margin: float = 1.0) -> List[Tuple[int, int]]:
     """``k`` (or fewer, where groups coincide) buckets for batches of these node and edge totals:
     the batches sorted by node count and split into ``k`` groups of equal count; each bucket the
     group's largest node count + 1 (a padding node always) and largest edge count, rounded up to
-    ``granule``. Every batch given fits a bucket."""
+    ``granule``; the largest bucket ``margin`` standard deviations of the totals higher (a batch
+    beyond the sample's largest is then rare: each one costs a new bucket, a new CUDA graph).
+    Every batch given fits a bucket."""
     if len(nodes) != len(edges) or not len(nodes):
         raise ValueError("choose_buckets: nodes and edges must be non-empty and of one length")
     order = sorted(range(len(nodes)), key=lambda i: (nodes[i], edges[i]))
     n = len(order)
+    sn = statistics.pstdev(nodes) if n > 1 else 0.0
+    se = statistics.pstdev(edges) if n > 1 else 0.0
     out = set()
     for g in range(k):
         grp = order[g * n // k:(g + 1) * n // k]
         if not grp:
             continue
-        out.add((_round_up(max(nodes[i] for i in grp) + 1, granule),
-                 _round_up(max(edges[i] for i in grp), granule)))
+        top = g == k - 1
+        out.add((_round_up(max(nodes[i] for i in grp) + 1 + (math.ceil(margin * sn) if top else 0), granule),
+                 _round_up(max(edges[i] for i in grp) + (math.ceil(margin * se) if top else 0), granule)))
     # a bucket with no more nodes and no more edges than a smaller one is useless; one with
     # fewer edges than a smaller-node bucket is kept (it serves that group)
     return sorted(out)

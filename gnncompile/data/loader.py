@@ -860,9 +860,12 @@ class PooledLoader:
             gen = torch.Generator()
             gen.manual_seed(0)  # a private generator: the global RNG is not drawn from
             bs = min(self.batch_size, n)
-            sample = [torch.randperm(n, generator=gen)[:bs].tolist() for _ in range(spec.sample)]
-            counts = self._batch_counts(sample)
-            self._buckets = bk.choose_buckets([c[1] for c in counts], [c[2] for c in counts], spec.count, spec.granule)
+            # random batches (graphs drawn with replacement: the totals' spread is what matters)
+            ids = torch.randint(0, n, (spec.sample, bs), generator=gen)
+            row_e = next(i for i, c in enumerate(store.columns) if c.key == "edge_index")
+            nodes = store.num_nodes[ids].sum(1).tolist()
+            edges = store.columns[row_e].sizes[ids].sum(1).tolist()
+            self._buckets = bk.choose_buckets(nodes, edges, spec.count, spec.granule)
         self._grow_for_buckets(resize=False)
 
     def _grow_for_buckets(self, resize: bool) -> None:
@@ -908,7 +911,10 @@ class PooledLoader:
                                  f"{G - 1} real graphs (batch_size) and one padding graph")
             i = bk.pick(self._buckets, N, E)
             if i is None:
-                nb = bk.new_bucket(N, E, spec.granule)
+                if len(self._buckets) >= spec.count + bk.MAX_NEW:  # bounded: the largest possible batch
+                    nb = self._cap_bucket()
+                else:
+                    nb = bk.new_bucket(N, E, spec.granule)
                 self._buckets = sorted(self._buckets + [nb])
                 added.append(nb)
                 i = bk.pick(self._buckets, N, E)
@@ -918,6 +924,16 @@ class PooledLoader:
                           f"bucket held; buckets now {self._buckets}")
             self._grow_for_buckets(resize=True)
         return out
+
+    def _cap_bucket(self) -> tuple:
+        """The bucket of the largest possible batch: the ``G - 1`` largest graphs' nodes (+ 1)
+        and edges."""
+        from . import buckets as bk
+
+        store, g = self._store, self._padding.granule
+        ei = next(c for c in store.columns if c.key == "edge_index")
+        return (bk._round_up(_top_sum(store.num_nodes, self._pad_graphs - 1) + 1, g),
+                bk._round_up(_top_sum(ei.sizes, self._pad_graphs - 1), g))
 
     @property
     def buckets(self) -> List[tuple]:
