@@ -54,6 +54,12 @@ How it is faster:
   host-to-device copy runs on a side stream; the consumer's stream waits on an event, so the
   copy of batch i+1 overlaps the compute of batch i. (This path is not exercised by the
   CPU-only test suite.)
+* **Padding to buckets** (``pad_to_buckets``; off by default): every batch padded in its slot
+  to one of a few ``(nodes, edges)`` sizes and ``batch_size + 1`` graphs, the fixed shapes a
+  CUDA graph needs (:class:`gnncompile.cuda_graphs.GraphedStep`). The parent assigns each batch
+  of a pass its bucket before the pass starts (a batch no bucket holds gets a new one, and the
+  slots grow); the collation (worker or inline) writes the real batch, then the padding
+  (:func:`gnncompile.data.buckets.pad_into`: layout, masks, ``ignore_index`` targets).
 
 A yielded batch lives in a slot's memory: it stays valid until the next batch is requested
 (the usual training loop). ``batch.clone()`` keeps one longer. Its tensors have the layout of
@@ -303,8 +309,10 @@ class _Store:
                 total += 8 * (c.capacity + self.batch_size + 1)
         return total + 8 * (self.node_capacity + self.batch_size + 1)
 
-    def allocate(self, pin: bool = False, device=None) -> Dict[str, torch.Tensor]:
-        """The buffers of one slot (largest possible batch)."""
+    def allocate(self, pin: bool = False, device=None, masks: bool = False) -> Dict[str, torch.Tensor]:
+        """The buffers of one slot (largest possible batch); ``masks``: with the padding masks
+        (``graph_mask``, ``node_mask``, ``edge_mask``: bool, of the graph, node and edge
+        capacities)."""
         kw = {"pin_memory": True} if pin else {}
         if device is not None:
             kw = {"device": device}
@@ -318,23 +326,38 @@ class _Store:
                 bufs[c.key + "_ptr"] = torch.empty(self.batch_size + 1, dtype=torch.long, **kw)
         bufs["batch"] = torch.empty(self.node_capacity, dtype=torch.long, **kw)
         bufs["ptr"] = torch.empty(self.batch_size + 1, dtype=torch.long, **kw)
+        if masks:
+            edges = next(c.capacity for c in self.columns if c.key == "edge_index")
+            for k, n in (("graph_mask", self.batch_size), ("node_mask", self.node_capacity), ("edge_mask", edges)):
+                bufs[k] = torch.empty(n, dtype=torch.bool, **kw)
         return bufs
 
-    def collate_into(self, idx: torch.Tensor, bufs: Dict[str, torch.Tensor]) -> Dict[str, int]:
+    def collate_into(self, idx: torch.Tensor, bufs: Dict[str, torch.Tensor],
+                     pad: Optional[tuple] = None) -> Dict[str, int]:
         """Writes the batch of graphs ``idx`` into ``bufs``; returns the used length per buffer.
 
         Attributes concatenated along dim 0 (x, y, ...), and the rows of a [k, E] attribute
         (edge_index), are whole-graph copies: one ``gnncompile::collate_rows`` call each (a
         memcpy per graph in the native kernel, with the node offsets added to edge_index).
-        Other layouts take vectorised torch ops."""
+        Other layouts take vectorised torch ops. With ``pad`` (nodes, edges, graphs,
+        ignore_index: ``PooledLoader(pad_to_buckets=...)``) the batch is then padded to that
+        size (:func:`gnncompile.data.buckets.pad_into`; attributes along dim 1 are laid out
+        for the padded length from the start)."""
         from ..ops import collate_rows, segment_ids
 
         B = idx.numel()
         used: Dict[str, int] = {}
         totals = self._table.index_select(1, idx).sum(1).tolist()
+        if pad is not None:
+            lay = {"node": pad[0], "edge": pad[1], "graph": pad[2]}
         for i, c in enumerate(self.columns):
             total = totals[i]
-            buf = bufs[c.key] if c.cat_dim == 0 else _used(bufs[c.key], c.cat_dim, total)
+            if c.cat_dim == 0:
+                buf = bufs[c.key]
+            elif pad is None:
+                buf = _used(bufs[c.key], c.cat_dim, total)
+            else:  # the padded layout; the real part is its first `total` entries along cat_dim
+                buf = _used(bufs[c.key], c.cat_dim, lay[self.kinds[c.key]])
             incs = c.incs if c.has_inc else None
             native = c.values.is_contiguous() and (incs is None or c.values.dtype in _ADDABLE)
             if native and c.cat_dim == 0:
@@ -354,11 +377,20 @@ class _Store:
         used["batch"] = total
         used["ptr"] = B + 1
         used["_num_nodes"] = total
+        if pad is not None:
+            from .buckets import pad_into
+
+            pad_into(self, self.kinds, bufs, used, B, pad)
         return used
 
     @staticmethod
     def _collate_torch(c: "_Column", idx: torch.Tensor, sizes: torch.Tensor, total: int,
                        buf: torch.Tensor) -> None:
+        if c.cat_dim != 0 and buf.size(c.cat_dim) != total:  # a padded layout (collate_into)
+            tmp = torch.empty_like(buf.narrow(c.cat_dim, 0, total), memory_format=torch.contiguous_format)
+            _Store._collate_torch(c, idx, sizes, total, tmp)
+            buf.narrow(c.cat_dim, 0, total).copy_(tmp)
+            return
         out = _used(buf, c.cat_dim, total)
         offs = _exclusive_cumsum(sizes)
         rows = torch.arange(total) + _repeat(c.starts[idx] - offs, sizes, total)
@@ -385,6 +417,7 @@ class _Store:
         resolution or attribute-setter dispatch); the slices and increments of every column
         come from one cumsum over the store's table of per-graph counts (rows of one tensor)."""
         B = idx.numel()
+        pad = used.get("_pad")
         sel = self._table.index_select(1, idx)
         cs = torch.zeros(sel.size(0), B + 1, dtype=torch.long)
         torch.cumsum(sel, 1, out=cs[:, 1:])
@@ -403,13 +436,20 @@ class _Store:
                 inc_dict[c.key] = zeros[i]
             if c.key in self.follow_batch:
                 attrs.append((c.key + "_batch", _used(bufs[c.key + "_batch"], 0, used[c.key + "_batch"])))
-                attrs.append((c.key + "_ptr", _used(bufs[c.key + "_ptr"], 0, B + 1)))
-        private = [("_num_graphs", B), ("_slice_dict", slice_dict), ("_inc_dict", inc_dict)]
+                attrs.append((c.key + "_ptr", _used(bufs[c.key + "_ptr"], 0, used[c.key + "_ptr"])))
+        private = [("_num_graphs", B if pad is None else pad[3]), ("_slice_dict", slice_dict),
+                   ("_inc_dict", inc_dict)]
         if self.has_num_nodes_attr:
             private.append(("_num_nodes", sel[self._nodes_row].tolist()))
             attrs.append(("num_nodes", used["_num_nodes"]))
+        if pad is not None:
+            from .buckets import MASK_KEYS, PadInfo
+
+            for k in MASK_KEYS:
+                attrs.append((k, _used(bufs[k], 0, used[k])))
+            private.append(("padding", PadInfo(pad[0], pad[1], pad[2], (used["_num_nodes"], used["edge_index"]))))
         attrs.append(("batch", _used(bufs["batch"], 0, used["batch"])))
-        attrs.append(("ptr", _used(bufs["ptr"], 0, B + 1)))
+        attrs.append(("ptr", _used(bufs["ptr"], 0, used["ptr"])))
         return self._batch_new(attrs, private)
 
 
@@ -581,9 +621,9 @@ def _worker_loop(store: _Store, slots, struct_slots, jobs, results, parent: int,
             continue
         if job is None:
             return
-        tag, batch_no, slot, idx = job
+        tag, batch_no, slot, idx, pad = job
         try:
-            used = store.collate_into(torch.tensor(idx, dtype=torch.long), slots[slot])
+            used = store.collate_into(torch.tensor(idx, dtype=torch.long), slots[slot], pad)
             if struct_slots is not None:
                 _build_structure_into(store, slots[slot], used, struct_slots[slot])
             results.put((tag, batch_no, slot, used, None))
@@ -741,6 +781,13 @@ class PooledLoader:
             for its ``edge_index`` (see the module docstring): in the workers, or without
             workers in the main thread at delivery. Only for CPU targets and an int64
             ``edge_index`` attribute; otherwise ignored. Default False.
+        pad_to_buckets: pad every batch to one of a few fixed sizes (for CUDA graphs:
+            :class:`gnncompile.cuda_graphs.GraphedStep`): None / False (default) off; True
+            (4 buckets chosen from the data), a bucket count, a list of ``(nodes, edges)``, or a
+            :class:`gnncompile.data.buckets.BucketPadding`. Layout, masks and the targets'
+            ``ignore_index``: :mod:`gnncompile.data.buckets`; ``padding_stats()`` reports the
+            overhead. ValueError for a dataset it cannot pad (an attribute neither per node,
+            per edge nor per graph; no int64 edge_index; one the columnar store does not cover).
 
     Bad arguments (wrong type, out of range) raise ValueError. One iterator at a time: a new
     ``iter()`` ends the previous one (see :class:`_Pass`).
@@ -751,7 +798,7 @@ class PooledLoader:
                  follow_batch: Optional[List[str]] = None, exclude_keys: Optional[List[str]] = None,
                  pool_size: int = 2, num_workers: int = 0, pin_memory: bool = False,
                  persistent_workers: bool = False, device=None, timeout: float = 120.0,
-                 structures: bool = False) -> None:
+                 structures: bool = False, pad_to_buckets=None) -> None:
         self._workers: list = []
         self._pass = None
         self._abandoned: List[Any] = []  # generators of passes dropped half-way, not yet closed
@@ -779,16 +826,126 @@ class PooledLoader:
         if not isinstance(structures, bool):
             raise ValueError(f"PooledLoader: structures must be True or False, got {structures!r}")
         self.structures = structures
+        from .buckets import BucketPadding
+
+        self._padding = BucketPadding.of(pad_to_buckets)
         self._store: Optional[_Store] = None
         if len(dataset) > 0 and getattr(dataset, "transform", None) is None:
             try:
                 self._store = _cached_store(dataset, self.follow_batch, self.exclude_keys)
             except _Unsupported as e:
                 warnings.warn(f"PooledLoader: {e}; collating with Batch.from_data_list (no pooling)")
+        if self._padding is not None and self._store is None:
+            raise ValueError("PooledLoader: pad_to_buckets needs a dataset the loader stores column-wise "
+                             "(homogeneous graphs of tensor attributes, no transform)")
         if self._store is not None:
             self._store.set_capacity(self.batch_size)
+            if self._padding is not None:
+                self._init_padding()
             self.pool_size = self._pool_slots(self.pool_size)
             self._allocate_pool()
+
+    # ------------------------------------------------------------------ padding
+    def _init_padding(self) -> None:
+        from . import buckets as bk
+
+        store, spec = self._store, self._padding
+        store.kinds = bk.column_kinds(store)
+        self._pad_graphs = store.batch_size + 1
+        self._pad_stats = bk.PaddingStats()
+        if spec.explicit is not None:
+            self._buckets = list(spec.explicit)
+        else:
+            n = len(self.dataset)
+            gen = torch.Generator()
+            gen.manual_seed(0)  # a private generator: the global RNG is not drawn from
+            bs = min(self.batch_size, n)
+            # random batches (graphs drawn with replacement: the totals' spread is what matters)
+            ids = torch.randint(0, n, (spec.sample, bs), generator=gen)
+            row_e = next(i for i, c in enumerate(store.columns) if c.key == "edge_index")
+            nodes = store.num_nodes[ids].sum(1).tolist()
+            edges = store.columns[row_e].sizes[ids].sum(1).tolist()
+            self._buckets = bk.choose_buckets(nodes, edges, spec.count, spec.granule)
+        self._grow_for_buckets(resize=False)
+
+    def _grow_for_buckets(self, resize: bool) -> None:
+        store = self._store
+        nb = max(b[0] for b in self._buckets)
+        eb = max(b[1] for b in self._buckets)
+        size = {"node": nb, "edge": eb, "graph": self._pad_graphs}
+        totals = {c.key: size[store.kinds[c.key]] for c in store.columns}
+        totals["_num_nodes"] = nb
+        totals["_graphs"] = self._pad_graphs
+        if store.fits(totals):
+            return
+        if resize:
+            self._resize_pool(totals=totals)
+        else:
+            store.grow_capacity(totals)
+
+    def _batch_counts(self, batches: Sequence[Sequence[int]]) -> List[tuple]:
+        """(graphs, nodes, edges) of each batch of graph ids."""
+        store = self._store
+        lens = torch.tensor([len(b) for b in batches], dtype=torch.long)
+        flat = torch.tensor([i for b in batches for i in b], dtype=torch.long)
+        ends = torch.cumsum(lens, 0)
+        row_e = next(i for i, c in enumerate(store.columns) if c.key == "edge_index")
+        sel = store._table[[store._nodes_row, row_e]].index_select(1, flat)
+        cs = torch.cat([sel.new_zeros(2, 1), torch.cumsum(sel, 1)], 1)
+        tot = cs[:, ends] - cs[:, ends - lens]
+        return list(zip(lens.tolist(), tot[0].tolist(), tot[1].tolist()))
+
+    def _plan_padding(self, batches: Sequence[Sequence[int]]) -> List[tuple]:
+        """The bucket of each batch of a pass, as ``collate_into``'s ``pad`` argument; a batch
+        that no bucket holds gets a new one (with a warning), and the slots grow to the largest
+        bucket before the pass starts. ValueError for a batch of more graphs than the padded
+        graph count allows."""
+        from . import buckets as bk
+
+        spec, G = self._padding, self._pad_graphs
+        out = []
+        added = []
+        for B, N, E in self._batch_counts(batches) if batches else []:
+            if B + 1 > G:
+                raise ValueError(f"PooledLoader(pad_to_buckets): a batch of {B} graphs; padded batches hold at most "
+                                 f"{G - 1} real graphs (batch_size) and one padding graph")
+            i = bk.pick(self._buckets, N, E)
+            if i is None:
+                if len(self._buckets) >= spec.count + bk.MAX_NEW:  # bounded: the largest possible batch
+                    nb = self._cap_bucket()
+                else:
+                    nb = bk.new_bucket(N, E, spec.granule)
+                self._buckets = sorted(self._buckets + [nb])
+                added.append(nb)
+                i = bk.pick(self._buckets, N, E)
+            out.append(self._buckets[i] + (G, spec.ignore_index))
+        if added:
+            warnings.warn(f"PooledLoader(pad_to_buckets): {len(added)} new bucket(s) {added} for batches that no "
+                          f"bucket held; buckets now {self._buckets}")
+            self._grow_for_buckets(resize=True)
+        return out
+
+    def _cap_bucket(self) -> tuple:
+        """The bucket of the largest possible batch: the ``G - 1`` largest graphs' nodes (+ 1)
+        and edges."""
+        from . import buckets as bk
+
+        store, g = self._store, self._padding.granule
+        ei = next(c for c in store.columns if c.key == "edge_index")
+        return (bk._round_up(_top_sum(store.num_nodes, self._pad_graphs - 1) + 1, g),
+                bk._round_up(_top_sum(ei.sizes, self._pad_graphs - 1), g))
+
+    @property
+    def buckets(self) -> List[tuple]:
+        """The ``(nodes, edges)`` buckets batches are padded to (empty when not padding)."""
+        return list(self._buckets) if self._padding is not None else []
+
+    def padding_stats(self) -> dict:
+        """What padding cost over the batches yielded so far: the buckets, batches per bucket,
+        real and padded node / edge counts, and the overheads (padded / real - 1)."""
+        if self._padding is None:
+            raise RuntimeError("PooledLoader.padding_stats: this loader does not pad (pad_to_buckets)")
+        return self._pad_stats.report(self._buckets)
 
     @property
     def _structures(self) -> bool:
@@ -808,6 +965,8 @@ class PooledLoader:
         return slots
 
     def _allocate_pool(self) -> None:
+        if self._padding is not None:  # (another loader over the same store may have set it smaller)
+            self._grow_for_buckets(resize=False)
         shared = self.num_workers > 0
         self._shared_pool = shared
         self._unhand_all()
@@ -816,7 +975,7 @@ class PooledLoader:
                        if self._structures and shared else None)
         self._host = []
         for _ in range(self.pool_size):
-            bufs = self._store.allocate(pin=self.pin_memory and not shared)
+            bufs = self._store.allocate(pin=self.pin_memory and not shared, masks=self._padding is not None)
             if shared:
                 for t in bufs.values():
                     t.share_memory_()
@@ -824,7 +983,8 @@ class PooledLoader:
                         _host_register(t)
             self._host.append(bufs)
         if self.cuda:
-            self._dev = [self._store.allocate(device=self.device) for _ in range(self.pool_size)]
+            self._dev = [self._store.allocate(device=self.device, masks=self._padding is not None)
+                         for _ in range(self.pool_size)]
             self._stream = torch.cuda.Stream(self.device)
             self._copied = [None] * self.pool_size
             self._released = [None] * self.pool_size
@@ -919,12 +1079,13 @@ class PooledLoader:
                                f"{self._store.num_nodes.numel()} when the loader read it; a loader reads "
                                "its dataset once, at construction: build a new one")
         batches = self._epoch_batches()
+        pads = self._plan_padding(batches) if self._padding is not None else None
         if self._store is None:
             gen = self._iter_fallback(batches)
         elif self.num_workers == 0:
-            gen = self._iter_inline(batches)
+            gen = self._iter_inline(batches, pads)
         else:
-            gen = self._iter_workers(batches)
+            gen = self._iter_workers(batches, pads)
         it = _Pass(gen, self)
         self._pass = weakref.ref(it)
         return it
@@ -966,7 +1127,8 @@ class PooledLoader:
                 totals = self._store.batch_totals(plan)
                 if not self._store.fits(totals):
                     self._resize_pool(totals=totals)
-            gen = self._iter_inline(plan) if self.num_workers == 0 else self._iter_workers(plan)
+            pads = self._plan_padding(plan) if self._padding is not None else None
+            gen = self._iter_inline(plan, pads) if self.num_workers == 0 else self._iter_workers(plan, pads)
         it = _Pass(gen, self)
         self._pass = weakref.ref(it)
         return it
@@ -1005,6 +1167,9 @@ class PooledLoader:
             yield out.to(self.device, non_blocking=True) if self.device is not None else out
 
     def _deliver(self, slot: int, idx: torch.Tensor, used: Dict[str, int]) -> Batch:
+        pad = used.get("_pad")
+        if pad is not None:
+            self._pad_stats.add((used["_num_nodes"], used["edge_index"]), pad[1], pad[2], pad[0], pad[3])
         if not self.cuda:
             batch = self._store.make_batch(idx, self._host[slot], used)
             if self._structures:
@@ -1086,14 +1251,14 @@ class PooledLoader:
             if self._copied[slot] is not None:
                 self._copied[slot].synchronize()  # the host buffer may be refilled now
 
-    def _iter_inline(self, batches):
+    def _iter_inline(self, batches, pads=None):
         self._unhand_all()  # the slots of an earlier pass are filled again
         for i, b in enumerate(batches):
             slot = i % self.pool_size
             if i >= self.pool_size:
                 self._release(slot)
             idx = torch.tensor(b, dtype=torch.long)
-            used = self._store.collate_into(idx, self._host[slot])
+            used = self._store.collate_into(idx, self._host[slot], pads[i] if pads is not None else None)
             yield self._deliver(slot, idx, used)
 
     def _result(self, tag: int) -> tuple:
@@ -1113,7 +1278,7 @@ class PooledLoader:
                 return tuple(rest)
             # else a stale result from an abandoned pass
 
-    def _iter_workers(self, batches):
+    def _iter_workers(self, batches, pads=None):
         if not self._workers or not all(p.is_alive() for p in self._workers):
             if self._workers:
                 self._stop_workers()
@@ -1128,7 +1293,8 @@ class PooledLoader:
         interrupted = False
         try:
             while sent < min(n, self.pool_size):
-                self._jobs.put((tag, sent, sent % self.pool_size, batches[sent]))
+                self._jobs.put((tag, sent, sent % self.pool_size, batches[sent],
+                                pads[sent] if pads is not None else None))
                 sent += 1
             for i in range(n):
                 while i not in ready:
@@ -1142,7 +1308,7 @@ class PooledLoader:
                 # the caller asked for the next batch: slot is free again
                 self._release(slot)
                 if sent < n:
-                    self._jobs.put((tag, sent, slot, batches[sent]))
+                    self._jobs.put((tag, sent, slot, batches[sent], pads[sent] if pads is not None else None))
                     sent += 1
         except KeyboardInterrupt:
             # A Ctrl-C may land between a result leaving the queue and its count (or mid-read of

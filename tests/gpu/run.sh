@@ -19,6 +19,9 @@
 #   gpu-models python -m benchmarks gpu_models (training step of GCN,         -> gpu_models.json,
 #              GraphSAGE, GAT on 1M nodes / 10M edges: eager, CSR,              bench.log
 #              gnncompile, inductor)
+#   gpu-graphs python -m benchmarks cuda_graphs (GIN / GINE steps on padded   -> summary.txt
+#              molecule batches: plain, plain padded, GraphedStep CUDA         (table and JSON),
+#              graphs)                                                          bench.log
 #   op-tests   the op tests, CPU and CUDA parametrisations (GPU mode), or the -> op_tests.log
 #              host checks of the native rules (--cpu)
 #
@@ -44,8 +47,8 @@ SUMMARY="$OUT/summary.txt"
 STATUS=0
 T_START=$(date +%s)
 
-PHASES=(env build gpu-tests gpu-bench gpu-models op-tests)
-declare -A LIMIT=([env]=15 [build]=150 [gpu-tests]=100 [gpu-bench]=60 [gpu-models]=115 [op-tests]=75)
+PHASES=(env build gpu-tests gpu-bench gpu-models gpu-graphs op-tests)
+declare -A LIMIT=([env]=15 [build]=150 [gpu-tests]=100 [gpu-bench]=45 [gpu-models]=115 [gpu-graphs]=30 [op-tests]=75)
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(( $(date +%s) - T_START )); }
@@ -160,6 +163,7 @@ if [ "$MODE" = cpu ]; then
   skip gpu-tests "--cpu: no CUDA device"
   skip gpu-bench "--cpu: no CUDA device"
   skip gpu-models "--cpu: no CUDA device"
+  skip gpu-graphs "--cpu: no CUDA device"
   phase op-tests "$OUT/op_tests.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
       tests/ops/test_native_rules.py tests/hardware/test_cuda_knobs.py
 else
@@ -171,9 +175,14 @@ else
   phase gpu-bench "$OUT/bench.log" "$PY" -m benchmarks gpu_ops --out "$OUT"
   phase gpu-models "$OUT/bench.log" "$PY" -m benchmarks gpu_models --out "$OUT" \
       --budget $(( ${LIMIT[gpu-models]} - 40 ))
-  for t in gpu_ops gpu_models; do  # the tables go into the summary (at most 8 files come back)
+  phase gpu-graphs "$OUT/bench.log" "$PY" -m benchmarks cuda_graphs --out "$OUT" \
+      --budget $(( ${LIMIT[gpu-graphs]} - 18 ))
+  for t in gpu_ops gpu_models cuda_graphs; do  # the tables go into the summary (at most 8 files come back)
     [ -f "$OUT/$t.txt" ] && cat "$OUT/$t.txt" >> "$SUMMARY" && rm -f "$OUT/$t.txt"
   done
+  if [ -f "$OUT/cuda_graphs.json" ]; then  # its record too: a ninth file would not come back
+    { echo "cuda_graphs.json:"; cat "$OUT/cuda_graphs.json"; } >> "$SUMMARY" && rm -f "$OUT/cuda_graphs.json"
+  fi
   phase op-tests "$OUT/op_tests.log" "$PY" -m pytest -q -rs -p no:cacheprovider \
       tests/ops/test_spmm.py tests/ops/test_edge_softmax.py tests/ops/test_bad_input.py tests/ops/test_graph.py
 fi

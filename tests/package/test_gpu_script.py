@@ -28,10 +28,11 @@ def test_run_script_cpu_mode(tmp_path):
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{summary}"
     plan = dict(re.findall(r"^  plan  (\S+)\s+(\d+)s", summary, flags=re.M))
     phases = {k: int(v) for k, v in plan.items() if k != "total"}
-    assert list(phases) == ["env", "build", "gpu-tests", "gpu-bench", "gpu-models", "op-tests"]
+    assert list(phases) == ["env", "build", "gpu-tests", "gpu-bench", "gpu-models", "gpu-graphs", "op-tests"]
     assert sum(phases.values()) == int(plan["total"]) <= 540 - 10
     assert re.search(r"^gpu-tests\s+skipped: --cpu", summary, flags=re.M)
     assert re.search(r"^gpu-bench\s+skipped: --cpu", summary, flags=re.M)
+    assert re.search(r"^gpu-graphs\s+skipped: --cpu", summary, flags=re.M)
     assert re.search(r"^op-tests\s+rc=0 ", summary, flags=re.M)
     assert re.search(r"^total \d+s of 540s; status 0$", summary, flags=re.M)
     files = sorted(p.name for p in out.iterdir())
