@@ -342,6 +342,12 @@ class Policy:
     #: under a budget, a setting whose next batches' work exceeds this many times the largest
     #: work of a step measured so far is not predicted to fit (see :meth:`fits`)
     EXTRAPOLATE = 2.0
+    #: two windows' batches are of a similar density when their largest nodes and largest edges
+    #: per batch each differ by at most this factor (see :meth:`_measured_worse`; the largest, so
+    #: that an epoch's short last batch does not count as a change)
+    DENSITY_TOL = 1.25
+    #: the most windows a run of refusals makes the policy wait before its next trial
+    STREAK_CAP = 16
 
     def __init__(self, sizes: Sequence[int], pool_sizes: Sequence[int], num_workers: Sequence[int], start: Setting,
                  memory_budget: Optional[int], margin: float, min_gain: float, window: int,
@@ -362,11 +368,23 @@ class Policy:
         self.creep: List[int] = []  # peak - the previous step's peak, for steps without a clean start
         self.floor: Optional[int] = None  # the memory at the first step's start
         self.rates: Dict[Setting, float] = {}
-        self.trial: Optional[Tuple[Setting, float]] = None  # (setting we came from, its rate)
+        # (setting we came from, its rate, its batches' density)
+        self.trial: Optional[Tuple[Setting, float, Optional[Tuple[float, float]]]] = None
         self.backoff: Dict[Tuple[Setting, Setting], Tuple[int, int]] = {}  # -> (retry at window no, wait)
         self.windows = 0
         self.move_no = 0
         self.unit = "work"  # what the rates count (the log's wording): 'work' or 'seeds'
+        # the climb: from the start, only sizes up are tried, and a kept size up is followed at
+        # once by the next trial up (no window re-measuring it); it ends at the first refusal
+        # or when no larger size may be tried
+        self.climbing = True
+        self.extra: List[Dict[str, Any]] = []  # entries decided after observe's own (the climb's next trial)
+        # (from, to) -> the density (largest nodes, edges per batch of a window) of ``from``'s batches when
+        # ``to`` was measured slower than ``from`` (a refused trial, or ``from`` kept over ``to``)
+        self.worse: Dict[Tuple[Setting, Setting], Tuple[float, float]] = {}
+        self.density: Optional[Tuple[float, float]] = None  # the last full window's largest nodes, edges per batch
+        self.streak = 0  # refusals in a row (a keep, a shrink or a new workload ends the run)
+        self.rest = 0  # windows still to measure before the next trial
         self._reset_window(skip=0)
 
     # -- measurement window
@@ -375,6 +393,8 @@ class Policy:
         self.w_work = 0
         self.w_time = 0.0
         self.w_steps = 0
+        self.w_nodes = 0
+        self.w_edges = 0
 
     @property
     def line(self) -> Optional[float]:
@@ -461,6 +481,7 @@ class Policy:
                 pick = s
                 break
         self.trial = None
+        self.streak = self.rest = 0
         return self._switch("shrink", Setting(pick, self.current.pool_size, self.current.num_workers), None, reason)
 
     def before_step(self) -> Optional[Dict[str, Any]]:
@@ -482,14 +503,18 @@ class Policy:
     # -- after a step
     def observe(self, seconds: float, work: int, base: int, peak: Optional[int],
                 grown: Optional[int] = None, learn: bool = True,
-                progress: Optional[float] = None) -> Optional[Dict[str, Any]]:
+                progress: Optional[float] = None, nodes: Optional[int] = None,
+                edges: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """One step's measurements: wall seconds, work (nodes + edges), the memory at its
         start and its peak (None without a probe); ``grown`` (default ``peak - base``) is what
         the memory model learns from, when ``learn`` (a clean reading; predictions start from
         the base of the last one); ``progress`` (default ``work``) is what the rates compare
         per second: the neighbor loader gives the step's seeds, since a larger seed batch
-        shares more of its sampled neighbourhood and so does less work per seed. Returns a log
-        entry when the setting changes or a trial is kept."""
+        shares more of its sampled neighbourhood and so does less work per seed; ``nodes`` and
+        ``edges`` (the batch's; default: all its work counted as nodes) are its density, which
+        decides whether a setting measured slower before is worth another trial. Returns a log
+        entry when the setting changes or a trial is kept; a further entry decided at the same
+        step (the climb's next trial after a kept one) is left in ``extra``."""
         if self.floor is None:
             self.floor = base
         if peak is not None and self._expected is not None:
@@ -516,29 +541,48 @@ class Policy:
         self.w_work += work if progress is None else progress
         self.w_time += seconds
         self.w_steps += 1
+        self.w_nodes = max(self.w_nodes, work if nodes is None else nodes)
+        self.w_edges = max(self.w_edges, 0 if edges is None else edges)
         if self.w_steps < self.window:
             return None
         rate = self.w_work / max(self.w_time, 1e-12)
+        density = (float(self.w_nodes), float(self.w_edges))
+        self.density = density
         self.windows += 1
         self._reset_window(skip=0)
         if self.trial is not None:
-            prev, prev_rate = self.trial
+            prev, prev_rate, prev_density = self.trial
             self.trial = None
             gain = rate / prev_rate if prev_rate > 0 else float("inf")
             self.rates[self.current] = rate
             if gain >= 1.0 + self.min_gain:
                 self.backoff.pop((prev, self.current), None)
+                self.worse[(self.current, prev)] = density  # prev measured slower than this, at these batches
+                self.streak = self.rest = 0
                 e = self._entry("keep", self.current, gain, f"{(gain - 1) * 100:.1f}% more {self.unit} per second "
                                 f"(>= {self.min_gain * 100:g}%)")
                 e["from"] = prev.as_dict()
+                if self.climbing:  # the trial's window is this size's measurement: the next one up at once
+                    nxt = self._try(rate, self.MOVES.index(("size", 1)))
+                    if nxt is not None:
+                        self.extra.append(nxt)
+                    else:
+                        self.climbing = False
                 return e
             key = (prev, self.current)
             wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
             self.backoff[key] = (self.windows + wait, wait)
+            self.worse[key] = prev_density
+            self.climbing = False
+            self.streak += 1
+            self.rest = min(self.STREAK_CAP, 2 ** (self.streak - 1)) - 1
             return self._switch("revert", prev, gain, f"{(gain - 1) * 100:+.1f}% {self.unit} per second, under the "
                                 f"{self.min_gain * 100:g}% needed to switch")
         self.rates[self.current] = rate
-        return self._explore(rate)
+        if self.rest > 0:  # a run of refusals: measure on before the next trial
+            self.rest -= 1
+            return None
+        return self._explore(rate, up_only=self.climbing)
 
     def workload_changed(self, reason: str) -> Optional[Dict[str, Any]]:
         """The batches' nature changed (a new fanout): rates measured before do not compare with
@@ -547,8 +591,10 @@ class Policy:
         to the setting it came from (a 'revert' entry, gain None)."""
         self.rates.clear()
         self.backoff.clear()
+        self.worse.clear()
+        self.streak = self.rest = 0
         if self.trial is not None:
-            prev, _ = self.trial
+            prev, _, _ = self.trial
             self.trial = None
             return self._switch("revert", prev, None, f"trial abandoned: {reason}")
         self._reset_window()
@@ -556,7 +602,25 @@ class Policy:
 
     def _backing_off(self, cand: Setting) -> bool:
         retry = self.backoff.get((self.current, cand))
-        return retry is not None and self.windows < retry[0]
+        return (retry is not None and self.windows < retry[0]) or self._measured_worse(cand)
+
+    def _measured_worse(self, cand: Setting) -> bool:
+        """Whether ``cand`` was measured slower than the current setting (a refused trial, or
+        the current one kept over it) on batches of a density similar to the current ones':
+        the largest nodes and largest edges per batch of a window each within a factor ``DENSITY_TOL``. Such a trial
+        is not repeated (whatever its back-off); batches whose density has changed since (graphs
+        sorted by size under a graph count, denser graphs under a node budget) may be tried again."""
+        was = self.worse.get((self.current, cand))
+        now = self.density
+        if was is None or now is None:
+            return False
+
+        def near(a: float, b: float) -> bool:
+            if a <= 0 or b <= 0:
+                return a == b
+            return max(a, b) <= self.DENSITY_TOL * min(a, b)
+
+        return near(was[0], now[0]) and near(was[1], now[1])
 
     def _grow(self) -> Optional[Setting]:
         """Under a budget, the size to try upwards: the largest above the current one whose
@@ -572,23 +636,37 @@ class Policy:
                 return cand
         return None
 
-    def _explore(self, rate: float) -> Optional[Dict[str, Any]]:
+    def _explore(self, rate: float, up_only: bool = False) -> Optional[Dict[str, Any]]:
+        """The next trial from the current setting (measured at ``rate``), or None. The moves
+        take turns; ``up_only`` (the climb) tries the size up first, and when it may not be
+        tried the climb ends (and the moves take turns)."""
+        if up_only:
+            e = self._try(rate, self.MOVES.index(("size", 1)))
+            if e is not None:
+                return e
+            self.climbing = False
         for k in range(len(self.MOVES)):
-            dim, step = self.MOVES[(self.move_no + k) % len(self.MOVES)]
-            jump = dim == "size" and step > 0 and self.budget is not None
-            cand = self._grow() if jump else self._neighbour(dim, step)
-            if cand is None or self._backing_off(cand):
-                continue
-            if dim == "size" and step > 0 and not self.fits(cand):
-                continue
-            if dim == "size" and step < 0 and self.budget is not None and not self.fits(cand):
-                continue
-            self.move_no = (self.move_no + k + 1) % len(self.MOVES)
-            self.trial = (self.current, rate)
-            what = " (the largest predicted to fit)" if jump and cand != self._neighbour(dim, step) else ""
-            return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
-                                f"{getattr(cand, dim)}{what} for {self.window} steps")
+            e = self._try(rate, (self.move_no + k) % len(self.MOVES))
+            if e is not None:
+                return e
         return None
+
+    def _try(self, rate: float, m: int) -> Optional[Dict[str, Any]]:
+        """Move ``m`` of MOVES as a trial (an 'explore' entry), or None when it may not be tried."""
+        dim, step = self.MOVES[m]
+        jump = dim == "size" and step > 0 and self.budget is not None
+        cand = self._grow() if jump else self._neighbour(dim, step)
+        if cand is None or self._backing_off(cand):
+            return None
+        if dim == "size" and step > 0 and not self.fits(cand):
+            return None
+        if dim == "size" and step < 0 and self.budget is not None and not self.fits(cand):
+            return None
+        self.move_no = (m + 1) % len(self.MOVES)
+        self.trial = (self.current, rate, self.density)
+        what = " (the largest predicted to fit)" if jump and cand != self._neighbour(dim, step) else ""
+        return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
+                            f"{getattr(cand, dim)}{what} for {self.window} steps")
 
 
 # ---------------------------------------------------------------------------------- loaders
@@ -725,7 +803,10 @@ class _Adaptive:
             # what the measurement decides, then the check of the next batch under the setting
             # that decision leaves (after a kept trial or a revert too: a size kept for the
             # batches it was tried on may not fit the larger ones that follow)
-            entries = [self.policy.observe(seconds, work, base, peak, grown, clean, self._progress(info))]
+            entries = [self.policy.observe(seconds, work, base, peak, grown, clean, self._progress(info),
+                                           nodes=info["nodes"], edges=info["edges"])]
+            entries += self.policy.extra
+            self.policy.extra = []
             entries.append(self.policy.before_step() if self._more_to_come() else None)
             entries = [e for e in entries if e is not None]
         if dist is not None:  # the other ranks need the setting rank 0 ends with: its last entry
