@@ -71,12 +71,38 @@ from . import _common
 F, HIDDEN, LAYERS = 16, 64, 3
 
 
+WORKLOADS = ("uniform", "denser")
+KINDS = ("graphs", "nodes", "edges")
+#: each kind's grid in the spec
+GRID = {"graphs": "sizes", "nodes": "node_sizes", "edges": "edge_sizes"}
+EDGE_SIZES = {"uniform": "4096,8192,16384,32768,65536", "denser": "8192,16384,32768,65536,131072"}
+
+
+def degree(spec, n: int) -> float:
+    """The average degree of a graph of ``n`` nodes: 4 (workload 'uniform'); with 'denser',
+    linear in the node count from ``min_degree`` at ``min_nodes`` to ``max_degree`` at
+    ``max_nodes`` (larger graphs denser, as larger real graphs tend to be)."""
+    if spec.get("workload", "uniform") == "uniform":
+        return 4.0
+    lo, hi = spec["min_nodes"], spec["max_nodes"]
+    t = 0.0 if hi == lo else (n - lo) / (hi - lo)
+    return spec["min_degree"] + t * (spec["max_degree"] - spec["min_degree"])
+
+
 def _dataset(spec):
     from gnncompile.data import graph_dataset
 
     ds = graph_dataset(spec["graphs"], min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"], num_features=F,
                        seed=0)
     ds.sort(key=lambda d: d.num_nodes)
+    if spec.get("workload", "uniform") == "denser":  # the edges drawn again, at the degree of the graph's size
+        g = torch.Generator().manual_seed(1)
+        for d in ds:
+            n = int(d.num_nodes)
+            m = max(1, int(n * degree(spec, n) / 2))
+            src = torch.randint(0, n, (m,), generator=g)
+            dst = torch.randint(0, n, (m,), generator=g)
+            d.edge_index = torch.stack([torch.cat([src, dst]), torch.cat([dst, src])])
     for d in ds:  # a label the model can learn whatever the order (see the module docstring)
         d.y = torch.tensor([int(d.x[:, 0].mean() > 0)])
     return ds
@@ -138,7 +164,7 @@ def child(spec) -> dict:
     if spec["mode"] == "fixed":
         L = AdaptiveLoader(ds, by=by, sizes=[spec["size"]], memory="rss")
     else:
-        sizes = spec["sizes"] if by == "graphs" else spec["node_sizes"]
+        sizes = spec[GRID[by]]
         L = AdaptiveLoader(ds, by=by, sizes=sizes, start=Setting(min(sizes), 2, 0), memory="rss",
                            memory_budget=budget, window=spec["window"], optimizer=opt, lr_scaling=spec["lr_scaling"])
     t0 = time.perf_counter()
@@ -181,7 +207,7 @@ def _run(spec, timeout):
 def _label(r) -> str:
     if r["mode"] != "fixed":
         return f"adaptive ({r['by']})"
-    return f"{r['size']} graphs" if r["by"] == "graphs" else f"{r['size']} nodes"
+    return f"{r['size']} {r['by']}"
 
 
 def _within(r) -> bool:
@@ -224,11 +250,17 @@ def loss_lines(lc: dict, heading: str, fanouts=None) -> list:
 
 def markdown(p: dict) -> str:
     a = p["args"]
-    grid = "/".join(map(str, a["node_sizes"] if a["adaptive_by"] == "nodes" else a["sizes"]))
+    grid = "/".join(map(str, a[GRID[a["adaptive_by"]]]))
+    kinds = [k for k in KINDS if a.get(GRID[k]) is not None]
+    if a.get("workload", "uniform") == "denser":
+        density = (f"average degree growing with the node count, {a['min_degree']:g} at {a['min_nodes']} nodes to "
+                   f"{a['max_degree']:g} at {a['max_nodes']} (workload 'denser')")
+    else:
+        density = "average degree 4"
     lines = [f"# Runtime adaptation: growing batches under a memory budget\n",
              f"`{p['command']}`  \n{p['cpu']}, {a['threads']} threads, torch {p['machine']['torch']}.  "
              f"\n{_common.load_text(p['loadavg_before_after'])}\n",
-             f"{a['graphs']} graphs of {a['min_nodes']}-{a['max_nodes']} nodes (average degree 4), sorted by size "
+             f"{a['graphs']} graphs of {a['min_nodes']}-{a['max_nodes']} nodes ({density}), sorted by size "
              f"ascending, {a['epochs']} epochs; compiled GIN ({F} -> {HIDDEN} x {LAYERS}) + mean pool + linear, Adam "
              f"(lr 1e-3). Memory budget: {a['budget_mib']} MiB of peak RSS above the resident set after warm-up. "
              f"Adaptive: by='{a['adaptive_by']}' over {grid} (starting at the smallest), window {a['window']}, "
@@ -241,15 +273,17 @@ def markdown(p: dict) -> str:
             lines.append(f"| {r.get('label', '?')} | | | error: {r['error'][:80]} | | | | | |")
             continue
         kind = "fixed" if r["mode"] == "fixed" else "adaptive"
-        setting = _label(r) if kind == "fixed" else (
-            f"by {r['by']}: " + "/".join(map(str, a["node_sizes"] if r["by"] == "nodes" else a["sizes"])))
+        setting = _label(r) if kind == "fixed" else f"by {r['by']}: " + "/".join(map(str, a[GRID[r["by"]]]))
         ok = "yes" if _within(r) else "**no (over budget: excluded)**"
         lines.append(f"| {kind} | {setting} | {r['seed']} | {r['graphs_per_s']:.0f} | {r['wall_s']:.2f} | "
                      f"{r['steps']} | {r['peak_above_base_mib']:.0f} | {ok} | {r['last_epoch_loss']:.4f} |")
+    for r in p.get("skipped", []):
+        lines.append(f"| fixed | {_label(r)} | {r['seed']} | not run: {r['skipped']} | | | | | |")
     s = p.get("summary", {})
+    names = {"graphs": "graphs per batch", "nodes": "node budget", "edges": "edge budget"}
     if s:
         lines.append("")
-        for k, name in (("graphs", "graphs per batch"), ("nodes", "node budget")):
+        for k, name in ((k, names[k]) for k in kinds):
             b = s.get(f"best_{k}")
             if b is None:
                 lines.append(f"Best fixed {name} within budget: none.")
@@ -257,6 +291,9 @@ def markdown(p: dict) -> str:
             lines.append(f"- **Best fixed {name} within budget: {b['size']}** ({b['graphs_per_s']:.0f} graphs/s, "
                          f"peak {b['peak_above_base_mib']:.0f} MiB above base). Adaptive (first pass): "
                          f"{s['adaptive_graphs_per_s']:.0f} graphs/s = **{s[f'speedup_vs_{k}']:.2f}x** it.")
+        if s.get("best_kind"):
+            lines.append(f"- The best fixed setting of all within budget: **{s['best_' + s['best_kind']]['size']} "
+                         f"{s['best_kind']}** (the baseline the issue names).")
         lines.append(f"- Adaptive peak {s['adaptive_peak_above_base_mib']:.0f} MiB above base (budget "
                      f"{a['budget_mib']} MiB: {'within' if s['adaptive_within_budget'] else 'OVER'}).")
         if s.get("other") is not None:
@@ -264,9 +301,10 @@ def markdown(p: dict) -> str:
             lines.append(f"- The other adaptive run (by='{o['by']}'): {o['graphs_per_s']:.0f} graphs/s = "
                          f"{o['speedup_vs_graphs']:.2f}x the best fixed graphs"
                          + (f", {o['speedup_vs_nodes']:.2f}x the best fixed nodes" if o.get("speedup_vs_nodes") else "")
+                         + (f", {o['speedup_vs_edges']:.2f}x the best fixed edges" if o.get("speedup_vs_edges") else "")
                          + f", peak {o['peak_above_base_mib']:.0f} MiB above base "
                          f"({'within' if o['within_budget'] else 'OVER'} the budget).")
-        for k in ("graphs", "nodes"):
+        for k in kinds:
             lc = s.get(f"loss_vs_{k}")
             if not lc:
                 continue
@@ -275,10 +313,11 @@ def markdown(p: dict) -> str:
                                     f"({_label(dict(b, mode='fixed', by=k))}), seeds {', '.join(map(str, lc['seeds']))}")
     rd = p.get("rounds")
     if rd:
-        lines += ["", "## Interleaved rounds: best fixed graphs, best fixed nodes, adaptive", "",
-                  "| round | order | fixed graphs graphs/s | fixed nodes graphs/s | adaptive graphs/s | adaptive / "
-                  "graphs | adaptive / nodes | adaptive peak above base MiB | adaptive last-epoch loss |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        fs = [k for k in rd["sides"] if k != "adaptive"]
+        lines += ["", "## Interleaved rounds: " + ", ".join(f"best fixed {k}" for k in fs) + ", adaptive", "",
+                  "| round | order | " + " | ".join(f"fixed {k} graphs/s" for k in fs) + " | adaptive graphs/s | "
+                  + " | ".join(f"adaptive / {k}" for k in fs) + " | adaptive peak above base MiB | adaptive last-epoch "
+                  "loss |", "|---|---|" + "---|" * (2 * len(fs) + 3)]
 
         def f(v, fmt):
             return "" if v is None else format(v, fmt)
@@ -286,14 +325,15 @@ def markdown(p: dict) -> str:
         for r in rd["pairs"]:
             err = [r[f"{k}_error"] for k in rd["sides"] if r.get(f"{k}_error")]
             if err:
-                lines.append(f"| {r['round']} | {r['order']} | error: {err[0][:60]} | | | | | | |")
+                lines.append(f"| {r['round']} | {r['order']} | error: {err[0][:60]} |" + " |" * (2 * len(fs) + 2))
                 continue
-            ad, fg, fn = r["adaptive_graphs_per_s"], r.get("graphs_graphs_per_s"), r.get("nodes_graphs_per_s")
-            lines.append(f"| {r['round']} | {r['order']} | {f(fg, '.0f')} | {f(fn, '.0f')} | {ad:.0f} | "
-                         f"{f(fg and ad / fg, '.2f')} | {f(fn and ad / fn, '.2f')} | "
+            ad = r["adaptive_graphs_per_s"]
+            fx = [r.get(f"{k}_graphs_per_s") for k in fs]
+            lines.append(f"| {r['round']} | {r['order']} | " + " | ".join(f(v, ".0f") for v in fx) + f" | {ad:.0f} | "
+                         + " | ".join(f(v and ad / v, ".2f") for v in fx) + " | "
                          f"{r['adaptive_peak_above_base_mib']:.0f} | {r['adaptive_last_epoch_loss']:.4f} |")
         lines.append("")
-        for k in ("graphs", "nodes"):
+        for k in fs:
             iv = rd.get(f"vs_{k}")
             if not iv:
                 continue
@@ -301,6 +341,13 @@ def markdown(p: dict) -> str:
             lines.append(f"- **Adaptive / best fixed {k} ({s[f'best_{k}']['size']}) over {iv['pairs']} interleaved "
                          f"rounds: {iv['ratio']:.2f}x** (geometric mean), 95% interval {span}; median "
                          f"{rd[f'median_vs_{k}']:.2f}x.")
+        if s.get("best_kind") and rd.get(f"vs_{s['best_kind']}"):
+            iv = rd[f"vs_{s['best_kind']}"]
+            lines.append(f"- Against the best fixed setting of all ({s['best_' + s['best_kind']]['size']} "
+                         f"{s['best_kind']}): **{iv['ratio']:.2f}x**, 95% interval "
+                         + (f"[{iv['low']:.2f}, {iv['high']:.2f}]" if iv.get("low") is not None else "(none)")
+                         + (" (the issue's 1.2x: met with confidence)." if iv.get("low") is not None and iv["low"] >= 1.2
+                            else " (the issue's 1.2x: not shown)."))
         lines.append(f"- Adaptive runs over the {a['budget_mib']} MiB budget: {rd['adaptive_over_budget']} of "
                      f"{rd['adaptive_runs']} (largest peak {rd['adaptive_max_peak_above_base_mib']:.0f} MiB above "
                      f"base); the best fixed runs over it: {rd['fixed_over_budget']}. Adaptive last-epoch losses "
@@ -324,21 +371,18 @@ def markdown(p: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-SIDES = ("graphs", "nodes", "adaptive")
+SIDES = KINDS + ("adaptive",)
 
 
 def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
-    """Rounds 2..R of the best fixed graphs size, the best fixed node budget and the adaptive run
-    (fresh processes, the order rotating); round 1 is the first pass's runs. Each paired
+    """Rounds 2..R of the best fixed setting of each kind (graphs, node budget, edge budget) and
+    the adaptive run (fresh processes, the order rotating); round 1 is the first pass's runs. Each paired
     ratio's geometric mean and 95% interval, every adaptive run's peak against the budget."""
     from gnncompile.tuner import noise
 
     sides = [k for k in SIDES if first.get(k) is not None]
-    specs = {"graphs": dict(base, mode="fixed", by="graphs", seed=0, size=first["graphs"]["size"])
-             if first.get("graphs") else None,
-             "nodes": dict(base, mode="fixed", by="nodes", seed=0, size=first["nodes"]["size"])
-             if first.get("nodes") else None,
-             "adaptive": dict(base, mode="adaptive", by=base["adaptive_by"], seed=0)}
+    specs = {k: dict(base, mode="fixed", by=k, seed=0, size=first[k]["size"]) for k in KINDS if first.get(k)}
+    specs["adaptive"] = dict(base, mode="adaptive", by=base["adaptive_by"], seed=0)
     pairs = [{"round": 1, "order": " > ".join(sides), **{k: first[k] for k in sides}}]
     for k in range(2, rounds + 1):
         order = sides[(k - 1) % len(sides):] + sides[:(k - 1) % len(sides)]
@@ -351,7 +395,7 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
                                       **{f"{side}_{k}": p[side].get(k) for side in sides
                                          for k in ("graphs_per_s", "peak_above_base_mib", "last_epoch_loss", "error")}}
                                      for p in pairs]}
-    for side in ("graphs", "nodes"):
+    for side in KINDS:
         if side in sides:
             out[f"vs_{side}"] = noise.ratio_interval([p["adaptive"]["graphs_per_s"] for p in ok],
                                                      [p[side]["graphs_per_s"] for p in ok])
@@ -395,13 +439,14 @@ def plot(p: dict, path: Path) -> None:
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.8))
     runs = [r for r in p["fixed"] + [p["adaptive"]] + ([p["adaptive_other"]] if p.get("adaptive_other") else [])
             if "error" not in r]
-    labels = [_label(r).replace(" graphs", " g").replace(" nodes", " n") for r in runs]
-    colors = ["tab:gray" if not _within(r) else ("tab:green" if r["mode"] != "fixed" else
-              ("tab:blue" if r["by"] == "graphs" else "tab:orange")) for r in runs]
+    labels = [_label(r).replace(" graphs", " g").replace(" nodes", " n").replace(" edges", " e") for r in runs]
+    kc = {"graphs": "tab:blue", "nodes": "tab:orange", "edges": "tab:purple"}
+    colors = ["tab:gray" if not _within(r) else ("tab:green" if r["mode"] != "fixed" else kc[r["by"]])
+              for r in runs]
     ax1.bar(labels, [r["graphs_per_s"] for r in runs], color=colors)
     ax1.set_ylabel("graphs / s")
-    ax1.set_title("throughput (blue: graphs per batch, orange: node budget,\ngreen: adaptive, gray: over the budget)",
-                  fontsize=9)
+    ax1.set_title("throughput (blue: graphs per batch, orange: node budget, purple: edge budget,\n"
+                  "green: adaptive, gray: over the budget)", fontsize=9)
     ax1.tick_params(axis="x", rotation=60, labelsize=8)
     ax2.bar(labels, [r["peak_above_base_mib"] for r in runs], color=colors)
     ax2.axhline(p["args"]["budget_mib"], color="red", linestyle="--", label="budget")
@@ -412,7 +457,7 @@ def plot(p: dict, path: Path) -> None:
     width = max(1, p["args"]["graphs"] // 5)
     s = p.get("summary") or {}
     runs_by_key = p["fixed"] + p["repeats"]
-    for k, color in (("graphs", "tab:blue"), ("nodes", "tab:orange")):
+    for k, color in kc.items():
         b = s.get(f"best_{k}")
         if not b:
             continue
@@ -447,7 +492,15 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="8,16,32,64,128", help="fixed graphs-per-batch sizes (the by='graphs' grid)")
     ap.add_argument("--node-sizes", default="1024,2048,4096,8192,16384",
                     help="fixed node budgets (the by='nodes' grid)")
-    ap.add_argument("--adaptive-by", default="nodes", choices=["nodes", "graphs"],
+    ap.add_argument("--edge-sizes", default=None,
+                    help="fixed edge budgets (the by='edges' grid; default per workload: uniform "
+                         f"{EDGE_SIZES['uniform']}, denser {EDGE_SIZES['denser']})")
+    ap.add_argument("--workload", default="uniform", choices=list(WORKLOADS),
+                    help="uniform: average degree 4 (the default); denser: the average degree grows with the node "
+                         "count from --min-degree to --max-degree")
+    ap.add_argument("--min-degree", type=float, default=2.0)
+    ap.add_argument("--max-degree", type=float, default=16.0)
+    ap.add_argument("--adaptive-by", default="nodes", choices=list(KINDS),
                     help="the adaptive run of the rounds (the other kind runs once in the first pass)")
     ap.add_argument("--budget-mib", type=int, default=150)
     ap.add_argument("--window", type=int, default=8)
@@ -475,24 +528,35 @@ def main(argv=None) -> int:
         args.graphs, args.max_nodes, args.epochs = 300, 200, 1
     sizes = sorted(int(s) for s in args.sizes.split(","))
     node_sizes = sorted(int(s) for s in args.node_sizes.split(","))
+    edge_sizes = sorted(int(s) for s in (args.edge_sizes or EDGE_SIZES[args.workload]).split(","))
+    if args.min_degree <= 0 or args.max_degree <= 0:
+        ap.error("--min-degree and --max-degree must be > 0")
     base = {"graphs": args.graphs, "min_nodes": args.min_nodes, "max_nodes": args.max_nodes, "epochs": args.epochs,
             "budget_mib": args.budget_mib, "threads": args.threads, "sizes": sizes, "node_sizes": node_sizes,
+            "edge_sizes": edge_sizes, "workload": args.workload, "min_degree": args.min_degree,
+            "max_degree": args.max_degree,
             "window": args.window, "adaptive_by": args.adaptive_by, "seeds": args.seeds,
             "lr_scaling": None if args.lr_scaling == "none" else args.lr_scaling}
     load0 = _common.loadavg()
-    fixed, best = [], {}
-    for by, grid in (("graphs", sizes), ("nodes", node_sizes)):
-        mine = []
-        for v in grid:
+    fixed, best, skipped = [], {}, []
+    for by in KINDS:
+        mine, over = [], None
+        for v in base[GRID[by]]:
+            if over is not None:  # a larger batch of the same kind takes no less memory
+                skipped.append({"mode": "fixed", "by": by, "size": v, "seed": 0,
+                                "skipped": f"{over} {by} was over the budget already"})
+                continue
             r = _run(dict(base, mode="fixed", by=by, size=v, seed=0), args.timeout)
             r.setdefault("label", f"fixed {v} {by}")
             print(f"fixed {v} {by}: {r.get('graphs_per_s', r.get('error'))} graphs/s, peak above base "
                   f"{r.get('peak_above_base_mib', float('nan')):.0f} MiB", file=sys.stderr)
             mine.append(r)
+            if "error" not in r and not _within(r):
+                over = v
         fixed += mine
         best[by] = _best(mine)
     repeats = []
-    for k in ("graphs", "nodes"):
+    for k in KINDS:
         if best[k] is None:
             continue
         for seed in range(1, args.seeds):
@@ -506,12 +570,15 @@ def main(argv=None) -> int:
     adaptive_other.setdefault("label", f"adaptive ({other})")
     payload = {"command": _common.command("adapt", argv), "cpu": _common.cpu_model(), "machine": _common.machine(),
                "args": base, "fixed": fixed, "repeats": repeats, "adaptive": adaptive,
-               "adaptive_other": adaptive_other, "loadavg_before_after": [load0, None]}
+               "adaptive_other": adaptive_other, "skipped": skipped, "loadavg_before_after": [load0, None]}
     if "error" not in adaptive and any(best.values()):
         summary = {"adaptive_graphs_per_s": adaptive["graphs_per_s"],
                    "adaptive_peak_above_base_mib": adaptive["peak_above_base_mib"],
                    "adaptive_within_budget": _within(adaptive)}
-        for k in ("graphs", "nodes"):
+        kinds = [k for k in KINDS if best[k] is not None]
+        if kinds:
+            summary["best_kind"] = max(kinds, key=lambda k: best[k]["graphs_per_s"])
+        for k in KINDS:
             b = best[k]
             if b is None:
                 continue
@@ -526,11 +593,10 @@ def main(argv=None) -> int:
                                 "peak_above_base_mib": adaptive_other["peak_above_base_mib"],
                                 "within_budget": _within(adaptive_other),
                                 **{f"speedup_vs_{k}": adaptive_other["graphs_per_s"] / best[k]["graphs_per_s"]
-                                   for k in ("graphs", "nodes") if best[k] is not None}}
+                                   for k in KINDS if best[k] is not None}}
         payload["summary"] = summary
         if args.rounds > 1:
-            payload["rounds"] = _rounds(base, {"graphs": best["graphs"], "nodes": best["nodes"],
-                                               "adaptive": adaptive}, args.rounds, args.timeout)
+            payload["rounds"] = _rounds(base, dict(best, adaptive=adaptive), args.rounds, args.timeout)
     payload["loadavg_before_after"][1] = _common.loadavg()
     name = args.out or ("adapt_quick" if args.quick else "adapt")
     _common.write_results(args.results_dir, name, payload, markdown, plot)
