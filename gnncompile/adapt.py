@@ -46,7 +46,15 @@ The policy (:class:`Policy`, deterministic given the measurements):
   next size up or down, the next pool size or worker count) for ``window`` steps, and keeps it
   only when its work per second is at least ``1 + min_gain`` times the current one's (hysteresis,
   default 5%); otherwise it goes back, and tries that neighbour again only after a back-off
-  (doubling per refusal). Under a memory budget the size up it tries is not the next one but
+  (doubling per refusal), and not at all while the batches' density (the largest nodes and
+  edges per batch of a window) stays within ``Policy.DENSITY_TOL`` (1.25x) of what it was when
+  that neighbour was measured slower (a refused trial, or the current setting kept over it):
+  batches that turned denser, or sparser, are worth a new trial, the same batches are not.
+  Refusals in a row make it measure 1, 2, 4 ... (at most ``Policy.STREAK_CAP``) windows before
+  its next trial. The climb: from the start, only sizes up are tried, and a size up kept is
+  followed at the same step by the next trial up (the trial's window was its measurement), so
+  the run reaches the largest size that pays one window per size; the climb ends at the first
+  refusal or when no larger size may be tried. Under a memory budget the size up it tries is not the next one but
   the largest predicted to fit (:meth:`Policy._grow`; after a refusal, the next smaller that
   fits), so batches whose graphs grow or shrink reach the largest size that fits in one trial.
 * Memory: a model of bytes per unit of work (the largest ratio of a step's peak above its start
@@ -348,6 +356,9 @@ class Policy:
     DENSITY_TOL = 1.25
     #: the most windows a run of refusals makes the policy wait before its next trial
     STREAK_CAP = 16
+    #: windows after which a setting measured slower may be tried again whatever the density
+    #: (one noisy measurement does not rule a setting out for ever)
+    WORSE_WINDOWS = 64
 
     def __init__(self, sizes: Sequence[int], pool_sizes: Sequence[int], num_workers: Sequence[int], start: Setting,
                  memory_budget: Optional[int], margin: float, min_gain: float, window: int,
@@ -381,7 +392,7 @@ class Policy:
         self.extra: List[Dict[str, Any]] = []  # entries decided after observe's own (the climb's next trial)
         # (from, to) -> the density (largest nodes, edges per batch of a window) of ``from``'s batches when
         # ``to`` was measured slower than ``from`` (a refused trial, or ``from`` kept over ``to``)
-        self.worse: Dict[Tuple[Setting, Setting], Tuple[float, float]] = {}
+        self.worse: Dict[Tuple[Setting, Setting], Tuple[Tuple[float, float], int]] = {}  # -> (density, window no)
         self.density: Optional[Tuple[float, float]] = None  # the last full window's largest nodes, edges per batch
         self.streak = 0  # refusals in a row (a keep, a shrink or a new workload ends the run)
         self.rest = 0  # windows still to measure before the next trial
@@ -423,14 +434,17 @@ class Policy:
     def fits(self, setting: Setting) -> bool:
         """Under the budget: the setting's next ``window`` batches are predicted under the line,
         and their largest work is at most ``EXTRAPOLATE`` times the largest work of a step
-        measured so far (the linear model is not trusted further: a model learned on small
+        measured so far and of a step the memory model holds now (the linear model is not
+        trusted further: after a long stretch at a smaller size it holds only that size's
+        steps, and a jump to 4x their work crossed the budget by 10% on Zen 4; a model learned on small
         batches, whose growth the allocator's retained memory partly hides, predicted a batch of
         16x their work at half its measured peak)."""
         if self.budget is None:
             return True
         work = self.work_ahead(setting, self.window)
-        if work is None or work > self.EXTRAPOLATE * self.seen_work + 1:  # + 1: a prediction's rounding
-            return False
+        learned = max((w for w, _ in self.model.obs), default=0)
+        if work is None or work > self.EXTRAPOLATE * min(self.seen_work, learned or self.seen_work) + 1:
+            return False  # + 1: a prediction's rounding
         p = self._predict_work(work)
         return p is not None and p <= self.line
 
@@ -557,7 +571,7 @@ class Policy:
             self.rates[self.current] = rate
             if gain >= 1.0 + self.min_gain:
                 self.backoff.pop((prev, self.current), None)
-                self.worse[(self.current, prev)] = density  # prev measured slower than this, at these batches
+                self.worse[(self.current, prev)] = (density, self.windows)  # prev measured slower, at these batches
                 self.streak = self.rest = 0
                 e = self._entry("keep", self.current, gain, f"{(gain - 1) * 100:.1f}% more {self.unit} per second "
                                 f"(>= {self.min_gain * 100:g}%)")
@@ -572,7 +586,8 @@ class Policy:
             key = (prev, self.current)
             wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
             self.backoff[key] = (self.windows + wait, wait)
-            self.worse[key] = prev_density
+            if prev_density is not None:
+                self.worse[key] = (prev_density, self.windows)
             self.climbing = False
             self.streak += 1
             self.rest = min(self.STREAK_CAP, 2 ** (self.streak - 1)) - 1
@@ -609,11 +624,13 @@ class Policy:
         the current one kept over it) on batches of a density similar to the current ones':
         the largest nodes and largest edges per batch of a window each within a factor ``DENSITY_TOL``. Such a trial
         is not repeated (whatever its back-off); batches whose density has changed since (graphs
-        sorted by size under a graph count, denser graphs under a node budget) may be tried again."""
-        was = self.worse.get((self.current, cand))
+        sorted by size under a graph count, denser graphs under a node budget) may be tried again,
+        and so may any after ``WORSE_WINDOWS`` windows."""
+        got = self.worse.get((self.current, cand))
         now = self.density
-        if was is None or now is None:
+        if got is None or now is None or self.windows - got[1] > self.WORSE_WINDOWS:
             return False
+        was = got[0]
 
         def near(a: float, b: float) -> bool:
             if a <= 0 or b <= 0:
