@@ -374,41 +374,52 @@ def markdown(p: dict) -> str:
 SIDES = KINDS + ("adaptive",)
 
 
-def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
+def _rounds(base: dict, first: dict, rounds: int, timeout: float, prior: list = None) -> dict:
     """Rounds 2..R of the best fixed setting of each kind (graphs, node budget, edge budget) and
-    the adaptive run (fresh processes, the order rotating); round 1 is the first pass's runs. Each paired
-    ratio's geometric mean and 95% interval, every adaptive run's peak against the budget."""
+    the adaptive run (fresh processes, the order rotating); round 1 is the first pass's runs
+    (``prior``: the rounds of an earlier invocation, flattened as in the payload, instead: the
+    new ones continue their numbering). Each paired ratio's geometric mean and 95% interval,
+    every adaptive run's peak against the budget."""
     from gnncompile.tuner import noise
 
+    fields = ("graphs_per_s", "peak_above_base_mib", "last_epoch_loss", "error")
     sides = [k for k in SIDES if first.get(k) is not None]
     specs = {k: dict(base, mode="fixed", by=k, seed=0, size=first[k]["size"]) for k in KINDS if first.get(k)}
     specs["adaptive"] = dict(base, mode="adaptive", by=base["adaptive_by"], seed=0)
-    pairs = [{"round": 1, "order": " > ".join(sides), **{k: first[k] for k in sides}}]
-    for k in range(2, rounds + 1):
+
+    def flat(rnd, order, got):
+        return {"round": rnd, "order": " > ".join(order),
+                **{f"{side}_{k}": got[side].get(k) for side in sides for k in fields}}
+
+    pairs = list(prior) if prior else [flat(1, sides, first)]
+    start = len(pairs) + 1
+    for k in range(start, start + rounds - 1):
         order = sides[(k - 1) % len(sides):] + sides[:(k - 1) % len(sides)]
         got = {side: _run(specs[side], timeout) for side in order}
         print(f"round {k}: " + ", ".join(f"{side} {got[side].get('graphs_per_s', got[side].get('error'))}"
                                          for side in order), file=sys.stderr)
-        pairs.append({"round": k, "order": " > ".join(order), **got})
-    ok = [p for p in pairs if all("error" not in p[side] for side in sides)]
-    out = {"sides": sides, "pairs": [{"round": p["round"], "order": p["order"],
-                                      **{f"{side}_{k}": p[side].get(k) for side in sides
-                                         for k in ("graphs_per_s", "peak_above_base_mib", "last_epoch_loss", "error")}}
-                                     for p in pairs]}
+        pairs.append(flat(k, order, got))
+    ok = [p for p in pairs if not any(p.get(f"{side}_error") for side in sides)]
+    out = {"sides": sides, "pairs": pairs}
     for side in KINDS:
         if side in sides:
-            out[f"vs_{side}"] = noise.ratio_interval([p["adaptive"]["graphs_per_s"] for p in ok],
-                                                     [p[side]["graphs_per_s"] for p in ok])
-            out[f"median_vs_{side}"] = statistics.median(p["adaptive"]["graphs_per_s"] / p[side]["graphs_per_s"]
+            out[f"vs_{side}"] = noise.ratio_interval([p["adaptive_graphs_per_s"] for p in ok],
+                                                     [p[f"{side}_graphs_per_s"] for p in ok])
+            out[f"median_vs_{side}"] = statistics.median(p["adaptive_graphs_per_s"] / p[f"{side}_graphs_per_s"]
                                                          for p in ok) if ok else None
-    ads = [p["adaptive"] for p in ok]
+
+    def over(p, side):
+        return p[f"{side}_peak_above_base_mib"] > base["budget_mib"]
+
+    peaks = [p["adaptive_peak_above_base_mib"] for p in ok]
+    losses = [p["adaptive_last_epoch_loss"] for p in ok]
     out.update({
-        "adaptive_max_peak_above_base_mib": max((a["peak_above_base_mib"] for a in ads), default=None),
-        "adaptive_over_budget": sum(not _within(a) for a in ads),
-        "adaptive_runs": len(ads),
-        "fixed_over_budget": sum(not _within(p[side]) for p in ok for side in sides if side != "adaptive"),
-        "adaptive_loss_min": min((a["last_epoch_loss"] for a in ads), default=None),
-        "adaptive_loss_max": max((a["last_epoch_loss"] for a in ads), default=None),
+        "adaptive_max_peak_above_base_mib": max(peaks, default=None),
+        "adaptive_over_budget": sum(over(p, "adaptive") for p in ok),
+        "adaptive_runs": len(ok),
+        "fixed_over_budget": sum(over(p, side) for p in ok for side in sides if side != "adaptive"),
+        "adaptive_loss_min": min(losses, default=None),
+        "adaptive_loss_max": max(losses, default=None),
     })
     return out
 
@@ -513,6 +524,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of best fixed graphs, best fixed nodes and adaptive (the first runs every fixed "
                          "setting), interleaved")
+    ap.add_argument("--more-rounds", default=None, metavar="NAME",
+                    help="no first pass: load results NAME.json (its arguments and first pass), run --rounds - 1 "
+                         "more interleaved rounds after its own, write NAME again (a second locked stretch)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--results-dir", type=Path, default=_common.RESULTS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -524,6 +538,19 @@ def main(argv=None) -> int:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.seeds < 2:
         ap.error(f"--seeds must be >= 2 (the noise needs a second seed), got {args.seeds}")
+    if args.more_rounds:
+        path = args.results_dir / f"{args.more_rounds}.json"
+        p = json.loads(path.read_text())
+        if "summary" not in p:
+            ap.error(f"{path} has no first pass to continue from")
+        s = p["summary"]
+        first = {k: s[f"best_{k}"] for k in KINDS if s.get(f"best_{k}")}
+        first["adaptive"] = p["adaptive"]
+        p["rounds"] = _rounds(p["args"], first, args.rounds, args.timeout, (p.get("rounds") or {}).get("pairs"))
+        p["command"] += f"; then {_common.command('adapt', argv)}"
+        p["loadavg_before_after"][1] = _common.loadavg()
+        _common.write_results(args.results_dir, args.out or args.more_rounds, p, markdown, plot)
+        return 0
     if args.quick:
         args.graphs, args.max_nodes, args.epochs = 300, 200, 1
     sizes = sorted(int(s) for s in args.sizes.split(","))

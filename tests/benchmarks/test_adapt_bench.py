@@ -124,3 +124,21 @@ def test_the_denser_workload_grows_the_degree_with_the_node_count():
     deg = [g.num_edges / g.num_nodes for g in d]
     assert deg[0] < 3 and deg[-1] > 14
     assert all(abs(g.num_edges / g.num_nodes - 4) < 0.3 for g in u)
+
+
+def test_more_rounds_continue_an_earlier_invocation(monkeypatch, tmp_path):
+    """--more-rounds NAME: no first pass; the rounds continue NAME's numbering and rotation, and
+    the intervals cover the old rounds and the new."""
+    fake = FakeRuns()
+    monkeypatch.setattr(adapt, "_run", fake)
+    assert adapt.main(["--quick", "--sizes", "8", "--node-sizes", "1024", "--edge-sizes", "4096", "--seeds", "2",
+                       "--rounds", "2", "--results-dir", str(tmp_path), "--out", "a"]) == 0
+    n = len(fake.calls)
+    assert adapt.main(["--more-rounds", "a", "--rounds", "3", "--results-dir", str(tmp_path)]) == 0
+    assert len(fake.calls) == n + 2 * 4 and all(c[3] == 0 for c in fake.calls[n:])
+    rd = json.loads((tmp_path / "a.json").read_text())["rounds"]
+    assert [r["round"] for r in rd["pairs"]] == [1, 2, 3, 4]
+    assert rd["pairs"][2]["order"] == "edges > adaptive > graphs > nodes"
+    assert rd["vs_nodes"]["pairs"] == 4 and rd["adaptive_runs"] == 4
+    with pytest.raises(FileNotFoundError):
+        adapt.main(["--more-rounds", "missing", "--results-dir", str(tmp_path)])
