@@ -75,7 +75,7 @@ WORKLOADS = ("uniform", "denser")
 KINDS = ("graphs", "nodes", "edges")
 #: each kind's grid in the spec
 GRID = {"graphs": "sizes", "nodes": "node_sizes", "edges": "edge_sizes"}
-EDGE_SIZES = {"uniform": "8192,16384,32768,65536", "denser": "8192,16384,32768,65536,131072"}
+EDGE_SIZES = {"uniform": "8192,16384,32768,65536", "denser": "4096,8192,16384,32768,65536"}
 
 
 def degree(spec, n: int) -> float:
