@@ -2,14 +2,20 @@
 
     python -m benchmarks adapt                     # the first pass (~5 min on 2 quiet cores)
     python -m benchmarks adapt --quick             # a smaller dataset, for a smoke test
-    python -m benchmarks adapt --rounds 8          # then 7 more rounds of both best fixed vs adaptive (~40 s each)
+    python -m benchmarks adapt --rounds 8          # then 7 more rounds of the best fixed of each kind vs adaptive
+    python -m benchmarks adapt --workload denser   # graphs whose average degree grows with their size
+    python -m benchmarks adapt --more-rounds NAME --rounds 5   # 4 more rounds after NAME's (a second locked stretch)
 
 Data: ``gnncompile.data.synthetic.graph_dataset(--graphs, --min-nodes, --max-nodes, 16
 features, average degree 4)``, sorted by node count, ascending, not shuffled: every epoch's
 graphs grow from the smallest to the largest. Label: 1 when the graph's mean of feature 0 is
 positive (graph_dataset's own label is decided by the node count alone here, which mean
 pooling cannot see: sorted, the first half of every epoch was all 0 and the second all 1, so
-its loss measured the order, not the learning; until 2026-12-05 the benchmark used it). Model: ``torch_geometric.nn.models.GIN(16, 64,
+its loss measured the order, not the learning; until 2026-12-05 the benchmark used it).
+``--workload denser``: the same graphs (nodes, features, labels) with their edges drawn again at
+an average degree linear in the node count, ``--min-degree`` (2) at ``--min-nodes`` to
+``--max-degree`` (16) at ``--max-nodes``: larger graphs denser, as larger real graphs tend to
+be, so a batch's edges per node (and its memory per node) grow through every epoch. Model: ``torch_geometric.nn.models.GIN(16, 64,
 3)`` -> ``global_mean_pool`` -> ``Linear(64, 2)``, compiled with ``gnncompile.compile(model,
 dynamic=True)``; step: forward, cross-entropy, backward, Adam (lr 1e-3).
 
@@ -23,10 +29,13 @@ compiled changes another's memory.
 
 Fixed settings (each an AdaptiveLoader with one candidate: the same loader path, measuring, no
 adaptation), seed 0: every graphs-per-batch size of ``--sizes`` (what a PyG DataLoader user
-sets: ``batch_size``) and every node budget of ``--node-sizes`` (``by='nodes'``: graphs packed
-in order until the next would exceed the budget). The best of each kind whose measured peak
-stays within the budget ("best fixed graphs", "best fixed nodes") runs again with seeds 1 ..
-``--seeds``-1 (other model initialisations: the run-to-run noise of the loss).
+sets: ``batch_size``), every node budget of ``--node-sizes`` (``by='nodes'``: graphs packed
+in order until the next would exceed the budget) and every edge budget of ``--edge-sizes``
+(``by='edges'``). Within a kind, once a size's measured peak is over the budget the larger ones
+are not run (reported as such: a larger batch of the same kind takes no less memory). The best
+of each kind whose measured peak stays within the budget ("best fixed graphs", "... nodes",
+"... edges") runs again with seeds 1 .. ``--seeds``-1 (other model initialisations: the
+run-to-run noise of the loss); the fastest of the three is "the best fixed setting of all".
 
 Adaptive (``--adaptive-by``, default ``nodes``): the adaptive loader over the node budgets of
 ``--node-sizes`` (or over ``--sizes`` with ``graphs``), starting at the smallest, ``--window``
@@ -45,11 +54,11 @@ loss per graph of each epoch and the loss curve against graphs seen; the adaptiv
 is within the run-to-run noise in an epoch when its gap to the mean of the best fixed
 setting's seeds is at most their spread (max - min).
 
-``--rounds R`` (R > 1): after the first pass, R - 1 more rounds of the best fixed graphs size,
-the best fixed node budget (the first pass's, seed 0) and the adaptive run, each a fresh
-process, their order rotating from round to round (interleaved: all sides see the same
-stretches of machine noise). Each ratio (adaptive / best fixed graphs, adaptive / best fixed
-nodes) is the geometric mean of the R paired ratios with its 95% Student's t interval
+``--rounds R`` (R > 1): after the first pass, R - 1 more rounds of the best fixed setting of
+each kind (the first pass's, seed 0) and the adaptive run, each a fresh process, their order
+rotating from round to round (interleaved: all sides see the same stretches of machine noise).
+``--more-rounds NAME`` runs R - 1 further rounds after those of the results NAME (its arguments,
+its first pass) and writes NAME again. Each ratio (adaptive / each best fixed) is the geometric mean of the R paired ratios with its 95% Student's t interval
 (tuner.noise.ratio_interval), and the budget check covers every adaptive run.
 Writes benchmarks/results/<--out, default adapt[_quick]>.{json,md,png}.
 """
