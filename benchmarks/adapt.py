@@ -308,9 +308,8 @@ def markdown(p: dict) -> str:
         if s.get("other") is not None:
             o = s["other"]
             lines.append(f"- The other adaptive run (by='{o['by']}'): {o['graphs_per_s']:.0f} graphs/s = "
-                         f"{o['speedup_vs_graphs']:.2f}x the best fixed graphs"
-                         + (f", {o['speedup_vs_nodes']:.2f}x the best fixed nodes" if o.get("speedup_vs_nodes") else "")
-                         + (f", {o['speedup_vs_edges']:.2f}x the best fixed edges" if o.get("speedup_vs_edges") else "")
+                         + ", ".join(f"{o[f'speedup_vs_{k}']:.2f}x the best fixed {k}" for k in kinds
+                                     if o.get(f"speedup_vs_{k}"))
                          + f", peak {o['peak_above_base_mib']:.0f} MiB above base "
                          f"({'within' if o['within_budget'] else 'OVER'} the budget).")
         for k in kinds:

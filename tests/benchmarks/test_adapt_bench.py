@@ -142,3 +142,18 @@ def test_more_rounds_continue_an_earlier_invocation(monkeypatch, tmp_path):
     assert rd["vs_nodes"]["pairs"] == 4 and rd["adaptive_runs"] == 4
     with pytest.raises(FileNotFoundError):
         adapt.main(["--more-rounds", "missing", "--results-dir", str(tmp_path)])
+
+
+def test_a_kind_with_no_setting_within_the_budget_is_reported(monkeypatch, tmp_path):
+    """Every graphs-per-batch size over the budget: no best of that kind, the rest compares
+    against the others (the report used to fail on the other adaptive run's line)."""
+    fake = FakeRuns()
+    monkeypatch.setattr(adapt, "_run", fake)
+    assert adapt.main(["--quick", "--sizes", "16,32", "--node-sizes", "1024", "--edge-sizes", "4096", "--seeds", "2",
+                       "--rounds", "2", "--results-dir", str(tmp_path), "--out", "a"]) == 0
+    p = json.loads((tmp_path / "a.json").read_text())
+    assert "best_graphs" not in p["summary"] and p["rounds"]["sides"] == ["nodes", "edges", "adaptive"]
+    assert ("fixed", "graphs", 32, 0) not in fake.calls
+    md = (tmp_path / "a.md").read_text()
+    assert "Best fixed graphs per batch within budget: none." in md
+    assert "The other adaptive run (by='graphs'): " in md and "x the best fixed nodes" in md
