@@ -28,7 +28,9 @@ setting, each repeat, each adaptive run) is a process of its own: nothing one ru
 compiled changes another's memory.
 
 Fixed settings (each an AdaptiveLoader with one candidate: the same loader path, measuring, no
-adaptation), seed 0: every graphs-per-batch size of ``--sizes`` (what a PyG DataLoader user
+adaptation; given the memory budget too, so that its release guard (a clean start when the memory
+held would cross it) works for them as for the adaptive run: until 2026-12-05 (s58) it did not, and
+the comparison mixed the guard with the choice of size), seed 0: every graphs-per-batch size of ``--sizes`` (what a PyG DataLoader user
 sets: ``batch_size``), every node budget of ``--node-sizes`` (``by='nodes'``: graphs packed
 in order until the next would exceed the budget) and every edge budget of ``--edge-sizes``
 (``by='edges'``). Within a kind, once a size's measured peak is over the budget the larger ones
@@ -171,7 +173,10 @@ def child(spec) -> dict:
     budget = base + spec["budget_mib"] * 2**20
     by = spec["by"]
     if spec["mode"] == "fixed":
-        L = AdaptiveLoader(ds, by=by, sizes=[spec["size"]], memory="rss")
+        # the budget too: one size cannot shrink, but the release guard (a clean start when the
+        # memory held would cross the budget) keeps the allocator's creep out of its peak as in
+        # the adaptive run, so the comparison measures the choice of size only
+        L = AdaptiveLoader(ds, by=by, sizes=[spec["size"]], memory="rss", memory_budget=budget)
     else:
         sizes = spec[GRID[by]]
         L = AdaptiveLoader(ds, by=by, sizes=sizes, start=Setting(min(sizes), 2, 0), memory="rss",
@@ -276,18 +281,19 @@ def markdown(p: dict) -> str:
              f"learning-rate rescaling: {a['lr_scaling'] or 'none'}.\n",
              "## First pass: every fixed setting, the adaptive runs\n",
              "| run | setting | seed | graphs/s | wall s | steps | peak above base MiB | within budget | "
-             "last-epoch loss |", "|---|---|---|---|---|---|---|---|---|"]
+             "last-epoch loss | guard's clean starts |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in p["fixed"] + p["repeats"] + [p["adaptive"]] + ([p["adaptive_other"]] if p.get("adaptive_other") else []):
         if "error" in r:
-            lines.append(f"| {r.get('label', '?')} | | | error: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {r.get('label', '?')} | | | error: {r['error'][:80]} | | | | | | |")
             continue
         kind = "fixed" if r["mode"] == "fixed" else "adaptive"
         setting = _label(r) if kind == "fixed" else f"by {r['by']}: " + "/".join(map(str, a[GRID[r["by"]]]))
         ok = "yes" if _within(r) else "**no (over budget: excluded)**"
         lines.append(f"| {kind} | {setting} | {r['seed']} | {r['graphs_per_s']:.0f} | {r['wall_s']:.2f} | "
-                     f"{r['steps']} | {r['peak_above_base_mib']:.0f} | {ok} | {r['last_epoch_loss']:.4f} |")
+                     f"{r['steps']} | {r['peak_above_base_mib']:.0f} | {ok} | {r['last_epoch_loss']:.4f} | "
+                     f"{r.get('releases', '')} |")
     for r in p.get("skipped", []):
-        lines.append(f"| fixed | {_label(r)} | {r['seed']} | not run: {r['skipped']} | | | | | |")
+        lines.append(f"| fixed | {_label(r)} | {r['seed']} | not run: {r['skipped']} | | | | | | |")
     s = p.get("summary", {})
     names = {"graphs": "graphs per batch", "nodes": "node budget", "edges": "edge budget"}
     if s:
@@ -396,8 +402,14 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float, prior: list = 
     specs["adaptive"] = dict(base, mode="adaptive", by=base["adaptive_by"], seed=0)
 
     def flat(rnd, order, got):
+        a = got.get("adaptive", {})
         return {"round": rnd, "order": " > ".join(order),
-                **{f"{side}_{k}": got[side].get(k) for side in sides for k in fields}}
+                **{f"{side}_{k}": got[side].get(k) for side in sides for k in fields},
+                **{f"{side}_releases": got[side].get("releases") for side in sides},
+                # the adaptive run's switches and per step (size, work, peak above base MiB, clean):
+                # what an overshoot of the budget is diagnosed from
+                "adaptive_log": a.get("log"),
+                "adaptive_steps": [[c[2], c[3] + c[4], c[6], c[7]] for c in a.get("curve") or []]}
 
     pairs = list(prior) if prior else [flat(1, sides, first)]
     start = len(pairs) + 1

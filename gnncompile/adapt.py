@@ -348,8 +348,14 @@ class Policy:
     #: steps whose rise of the peak over the step before (without a clean start) :meth:`held_over` keeps
     CREEP_KEEP = 8
     #: under a budget, a setting whose next batches' work exceeds this many times the largest
-    #: work of a step measured so far is not predicted to fit (see :meth:`fits`)
-    EXTRAPOLATE = 2.0
+    #: work of a step measured so far is not predicted to fit (see :meth:`fits`). Above 2: a grid
+    #: of exact doublings of a node / edge budget packs the larger size fuller (a batch stops
+    #: one graph short of its budget), so its work is a little over twice the smaller's; at
+    #: 2.0 the first size up of the Zen 4 benchmark waited 48 steps for batches of smaller graphs
+    EXTRAPOLATE = 2.25
+    #: windows the climb waits at most for a size up that fits the budget but is not yet
+    #: trusted (over ``EXTRAPOLATE`` times the work measured) before it ends
+    CLIMB_WAIT = 4
     #: two windows' batches are of a similar density when their largest nodes and largest edges
     #: per batch each differ by at most this factor (see :meth:`_measured_worse`; the largest, so
     #: that an epoch's short last batch does not count as a change)
@@ -376,7 +382,8 @@ class Policy:
         self.base = 0  # the memory at the last step's start
         self.seen_work = 0  # the largest work (nodes + edges) of a step whose memory was measured
         self.last_peak: Optional[int] = None  # the last step's measured peak
-        self.creep: List[int] = []  # peak - the previous step's peak, for steps without a clean start
+        # (work, peak - the previous step's peak) of steps without a clean start
+        self.creep: List[Tuple[int, int]] = []
         self.floor: Optional[int] = None  # the memory at the first step's start
         self.rates: Dict[Setting, float] = {}
         # (setting we came from, its rate, its batches' density)
@@ -389,6 +396,7 @@ class Policy:
         # once by the next trial up (no window re-measuring it); it ends at the first refusal
         # or when no larger size may be tried
         self.climbing = True
+        self.climb_waits = 0  # windows the climb has waited for a size up to be trusted
         self.extra: List[Dict[str, Any]] = []  # entries decided after observe's own (the climb's next trial)
         # (from, to) -> the density (largest nodes, edges per batch of a window) of ``from``'s batches when
         # ``to`` was measured slower than ``from`` (a refused trial, or ``from`` kept over ``to``)
@@ -439,27 +447,68 @@ class Policy:
         steps, and a jump to 4x their work crossed the budget by 10% on Zen 4; a model learned on small
         batches, whose growth the allocator's retained memory partly hides, predicted a batch of
         16x their work at half its measured peak)."""
+        return self._fit(setting) == "fits"
+
+    def _fit(self, setting: Setting) -> str:
+        """'fits', 'untrusted' (predicted under the line, but over the extrapolation bound) or
+        'no' (predicted over the line, or not predicted)."""
         if self.budget is None:
-            return True
+            return "fits"
         work = self.work_ahead(setting, self.window)
-        learned = max((w for w, _ in self.model.obs), default=0)
-        if work is None or work > self.EXTRAPOLATE * min(self.seen_work, learned or self.seen_work) + 1:
-            return False  # + 1: a prediction's rounding
+        if work is None:
+            return "no"
         p = self._predict_work(work)
-        return p is not None and p <= self.line
+        if p is None or p > self.line:
+            return "no"
+        learned = max((w for w, _ in self.model.obs), default=0)
+        if work > self.EXTRAPOLATE * min(self.seen_work, learned or self.seen_work) + 1:
+            return "untrusted"  # + 1: a prediction's rounding
+        return "fits"
+
+    def _up_untrusted(self) -> bool:
+        """Whether a larger size (not backing off) is held back only by the extrapolation
+        bound: the climb waits for it (a few windows) rather than ending."""
+        sizes = self.grid["size"]
+        i = sizes.index(self.current.size)
+        for s in sizes[i + 1:]:
+            cand = Setting(s, self.current.pool_size, self.current.num_workers)
+            if not self._backing_off(cand) and self._fit(cand) == "untrusted":
+                return True
+        return False
+
+    def rise_ahead(self) -> int:
+        """The rise of the peak the next step may bring without a clean start: the largest
+        among the last ``CREEP_KEEP`` such steps, and, when the next batch holds more work than
+        those steps (a size up, denser batches), their largest rise per unit of work times its
+        work, capped by the memory model's growth of a step of that work (a step cannot rise by
+        more than all it allocates). A rise measured at one size does not bound the next at
+        twice the size: on Zen 4 a size up from 4096 to 8192 nodes rises by 27 MiB a step where
+        4096 rose by 13, and the guard on the smaller rise let a peak cross the budget."""
+        if not self.creep:
+            return 0
+        est = max(0, max(r for _, r in self.creep))
+        nxt = self.work_ahead(self.current, 1)
+        if nxt:
+            scaled = [r * nxt / w for w, r in self.creep if 0 < w < nxt and r > 0]
+            if scaled:
+                cap = self.model.growth(nxt)
+                up = max(scaled) if cap is None else min(max(scaled), cap + self.excess)
+                est = max(est, int(up))
+        return est
 
     def held_over(self, now: Optional[int]) -> bool:
         """Whether the next step should start by handing idle memory back: the memory held
-        now (``now``, between steps; or the last measured peak, the larger) plus the largest
-        rise of the peak from one step to the next among the last ``CREEP_KEEP`` steps without
-        a clean start would cross the budget. Batches that grow step after step leave freed
+        now (``now``, between steps; or the last measured peak, the larger) plus the rise the
+        next step may bring (:meth:`rise_ahead`: the largest rise of the peak from one step to
+        the next among the last ``CREEP_KEEP`` steps without a clean start, scaled up to a
+        larger next batch) would cross the budget. Batches that grow step after step leave freed
         blocks too small for the next ones, so between clean readings the peak creeps up by
         about a step's growth per step, which the clean-reading model (the size choices, with
         their margin) does not see; this is the guard of the budget itself."""
         if self.budget is None or not self.creep or self.last_peak is None:
             return False
         held = max(self.last_peak, now or 0)
-        return held + max(0, max(self.creep)) > self.budget
+        return held + self.rise_ahead() > self.budget
 
     def _neighbour(self, dim: str, step: int) -> Optional[Setting]:
         vals = self.grid[dim]
@@ -540,7 +589,7 @@ class Policy:
         if peak is not None:
             self.seen_work = max(self.seen_work, work)
             if not learn and self.last_peak is not None:
-                self.creep.append(peak - self.last_peak)
+                self.creep.append((int(work), peak - self.last_peak))
                 del self.creep[:-self.CREEP_KEEP]
             self.last_peak = peak
         if peak is not None and learn:
@@ -577,10 +626,11 @@ class Policy:
                                 f"(>= {self.min_gain * 100:g}%)")
                 e["from"] = prev.as_dict()
                 if self.climbing:  # the trial's window is this size's measurement: the next one up at once
+                    self.climb_waits = 0
                     nxt = self._try(rate, self.MOVES.index(("size", 1)))
                     if nxt is not None:
                         self.extra.append(nxt)
-                    else:
+                    elif not self._up_untrusted():  # (a size up not yet trusted: the climb waits)
                         self.climbing = False
                 return e
             key = (prev, self.current)
@@ -660,7 +710,11 @@ class Policy:
         if up_only:
             e = self._try(rate, self.MOVES.index(("size", 1)))
             if e is not None:
+                self.climb_waits = 0
                 return e
+            if self.climb_waits < self.CLIMB_WAIT and self._up_untrusted():
+                self.climb_waits += 1  # a size up that fits but is not yet trusted: measure on, no other move
+                return None
             self.climbing = False
         for k in range(len(self.MOVES)):
             e = self._try(rate, (self.move_no + k) % len(self.MOVES))
@@ -848,7 +902,7 @@ class _Adaptive:
         if self.policy.held_over(now) and self.probe.release_next():
             self.releases += 1
             log.debug("adapt: step %d starts clean: %.1f MiB held, creeping up to %.1f MiB a step, budget %.1f MiB",
-                      self.step, now / 2**20, max(self.policy.creep) / 2**20, self.policy.budget / 2**20)
+                      self.step, now / 2**20, self.policy.rise_ahead() / 2**20, self.policy.budget / 2**20)
 
     def _more_to_come(self) -> bool:
         return True

@@ -628,3 +628,69 @@ def test_a_setting_measured_slower_may_be_tried_again_after_worse_windows():
     _feed_dense(pol, rate, 200, log=log)
     tries = [i for i, k, a, b in log if k == "explore" and b == 4]
     assert len(tries) >= 2 and tries[1] - tries[0] > 4 * 6
+
+
+def test_the_guard_expects_a_larger_rise_from_a_larger_batch():
+    """Steps of 400 units without a clean start rise by 10 kB each; the next batch holds
+    800 (a size up): it may rise by 20 kB (the creep per unit of work, capped by the memory
+    model's growth of 800 units). At 85 kB held under a 100 kB budget the next step starts
+    clean; the guard on the largest rise alone (the test can fail: 85 + 10 <= 100) let such a
+    step cross the budget (Zen 4, s58: a peak of 160 MiB under 150)."""
+    pol = Policy([8, 16], [2], [0], Setting(8, 2, 0), memory_budget=100_000, margin=0.1, min_gain=0.05,
+                 window=100, work_ahead=lambda s, n: 50 * s.size)  # (no trial decided here)
+    pol.observe(0.1, 400, 0, 10_000)  # a clean step: 25 bytes per unit
+    for k in range(1, 5):
+        pol.observe(0.1, 400, 0, 10_000 + 10_000 * k, learn=False)  # held 20, 30, 40, 50 kB
+    assert pol.rise_ahead() == 10_000 and not pol.held_over(85_000)  # the same size: 85 + 10 <= 100
+    pol.current = Setting(16, 2, 0)
+    assert pol.rise_ahead() == 20_000 and pol.held_over(85_000)
+    assert 85_000 + max(r for _, r in pol.creep) <= 100_000  # what the old guard checked
+    pol.model.obs = [(400, 4_000)]  # a model that expects less growth caps the scaled rise
+    assert pol.rise_ahead() == 10_000
+
+
+@pytest.mark.parametrize("limit", [None, 2.0])
+def test_the_climb_takes_a_doubling_that_packs_a_little_fuller(limit):
+    """A grid of doubled node budgets: the larger size's batches pack a little fuller (51
+    units per unit of size ahead, 50 measured), so its work is 2.04x the work measured. The
+    default extrapolation bound (above 2) lets the climb take every doubling, one window each;
+    a bound of exactly 2 (the test can fail) never lets it start."""
+    rate = {1: 1000.0, 2: 1500.0, 4: 2000.0, 8: 2500.0}
+    pol = Policy([1, 2, 4, 8], [2], [0], Setting(1, 2, 0), memory_budget=10**9, margin=0.1, min_gain=0.05,
+                 window=4, work_ahead=lambda s, n: 51 * s.size)
+    if limit is not None:
+        pol.EXTRAPOLATE = limit
+    log = []
+    _feed_dense(pol, rate, 60, log=log)
+    keeps = [(a, b) for _, k, a, b in log if k == "keep"]
+    if limit is None:
+        assert keeps == [(1, 2), (2, 4), (4, 8)] and log[0][0] == 3  # the first trial at the first window's end
+    else:
+        assert keeps == [] and pol.current.size == 1
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_the_climb_waits_for_a_size_up_not_yet_trusted(wait):
+    """Size 2 kept; size 4's next batches fit the budget but hold 2.4x the work measured (over
+    the extrapolation bound) for a few windows, then 2x. The climb waits (measuring, no other
+    move) and then tries 4; without the wait (the test can fail) the climb ends at once and the
+    other moves take their turns (a pool size of 3 tried, no faster)."""
+    rate = {1: 1000.0, 2: 1500.0, 4: 2000.0}
+    state = {"early": False}
+    pol = Policy([1, 2, 4], [2, 3], [0], Setting(1, 2, 0), memory_budget=10**9, margin=0.1, min_gain=0.05,
+                 window=4, work_ahead=lambda s, n: 50 * s.size * (1.2 if state["early"] else 1.0))
+    if not wait:
+        pol.CLIMB_WAIT = 0
+    log = []
+
+    def per_size(i):
+        state["early"] = 6 <= i < 20
+        return (10, 40)
+
+    _feed_dense(pol, rate, 40, per_size=per_size, log=log)
+    moves = [(k, a, b) for _, k, a, b in log]
+    assert moves[:2] == [("explore", 1, 2), ("keep", 1, 2)]
+    if wait:
+        assert moves[2:4] == [("explore", 2, 4), ("keep", 2, 4)] and pol.current.pool_size == 2
+    else:
+        assert ("explore", 2, 2) in moves  # the pool size tried at size 2
