@@ -409,7 +409,7 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float, prior: list = 
                 # the adaptive run's switches and per step (size, work, peak above base MiB, clean):
                 # what an overshoot of the budget is diagnosed from
                 "adaptive_log": a.get("log"),
-                "adaptive_steps": [[c[2], c[3] + c[4], c[6], c[7]] for c in a.get("curve") or []]}
+                "adaptive_steps": [[c[2], c[3] + c[4], c[6], c[7]] for c in a.get("curve") or [] if len(c) >= 8]}
 
     pairs = list(prior) if prior else [flat(1, sides, first)]
     start = len(pairs) + 1
