@@ -42,7 +42,7 @@ run-to-run noise of the loss); the fastest of the three is "the best fixed setti
 Adaptive (``--adaptive-by``, default ``nodes``): the adaptive loader over the node budgets of
 ``--node-sizes`` (or over ``--sizes`` with ``graphs``), starting at the smallest, ``--window``
 steps per measurement, 5% hysteresis, 10% margin, the size up tried being the largest predicted
-to fit, within twice the work measured; learning-rate rescaling ``--lr-scaling`` (default
+to fit, within 2.25x the work measured; learning-rate rescaling ``--lr-scaling`` (default
 none: the run that settles on a node budget trains as the fixed run of that budget does, and
 like it takes fewer, larger steps than small fixed batches, so its loss per graph seen lags
 theirs early on; ``sqrt`` multiplies the lr by the square root of the size over the first

@@ -54,7 +54,9 @@ The policy (:class:`Policy`, deterministic given the measurements):
   its next trial. The climb: from the start, only sizes up are tried, and a size up kept is
   followed at the same step by the next trial up (the trial's window was its measurement), so
   the run reaches the largest size that pays one window per size; the climb ends at the first
-  refusal or when no larger size may be tried. Under a memory budget the size up it tries is not the next one but
+  refusal or when no larger size may be tried (a size up that fits the budget but is not yet
+  trusted, over ``Policy.EXTRAPOLATE`` times the work measured, is waited for up to
+  ``Policy.CLIMB_WAIT`` windows, no other move tried meanwhile). Under a memory budget the size up it tries is not the next one but
   the largest predicted to fit (:meth:`Policy._grow`; after a refusal, the next smaller that
   fits), so batches whose graphs grow or shrink reach the largest size that fits in one trial.
 * Memory: a model of bytes per unit of work (the largest ratio of a step's peak above its start
@@ -62,7 +64,8 @@ The policy (:class:`Policy`, deterministic given the measurements):
   candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
   for neighbor batches from the observed work per seed); a candidate predicted above the
   budget less ``margin`` of the headroom (the budget less the memory at the first step's
-  start), or whose batches hold more than ``Policy.EXTRAPOLATE`` (2) times the work of the
+  start), or whose batches hold more than ``Policy.EXTRAPOLATE`` (2.25: a doubled node or edge budget packs a
+  little fuller than twice the smaller one's batches) times the work of the
   largest step measured so far (the linear model is not trusted further), is never tried. Each step's measured peak is compared with its prediction, and the
   largest recent excess (``Policy.excess``) is added to every later prediction: what the
   linear model missed once (a fixed cost per step, the allocator's growth) it does not miss
@@ -71,8 +74,10 @@ The policy (:class:`Policy`, deterministic given the measurements):
   line, the size shrinks at once (to the largest that fits); when a step's measured peak
   exceeds the budget anyway, it shrinks at once too. Before each step the memory held now
   (``MemoryProbe.current``: the resident set between steps, what the allocators kept included;
-  or the last peak) plus the largest recent rise of the peak from one step to the next (without
-  a clean start) is checked against the budget: when it would cross it, the step starts clean
+  or the last peak) plus the rise the next step may bring (``Policy.rise_ahead``: the largest
+  recent rise of the peak from one step to the next without a clean start, scaled up by work
+  when the next batch is larger, e.g. after a size up, capped by the memory model's growth of
+  that batch) is checked against the budget: when it would cross it, the step starts clean
   (``MemoryProbe.release_next``: for ``'rss'`` the trim of a clean reading, out of schedule;
   counted in ``adapter.releases``, ``clean`` in each history record). Batches that grow step
   after step leave freed blocks too small for the next ones, and between clean readings the
