@@ -75,9 +75,8 @@ The policy (:class:`Policy`, deterministic given the measurements):
   exceeds the budget anyway, it shrinks at once too. Before each step the memory held now
   (``MemoryProbe.current``: the resident set between steps, what the allocators kept included;
   or the last peak) plus the rise the next step may bring (``Policy.rise_ahead``: the largest
-  recent rise of the peak from one step to the next without a clean start, scaled up by work
-  when the next batch is larger, e.g. after a size up, capped by the memory model's growth of
-  that batch) is checked against the budget: when it would cross it, the step starts clean
+  recent rise of the peak from one step to the next without a clean start, or the memory
+  model's growth of the next batch, the larger) is checked against the budget: when it would cross it, the step starts clean
   (``MemoryProbe.release_next``: for ``'rss'`` the trim of a clean reading, out of schedule;
   counted in ``adapter.releases``, ``clean`` in each history record). Batches that grow step
   after step leave freed blocks too small for the next ones, and between clean readings the
@@ -483,22 +482,21 @@ class Policy:
 
     def rise_ahead(self) -> int:
         """The rise of the peak the next step may bring without a clean start: the largest
-        among the last ``CREEP_KEEP`` such steps, and, when the next batch holds more work than
-        those steps (a size up, denser batches), their largest rise per unit of work times its
-        work, capped by the memory model's growth of a step of that work (a step cannot rise by
-        more than all it allocates). A rise measured at one size does not bound the next at
-        twice the size: on Zen 4 a size up from 4096 to 8192 nodes rises by 27 MiB a step where
-        4096 rose by 13, and the guard on the smaller rise let a peak cross the budget."""
+        among the last ``CREEP_KEEP`` such steps, or the memory model's growth of the next batch
+        (a step whose freed blocks cannot be reused allocates all it needs anew), the larger;
+        without a model, the recent rises per unit of work times the next batch's work when it
+        is larger. Measured on Zen 4 (s58): a size up from 4096 to 8192 nodes rises by 27 MiB a
+        step where 4096 rose by 13, and at 16384 nodes the rises went 17, 41, then 57 MiB (about
+        a clean step's growth): a guard on the largest recent rise let both cross the budget."""
         if not self.creep:
             return 0
         est = max(0, max(r for _, r in self.creep))
         nxt = self.work_ahead(self.current, 1)
         if nxt:
-            scaled = [r * nxt / w for w, r in self.creep if 0 < w < nxt and r > 0]
-            if scaled:
-                cap = self.model.growth(nxt)
-                up = max(scaled) if cap is None else min(max(scaled), cap + self.excess)
-                est = max(est, int(up))
+            g = self.model.growth(nxt)
+            if g is None:
+                g = max((r * nxt / w for w, r in self.creep if 0 < w < nxt and r > 0), default=0)
+            est = max(est, int(g))
         return est
 
     def held_over(self, now: Optional[int]) -> bool:
