@@ -46,7 +46,17 @@ The policy (:class:`Policy`, deterministic given the measurements):
   next size up or down, the next pool size or worker count) for ``window`` steps, and keeps it
   only when its work per second is at least ``1 + min_gain`` times the current one's (hysteresis,
   default 5%); otherwise it goes back, and tries that neighbour again only after a back-off
-  (doubling per refusal). Under a memory budget the size up it tries is not the next one but
+  (doubling per refusal), and not at all while the batches' density (the largest nodes and
+  edges per batch of a window) stays within ``Policy.DENSITY_TOL`` (1.25x) of what it was when
+  that neighbour was measured slower (a refused trial, or the current setting kept over it):
+  batches that turned denser, or sparser, are worth a new trial, the same batches are not.
+  Refusals in a row make it measure 1, 2, 4 ... (at most ``Policy.STREAK_CAP``) windows before
+  its next trial. The climb: from the start, only sizes up are tried, and a size up kept is
+  followed at the same step by the next trial up (the trial's window was its measurement), so
+  the run reaches the largest size that pays one window per size; the climb ends at the first
+  refusal or when no larger size may be tried (a size up that fits the budget but is not yet
+  trusted, over ``Policy.EXTRAPOLATE`` times the work measured, is waited for up to
+  ``Policy.CLIMB_WAIT`` windows, no other move tried meanwhile). Under a memory budget the size up it tries is not the next one but
   the largest predicted to fit (:meth:`Policy._grow`; after a refusal, the next smaller that
   fits), so batches whose graphs grow or shrink reach the largest size that fits in one trial.
 * Memory: a model of bytes per unit of work (the largest ratio of a step's peak above its start
@@ -54,7 +64,8 @@ The policy (:class:`Policy`, deterministic given the measurements):
   candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
   for neighbor batches from the observed work per seed); a candidate predicted above the
   budget less ``margin`` of the headroom (the budget less the memory at the first step's
-  start), or whose batches hold more than ``Policy.EXTRAPOLATE`` (2) times the work of the
+  start), or whose batches hold more than ``Policy.EXTRAPOLATE`` (2.25: a doubled node or edge budget packs a
+  little fuller than twice the smaller one's batches) times the work of the
   largest step measured so far (the linear model is not trusted further), is never tried. Each step's measured peak is compared with its prediction, and the
   largest recent excess (``Policy.excess``) is added to every later prediction: what the
   linear model missed once (a fixed cost per step, the allocator's growth) it does not miss
@@ -63,8 +74,9 @@ The policy (:class:`Policy`, deterministic given the measurements):
   line, the size shrinks at once (to the largest that fits); when a step's measured peak
   exceeds the budget anyway, it shrinks at once too. Before each step the memory held now
   (``MemoryProbe.current``: the resident set between steps, what the allocators kept included;
-  or the last peak) plus the largest recent rise of the peak from one step to the next (without
-  a clean start) is checked against the budget: when it would cross it, the step starts clean
+  or the last peak) plus the rise the next step may bring (``Policy.rise_ahead``: the largest
+  recent rise of the peak from one step to the next without a clean start, or the memory
+  model's growth of the next batch, the larger) is checked against the budget: when it would cross it, the step starts clean
   (``MemoryProbe.release_next``: for ``'rss'`` the trim of a clean reading, out of schedule;
   counted in ``adapter.releases``, ``clean`` in each history record). Batches that grow step
   after step leave freed blocks too small for the next ones, and between clean readings the
@@ -340,8 +352,23 @@ class Policy:
     #: steps whose rise of the peak over the step before (without a clean start) :meth:`held_over` keeps
     CREEP_KEEP = 8
     #: under a budget, a setting whose next batches' work exceeds this many times the largest
-    #: work of a step measured so far is not predicted to fit (see :meth:`fits`)
-    EXTRAPOLATE = 2.0
+    #: work of a step measured so far is not predicted to fit (see :meth:`fits`). Above 2: a grid
+    #: of exact doublings of a node / edge budget packs the larger size fuller (a batch stops
+    #: one graph short of its budget), so its work is a little over twice the smaller's; at
+    #: 2.0 the first size up of the Zen 4 benchmark waited 48 steps for batches of smaller graphs
+    EXTRAPOLATE = 2.25
+    #: windows the climb waits at most for a size up that fits the budget but is not yet
+    #: trusted (over ``EXTRAPOLATE`` times the work measured) before it ends
+    CLIMB_WAIT = 4
+    #: two windows' batches are of a similar density when their largest nodes and largest edges
+    #: per batch each differ by at most this factor (see :meth:`_measured_worse`; the largest, so
+    #: that an epoch's short last batch does not count as a change)
+    DENSITY_TOL = 1.25
+    #: the most windows a run of refusals makes the policy wait before its next trial
+    STREAK_CAP = 16
+    #: windows after which a setting measured slower may be tried again whatever the density
+    #: (one noisy measurement does not rule a setting out for ever)
+    WORSE_WINDOWS = 64
 
     def __init__(self, sizes: Sequence[int], pool_sizes: Sequence[int], num_workers: Sequence[int], start: Setting,
                  memory_budget: Optional[int], margin: float, min_gain: float, window: int,
@@ -359,14 +386,28 @@ class Policy:
         self.base = 0  # the memory at the last step's start
         self.seen_work = 0  # the largest work (nodes + edges) of a step whose memory was measured
         self.last_peak: Optional[int] = None  # the last step's measured peak
-        self.creep: List[int] = []  # peak - the previous step's peak, for steps without a clean start
+        # (work, peak - the previous step's peak) of steps without a clean start
+        self.creep: List[Tuple[int, int]] = []
         self.floor: Optional[int] = None  # the memory at the first step's start
         self.rates: Dict[Setting, float] = {}
-        self.trial: Optional[Tuple[Setting, float]] = None  # (setting we came from, its rate)
+        # (setting we came from, its rate, its batches' density)
+        self.trial: Optional[Tuple[Setting, float, Optional[Tuple[float, float]]]] = None
         self.backoff: Dict[Tuple[Setting, Setting], Tuple[int, int]] = {}  # -> (retry at window no, wait)
         self.windows = 0
         self.move_no = 0
         self.unit = "work"  # what the rates count (the log's wording): 'work' or 'seeds'
+        # the climb: from the start, only sizes up are tried, and a kept size up is followed at
+        # once by the next trial up (no window re-measuring it); it ends at the first refusal
+        # or when no larger size may be tried
+        self.climbing = True
+        self.climb_waits = 0  # windows the climb has waited for a size up to be trusted
+        self.extra: List[Dict[str, Any]] = []  # entries decided after observe's own (the climb's next trial)
+        # (from, to) -> the density (largest nodes, edges per batch of a window) of ``from``'s batches when
+        # ``to`` was measured slower than ``from`` (a refused trial, or ``from`` kept over ``to``)
+        self.worse: Dict[Tuple[Setting, Setting], Tuple[Tuple[float, float], int]] = {}  # -> (density, window no)
+        self.density: Optional[Tuple[float, float]] = None  # the last full window's largest nodes, edges per batch
+        self.streak = 0  # refusals in a row (a keep, a shrink or a new workload ends the run)
+        self.rest = 0  # windows still to measure before the next trial
         self._reset_window(skip=0)
 
     # -- measurement window
@@ -375,6 +416,8 @@ class Policy:
         self.w_work = 0
         self.w_time = 0.0
         self.w_steps = 0
+        self.w_nodes = 0
+        self.w_edges = 0
 
     @property
     def line(self) -> Optional[float]:
@@ -403,29 +446,72 @@ class Policy:
     def fits(self, setting: Setting) -> bool:
         """Under the budget: the setting's next ``window`` batches are predicted under the line,
         and their largest work is at most ``EXTRAPOLATE`` times the largest work of a step
-        measured so far (the linear model is not trusted further: a model learned on small
+        measured so far and of a step the memory model holds now (the linear model is not
+        trusted further: after a long stretch at a smaller size it holds only that size's
+        steps, and a jump to 4x their work crossed the budget by 10% on Zen 4; a model learned on small
         batches, whose growth the allocator's retained memory partly hides, predicted a batch of
         16x their work at half its measured peak)."""
+        return self._fit(setting) == "fits"
+
+    def _fit(self, setting: Setting) -> str:
+        """'fits', 'untrusted' (predicted under the line, but over the extrapolation bound) or
+        'no' (predicted over the line, or not predicted)."""
         if self.budget is None:
-            return True
+            return "fits"
         work = self.work_ahead(setting, self.window)
-        if work is None or work > self.EXTRAPOLATE * self.seen_work + 1:  # + 1: a prediction's rounding
-            return False
+        if work is None:
+            return "no"
         p = self._predict_work(work)
-        return p is not None and p <= self.line
+        if p is None or p > self.line:
+            return "no"
+        learned = max((w for w, _ in self.model.obs), default=0)
+        if work > self.EXTRAPOLATE * min(self.seen_work, learned or self.seen_work) + 1:
+            return "untrusted"  # + 1: a prediction's rounding
+        return "fits"
+
+    def _up_untrusted(self) -> bool:
+        """Whether a larger size (not backing off) is held back only by the extrapolation
+        bound: the climb waits for it (a few windows) rather than ending."""
+        sizes = self.grid["size"]
+        i = sizes.index(self.current.size)
+        for s in sizes[i + 1:]:
+            cand = Setting(s, self.current.pool_size, self.current.num_workers)
+            if not self._backing_off(cand) and self._fit(cand) == "untrusted":
+                return True
+        return False
+
+    def rise_ahead(self) -> int:
+        """The rise of the peak the next step may bring without a clean start: the largest
+        among the last ``CREEP_KEEP`` such steps, or the memory model's growth of the next batch
+        (a step whose freed blocks cannot be reused allocates all it needs anew), the larger;
+        without a model, the recent rises per unit of work times the next batch's work when it
+        is larger. Measured on Zen 4 (s58): a size up from 4096 to 8192 nodes rises by 27 MiB a
+        step where 4096 rose by 13, and at 16384 nodes the rises went 17, 41, then 57 MiB (about
+        a clean step's growth): a guard on the largest recent rise let both cross the budget."""
+        if not self.creep:
+            return 0
+        est = max(0, max(r for _, r in self.creep))
+        nxt = self.work_ahead(self.current, 1)
+        if nxt:
+            g = self.model.growth(nxt)
+            if g is None:
+                g = max((r * nxt / w for w, r in self.creep if 0 < w < nxt and r > 0), default=0)
+            est = max(est, int(g))
+        return est
 
     def held_over(self, now: Optional[int]) -> bool:
         """Whether the next step should start by handing idle memory back: the memory held
-        now (``now``, between steps; or the last measured peak, the larger) plus the largest
-        rise of the peak from one step to the next among the last ``CREEP_KEEP`` steps without
-        a clean start would cross the budget. Batches that grow step after step leave freed
+        now (``now``, between steps; or the last measured peak, the larger) plus the rise the
+        next step may bring (:meth:`rise_ahead`: the largest rise of the peak from one step to
+        the next among the last ``CREEP_KEEP`` steps without a clean start, scaled up to a
+        larger next batch) would cross the budget. Batches that grow step after step leave freed
         blocks too small for the next ones, so between clean readings the peak creeps up by
         about a step's growth per step, which the clean-reading model (the size choices, with
         their margin) does not see; this is the guard of the budget itself."""
         if self.budget is None or not self.creep or self.last_peak is None:
             return False
         held = max(self.last_peak, now or 0)
-        return held + max(0, max(self.creep)) > self.budget
+        return held + self.rise_ahead() > self.budget
 
     def _neighbour(self, dim: str, step: int) -> Optional[Setting]:
         vals = self.grid[dim]
@@ -461,6 +547,7 @@ class Policy:
                 pick = s
                 break
         self.trial = None
+        self.streak = self.rest = 0
         return self._switch("shrink", Setting(pick, self.current.pool_size, self.current.num_workers), None, reason)
 
     def before_step(self) -> Optional[Dict[str, Any]]:
@@ -482,14 +569,18 @@ class Policy:
     # -- after a step
     def observe(self, seconds: float, work: int, base: int, peak: Optional[int],
                 grown: Optional[int] = None, learn: bool = True,
-                progress: Optional[float] = None) -> Optional[Dict[str, Any]]:
+                progress: Optional[float] = None, nodes: Optional[int] = None,
+                edges: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """One step's measurements: wall seconds, work (nodes + edges), the memory at its
         start and its peak (None without a probe); ``grown`` (default ``peak - base``) is what
         the memory model learns from, when ``learn`` (a clean reading; predictions start from
         the base of the last one); ``progress`` (default ``work``) is what the rates compare
         per second: the neighbor loader gives the step's seeds, since a larger seed batch
-        shares more of its sampled neighbourhood and so does less work per seed. Returns a log
-        entry when the setting changes or a trial is kept."""
+        shares more of its sampled neighbourhood and so does less work per seed; ``nodes`` and
+        ``edges`` (the batch's; default: all its work counted as nodes) are its density, which
+        decides whether a setting measured slower before is worth another trial. Returns a log
+        entry when the setting changes or a trial is kept; a further entry decided at the same
+        step (the climb's next trial after a kept one) is left in ``extra``."""
         if self.floor is None:
             self.floor = base
         if peak is not None and self._expected is not None:
@@ -501,7 +592,7 @@ class Policy:
         if peak is not None:
             self.seen_work = max(self.seen_work, work)
             if not learn and self.last_peak is not None:
-                self.creep.append(peak - self.last_peak)
+                self.creep.append((int(work), peak - self.last_peak))
                 del self.creep[:-self.CREEP_KEEP]
             self.last_peak = peak
         if peak is not None and learn:
@@ -516,29 +607,50 @@ class Policy:
         self.w_work += work if progress is None else progress
         self.w_time += seconds
         self.w_steps += 1
+        self.w_nodes = max(self.w_nodes, work if nodes is None else nodes)
+        self.w_edges = max(self.w_edges, 0 if edges is None else edges)
         if self.w_steps < self.window:
             return None
         rate = self.w_work / max(self.w_time, 1e-12)
+        density = (float(self.w_nodes), float(self.w_edges))
+        self.density = density
         self.windows += 1
         self._reset_window(skip=0)
         if self.trial is not None:
-            prev, prev_rate = self.trial
+            prev, prev_rate, prev_density = self.trial
             self.trial = None
             gain = rate / prev_rate if prev_rate > 0 else float("inf")
             self.rates[self.current] = rate
             if gain >= 1.0 + self.min_gain:
                 self.backoff.pop((prev, self.current), None)
+                self.worse[(self.current, prev)] = (density, self.windows)  # prev measured slower, at these batches
+                self.streak = self.rest = 0
                 e = self._entry("keep", self.current, gain, f"{(gain - 1) * 100:.1f}% more {self.unit} per second "
                                 f"(>= {self.min_gain * 100:g}%)")
                 e["from"] = prev.as_dict()
+                if self.climbing:  # the trial's window is this size's measurement: the next one up at once
+                    self.climb_waits = 0
+                    nxt = self._try(rate, self.MOVES.index(("size", 1)))
+                    if nxt is not None:
+                        self.extra.append(nxt)
+                    elif not self._up_untrusted():  # (a size up not yet trusted: the climb waits)
+                        self.climbing = False
                 return e
             key = (prev, self.current)
             wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
             self.backoff[key] = (self.windows + wait, wait)
+            if prev_density is not None:
+                self.worse[key] = (prev_density, self.windows)
+            self.climbing = False
+            self.streak += 1
+            self.rest = min(self.STREAK_CAP, 2 ** (self.streak - 1)) - 1
             return self._switch("revert", prev, gain, f"{(gain - 1) * 100:+.1f}% {self.unit} per second, under the "
                                 f"{self.min_gain * 100:g}% needed to switch")
         self.rates[self.current] = rate
-        return self._explore(rate)
+        if self.rest > 0:  # a run of refusals: measure on before the next trial
+            self.rest -= 1
+            return None
+        return self._explore(rate, up_only=self.climbing)
 
     def workload_changed(self, reason: str) -> Optional[Dict[str, Any]]:
         """The batches' nature changed (a new fanout): rates measured before do not compare with
@@ -547,8 +659,10 @@ class Policy:
         to the setting it came from (a 'revert' entry, gain None)."""
         self.rates.clear()
         self.backoff.clear()
+        self.worse.clear()
+        self.streak = self.rest = 0
         if self.trial is not None:
-            prev, _ = self.trial
+            prev, _, _ = self.trial
             self.trial = None
             return self._switch("revert", prev, None, f"trial abandoned: {reason}")
         self._reset_window()
@@ -556,7 +670,27 @@ class Policy:
 
     def _backing_off(self, cand: Setting) -> bool:
         retry = self.backoff.get((self.current, cand))
-        return retry is not None and self.windows < retry[0]
+        return (retry is not None and self.windows < retry[0]) or self._measured_worse(cand)
+
+    def _measured_worse(self, cand: Setting) -> bool:
+        """Whether ``cand`` was measured slower than the current setting (a refused trial, or
+        the current one kept over it) on batches of a density similar to the current ones':
+        the largest nodes and largest edges per batch of a window each within a factor ``DENSITY_TOL``. Such a trial
+        is not repeated (whatever its back-off); batches whose density has changed since (graphs
+        sorted by size under a graph count, denser graphs under a node budget) may be tried again,
+        and so may any after ``WORSE_WINDOWS`` windows."""
+        got = self.worse.get((self.current, cand))
+        now = self.density
+        if got is None or now is None or self.windows - got[1] > self.WORSE_WINDOWS:
+            return False
+        was = got[0]
+
+        def near(a: float, b: float) -> bool:
+            if a <= 0 or b <= 0:
+                return a == b
+            return max(a, b) <= self.DENSITY_TOL * min(a, b)
+
+        return near(was[0], now[0]) and near(was[1], now[1])
 
     def _grow(self) -> Optional[Setting]:
         """Under a budget, the size to try upwards: the largest above the current one whose
@@ -572,23 +706,41 @@ class Policy:
                 return cand
         return None
 
-    def _explore(self, rate: float) -> Optional[Dict[str, Any]]:
+    def _explore(self, rate: float, up_only: bool = False) -> Optional[Dict[str, Any]]:
+        """The next trial from the current setting (measured at ``rate``), or None. The moves
+        take turns; ``up_only`` (the climb) tries the size up first, and when it may not be
+        tried the climb ends (and the moves take turns)."""
+        if up_only:
+            e = self._try(rate, self.MOVES.index(("size", 1)))
+            if e is not None:
+                self.climb_waits = 0
+                return e
+            if self.climb_waits < self.CLIMB_WAIT and self._up_untrusted():
+                self.climb_waits += 1  # a size up that fits but is not yet trusted: measure on, no other move
+                return None
+            self.climbing = False
         for k in range(len(self.MOVES)):
-            dim, step = self.MOVES[(self.move_no + k) % len(self.MOVES)]
-            jump = dim == "size" and step > 0 and self.budget is not None
-            cand = self._grow() if jump else self._neighbour(dim, step)
-            if cand is None or self._backing_off(cand):
-                continue
-            if dim == "size" and step > 0 and not self.fits(cand):
-                continue
-            if dim == "size" and step < 0 and self.budget is not None and not self.fits(cand):
-                continue
-            self.move_no = (self.move_no + k + 1) % len(self.MOVES)
-            self.trial = (self.current, rate)
-            what = " (the largest predicted to fit)" if jump and cand != self._neighbour(dim, step) else ""
-            return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
-                                f"{getattr(cand, dim)}{what} for {self.window} steps")
+            e = self._try(rate, (self.move_no + k) % len(self.MOVES))
+            if e is not None:
+                return e
         return None
+
+    def _try(self, rate: float, m: int) -> Optional[Dict[str, Any]]:
+        """Move ``m`` of MOVES as a trial (an 'explore' entry), or None when it may not be tried."""
+        dim, step = self.MOVES[m]
+        jump = dim == "size" and step > 0 and self.budget is not None
+        cand = self._grow() if jump else self._neighbour(dim, step)
+        if cand is None or self._backing_off(cand):
+            return None
+        if dim == "size" and step > 0 and not self.fits(cand):
+            return None
+        if dim == "size" and step < 0 and self.budget is not None and not self.fits(cand):
+            return None
+        self.move_no = (m + 1) % len(self.MOVES)
+        self.trial = (self.current, rate, self.density)
+        what = " (the largest predicted to fit)" if jump and cand != self._neighbour(dim, step) else ""
+        return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
+                            f"{getattr(cand, dim)}{what} for {self.window} steps")
 
 
 # ---------------------------------------------------------------------------------- loaders
@@ -725,7 +877,10 @@ class _Adaptive:
             # what the measurement decides, then the check of the next batch under the setting
             # that decision leaves (after a kept trial or a revert too: a size kept for the
             # batches it was tried on may not fit the larger ones that follow)
-            entries = [self.policy.observe(seconds, work, base, peak, grown, clean, self._progress(info))]
+            entries = [self.policy.observe(seconds, work, base, peak, grown, clean, self._progress(info),
+                                           nodes=info["nodes"], edges=info["edges"])]
+            entries += self.policy.extra
+            self.policy.extra = []
             entries.append(self.policy.before_step() if self._more_to_come() else None)
             entries = [e for e in entries if e is not None]
         if dist is not None:  # the other ranks need the setting rank 0 ends with: its last entry
@@ -750,7 +905,7 @@ class _Adaptive:
         if self.policy.held_over(now) and self.probe.release_next():
             self.releases += 1
             log.debug("adapt: step %d starts clean: %.1f MiB held, creeping up to %.1f MiB a step, budget %.1f MiB",
-                      self.step, now / 2**20, max(self.policy.creep) / 2**20, self.policy.budget / 2**20)
+                      self.step, now / 2**20, self.policy.rise_ahead() / 2**20, self.policy.budget / 2**20)
 
     def _more_to_come(self) -> bool:
         return True
