@@ -262,7 +262,7 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable("GNNCOMPILE_SPMM_IMPL", "spmm_impl", _one_of(SPMM_IMPLS), "auto (default), native, torch_sparse",
              "the fused spmm's implementation: auto runs the faster of gnncompile's kernel and torch.sparse.mm "
              "on a CSR tensor, measured once per device and size class (at most 2 s, cached in the profile "
-             "folder); either runs only where it gives the native kernel's bits (gnncompile.compiler.portfolio)"),
+             "folder; a class the budget allowed under 3 rounds keeps gnncompile's kernel); either runs only where it gives the native kernel's bits (gnncompile.compiler.portfolio)"),
     Variable("GNNCOMPILE_PRECISION", "precision", _one_of(PRECISIONS), "fp32 (default), bf16",
              "bf16 (opt-in, lower precision): each fused sum / mean spmm on float32 CPU features gathers them "
              "in bfloat16 (cast once before the op, accumulated in float32 in the kernel, float32 out; "
