@@ -372,11 +372,14 @@ class Policy:
         #: kept from the steps before, which the release guard (:meth:`held_over`) handles
         self.clean_misses = False
         self._expected_growth: Optional[int] = None
-        #: ``room(setting)``: the steps left in this epoch under ``setting`` (None: not known). A
-        #: trial is only started when the epoch leaves room for its window and the step left out
-        #: after the switch: a curriculum changes the workload between epochs, and a trial cut by
-        #: that change measured nothing (the neighbor loader's; see :meth:`_explore`)
-        self.room: Optional[Callable[[Setting], Optional[int]]] = None
+        #: ``room(setting)``: (steps left in this epoch, steps of a whole epoch) under ``setting``
+        #: (None: not known). A trial is only started when the epoch leaves room for its window
+        #: and the step left out after the switch: a curriculum changes the workload between
+        #: epochs, and a trial cut by that change measured nothing (the neighbor loader's; see
+        #: :meth:`_explore`); a trial whose window no epoch holds gets a shorter one
+        #: (:meth:`_trial_window`)
+        self.room: Optional[Callable[[Setting], Optional[Tuple[int, int]]]] = None
+        self._window_now = window  # the steps of the window under way (a trial's may be shorter)
         self.deferred: Optional[Setting] = None  # a trial waiting for room (the next epoch's start)
         self._reset_window(skip=0)
 
@@ -540,7 +543,7 @@ class Policy:
         self.w_work += work if progress is None else progress
         self.w_time += seconds
         self.w_steps += 1
-        if self.w_steps < self.window:
+        if self.w_steps < (self._window_now if self.trial is not None else self.window):
             return None
         rate = self.w_work / max(self.w_time, 1e-12)
         self.windows += 1
@@ -592,12 +595,22 @@ class Policy:
         self.deferred = None
         return self._explore(self.rates[self.current])
 
+    def _trial_window(self, cand: Setting) -> int:
+        """The steps a trial of ``cand`` is measured for: ``window``, or where a whole epoch
+        under ``cand`` holds fewer than ``window`` + 1 steps, the epoch's steps less the one left
+        out (at least 1), so that the trial ends within one epoch."""
+        r = self.room(cand) if self.room is not None else None
+        if r is None or r[1] < 2:
+            return self.window
+        return max(1, min(self.window, r[1] - 1))
+
     def _has_room(self, cand: Setting) -> bool:
-        """Whether the epoch leaves room for a trial of ``cand`` (always, without a ``room`` hook)."""
-        if self.room is None:
+        """Whether the epoch leaves room for a trial of ``cand`` (always, without a ``room`` hook,
+        and where an epoch holds no measured step of it: it straddles an epoch's end)."""
+        r = self.room(cand) if self.room is not None else None
+        if r is None or r[1] < 2:
             return True
-        left = self.room(cand)
-        return left is None or left >= self.window + 1  # + 1: the step left out after the switch
+        return r[0] >= self._trial_window(cand) + 1  # + 1: the step left out after the switch
 
     def _grow(self) -> Optional[Setting]:
         """Under a budget, the size to try upwards: the largest above the current one whose
@@ -629,9 +642,10 @@ class Policy:
                 return None
             self.move_no = (self.move_no + k + 1) % len(self.MOVES)
             self.trial = (self.current, rate)
+            self._window_now = self._trial_window(cand)
             what = " (the largest predicted to fit)" if jump and cand != self._neighbour(dim, step) else ""
             return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
-                                f"{getattr(cand, dim)}{what} for {self.window} steps")
+                                f"{getattr(cand, dim)}{what} for {self._window_now} steps")
         return None
 
 
@@ -1347,20 +1361,17 @@ class AdaptiveNeighborLoader(_Adaptive):
             return None
         return int(round(self._seed_work(seeds)))
 
-    def _room(self, setting: Setting) -> Optional[int]:
-        """Steps left in this epoch under ``setting`` (0 after its last step: a trial waits for
-        the next epoch's start, :meth:`_check_ahead`, after a change of fanout if any). None (no
-        limit) before the first epoch, and for a setting whose trial no epoch holds (it straddles
-        an epoch's end wherever it starts; abandoned if the workload changes there)."""
+    def _room(self, setting: Setting) -> Optional[Tuple[int, int]]:
+        """(steps left in this epoch, steps of a whole epoch) under ``setting``: 0 left after the
+        epoch's last step (a trial waits for the next epoch's start, :meth:`_check_ahead`, after a
+        change of fanout if any). None before the first epoch."""
         n = self._share.numel()
         if n == 0:
             return None
         whole = -(-n // setting.size)
-        if whole < self.policy.window + 1:  # no epoch holds its trial: it may start anywhere
-            return None
         if self._pos == 0:  # an epoch about to start
-            return whole
-        return -(-(n - self._pos) // setting.size)  # 0 at the epoch's last step: the next epoch's start
+            return whole, whole
+        return -(-(n - self._pos) // setting.size), whole  # 0 at the epoch's last step: the next epoch's start
 
     def _model(self) -> Optional["NeighborWorkModel"]:
         """The work model of this graph (:class:`NeighborWorkModel`, built at its first use), or

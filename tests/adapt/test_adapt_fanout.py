@@ -312,7 +312,7 @@ def test_a_trial_waits_for_an_epoch_that_holds_it():
     the room is there (the next epoch)."""
     room = {"left": 2}
     p = Policy([1, 2], [2], [0], Setting(1, 2, 0), None, 0.1, 0.05, 2, lambda s, k: 100)
-    p.room = lambda s: room["left"]
+    p.room = lambda s: (room["left"], 8)
     for _ in range(2):
         e = p.observe(1.0, 100, 0, None)
     assert e is None and p.deferred == Setting(2, 2, 0) and p.current.size == 1
@@ -363,3 +363,25 @@ def test_clean_misses_learn_from_clean_readings_only():
     q.before_step()
     q.observe(1.0, 100, 50_000, 50_000 + 10_000 + 30_000, learn=False)
     assert q.excess > 30_000  # the default (the graph loader's): every step's peak over its prediction
+
+
+def test_a_trial_no_epoch_holds_gets_a_shorter_window():
+    """An epoch of 5 steps under the candidate: its trial is measured for 4 steps (the epoch less
+    the step left out), not the window of 8, and waits for an epoch's start; an epoch of one
+    step holds no measured step, so the trial keeps its window (and may straddle)."""
+    p = Policy([1, 2], [2], [0], Setting(1, 2, 0), None, 0.1, 0.05, 8, lambda s, k: 100)
+    whole = {"n": 5}
+    p.room = lambda s: (whole["n"] if s.size == 1 else 0, whole["n"])
+    assert p._trial_window(Setting(2, 2, 0)) == 4 and not p._has_room(Setting(2, 2, 0))
+    p.room = lambda s: (5, 5)
+    assert p._has_room(Setting(2, 2, 0))
+    for _ in range(8):
+        e = p.observe(1.0, 100, 0, None)
+    assert e["kind"] == "explore" and "for 4 steps" in e["reason"]
+    for _ in range(4):  # the step left out, then 3 of the 4
+        e = p.observe(0.5, 100, 0, None)
+    assert e is None
+    e = p.observe(0.5, 100, 0, None)
+    assert e["kind"] == "keep"
+    p.room = lambda s: (0, 1)
+    assert p._trial_window(Setting(1, 2, 0)) == 8 and p._has_room(Setting(1, 2, 0))
