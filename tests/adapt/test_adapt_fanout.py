@@ -107,13 +107,14 @@ def test_set_num_neighbors_rejects_a_bad_fanout(bad, match):
         AdaptiveNeighborLoader(_graph(), [0, 2], sizes=[32], memory=None)
 
 
-@pytest.mark.parametrize("scale", [True, False])
+@pytest.mark.parametrize("scale", ["model", "bound", False])
 def test_a_growing_fanout_shrinks_the_batch_before_it_crosses_the_budget(scale, monkeypatch):
     """Memory: 100 bytes per sampled node + edge. 128 seeds fit the budget at fanout [2, 2], not
-    at [10, 10]. After the change the work per seed is scaled by the fanouts' bounds, so the
-    first batch under the new fanout is predicted over the line and the size shrinks before
-    it: no peak over the budget. Without the scaling (the test can fail) the first batch
-    under [10, 10] is taken at 128 seeds, over the budget."""
+    at [10, 10]. After the change the work per seed is predicted by the work model (or, with
+    work_model=False, scaled by the fanouts' bounds), so the first batch under the new fanout
+    is predicted over the line and the size shrinks before it: no peak over the budget.
+    Without either (the test can fail) the first batch under [10, 10] is taken at 128 seeds,
+    over the budget."""
     if not scale:
         monkeypatch.setattr(AdaptiveNeighborLoader, "_fanout_bound", staticmethod(lambda nn: None))
         monkeypatch.setattr(AdaptiveNeighborLoader, "set_num_neighbors", _unscaled_set)
@@ -121,7 +122,8 @@ def test_a_growing_fanout_shrinks_the_batch_before_it_crosses_the_budget(scale, 
     clock, state = Clock(), {}
     budget = 400_000
     L = AdaptiveNeighborLoader(d, [2, 2], sizes=[16, 32, 64, 128], start=Setting(128, 2, 0), window=2,
-                               memory=lambda: 100 * state["work"], memory_budget=budget, margin=0.1, clock=clock)
+                               memory=lambda: 100 * state["work"], memory_budget=budget, margin=0.1, clock=clock,
+                               work_model=scale == "model")
     for fan in ([2, 2], [10, 10]):
         if fan != [2, 2]:
             L.set_num_neighbors(fan)
