@@ -52,13 +52,15 @@ The policy (:class:`Policy`, deterministic given the measurements):
 * Memory: a model of bytes per unit of work (the largest ratio of a step's peak above its start
   to its nodes + edges among the last observations, a conservative linear model) predicts each
   candidate's peak on its next batches (known exactly for graph batches: the dataset's sizes;
-  for neighbor batches from the observed work per seed); a candidate predicted above the
+  for neighbor batches from the graph's in-degrees, :class:`NeighborWorkModel`, calibrated by
+  the measured batches); a candidate predicted above the
   budget less ``margin`` of the headroom (the budget less the memory at the first step's
   start), or whose batches hold more than ``Policy.EXTRAPOLATE`` (2) times the work of the
   largest step measured so far (the linear model is not trusted further), is never tried. Each step's measured peak is compared with its prediction, and the
   largest recent excess (``Policy.excess``) is added to every later prediction: what the
   linear model missed once (a fixed cost per step, the allocator's growth) it does not miss
-  again. Before each step (also the first after a kept
+  again (the neighbor loader learns it from clean readings only, against the model's growth:
+  what the allocator kept between them is the release guard's, below). Before each step (also the first after a kept
   trial or a revert), when the next batch under the current setting is predicted over that
   line, the size shrinks at once (to the largest that fits); when a step's measured peak
   exceeds the budget anyway, it shrinks at once too. Before each step the memory held now
@@ -1200,12 +1202,19 @@ class AdaptiveNeighborLoader(_Adaptive):
     every world-size-th seed of it (padded by wrapping around to equal shares), so the ranks
     take the same steps. At a switch the rest of this rank's share is sampled by a new
     ``NeighborLoader`` (the sampler's CSC is the structure cache's, built once). The work of a
-    batch (its nodes + edges) is known only once sampled: candidates are predicted from the
-    largest observed work per seed. Rates are compared in seeds per second (not work: a larger
-    seed batch shares more of its sampled neighbourhood, so it does less work per seed, and
-    seeds are what an epoch is made of). :meth:`set_num_neighbors` changes the fanout between
-    epochs (a curriculum) or from the next batch. Other arguments as :class:`AdaptiveLoader`;
-    ``loader_kwargs`` go to ``NeighborLoader`` (replace, directed, disjoint, ...)."""
+    batch (its nodes + edges) is known only once sampled: under a budget a candidate's is
+    predicted by :class:`NeighborWorkModel` (from the graph's in-degrees, any size and fanout)
+    times the largest measured-over-modelled ratio of the recent batches (``work_model=False``,
+    or where the model does not apply: from the largest observed work per seed of the batches
+    nearest below). Rates are compared in seeds per second (not work: a larger seed batch shares
+    more of its sampled neighbourhood, so it does less work per seed, and seeds are what an
+    epoch is made of). :meth:`set_num_neighbors` changes the fanout between epochs (a
+    curriculum) or from the next batch. ``trials_in_epoch`` (default True): a trial starts only
+    where the epoch's remaining seeds hold its window and the step left out after the switch,
+    else at the next epoch's start (forgotten if the fanout changes there); a size whose
+    window no epoch holds is measured for an epoch's steps less one. Other arguments as
+    :class:`AdaptiveLoader`; ``loader_kwargs`` go to ``NeighborLoader`` (replace, directed,
+    disjoint, ...)."""
 
     def __init__(self, data: Any, num_neighbors: Any, *, input_nodes: Any = None, sizes: Sequence[int] = (256, 512, 1024),
                  pool_sizes: Sequence[int] = (2,), num_workers: Sequence[int] = (0,), start: Optional[Setting] = None,
@@ -1298,12 +1307,13 @@ class AdaptiveNeighborLoader(_Adaptive):
         """Samples with ``num_neighbors`` from the next batch on (between epochs: from the next
         epoch), without a restart: the seeds not yet yielded are sampled by a new
         ``NeighborLoader`` (as at a switch; none lost or repeated). The number of hops may not
-        change (the model's depth). The memory model's work per seed is scaled by the ratio of
-        the fanouts' bounds (1 + 2 * (f1 + f1 f2 + ...), conservative: real graphs have nodes
-        of lower degree and shared neighbours) until the first batch under the new fanout is
-        measured; without a bound (-1, per edge type) it is unknown until then, and under a
-        budget the size shrinks to the smallest. The policy starts a new measurement window
-        (:meth:`Policy.workload_changed`). ValueError on a bad fanout."""
+        change (the model's depth). Under a budget the new fanout's work is predicted by
+        :class:`NeighborWorkModel` with the calibration measured under the old one until the
+        first batch under the new fanout is measured; where the model does not apply, the
+        observed work per seed is scaled by the ratio of the fanouts' bounds (1 + 2 * (f1 + f1
+        f2 + ...), conservative), and without a bound (-1, per edge type) it is unknown until
+        measured and the size shrinks to the smallest. The policy starts a new measurement
+        window (:meth:`Policy.workload_changed`). ValueError on a bad fanout."""
         new = self._check_fanout(num_neighbors)
         old = self.num_neighbors
         if isinstance(new, dict) != isinstance(old, dict) or (
@@ -1476,5 +1486,5 @@ class AdaptiveNeighborLoader(_Adaptive):
             del loader
 
 
-__all__ = ["AdaptiveLoader", "AdaptiveNeighborLoader", "Setting", "Policy", "MemoryModel", "MemoryProbe",
+__all__ = ["AdaptiveLoader", "AdaptiveNeighborLoader", "NeighborWorkModel", "Setting", "Policy", "MemoryModel", "MemoryProbe",
            "CudaMemory", "RssMemory", "FnMemory"]
