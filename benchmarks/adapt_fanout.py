@@ -42,6 +42,10 @@ compilation and warm-up excluded). Loss: the mean loss per seed of each epoch; t
 run (seed 0) is within the noise in an epoch when its gap to the mean of the best fixed
 size's seeds is at most their spread (max - min).
 
+Work per seed: the fixed runs' measured nodes + edges per seed of their full batches, per size
+and fanout, against ``gnncompile.adapt.NeighborWorkModel`` computed on the same graph (and the
+change of fanout: measured ratio, the model's, the fanouts' bound's).
+
 ``--rounds R`` (R > 1): R - 1 more rounds of the best fixed size (seed 0) and the adaptive
 run, fresh processes, the order alternating; the ratio adaptive / best fixed is the
 geometric mean of the R paired ratios with its 95% Student's t interval, and the budget
