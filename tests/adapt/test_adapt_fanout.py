@@ -402,18 +402,19 @@ def _shared(seeds, fan):
 
 
 def test_node_edge_memory_model_predicts_a_per_node_profile_closer_and_still_above():
-    """Steps of 64-256 seeds at fanouts 4, 8, 16; the candidate is 512 seeds at fanout 16. The
-    nearest model (bytes per unit of nodes + edges of the 256-seed steps) overstates its growth
-    by over 30%; the node-edge fit predicts it within 5%, never below."""
+    """Steps of 64-256 seeds at fanouts 4, 8, 16, 32; the candidate is 512 seeds at fanout 16
+    (inside the kept steps' nodes and edges). The nearest model (bytes per unit of nodes + edges
+    of the steps nearest below) overstates its growth by over 40%; the node-edge fit predicts it
+    within 5%, never below."""
     near, ne = MemoryModel(nearest=True), NodeEdgeMemoryModel()
-    for fan in (4, 8, 16):
+    for fan in (4, 8, 16, 32):
         for seeds in (64, 128, 256):
             n, e = _shared(seeds, fan)
             near.observe(n + e, _per_node_memory(n, e))
             ne.observe(Work(n, e), _per_node_memory(n, e))
     n, e = _shared(512, 16)
     true = _per_node_memory(n, e)
-    assert near.predict(n + e, 0) > 1.3 * true
+    assert near.predict(n + e, 0) > 1.4 * true
     assert true <= ne.predict(Work(n, e), 0) <= 1.05 * true
     assert ne.predict(n + e, 0) == near.predict(n + e, 0)  # work without nodes and edges: the nearest model
 
@@ -451,7 +452,7 @@ def test_policy_with_the_node_edge_model_takes_the_larger_size_that_fits_the_bud
         p.model = model
         p.clean_misses = True
         peaks = []
-        for f in (4, 8, 16, 16, 16):
+        for f in (4, 8, 32, 16):
             fan["f"] = f
             for size in (64, 128, 256):
                 n, e = _shared(size, f)
@@ -477,3 +478,25 @@ def test_release_guard_counts_the_next_steps_predicted_growth():
     assert p._expected_growth == 50 and not p.creep
     assert not p.held_over(40)  # 40 + 50 <= 100
     assert p.held_over(60)  # 60 + 50 > 100
+
+
+def test_node_edge_memory_model_does_not_extrapolate_its_split_beyond_the_kept_steps():
+    """Readings like the adapt_fanout benchmark's at fanout [40, 40]: 128 and 256 seeds a batch
+    (13.5k / 50k and 16.5k / 86k nodes / edges) with much the same growth, 61-76 MiB (the
+    allocator's noise over a small difference). The fit's split of that growth is poorly
+    determined (here a large fixed part); extrapolated to 1024 seeds (nodes 1.2x, edges 2.6x the
+    kept steps': a saturated graph) it predicts about 100 MiB, where fixed 1024-seed runs
+    measured 115-144 MiB. Beyond ``TRUST`` times the kept nodes or edges the nearest model
+    answers (above those measurements); inside, the fit."""
+    M = 2**20
+    ne = NodeEdgeMemoryModel()
+    for k in range(16):
+        if k % 2:
+            n, e, g = 13_500 + 30 * k, 50_000 + 150 * k, (61 + k % 5 * 1.5) * M
+        else:
+            n, e, g = 16_500 + 20 * k, 86_000 + 200 * k, (66 + k % 7 * 1.6) * M
+        ne.observe(Work(n, e), int(g))
+    assert ne.fit() is not None
+    assert ne.growth(Work(19_500, 225_000)) >= 144 * M
+    inside = Work(16_000, 80_000)
+    assert ne.growth(inside) != MemoryModel.growth(ne, inside)
