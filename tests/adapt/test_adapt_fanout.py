@@ -469,17 +469,6 @@ def test_policy_with_the_node_edge_model_takes_the_larger_size_that_fits_the_bud
     assert fits_new and peaks[0] <= pred_new <= line <= budget
 
 
-def test_release_guard_counts_the_next_steps_predicted_growth():
-    """Between steps, the memory held now plus the next step's predicted growth over the budget
-    starts the next step clean, even before any creep was seen (the guard before: creep only)."""
-    p = Policy([64], [2], [0], Setting(64, 2, 0), 100, 0.1, 0.05, 4, lambda s, k: 10)
-    p.observe(1.0, 10, 0, 50)  # a clean step: model 5 bytes per unit, no creep yet
-    p.before_step()
-    assert p._expected_growth == 50 and not p.creep
-    assert not p.held_over(40)  # 40 + 50 <= 100
-    assert p.held_over(60)  # 60 + 50 > 100
-
-
 def test_node_edge_memory_model_does_not_extrapolate_its_split_beyond_the_kept_steps():
     """Readings like the adapt_fanout benchmark's at fanout [40, 40]: 128 and 256 seeds a batch
     (13.5k / 50k and 16.5k / 86k nodes / edges) with much the same growth, 61-76 MiB (the
