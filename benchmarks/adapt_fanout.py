@@ -42,6 +42,10 @@ compilation and warm-up excluded). Loss: the mean loss per seed of each epoch; t
 run (seed 0) is within the noise in an epoch when its gap to the mean of the best fixed
 size's seeds is at most their spread (max - min).
 
+Work per seed: the fixed runs' measured nodes + edges per seed of their full batches, per size
+and fanout, against ``gnncompile.adapt.NeighborWorkModel`` computed on the same graph (and the
+change of fanout: measured ratio, the model's, the fanouts' bound's).
+
 ``--rounds R`` (R > 1): R - 1 more rounds of the best fixed size (seed 0) and the adaptive
 run, fresh processes, the order alternating; the ratio adaptive / best fixed is the
 geometric mean of the R paired ratios with its 95% Student's t interval, and the budget
@@ -178,6 +182,58 @@ def child(spec) -> dict:
     }
 
 
+def work_table(spec: dict, fixed: list) -> list:
+    """Per fixed size and fanout: the measured nodes + edges per seed of its full batches (all
+    its epochs at that fanout), gnncompile.adapt.NeighborWorkModel's prediction for that size
+    and fanout (computed here from the same graph) and the fanouts' bound 1 + 2 (f1 + f1 f2)."""
+    from gnncompile.adapt import AdaptiveNeighborLoader, NeighborWorkModel
+
+    data, train = _graph(spec)
+    model = NeighborWorkModel(data.edge_index, int(data.num_nodes), train)
+    rows = []
+    for r in fixed:
+        if "error" in r:
+            continue
+        for f in spec["fanouts"]:
+            eps = {e for e, info in enumerate(r["epochs"]) if info["fanout"] == list(f)}
+            cs = [c for c in r["curve"] if c[8] in eps and c[0] == r["size"]]
+            if not cs:
+                continue
+            rows.append({"size": r["size"], "fanout": list(f),
+                         "measured": sum(c[3] + c[4] for c in cs) / sum(c[0] for c in cs),
+                         "model": model.per_seed(r["size"], f), "bound": AdaptiveNeighborLoader._fanout_bound(f)})
+    return rows
+
+
+def _work_lines(rows: list, fanouts: list) -> list:
+    if not rows:
+        return []
+    sizes = sorted({r["size"] for r in rows})
+    at = {(r["size"], tuple(r["fanout"])): r for r in rows}
+    lines = ["", "## Work per seed: measured vs the work model (the fixed runs' full batches)", "",
+             "Nodes + edges per seed, measured / predicted by `NeighborWorkModel` (error). Then the change of "
+             "fanout: measured ratio of the work per seed, the model's, the fanouts' bound's.", "",
+             "| seeds per batch | " + " | ".join(_fan(f) for f in fanouts) + " |",
+             "|---|" + "---|" * len(fanouts)]
+    for size in sizes:
+        cells = []
+        for f in fanouts:
+            r = at.get((size, tuple(f)))
+            cells.append("" if r is None else f"{r['measured']:.1f} / {r['model']:.1f} ({r['model'] / r['measured'] - 1:+.1%})")
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    lines += ["", "| seeds per batch | " + " | ".join(f"{_fan(a)} -> {_fan(b)}" for a, b in zip(fanouts, fanouts[1:]))
+              + " |", "|---|" + "---|" * (len(fanouts) - 1)]
+    for size in sizes:
+        cells = []
+        for a, b in zip(fanouts, fanouts[1:]):
+            ra, rb = at.get((size, tuple(a))), at.get((size, tuple(b)))
+            cells.append("" if ra is None or rb is None else
+                         f"{rb['measured'] / ra['measured']:.2f} / {rb['model'] / ra['model']:.2f} / "
+                         f"{rb['bound'] / ra['bound']:.2f}")
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _mean_loss(hist, e):
     hs = [h for h in hist if h["epoch"] == e]
     return sum(h["loss"] * h["graphs"] for h in hs) / max(1, sum(h["graphs"] for h in hs))
@@ -278,6 +334,7 @@ def markdown(p: dict) -> str:
                      f"base); best fixed runs over it: {rd['fixed_over_budget']} of {rd['adaptive_runs']}. Last-epoch "
                      f"loss over the rounds: adaptive {rd['adaptive_loss_min']:.4f} - {rd['adaptive_loss_max']:.4f}, "
                      f"fixed {rd['fixed_loss_min']:.4f} - {rd['fixed_loss_max']:.4f}.")
+    lines += _work_lines(p.get("work_model") or [], a["fanouts"])
     ad = p.get("adaptive")
     if ad and "log" in ad:
         sched_e = [e["fanout"] for e in ad["epochs"]]
@@ -487,6 +544,7 @@ def main(argv=None) -> int:
         if args.rounds > 1 and best is not None:
             payload["rounds"] = _rounds(base, {"fixed": best, "adaptive": adaptive}, args.rounds, args.timeout)
     payload["loadavg_before_after"][1] = _common.loadavg()
+    payload["work_model"] = work_table(base, fixed)
     name = args.out or ("adapt_fanout_quick" if args.quick else "adapt_fanout")
     _common.write_results(args.results_dir, name, payload, markdown, plot)
     return 0

@@ -204,8 +204,11 @@ def make_loader(dataset: list, batch_size: int, variant: str):
 
 
 # ----------------------------------------------------------------------------- the loader before
-def _legacy_collate_into(self, idx, bufs):
-    """``_Store.collate_into`` before section 39 (per column: sizes[idx], sum, int)."""
+def _legacy_collate_into(self, idx, bufs, pad=None):
+    """``_Store.collate_into`` before section 39 (per column: sizes[idx], sum, int); no
+    bucket padding (the benchmark's loaders do not pad)."""
+    if pad is not None:
+        raise ValueError("the legacy batch assembly does not pad (pad_to_buckets)")
     from gnncompile.data.loader import _ADDABLE, _used
     from gnncompile.ops import collate_rows, segment_ids
 

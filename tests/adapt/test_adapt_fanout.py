@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from gnncompile.adapt import AdaptiveNeighborLoader, MemoryModel, Policy, Setting
+from gnncompile.adapt import AdaptiveNeighborLoader, MemoryModel, NodeEdgeMemoryModel, Policy, Setting, Work
 from gnncompile.data import power_law_graph
 
 with warnings.catch_warnings():
@@ -107,13 +107,14 @@ def test_set_num_neighbors_rejects_a_bad_fanout(bad, match):
         AdaptiveNeighborLoader(_graph(), [0, 2], sizes=[32], memory=None)
 
 
-@pytest.mark.parametrize("scale", [True, False])
+@pytest.mark.parametrize("scale", ["model", "bound", False])
 def test_a_growing_fanout_shrinks_the_batch_before_it_crosses_the_budget(scale, monkeypatch):
     """Memory: 100 bytes per sampled node + edge. 128 seeds fit the budget at fanout [2, 2], not
-    at [10, 10]. After the change the work per seed is scaled by the fanouts' bounds, so the
-    first batch under the new fanout is predicted over the line and the size shrinks before
-    it: no peak over the budget. Without the scaling (the test can fail) the first batch
-    under [10, 10] is taken at 128 seeds, over the budget."""
+    at [10, 10]. After the change the work per seed is predicted by the work model (or, with
+    work_model=False, scaled by the fanouts' bounds), so the first batch under the new fanout
+    is predicted over the line and the size shrinks before it: no peak over the budget.
+    Without either (the test can fail) the first batch under [10, 10] is taken at 128 seeds,
+    over the budget."""
     if not scale:
         monkeypatch.setattr(AdaptiveNeighborLoader, "_fanout_bound", staticmethod(lambda nn: None))
         monkeypatch.setattr(AdaptiveNeighborLoader, "set_num_neighbors", _unscaled_set)
@@ -121,7 +122,8 @@ def test_a_growing_fanout_shrinks_the_batch_before_it_crosses_the_budget(scale, 
     clock, state = Clock(), {}
     budget = 400_000
     L = AdaptiveNeighborLoader(d, [2, 2], sizes=[16, 32, 64, 128], start=Setting(128, 2, 0), window=2,
-                               memory=lambda: 100 * state["work"], memory_budget=budget, margin=0.1, clock=clock)
+                               memory=lambda: 100 * state["work"], memory_budget=budget, margin=0.1, clock=clock,
+                               work_model=scale == "model")
     for fan in ([2, 2], [10, 10]):
         if fan != [2, 2]:
             L.set_num_neighbors(fan)
@@ -206,3 +208,284 @@ def test_work_per_seed_is_taken_from_the_nearest_smaller_batches():
     L.policy.model.observe(256 * 30, 0)
     assert L.policy.fits(Setting(512, 2, 0))
     assert 512 * 40.0 > 2 * 256 * 30  # the largest per-seed work of all would not have fitted
+
+
+# ------------------------------------------------------------------ the work model, trials within an epoch
+
+
+def _measured_per_seed(d, fan, size, inputs, batches=6, **kw):
+    from gnncompile.data import NeighborLoader
+
+    L = NeighborLoader(d, fan, input_nodes=inputs, batch_size=size, shuffle=True, seed=3, **kw)
+    work = seeds = 0
+    for i, b in enumerate(L):
+        if i >= batches:
+            break
+        if int(b.batch_size) == size:
+            work, seeds = work + _work(b), seeds + size
+    return work / seeds
+
+
+def test_work_model_predicts_the_sampled_sizes_across_fanouts_and_batch_sizes():
+    """The model (expected sampled in-edges per hop, the neighbours a batch shares by a Poisson
+    occupancy) against sampled batches: within 8% at every fanout and seed batch size, where the
+    bound 1 + 2 (f1 + f1 f2) and the model without sharing overstate the change of fanout."""
+    from gnncompile.adapt import NeighborWorkModel
+
+    n = 3000
+    d = _graph(n=n, e=90000, seed=2)
+    inputs = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:1200]
+    M = NeighborWorkModel(d.edge_index, n, inputs, subset=1024)
+    got = {}
+    for fan in ([3, 3], [10, 10], [30, 30]):
+        for size in (32, 256):
+            meas = _measured_per_seed(d, fan, size, inputs)
+            pred = M.per_seed(size, fan)
+            got[tuple(fan), size] = meas
+            assert abs(pred / meas - 1) < 0.08, (fan, size, pred, meas)
+    # the change of fanout: the model's ratio tracks the measured one; the bound's does not
+    bound = AdaptiveNeighborLoader._fanout_bound
+    for size in (32, 256):
+        meas = got[(30, 30), size] / got[(10, 10), size]
+        model = M.per_seed(size, [30, 30]) / M.per_seed(size, [10, 10])
+        assert abs(model / meas - 1) < 0.08
+        assert bound([30, 30]) / bound([10, 10]) > 1.5 * meas
+    # sharing: work per seed falls with the batch, as measured
+    assert M.per_seed(256, [10, 10]) < 0.9 * M.per_seed(32, [10, 10])
+
+
+def test_work_model_disjoint():
+    from gnncompile.adapt import NeighborWorkModel
+
+    n = 2000
+    d = _graph(n=n, e=40000, seed=4)
+    inputs = torch.arange(n)
+    M = NeighborWorkModel(d.edge_index, n, inputs, disjoint=True)
+    meas = _measured_per_seed(d, [6, 6], 64, inputs, disjoint=True)
+    assert abs(M.per_seed(64, [6, 6]) / meas - 1) < 0.1, (M.per_seed(64, [6, 6]), meas)
+    assert M.per_seed(8, [6, 6]) == M.per_seed(512, [6, 6])  # no sharing across a disjoint batch's seeds
+
+
+def _budgeted(d, fan, **kw):
+    state = {"work": 0}
+    kw.setdefault("sizes", [16, 32, 64, 128])
+    L = AdaptiveNeighborLoader(d, fan, memory=lambda: 100 * state["work"], memory_budget=10**9, clock=Clock(), **kw)
+    return L, state
+
+
+def test_a_new_fanout_is_predicted_by_the_model_not_the_bound():
+    """After set_num_neighbors the next batch's work is the model's for the new fanout times
+    the calibration measured under the old one: within 10% of the batches then sampled, where
+    the bound's scaling (work_model=False, the rule before) is more than 1.5x over them."""
+    d = _graph(n=3000, e=90000, seed=2)
+    preds = {}
+    for model in (True, False):
+        L, state = _budgeted(d, [3, 3], start=Setting(64, 2, 0), work_model=model)
+        for b in L:
+            state["work"] = _work(b)
+            L.step_done()
+        L.set_num_neighbors([30, 30])
+        preds[model] = L._work_ahead(Setting(64, 2, 0), 1)
+        meas = []
+        for b in L:
+            meas.append(_work(b))
+            state["work"] = _work(b)
+            L.step_done()
+        full = [w for w, h in zip(meas, L.history[-len(meas):]) if h["graphs"] == 64]
+        mean = sum(full) / len(full)
+    assert abs(preds[True] / mean - 1) < 0.1, (preds, mean)
+    assert preds[False] > 1.5 * mean
+    assert L._model() is None  # work_model=False
+
+
+def test_the_work_model_stays_off_where_it_does_not_apply():
+    d = _graph()
+    assert AdaptiveNeighborLoader(d, [2, 2], memory=None)._model() is None  # no budget: nothing to predict
+    for kw in ({"directed": False}, {"replace": True}, {"work_model": False}):
+        L, _ = _budgeted(d, [2, 2], **kw)
+        assert L._model() is None, kw
+    L, _ = _budgeted(d, [2, 2])
+    assert L._model() is not None
+
+
+def test_a_trial_waits_for_an_epoch_that_holds_it():
+    """Policy with a room hook: a trial whose window (plus the step left out) the epoch's
+    remaining steps do not hold is deferred, no other move taken meanwhile, and starts when
+    the room is there (the next epoch)."""
+    room = {"left": 2}
+    p = Policy([1, 2], [2], [0], Setting(1, 2, 0), None, 0.1, 0.05, 2, lambda s, k: 100)
+    p.room = lambda s: (room["left"], 8)
+    for _ in range(2):
+        e = p.observe(1.0, 100, 0, None)
+    assert e is None and p.deferred == Setting(2, 2, 0) and p.current.size == 1
+    e = p.observe(1.0, 100, 0, None)
+    assert e is None  # still no room
+    room["left"] = 8  # the next epoch
+    e = p.observe(1.0, 100, 0, None)
+    assert e is not None and e["kind"] == "explore" and p.current.size == 2 and p.deferred is None
+
+
+def test_a_curriculum_abandons_no_trial_that_an_epoch_holds():
+    """Fanout changes between epochs: every trial that fits an epoch ends within it, so none is
+    abandoned at a change; without the rule (trials_in_epoch=False; the test can fail) some are."""
+    d = _graph(n=600, e=6000)
+
+    def run(rule):
+        clock = Clock()
+        L = AdaptiveNeighborLoader(d, [2, 2], input_nodes=torch.arange(200), sizes=[16, 32, 64], window=3,
+                                   shuffle=True, memory=None, clock=clock, trials_in_epoch=rule)
+        for fan in ([2, 2], [3, 3], [4, 4], [5, 5], [6, 6], [7, 7], [8, 8], [9, 9], [10, 10], [11, 11]):
+            L.set_num_neighbors(fan)
+            for b in L:
+                clock.t += int(b.batch_size) / (1000.0 * (1 + 0.1 * (L.setting.size == 32)))
+                L.step_done()
+        return L
+
+    L = run(True)
+    assert any(e["kind"] == "explore" for e in L.log)
+    assert not any("abandoned" in e["reason"] for e in L.log)
+    assert any("abandoned" in e["reason"] for e in run(False).log)
+
+
+def test_clean_misses_learn_from_clean_readings_only():
+    """The neighbor loader's excess: a step without a clean start whose peak exceeds its
+    prediction (what the allocator kept: the release guard's business) teaches nothing; a clean
+    step whose own growth exceeds the model's does."""
+    p = Policy([1, 2], [2], [0], Setting(1, 2, 0), 10**6, 0.1, 0.05, 100, lambda s, k: 100)
+    p.clean_misses = True
+    p.observe(1.0, 100, 1000, 1000 + 100 * 100)  # clean: 100 bytes per unit
+    assert p.before_step() is None and p._expected_growth == 10_000
+    p.observe(1.0, 100, 50_000, 50_000 + 10_000 + 30_000, learn=False)  # not clean, 30 kB over: ignored
+    assert p.excess == 0
+    p.before_step()
+    p.observe(1.0, 100, 2000, 2000 + 10_000 + 5_000)  # clean, 5 kB over the model's growth
+    assert p.excess == 5_000
+    q = Policy([1, 2], [2], [0], Setting(1, 2, 0), 10**6, 0.1, 0.05, 100, lambda s, k: 100)
+    q.observe(1.0, 100, 1000, 1000 + 100 * 100)
+    q.before_step()
+    q.observe(1.0, 100, 50_000, 50_000 + 10_000 + 30_000, learn=False)
+    assert q.excess > 30_000  # the default (the graph loader's): every step's peak over its prediction
+
+
+def test_a_trial_no_epoch_holds_gets_a_shorter_window():
+    """An epoch of 5 steps under the candidate: its trial is measured for 4 steps (the epoch less
+    the step left out), not the window of 8, and waits for an epoch's start; an epoch of one
+    step holds no measured step, so the trial keeps its window (and may straddle)."""
+    p = Policy([1, 2], [2], [0], Setting(1, 2, 0), None, 0.1, 0.05, 8, lambda s, k: 100)
+    whole = {"n": 5}
+    p.room = lambda s: (whole["n"] if s.size == 1 else 0, whole["n"])
+    assert p._trial_window(Setting(2, 2, 0)) == 4 and not p._has_room(Setting(2, 2, 0))
+    p.room = lambda s: (5, 5)
+    assert p._has_room(Setting(2, 2, 0))
+    for _ in range(8):
+        e = p.observe(1.0, 100, 0, None)
+    assert e["kind"] == "explore" and "for 4 steps" in e["reason"]
+    for _ in range(4):  # the step left out, then 3 of the 4
+        e = p.observe(0.5, 100, 0, None)
+    assert e is None
+    e = p.observe(0.5, 100, 0, None)
+    assert e["kind"] == "keep"
+    p.room = lambda s: (0, 1)
+    assert p._trial_window(Setting(1, 2, 0)) == 8 and p._has_room(Setting(1, 2, 0))
+
+
+def _per_node_memory(n, e):
+    """A per-node-dominated memory profile (as measured on the adapt_fanout benchmark: about
+    4 KiB a node, 0.2 KiB an edge) with a fixed part."""
+    return 1_000_000 + 4096 * n + 200 * e
+
+
+def _shared(seeds, fan):
+    """Nodes and edges of a batch whose seeds share their neighbourhood: nodes grow more slowly
+    than the seeds, edges with them."""
+    return int(seeds * (1 + fan) * (256 / seeds) ** 0.3), seeds * fan * 2
+
+
+def test_node_edge_memory_model_predicts_a_per_node_profile_closer_and_still_above():
+    """Steps of 64-256 seeds at fanouts 4, 8, 16, 32; the candidate is 512 seeds at fanout 16
+    (inside the kept steps' nodes and edges). The nearest model (bytes per unit of nodes + edges
+    of the steps nearest below) overstates its growth by over 40%; the node-edge fit predicts it
+    within 5%, never below."""
+    near, ne = MemoryModel(nearest=True), NodeEdgeMemoryModel()
+    for fan in (4, 8, 16, 32):
+        for seeds in (64, 128, 256):
+            n, e = _shared(seeds, fan)
+            near.observe(n + e, _per_node_memory(n, e))
+            ne.observe(Work(n, e), _per_node_memory(n, e))
+    n, e = _shared(512, 16)
+    true = _per_node_memory(n, e)
+    assert near.predict(n + e, 0) > 1.4 * true
+    assert true <= ne.predict(Work(n, e), 0) <= 1.05 * true
+    assert ne.predict(n + e, 0) == near.predict(n + e, 0)  # work without nodes and edges: the nearest model
+
+
+def test_node_edge_memory_model_falls_back_when_the_steps_do_not_separate_nodes_from_edges():
+    """Few steps, or steps whose share of nodes barely varies (one fanout, one size): the
+    nearest model answers. The fit bounds every kept reading from above (noisy readings)."""
+    near, ne = MemoryModel(nearest=True), NodeEdgeMemoryModel()
+    for i in range(8):
+        n, e = 1000 + i, 4000 + 4 * i
+        near.observe(n + e, _per_node_memory(n, e))
+        ne.observe(Work(n, e), _per_node_memory(n, e))
+    assert ne.fit() is None
+    assert ne.predict(Work(2000, 8000), 0) == near.predict(10_000, 0)
+    ne = NodeEdgeMemoryModel()
+    for k, (fan, seeds) in enumerate([(f, s) for f in (4, 16) for s in (64, 128, 256)]):
+        n, e = _shared(seeds, fan)
+        ne.observe(Work(n, e), _per_node_memory(n, e) + (300_000 if k == 2 else 0))
+    assert ne.fit() is not None
+    assert all(ne.growth(Work(n, e)) >= g for n, e, g in ne.split)
+    w = Work(3.4, 7)
+    assert w == 10 and (w.nodes, w.edges) == (3, 7) and w + 1 == 11
+
+
+def test_policy_with_the_node_edge_model_takes_the_larger_size_that_fits_the_budget():
+    """The policy under a budget, fed a per-node-dominated profile (fake memory, clean steps):
+    512 seeds at fanout 16 fit the line by the truth. The nearest model keeps them out; the
+    node-edge model lets them in, predicted under the line and measured under the budget."""
+    budget = 45_000_000
+
+    def run(model):
+        fan = {"f": 4}
+        ahead = lambda s, k: Work(*_shared(s.size, fan["f"]))  # noqa: E731
+        p = Policy([64, 128, 256, 512], [2], [0], Setting(64, 2, 0), budget, 0.1, 0.05, 1, ahead)
+        p.model = model
+        p.clean_misses = True
+        peaks = []
+        for f in (4, 8, 32, 16):
+            fan["f"] = f
+            for size in (64, 128, 256):
+                n, e = _shared(size, f)
+                p.observe(1.0, Work(n, e), 0, _per_node_memory(n, e))
+        p.current = Setting(256, 2, 0)
+        fits = p.fits(Setting(512, 2, 0))
+        n, e = _shared(512, 16)
+        peaks.append(_per_node_memory(n, e))
+        return fits, p.predict(Setting(512, 2, 0)), p.line, peaks
+
+    fits_old, pred_old, line, _ = run(MemoryModel(nearest=True))
+    fits_new, pred_new, line, peaks = run(NodeEdgeMemoryModel())
+    assert not fits_old and pred_old > line  # the nearest model: 512 predicted over the line
+    assert fits_new and peaks[0] <= pred_new <= line <= budget
+
+
+def test_node_edge_memory_model_does_not_extrapolate_its_split_beyond_the_kept_steps():
+    """Readings like the adapt_fanout benchmark's at fanout [40, 40]: 128 and 256 seeds a batch
+    (13.5k / 50k and 16.5k / 86k nodes / edges) with much the same growth, 61-76 MiB (the
+    allocator's noise over a small difference). The fit's split of that growth is poorly
+    determined (here a large fixed part); extrapolated to 1024 seeds (nodes 1.2x, edges 2.6x the
+    kept steps': a saturated graph) it predicts about 100 MiB, where fixed 1024-seed runs
+    measured 115-144 MiB. Beyond ``TRUST`` times the kept nodes or edges the nearest model
+    answers (above those measurements); inside, the fit."""
+    M = 2**20
+    ne = NodeEdgeMemoryModel()
+    for k in range(16):
+        if k % 2:
+            n, e, g = 13_500 + 30 * k, 50_000 + 150 * k, (61 + k % 5 * 1.5) * M
+        else:
+            n, e, g = 16_500 + 20 * k, 86_000 + 200 * k, (66 + k % 7 * 1.6) * M
+        ne.observe(Work(n, e), int(g))
+    assert ne.fit() is not None
+    assert ne.growth(Work(19_500, 225_000)) >= 144 * M
+    inside = Work(16_000, 80_000)
+    assert ne.growth(inside) != MemoryModel.growth(ne, inside)

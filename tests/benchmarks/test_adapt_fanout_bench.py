@@ -66,6 +66,11 @@ def test_first_pass_and_alternating_rounds(monkeypatch, tmp_path):
     assert "over the 64 MiB budget: 1 of 3" in md
     assert "## The adaptive run's switches (first pass)" in md and "| 1 | 0 | [5, 5] | explore | 128 | 256 |" in md
     assert (tmp_path / "f.png").exists()
+    # the work model's table: the fixed runs' full batches (here only 128's) against the model on the same graph
+    rows = p["work_model"]
+    assert {r["size"] for r in rows} == {128} and len(rows) == len(p["args"]["fanouts"])
+    assert all(r["measured"] == pytest.approx(300 / 128) and r["model"] > 0 for r in rows)
+    assert "## Work per seed: measured vs the work model" in md and "| 128 | 2.3 / " in md
 
 
 def test_bad_fanouts_are_refused(tmp_path):
