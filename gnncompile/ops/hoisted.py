@@ -205,17 +205,7 @@ def hoist_info() -> dict:
 
 
 # ----------------------------------------------------------------------------- the op
-# A dispatcher op with a Python kernel (CompositeExplicitAutograd; its roots never need a gradient,
-# so the autograd key passes it through), not torch.library.custom_op: the custom op's per-call
-# Python (its autograd kernel's dataclass and out= check, Dynamo disabled around the kernel, the
-# aliasing check of its seven outputs) cost about 80 us a call on a hit whose lookup takes 20
-# (benchmarks/results/step_glue_parts_s58b.md). The outputs never alias a root or each other
-# (HoistCache._compute), which that check verified.
-_lib = torch.library.Library("gnncompile", "FRAGMENT")
-_lib.define("hoisted(SymInt key, Tensor[] roots, SymInt[] sizes, bool copy, str check=\"\") -> Tensor[]",
-            tags=(torch.Tag.pt2_compliant_tag,))
-
-
+@torch.library.custom_op("gnncompile::hoisted", mutates_args=())
 def hoisted(key: int, roots: List[Tensor], sizes: List[int], copy: bool, check: str = "") -> List[Tensor]:
     for r in roots:
         if r.requires_grad or r.is_floating_point() or r.is_complex():
@@ -225,10 +215,7 @@ def hoisted(key: int, roots: List[Tensor], sizes: List[int], copy: bool, check: 
     return list(ops.clone_structure(list(outs))) if copy else list(outs)
 
 
-_lib.impl("hoisted", hoisted, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("gnncompile::hoisted")
+@hoisted.register_fake
 def _(key, roots, sizes, copy, check=""):
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
