@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import time
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -44,24 +43,9 @@ def _dataset(n: int):
 
 
 def _model():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torch_geometric.nn import GINEConv, global_add_pool
+    from .cuda_graphs import _models
 
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            mlp = lambda i, o: torch.nn.Sequential(torch.nn.Linear(i, o), torch.nn.ReLU(), torch.nn.Linear(o, o))
-            self.convs = torch.nn.ModuleList([GINEConv(mlp(a, 64), edge_dim=8) for a in (32, 64, 64)])
-            self.head = torch.nn.Linear(64, 2)
-
-        def forward(self, b):
-            h = b.x
-            for c in self.convs:
-                h = c(h, b.edge_index, b.edge_attr).relu()
-            return self.head(global_add_pool(h, b.batch, size=b.num_graphs))
-
-    return Net()
+    return _models(8, classes=2)
 
 
 def main(argv=None) -> int:
