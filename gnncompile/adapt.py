@@ -50,6 +50,11 @@ The policy (:class:`Policy`, deterministic given the measurements):
   edges per batch of a window) stays within ``Policy.DENSITY_TOL`` (1.25x) of what it was when
   that neighbour was measured slower (a refused trial, or the current setting kept over it):
   batches that turned denser, or sparser, are worth a new trial, the same batches are not.
+  That rule holds at most ``Policy.WORSE_WINDOWS`` (64) windows, and only
+  ``Policy.PROVISIONAL_WINDOWS`` (4) after a provisional refusal: a size up refused on its first
+  measurement (its window pays the larger batches' one-time costs: the heap's growth, the
+  release guard's clean starts) or on a shortened trial window; the second refusal holds the
+  full 64.
   Refusals in a row make it measure 1, 2, 4 ... (at most ``Policy.STREAK_CAP``) windows before
   its next trial. The climb: from the start, only sizes up are tried, and a size up kept is
   followed at the same step by the next trial up (the trial's window was its measurement), so
@@ -477,6 +482,16 @@ class Policy:
     #: windows after which a setting measured slower may be tried again whatever the density
     #: (one noisy measurement does not rule a setting out for ever)
     WORSE_WINDOWS = 64
+    #: windows for which a provisional refusal holds (instead of ``WORSE_WINDOWS``): a size up
+    #: refused on its first measurement (the first window ever at that size since the workload
+    #: began) or on a trial window shorter than ``window``. The first window at a larger size pays
+    #: its one-time costs (the heap growing to the larger batches, the release guard's clean
+    #: starts while the allocator settles: 3-4 of 8 steps in the refused 8192-node trials of
+    #: adapt_zen4_s58c, about 1 in 4 at 8192 later), and a short window is little evidence; on
+    #: Zen 4 the 4096 -> 8192 node trial read 0.95-1.04 in 3 of 8 runs and 1.15-1.34 in the 10
+    #: others, and the refusal kept those 3 runs at 4096 for all four epochs. A second refusal
+    #: (no longer a first measurement) holds ``WORSE_WINDOWS``
+    PROVISIONAL_WINDOWS = 4
 
     def __init__(self, sizes: Sequence[int], pool_sizes: Sequence[int], num_workers: Sequence[int], start: Setting,
                  memory_budget: Optional[int], margin: float, min_gain: float, window: int,
@@ -512,7 +527,9 @@ class Policy:
         self.extra: List[Dict[str, Any]] = []  # entries decided after observe's own (the climb's next trial)
         # (from, to) -> the density (largest nodes, edges per batch of a window) of ``from``'s batches when
         # ``to`` was measured slower than ``from`` (a refused trial, or ``from`` kept over ``to``)
-        self.worse: Dict[Tuple[Setting, Setting], Tuple[Tuple[float, float], int]] = {}  # -> (density, window no)
+        # -> (density, window no, windows it holds: ``WORSE_WINDOWS``, or ``PROVISIONAL_WINDOWS``)
+        self.worse: Dict[Tuple[Setting, Setting], Tuple[Tuple[float, float], int, int]] = {}
+        self._trial_provisional = False  # the trial under way would give a provisional refusal
         self.density: Optional[Tuple[float, float]] = None  # the last full window's largest nodes, edges per batch
         self.streak = 0  # refusals in a row (a keep, a shrink or a new workload ends the run)
         self.rest = 0  # windows still to measure before the next trial
@@ -768,7 +785,8 @@ class Policy:
             self.rates[self.current] = rate
             if gain >= 1.0 + self.min_gain:
                 self.backoff.pop((prev, self.current), None)
-                self.worse[(self.current, prev)] = (density, self.windows)  # prev measured slower, at these batches
+                # prev measured slower, at these batches
+                self.worse[(self.current, prev)] = (density, self.windows, self.WORSE_WINDOWS)
                 self.streak = self.rest = 0
                 e = self._entry("keep", self.current, gain, f"{(gain - 1) * 100:.1f}% more {self.unit} per second "
                                 f"(>= {self.min_gain * 100:g}%)")
@@ -784,13 +802,16 @@ class Policy:
             key = (prev, self.current)
             wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
             self.backoff[key] = (self.windows + wait, wait)
+            hold = self.PROVISIONAL_WINDOWS if self._trial_provisional else self.WORSE_WINDOWS
             if prev_density is not None:
-                self.worse[key] = (prev_density, self.windows)
+                self.worse[key] = (prev_density, self.windows, hold)
             self.climbing = False
             self.streak += 1
             self.rest = min(self.STREAK_CAP, 2 ** (self.streak - 1)) - 1
+            note = (f" (a first or short measurement of a size up: may be tried again after {hold} windows)"
+                    if self._trial_provisional else "")
             return self._switch("revert", prev, gain, f"{(gain - 1) * 100:+.1f}% {self.unit} per second, under the "
-                                f"{self.min_gain * 100:g}% needed to switch")
+                                f"{self.min_gain * 100:g}% needed to switch{note}")
         self.rates[self.current] = rate
         if self.rest > 0:  # a run of refusals: measure on before the next trial
             self.rest -= 1
@@ -824,10 +845,11 @@ class Policy:
         the largest nodes and largest edges per batch of a window each within a factor ``DENSITY_TOL``. Such a trial
         is not repeated (whatever its back-off); batches whose density has changed since (graphs
         sorted by size under a graph count, denser graphs under a node budget) may be tried again,
-        and so may any after ``WORSE_WINDOWS`` windows."""
+        and so may any after ``WORSE_WINDOWS`` windows (``PROVISIONAL_WINDOWS`` after a
+        provisional refusal: a size up refused on its first or a shortened measurement)."""
         got = self.worse.get((self.current, cand))
         now = self.density
-        if got is None or now is None or self.windows - got[1] > self.WORSE_WINDOWS:
+        if got is None or now is None or self.windows - got[1] > (got[2] if len(got) > 2 else self.WORSE_WINDOWS):
             return False
         was = got[0]
 
@@ -918,6 +940,10 @@ class Policy:
         self.move_no = (m + 1) % len(self.MOVES)
         self.trial = (self.current, rate, self.density)
         self._window_now = self._trial_window(cand)
+        # a refusal of this trial is provisional (:attr:`PROVISIONAL_WINDOWS`) when it is a size up
+        # never measured before (since the workload began) or measured on a shortened window
+        self._trial_provisional = (dim == "size" and cand.size > self.current.size
+                                   and (cand not in self.rates or self._window_now < self.window))
         what = " (the largest predicted to fit)" if jump and cand != self._neighbour(dim, step) else ""
         return self._switch("explore", cand, None, f"trying {dim} {getattr(self.current, dim)} -> "
                             f"{getattr(cand, dim)}{what} for {self._window_now} steps")

@@ -71,9 +71,12 @@ def test_hysteresis_keeps_a_3_percent_gain_out_and_takes_10_percent(gain, kept):
         assert not any(e["kind"] == "keep" for e in L.log)
         assert sum(h["size"] == 8 for h in L.history) > 0.6 * len(L.history)
     # the refused neighbour is not retried in the next window (the batches' density does not
-    # change here: it is not retried at all)
+    # change here): the refusal of its first measurement is provisional, so it is tried once more
+    # after Policy.PROVISIONAL_WINDOWS windows, and after that second refusal not at all
     if not kept:
-        assert len(L.log) == 2
+        kinds = [(e["kind"], e["to"]["size"]) for e in L.log]
+        assert kinds == [("explore", 16), ("revert", 8)] * 2
+        assert L.log[2]["step"] - L.log[1]["step"] > 4 * Policy.PROVISIONAL_WINDOWS
 
 
 def test_memory_prediction_refuses_an_over_budget_batch():
@@ -696,3 +699,68 @@ def test_the_climb_waits_for_a_size_up_not_yet_trusted(wait):
         assert moves[2:4] == [("explore", 2, 4), ("keep", 2, 4)] and pol.current.pool_size == 2
     else:
         assert ("explore", 2, 2) in moves  # the pool size tried at size 2
+
+
+@pytest.mark.parametrize("provisional", [True, False])
+def test_a_size_up_refused_on_its_first_measurement_is_tried_again_soon(provisional):
+    """4 -> 8 faster by 20% in steady state, but its first window pays one-time costs (the heap
+    growing to the larger batches: 0.9x the current rate, a refusal). The refusal of a first
+    measurement is provisional: 8 is tried again after PROVISIONAL_WINDOWS windows and kept. With
+    the full hold (the test can fail: PROVISIONAL_WINDOWS = WORSE_WINDOWS), the run stays at 4, as
+    3 of 8 runs did on Zen 4 (adapt_zen4_s58c)."""
+    steps_at = {4: 0, 8: 0}
+
+    class Rates(dict):
+        def __getitem__(self, size):
+            if size == 8 and steps_at[8] <= 9:  # the first trial's window (and the step left out)
+                return 1000.0 * 0.9
+            return {4: 1000.0, 8: 1200.0}[size]
+
+    pol = Policy([4, 8], [2], [0], Setting(4, 2, 0), memory_budget=None, margin=0.1, min_gain=0.05, window=8,
+                 work_ahead=lambda s, n: 50 * s.size)
+    if not provisional:
+        pol.PROVISIONAL_WINDOWS = pol.WORSE_WINDOWS
+    rate = Rates()
+    log = []
+
+    def per_size(i):
+        steps_at[pol.current.size] += 1
+        return (10, 40)
+
+    _feed_dense(pol, rate, 200, per_size=per_size, log=log)
+    moves = [(k, a, b) for _, k, a, b in log]
+    assert moves[:2] == [("explore", 4, 8), ("revert", 8, 4)]
+    if provisional:
+        assert moves[2:4] == [("explore", 4, 8), ("keep", 4, 8)] and pol.current.size == 8
+        retry = [i for i, k, a, b in log if k == "explore"][1]
+        revert = [i for i, k, a, b in log if k == "revert"][0]
+        assert retry - revert > 8 * pol.PROVISIONAL_WINDOWS  # not at once: the hold, then the retry
+        assert retry - revert <= 8 * (pol.PROVISIONAL_WINDOWS + 2) + 1
+    else:
+        assert moves == [("explore", 4, 8), ("revert", 8, 4)] and pol.current.size == 4
+
+
+def test_a_second_refusal_or_a_size_down_holds_the_full_worse_windows():
+    """Only the first measurement of a size up is provisional: 8 slower in every window is tried
+    twice in 250 steps (the provisional refusal, then the full hold of 64 windows of 4 steps), and
+    a size down measured slower (8 -> 4 from 8) is tried once."""
+    pol = Policy([4, 8], [2], [0], Setting(4, 2, 0), memory_budget=None, margin=0.1, min_gain=0.05, window=4,
+                 work_ahead=lambda s, n: 50 * s.size)
+    log = []
+    _feed_dense(pol, {4: 1000.0, 8: 900.0}, 250, log=log)
+    assert [(k, a, b) for _, k, a, b in log] == [("explore", 4, 8), ("revert", 8, 4)] * 2
+    pol = Policy([4, 8], [2], [0], Setting(8, 2, 0), memory_budget=None, margin=0.1, min_gain=0.05, window=4,
+                 work_ahead=lambda s, n: 50 * s.size)
+    log = []
+    _feed_dense(pol, {4: 900.0, 8: 1000.0}, 250, log=log)
+    assert [(k, a, b) for _, k, a, b in log] == [("explore", 8, 4), ("revert", 4, 8)]
+
+
+def test_a_provisional_refusal_says_so_in_the_log():
+    ds = _data(400)
+    clock = Clock()
+    L = AdaptiveLoader(ds, sizes=[8, 16], window=4, memory=None, clock=clock)
+    _run(L, clock, lambda s: 1000.0 * (0.9 if s.size == 16 else 1.0))
+    reverts = [e for e in L.log if e["kind"] == "revert"]
+    assert "may be tried again after 4 windows" in reverts[0]["reason"]
+    assert all("may be tried again" not in e["reason"] for e in reverts[1:])
