@@ -53,8 +53,10 @@ The policy (:class:`Policy`, deterministic given the measurements):
   That rule holds at most ``Policy.WORSE_WINDOWS`` (64) windows, and only
   ``Policy.PROVISIONAL_WINDOWS`` (4) after a provisional refusal: a size up refused on its first
   measurement (its window pays the larger batches' one-time costs: the heap's growth, the
-  release guard's clean starts) or on a shortened trial window; the second refusal holds the
-  full 64.
+  release guard's clean starts) or on a shortened trial window, reading at least
+  ``Policy.PROVISIONAL_FLOOR`` (0.9x) the current rate; the second refusal holds the full 64.
+  A size shrunk from (predicted over the line, or measured over the budget) is held the same
+  way, from the size shrunk to, at the density of its first full window there.
   Refusals in a row make it measure 1, 2, 4 ... (at most ``Policy.STREAK_CAP``) windows before
   its next trial. The climb: from the start, only sizes up are tried, and a size up kept is
   followed at the same step by the next trial up (the trial's window was its measurement), so
@@ -492,6 +494,11 @@ class Policy:
     #: others, and the refusal kept those 3 runs at 4096 for all four epochs. A second refusal
     #: (no longer a first measurement) holds ``WORSE_WINDOWS``
     PROVISIONAL_WINDOWS = 4
+    #: a first measurement reading under this gain is a refusal of its own, not provisional: the
+    #: first window at a size read 9-11% under that size's mean in the fixed 8192-node runs of
+    #: adapt_zen4_s58c, and the 16384-node trials near the budget (a clean start nearly every step)
+    #: read 0.39-0.83 (adapt_zen4_s59), where a second trial costs as much as the first
+    PROVISIONAL_FLOOR = 0.9
 
     def __init__(self, sizes: Sequence[int], pool_sizes: Sequence[int], num_workers: Sequence[int], start: Setting,
                  memory_budget: Optional[int], margin: float, min_gain: float, window: int,
@@ -530,6 +537,9 @@ class Policy:
         # -> (density, window no, windows it holds: ``WORSE_WINDOWS``, or ``PROVISIONAL_WINDOWS``)
         self.worse: Dict[Tuple[Setting, Setting], Tuple[Tuple[float, float], int, int]] = {}
         self._trial_provisional = False  # the trial under way would give a provisional refusal
+        # the size last shrunk from (over the line, or measured over the budget): held like a refused
+        # trial from the size shrunk to, at the density of its first full window (see :meth:`_shrunk`)
+        self._shrunk_from: Optional[Setting] = None
         self.density: Optional[Tuple[float, float]] = None  # the last full window's largest nodes, edges per batch
         self.streak = 0  # refusals in a row (a keep, a shrink or a new workload ends the run)
         self.rest = 0  # windows still to measure before the next trial
@@ -698,6 +708,7 @@ class Policy:
                 break
         self.trial = None
         self.streak = self.rest = 0
+        self._shrunk_from = self.current
         return self._switch("shrink", Setting(pick, self.current.pool_size, self.current.num_workers), None, reason)
 
     def before_step(self) -> Optional[Dict[str, Any]]:
@@ -778,6 +789,13 @@ class Policy:
         self.density = density
         self.windows += 1
         self._reset_window(skip=0)
+        gone, self._shrunk_from = self._shrunk_from, None
+        if gone is not None and gone.size > self.current.size and self.trial is None:
+            # a size shrunk from does not fit these batches: not tried again from here while they
+            # keep this density (as a refused trial; on Zen 4, s59, a 16384-node batch predicted to
+            # fit, shrunk from two steps later, was tried again 80 steps on, once the memory model
+            # had forgotten it, and shrunk from or refused again: 9-31 steps a run at 16384)
+            self.worse[(self.current, gone)] = (density, self.windows, self.WORSE_WINDOWS)
         if self.trial is not None:
             prev, prev_rate, prev_density = self.trial
             self.trial = None
@@ -802,14 +820,15 @@ class Policy:
             key = (prev, self.current)
             wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
             self.backoff[key] = (self.windows + wait, wait)
-            hold = self.PROVISIONAL_WINDOWS if self._trial_provisional else self.WORSE_WINDOWS
+            provisional = self._trial_provisional and gain >= self.PROVISIONAL_FLOOR
+            hold = self.PROVISIONAL_WINDOWS if provisional else self.WORSE_WINDOWS
             if prev_density is not None:
                 self.worse[key] = (prev_density, self.windows, hold)
             self.climbing = False
             self.streak += 1
             self.rest = min(self.STREAK_CAP, 2 ** (self.streak - 1)) - 1
             note = (f" (a first or short measurement of a size up: may be tried again after {hold} windows)"
-                    if self._trial_provisional else "")
+                    if provisional else "")
             return self._switch("revert", prev, gain, f"{(gain - 1) * 100:+.1f}% {self.unit} per second, under the "
                                 f"{self.min_gain * 100:g}% needed to switch{note}")
         self.rates[self.current] = rate
