@@ -100,7 +100,8 @@ workers change through :meth:`PooledLoader.reconfigure` (the loader and its colu
 are kept; workers restart).
 
 Every switch is logged (logger ``gnncompile.adapt``, INFO) and appended to ``adapter.log``: a
-dict with ``step``, ``epoch``, ``kind`` (``'explore'``, ``'keep'``, ``'revert'``, ``'shrink'``),
+dict with ``step``, ``epoch``, ``kind`` (``'explore'``, ``'keep'``, ``'revert'``, ``'shrink'``; ``'jump'``:
+the neighbor loader's move to the largest size predicted to fit at a change of fanout),
 ``from`` / ``to`` (settings as dicts), ``gain`` (measured ratio of work rates, None when not
 measured), ``predicted_bytes`` (the memory model's prediction for the new setting, None
 without one) and ``reason``.
