@@ -701,6 +701,29 @@ class Policy:
         self.streak = self.rest = 0
         return self._switch("shrink", Setting(pick, self.current.pool_size, self.current.num_workers), None, reason)
 
+    def jump_to_fit(self, reason: str) -> Optional[Dict[str, Any]]:
+        """At a change of workload whose batches the loader predicts (a new fanout under the
+        work model): straight to the largest size predicted to fit (:meth:`fits`: under the line,
+        within ``EXTRAPOLATE`` times the work measured), a 'jump' entry, rather than a climb
+        from the size the old workload left, one trial window per size. Up only to a size so
+        predicted; down only when the current size is predicted over the line (to the largest
+        that fits; when none does, :meth:`before_step` shrinks as before the change). None when
+        the size stays, without a budget or a memory model, or while a trial is under way."""
+        if self.budget is None or self.model.per_work is None or self.trial is not None:
+            return None
+        cur = self.current
+        fit = [s for s in self.grid["size"] if self.fits(Setting(s, cur.pool_size, cur.num_workers))]
+        if not fit:
+            return None
+        pick = max(fit)
+        if pick == cur.size or (pick < cur.size and self._fit(cur) != "no"):
+            return None
+        new = Setting(pick, cur.pool_size, cur.num_workers)
+        pred = self.predict(new)
+        what = "the largest size predicted to fit" + ("" if pred is None else f" ({pred / 2**20:.1f} MiB, line "
+                                                                               f"{self.line / 2**20:.1f} MiB)")
+        return self._switch("jump", new, None, f"{reason}: {what}")
+
     def before_step(self) -> Optional[Dict[str, Any]]:
         """Shrinks now when the next batches under the current setting are predicted over the line."""
         self._expected = self._expected_growth = None
@@ -839,29 +862,6 @@ class Policy:
             return self._switch("revert", prev, None, f"trial abandoned: {reason}")
         self._reset_window()
         return None
-
-    def jump_to_fit(self, reason: str) -> Optional[Dict[str, Any]]:
-        """At a change of workload whose batches the loader predicts (a new fanout under the
-        work model): straight to the largest size predicted to fit (:meth:`fits`: under the line,
-        within ``EXTRAPOLATE`` times the work measured), a 'jump' entry, rather than a climb
-        from the size the old workload left, one trial window per size. Up only to a size so
-        predicted; down only when the current size is predicted over the line (to the largest
-        that fits; when none does, :meth:`before_step` shrinks as before the change). None when
-        the size stays, without a budget or a memory model, or while a trial is under way."""
-        if self.budget is None or self.model.per_work is None or self.trial is not None:
-            return None
-        cur = self.current
-        fit = [s for s in self.grid["size"] if self.fits(Setting(s, cur.pool_size, cur.num_workers))]
-        if not fit:
-            return None
-        pick = max(fit)
-        if pick == cur.size or (pick < cur.size and self._fit(cur) != "no"):
-            return None
-        new = Setting(pick, cur.pool_size, cur.num_workers)
-        pred = self.predict(new)
-        what = "the largest size predicted to fit" + ("" if pred is None else f" ({pred / 2**20:.1f} MiB, line "
-                                                                               f"{self.line / 2**20:.1f} MiB)")
-        return self._switch("jump", new, None, f"{reason}: {what}")
 
     def _backing_off(self, cand: Setting) -> bool:
         retry = self.backoff.get((self.current, cand))
