@@ -340,6 +340,17 @@ def markdown(p: dict) -> str:
                      f"base); best fixed runs over it: {rd['fixed_over_budget']} of {rd['adaptive_runs']}. Last-epoch "
                      f"loss over the rounds: adaptive {rd['adaptive_loss_min']:.4f} - {rd['adaptive_loss_max']:.4f}, "
                      f"fixed {rd['fixed_loss_min']:.4f} - {rd['fixed_loss_max']:.4f}.")
+        for r in rd["pairs"]:
+            for side in ("adaptive", "fixed"):
+                ps = r.get(f"{side}_peak_step")
+                if r.get("error") or r.get(f"{side}_within", True) or not ps:
+                    continue
+                b = ps["before"]
+                prev = "" if b is None else (f"; the step before: {b['peak_mib']:.1f} MiB at {b['size']} seeds"
+                                             f"{', clean' if b['clean'] else ''}")
+                lines.append(f"- Round {r['round']}, {side} over the budget: peak {ps['peak_mib']:.1f} MiB at step "
+                             f"{ps['step']} (epoch {ps['epoch']}, {ps['size']} seeds"
+                             f"{', a clean start' if ps['clean'] else ''}){prev}.")
     lines += _work_lines(p.get("work_model") or [], a["fanouts"])
     ad = p.get("adaptive")
     if ad and "log" in ad:
@@ -385,6 +396,8 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
                 for k in ("seeds_per_s", "peak_above_base_mib", "last_epoch_loss"):
                     row[f"{side}_{k}"] = p[side][k]
                 row[f"{side}_within"] = _within(p[side])
+                row[f"{side}_peak_step"] = _peak_step(p[side])
+            row["adaptive_log"] = p["adaptive"].get("log")
         out["pairs"].append(row)
     out["ratio"] = noise.ratio_interval([p["adaptive"]["seeds_per_s"] for p in ok],
                                         [p["fixed"]["seeds_per_s"] for p in ok])
@@ -402,6 +415,20 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
         "fixed_loss_max": max((f["last_epoch_loss"] for f in fxs), default=None),
     })
     return out
+
+
+def _peak_step(r: dict):
+    """Where a run's peak was: its step, seeds per batch, epoch, clean start and peak above base
+    (MiB), and the same of the step before (None for the first); None without a curve."""
+    c = r.get("curve") or []
+    if not c:
+        return None
+    i = max(range(len(c)), key=lambda k: c[k][6])
+
+    def one(k):
+        return {"step": k, "size": c[k][2], "epoch": c[k][8], "clean": bool(c[k][7]), "peak_mib": c[k][6]}
+
+    return {**one(i), "before": one(i - 1) if i > 0 else None}
 
 
 def plot(p: dict, path: Path) -> None:
