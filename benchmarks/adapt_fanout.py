@@ -13,9 +13,15 @@ Training nodes: ``--train`` of them (a fixed random subset). Model: PyG ``GraphS
 layers, 4)`` compiled with ``gnncompile.compile(model, dynamic=True)``; step: forward,
 cross-entropy on the seeds, backward, Adam (lr 3e-3).
 
-The curriculum (``--fanouts``, ``--epochs-per-fanout``): fanout [5, 5] for 2 epochs, then
-[10, 10], [20, 20], [40, 40] (2 epochs each), set between epochs on the same loader with
+The curriculum (``--fanouts``, ``--epochs-per-fanout``): fanout [5, 5] for 8 epochs, then
+[10, 10], [20, 20], [40, 40] (8 epochs each), set between epochs on the same loader with
 ``AdaptiveNeighborLoader.set_num_neighbors`` (no restart) in every run, fixed or adaptive.
+Until s59 the default was 2 epochs a fanout: 8 epochs of 8192 seeds, 128 steps at 512 seeds a
+batch and about 3 s of training, shorter than any real training run, in which a new fanout's
+first window and trials were a quarter of its steps (``--epochs-per-fanout 2`` runs it). 8
+epochs a fanout (512 steps at 512 seeds, 2048 at 128) keep one ``--rounds 8`` invocation
+near 8-10 minutes on the 2-core Zen 4; the graph, the budget, the sizes and the guard are
+unchanged, and the fixed runs train the same epochs.
 
 Memory: the process's peak resident set in each step (``memory='rss'``, see gnncompile.adapt).
 The budget is ``--budget-mib`` above the resident set after warm-up (compiled, two steps at
@@ -334,6 +340,17 @@ def markdown(p: dict) -> str:
                      f"base); best fixed runs over it: {rd['fixed_over_budget']} of {rd['adaptive_runs']}. Last-epoch "
                      f"loss over the rounds: adaptive {rd['adaptive_loss_min']:.4f} - {rd['adaptive_loss_max']:.4f}, "
                      f"fixed {rd['fixed_loss_min']:.4f} - {rd['fixed_loss_max']:.4f}.")
+        for r in rd["pairs"]:
+            for side in ("adaptive", "fixed"):
+                ps = r.get(f"{side}_peak_step")
+                if r.get("error") or r.get(f"{side}_within", True) or not ps:
+                    continue
+                b = ps["before"]
+                prev = "" if b is None else (f"; the step before: {b['peak_mib']:.1f} MiB at {b['size']} seeds"
+                                             f"{', clean' if b['clean'] else ''}")
+                lines.append(f"- Round {r['round']}, {side} over the budget: peak {ps['peak_mib']:.1f} MiB at step "
+                             f"{ps['step']} (epoch {ps['epoch']}, {ps['size']} seeds"
+                             f"{', a clean start' if ps['clean'] else ''}){prev}.")
     lines += _work_lines(p.get("work_model") or [], a["fanouts"])
     ad = p.get("adaptive")
     if ad and "log" in ad:
@@ -379,6 +396,8 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
                 for k in ("seeds_per_s", "peak_above_base_mib", "last_epoch_loss"):
                     row[f"{side}_{k}"] = p[side][k]
                 row[f"{side}_within"] = _within(p[side])
+                row[f"{side}_peak_step"] = _peak_step(p[side])
+            row["adaptive_log"] = p["adaptive"].get("log")
         out["pairs"].append(row)
     out["ratio"] = noise.ratio_interval([p["adaptive"]["seeds_per_s"] for p in ok],
                                         [p["fixed"]["seeds_per_s"] for p in ok])
@@ -396,6 +415,20 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
         "fixed_loss_max": max((f["last_epoch_loss"] for f in fxs), default=None),
     })
     return out
+
+
+def _peak_step(r: dict):
+    """Where a run's peak was: its step, seeds per batch, epoch, clean start and peak above base
+    (MiB), and the same of the step before (None for the first); None without a curve."""
+    c = r.get("curve") or []
+    if not c:
+        return None
+    i = max(range(len(c)), key=lambda k: c[k][6])
+
+    def one(k):
+        return {"step": k, "size": c[k][2], "epoch": c[k][8], "clean": bool(c[k][7]), "peak_mib": c[k][6]}
+
+    return {**one(i), "before": one(i - 1) if i > 0 else None}
 
 
 def plot(p: dict, path: Path) -> None:
@@ -473,7 +506,8 @@ def main(argv=None) -> int:
     ap.add_argument("--edges", type=int, default=1000000)
     ap.add_argument("--train", type=int, default=8192, help="training seeds an epoch")
     ap.add_argument("--fanouts", default="5,5;10,10;20,20;40,40", help="the curriculum: fanouts separated by ';'")
-    ap.add_argument("--epochs-per-fanout", type=int, default=2)
+    ap.add_argument("--epochs-per-fanout", type=int, default=8,
+                    help="epochs at each fanout (default 8; 2 until s59: see the module docstring)")
     ap.add_argument("--sizes", default="128,256,512,1024,2048,4096,8192", help="seed batch sizes (fixed and adaptive)")
     ap.add_argument("--budget-mib", type=int, default=128)
     ap.add_argument("--window", type=int, default=4)

@@ -107,7 +107,8 @@ workers change through :meth:`PooledLoader.reconfigure` (the loader and its colu
 are kept; workers restart).
 
 Every switch is logged (logger ``gnncompile.adapt``, INFO) and appended to ``adapter.log``: a
-dict with ``step``, ``epoch``, ``kind`` (``'explore'``, ``'keep'``, ``'revert'``, ``'shrink'``),
+dict with ``step``, ``epoch``, ``kind`` (``'explore'``, ``'keep'``, ``'revert'``, ``'shrink'``; ``'jump'``:
+the neighbor loader's move to the largest size predicted to fit at a change of fanout),
 ``from`` / ``to`` (settings as dicts), ``gain`` (measured ratio of work rates, None when not
 measured), ``predicted_bytes`` (the memory model's prediction for the new setting, None
 without one) and ``reason``.
@@ -130,7 +131,7 @@ log = get_logger(__name__)
 
 _BY = ("graphs", "nodes", "edges")
 _LR = (None, "linear", "sqrt")
-_KINDS = ("explore", "keep", "revert", "shrink")
+_KINDS = ("explore", "keep", "revert", "shrink", "jump")
 
 
 @dataclass(frozen=True)
@@ -553,6 +554,15 @@ class Policy:
         #: 62 steps clean against 2 and ran at 0.72x the best fixed size against 0.81x (s58d), the memory
         #: held between its steps being mostly the allocator's, which the next step reuses
         self.growth_ahead = True
+        #: steps after a switch to a larger size, or a change of workload (:meth:`workload_changed`),
+        #: for which :meth:`rise_ahead` counts the memory model's growth of the next batch even where
+        #: ``growth_ahead`` is off (the neighbor loader's: 2). The rise of a step with more work than
+        #: the steps before is not their creep's: in the adapt_fanout benchmark (s59) a one-step
+        #: trial of 4096 seeds at fanout [10, 10] rose 34 MiB over the 2048-seed step before it
+        #: (recent rises: 21 MiB), to 4.5 MiB over the budget, and 256 seeds at the first steps
+        #: of fanout [40, 40] (1.6x the work of [20, 20]) crossed it by 0.5 MiB
+        self.growth_after_up = 0
+        self._since_up = 0
         self._expected_growth: Optional[int] = None
         #: ``room(setting)``: (steps left in this epoch, steps of a whole epoch) under ``setting``
         #: (None: not known). A trial is only started when the epoch leaves room for its window
@@ -642,11 +652,13 @@ class Policy:
         without a model, the recent rises per unit of work times the next batch's work when it
         is larger. Measured on Zen 4 (s58): a size up from 4096 to 8192 nodes rises by 27 MiB a
         step where 4096 rose by 13, and at 16384 nodes the rises went 17, 41, then 57 MiB (about
-        a clean step's growth): a guard on the largest recent rise let both cross the budget."""
+        a clean step's growth): a guard on the largest recent rise let both cross the budget.
+        With ``growth_ahead`` off (the neighbor loader) the model's growth counts only for the
+        ``growth_after_up`` steps after a size up or a change of workload."""
         if not self.creep:
             return 0
         est = max(0, max(r for _, r in self.creep))
-        nxt = self.work_ahead(self.current, 1) if self.growth_ahead else None
+        nxt = self.work_ahead(self.current, 1) if self.growth_ahead or self._since_up > 0 else None
         if nxt:
             g = self.model.growth(nxt)
             if g is None:
@@ -688,6 +700,8 @@ class Policy:
 
     def _switch(self, kind: str, new: Setting, gain: Optional[float], reason: str) -> Dict[str, Any]:
         e = self._entry(kind, new, gain, reason)
+        if new.size > self.current.size:
+            self._since_up = self.growth_after_up
         self.current = new
         self.deferred = None
         self._reset_window()
@@ -706,10 +720,37 @@ class Policy:
             if self.fits(cand):
                 pick = s
                 break
+        if self.trial is not None:  # a trial shrunk for memory is a refusal: its back-off, as a revert's
+            key = (self.trial[0], self.current)
+            wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
+            self.backoff[key] = (self.windows + wait, wait)
         self.trial = None
         self.streak = self.rest = 0
         self._shrunk_from = self.current
         return self._switch("shrink", Setting(pick, self.current.pool_size, self.current.num_workers), None, reason)
+
+    def jump_to_fit(self, reason: str) -> Optional[Dict[str, Any]]:
+        """At a change of workload whose batches the loader predicts (a new fanout under the
+        work model): straight to the largest size predicted to fit (:meth:`fits`: under the line,
+        within ``EXTRAPOLATE`` times the work measured), a 'jump' entry, rather than a climb
+        from the size the old workload left, one trial window per size. Up only to a size so
+        predicted; down only when the current size is predicted over the line (to the largest
+        that fits; when none does, :meth:`before_step` shrinks as before the change). None when
+        the size stays, without a budget or a memory model, or while a trial is under way."""
+        if self.budget is None or self.model.per_work is None or self.trial is not None:
+            return None
+        cur = self.current
+        fit = [s for s in self.grid["size"] if self.fits(Setting(s, cur.pool_size, cur.num_workers))]
+        if not fit:
+            return None
+        pick = max(fit)
+        if pick == cur.size or (pick < cur.size and self._fit(cur) != "no"):
+            return None
+        new = Setting(pick, cur.pool_size, cur.num_workers)
+        pred = self.predict(new)
+        what = "the largest size predicted to fit" + ("" if pred is None else f" ({pred / 2**20:.1f} MiB, line "
+                                                                               f"{self.line / 2**20:.1f} MiB)")
+        return self._switch("jump", new, None, f"{reason}: {what}")
 
     def before_step(self) -> Optional[Dict[str, Any]]:
         """Shrinks now when the next batches under the current setting are predicted over the line."""
@@ -759,6 +800,8 @@ class Policy:
         self._expected = self._expected_growth = None
         if learn or self.model.per_work is None:
             self.base = base
+        if self._since_up > 0:
+            self._since_up -= 1
         if peak is not None:
             self.seen_work = max(self.seen_work, work)
             if not learn and self.last_peak is not None:
@@ -837,16 +880,22 @@ class Policy:
             return None
         return self._explore(rate, up_only=self.climbing)
 
-    def workload_changed(self, reason: str) -> Optional[Dict[str, Any]]:
+    def workload_changed(self, reason: str, climb: bool = False) -> Optional[Dict[str, Any]]:
         """The batches' nature changed (a new fanout): rates measured before do not compare with
         rates after, so the measurement window starts again (its first step left out), the
         refusals' back-offs are forgotten, and a trial under way ends without a verdict: back
-        to the setting it came from (a 'revert' entry, gain None)."""
+        to the setting it came from (a 'revert' entry, gain None). With ``climb`` the climb
+        starts again from the setting the change leaves (sizes up first, see :meth:`observe`):
+        a refusal under the old workload ended it, and says nothing of the new one."""
         self.rates.clear()
         self.backoff.clear()
         self.worse.clear()
         self.streak = self.rest = 0
         self.deferred = None
+        self._since_up = self.growth_after_up  # the next batches' work is not the creep's (rise_ahead)
+        if climb:
+            self.climbing = True
+            self.climb_waits = 0
         if self.trial is not None:
             prev, _, _ = self.trial
             self.trial = None
@@ -1532,7 +1581,12 @@ class AdaptiveNeighborLoader(_Adaptive):
     curriculum) or from the next batch. ``trials_in_epoch`` (default True): a trial starts only
     where the epoch's remaining seeds hold its window and the step left out after the switch,
     else at the next epoch's start (forgotten if the fanout changes there); a size whose
-    window no epoch holds is measured for an epoch's steps less one. Other arguments as
+    window no epoch holds is measured for an epoch's steps less one. ``jump_at_change`` (default
+    True): at a change of fanout the climb starts again from the size the change leaves, and
+    where the work model predicts the new fanout's batches the size goes straight to the largest
+    predicted to fit (:meth:`Policy.jump_to_fit`, a 'jump' entry); False: the size stays (shrunk
+    before the next batch when predicted over the line) and the policy goes on from there, as
+    before. Other arguments as
     :class:`AdaptiveLoader`; ``loader_kwargs`` go to ``NeighborLoader`` (replace, directed,
     disjoint, ...)."""
 
@@ -1541,10 +1595,12 @@ class AdaptiveNeighborLoader(_Adaptive):
                  shuffle: bool = False, seed: int = 0, memory_budget: Optional[int] = None, memory: Any = "auto",
                  margin: float = 0.1, min_gain: float = 0.05, window: int = 8, optimizer: Any = None,
                  lr_scaling: Optional[str] = None, device=None, clock: Callable[[], float] = time.perf_counter,
-                 work_model: bool = True, trials_in_epoch: bool = True, **loader_kwargs) -> None:
+                 work_model: bool = True, trials_in_epoch: bool = True, jump_at_change: bool = True,
+                 **loader_kwargs) -> None:
         for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "distributed", "num_replicas", "rank"):
             if k in loader_kwargs:
                 raise ValueError(f"AdaptiveNeighborLoader chooses {k} itself")
+        self.jump_at_change = bool(jump_at_change)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"AdaptiveNeighborLoader: seed must be an int, got {seed!r}")
         super().__init__(sizes=sizes, pool_sizes=pool_sizes, num_workers=num_workers, start=start,
@@ -1556,6 +1612,7 @@ class AdaptiveNeighborLoader(_Adaptive):
         self.policy.model = NodeEdgeMemoryModel()
         self.policy.clean_misses = True
         self.policy.growth_ahead = False  # see Policy.growth_ahead
+        self.policy.growth_after_up = 2  # see Policy.growth_after_up
         if trials_in_epoch:
             self.policy.room = self._room
         self.work_model = bool(work_model)
@@ -1660,15 +1717,17 @@ class AdaptiveNeighborLoader(_Adaptive):
         entries = []
         dist = _dist()
         if dist is None or dist.get_rank() == 0:
-            entries.append(self.policy.workload_changed(reason))
+            entries.append(self.policy.workload_changed(reason, climb=self.jump_at_change))
             if not modelled and not self._per_seed and self.policy.budget is not None and \
                     self.setting.size != self.sizes[0]:
                 entries.append(self.policy._switch("shrink", Setting(self.sizes[0], self.setting.pool_size,
                                                                      self.setting.num_workers), None,
                                                    f"{reason}: work per seed unknown until measured"))
+            elif modelled and self.jump_at_change:  # the new fanout's batches are predicted: the largest that fits
+                entries.append(self.policy.jump_to_fit(reason))
             entries = [e for e in entries if e is not None]
         else:
-            self.policy.workload_changed(reason)
+            self.policy.workload_changed(reason, climb=self.jump_at_change)
         if dist is not None:
             last = self._broadcast(dist, entries[-1] if entries else None)
             if dist.get_rank() != 0:

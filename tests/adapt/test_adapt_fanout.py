@@ -138,7 +138,11 @@ def test_a_growing_fanout_shrinks_the_batch_before_it_crosses_the_budget(scale, 
     if scale:
         assert first_new["size"] < 128
         assert max(h["peak"] for h in L.history) <= budget
-        assert any(e["kind"] == "shrink" and "predicted" in e["reason"] for e in L.log)
+        if scale == "model":  # predicted at the change: straight to the largest size that fits (a 'jump')
+            assert any(e["kind"] == "jump" and e["to"]["size"] < 128 and "predicted to fit" in e["reason"]
+                       for e in L.log)
+        else:  # the bound's scaling: shrunk before the next batch
+            assert any(e["kind"] == "shrink" and "predicted" in e["reason"] for e in L.log)
     else:
         assert first_new["size"] == 128 and first_new["peak"] > budget, (first_new, big_at_new)
 
@@ -489,3 +493,113 @@ def test_node_edge_memory_model_does_not_extrapolate_its_split_beyond_the_kept_s
     assert ne.growth(Work(19_500, 225_000)) >= 144 * M
     inside = Work(16_000, 80_000)
     assert ne.growth(inside) != MemoryModel.growth(ne, inside)
+
+
+# ------------------------------------------------------------------ a change of fanout: the jump, the guard (s59)
+
+
+@pytest.mark.parametrize("jump", [True, False])
+def test_a_smaller_fanout_jumps_straight_to_the_largest_size_predicted_to_fit(jump):
+    """Memory: 100 bytes per sampled node + edge. At fanout [10, 10] the rates are equal at
+    every size (the fake clock), so the climb's first trial is refused and the run stays at 16
+    seeds. At the change to [2, 2] the work model predicts 128 seeds well under the line and
+    within the trust bound: with the jump (the default) the first batch under [2, 2] is taken
+    at 128 seeds (a 'jump' entry, the climb started again); without it (the test can fail) at
+    16, where the policy left it. Both stay within the budget."""
+    d = _graph(n=2000, e=40000)
+    clock, state = Clock(), {}
+    budget = 400_000
+    L = AdaptiveNeighborLoader(d, [10, 10], sizes=[16, 32, 64, 128], start=Setting(16, 2, 0), window=2,
+                               memory=lambda: 100 * state["work"], memory_budget=budget, margin=0.1, clock=clock,
+                               jump_at_change=jump)
+    for fan in ([10, 10], [2, 2]):
+        if fan != [10, 10]:
+            L.set_num_neighbors(fan)
+        for b in L:
+            state["work"] = _work(b)
+            clock.t += int(b.batch_size) / 1000.0
+            L.step_done()
+    assert all(h["size"] < 128 for h in L.history if h["epoch"] == 0)
+    first_new = next(h for h in L.history if h["epoch"] == 1)
+    assert max(h["peak"] for h in L.history) <= budget
+    jumps = [e for e in L.log if e["kind"] == "jump"]
+    if jump:
+        assert first_new["size"] == 128, first_new
+        assert len(jumps) == 1 and jumps[0]["to"]["size"] == 128 and "fanout [10, 10] -> [2, 2]" in jumps[0]["reason"]
+        assert jumps[0]["predicted_bytes"] <= L.policy.line
+    else:
+        assert first_new["size"] == L.history[len([h for h in L.history if h["epoch"] == 0]) - 1]["size"] < 128
+        assert not jumps
+
+
+def test_workload_change_restarts_the_climb_only_when_asked():
+    p = Policy([1, 2], [2], [0], Setting(1, 2, 0), None, 0.1, 0.05, 2, lambda s, k: 100)
+    p.climbing = False
+    p.workload_changed("fanout [2] -> [4]")
+    assert not p.climbing
+    p.climb_waits = 3
+    p.workload_changed("fanout [4] -> [8]", climb=True)
+    assert p.climbing and p.climb_waits == 0
+
+
+def test_jump_to_fit_goes_down_only_when_the_current_size_is_over_the_line():
+    """Up: to the largest size predicted to fit and trusted (within EXTRAPOLATE times the work
+    measured). Down: only from a size predicted over the line, to the largest that fits; a size
+    under the line but beyond the trust bound stays."""
+    work = {"per": 100}
+    p = Policy([1, 2, 4, 8], [2], [0], Setting(1, 2, 0), 1_000_000, 0.0, 0.05, 2, lambda s, k: work["per"] * s.size)
+    assert p.jump_to_fit("x") is None  # no memory model yet
+    p.observe(1.0, 400, 0, 40_000)  # 100 bytes per unit of work, clean
+    e = p.jump_to_fit("fanout a -> b")  # 8: 800 units (2x the measured), 80 kB
+    assert e["kind"] == "jump" and e["to"]["size"] == 8 and p.current.size == 8 and "fanout a -> b" in e["reason"]
+    assert p.jump_to_fit("x") is None  # the largest that fits already
+    p.observe(1.0, 800, 0, 80_000)
+    work["per"] = 300  # 8: 2400 units, under the line but not trusted (> 2.25 x 800); 4 fits
+    assert p.jump_to_fit("fanout b -> c") is None and p.current.size == 8
+    work["per"] = 1500  # 8: 1.2 MB, over the line; 1 (1500 units) the only size that fits and is trusted
+    e = p.jump_to_fit("fanout c -> d")
+    assert e["kind"] == "jump" and e["to"]["size"] == 1 and p.current.size == 1
+    assert p.jump_to_fit("x") is None
+
+
+def test_a_trial_shrunk_for_memory_backs_off_like_a_refusal():
+    """A trial whose step measured over the budget (not a clean reading: the model learns nothing,
+    so the size still looks as if it fits) is shrunk at once; the shrink counts as a refusal of
+    that trial (its back-off), so the next window does not try it again at once. Without the
+    back-off (the rule before; the test can fail) the same trial followed every window."""
+    p = Policy([1, 2], [2], [0], Setting(1, 2, 0), 1_000_000, 0.0, 0.05, 1, lambda s, k: 100 * s.size)
+    e = p.observe(1.0, 100, 0, 10_000)  # clean: 100 bytes per unit; the climb tries 2 at once
+    assert e["kind"] == "explore" and p.current.size == 2
+    e = p.observe(1.0, 200, 0, 2_000_000, learn=False)  # over the budget, not clean
+    assert e["kind"] == "shrink" and p.current.size == 1 and p.fits(Setting(2, 2, 0))
+    assert p._backing_off(Setting(2, 2, 0))
+    got = [p.observe(1.0, 100, 0, 10_000) for _ in range(4)]
+    assert got[:2] == [None, None]  # the step left out, then the back-off's window
+    assert any(e is not None and e["kind"] == "explore" for e in got[2:])  # the back-off over: tried again
+
+
+def test_the_release_guard_counts_the_next_batch_after_a_size_up_or_a_new_workload():
+    """With growth_ahead off (the neighbor loader's guard: the recent creep of the peak), the
+    memory model's growth of the next batch still counts for ``growth_after_up`` steps after a
+    switch to a larger size or a change of workload: there the next step's work is not the
+    creep's. Without it (growth_after_up = 0; the test can fail) the guard lets that step start
+    with the memory held, whose peak then crosses the budget."""
+    def policy(after):
+        p = Policy([1, 4], [2], [0], Setting(1, 2, 0), 80_000, 0.1, 0.05, 100, lambda s, k: 100 * s.size)
+        p.growth_ahead = False
+        p.growth_after_up = after
+        p.observe(1.0, 100, 0, 10_000)  # clean: 100 bytes per unit of work
+        p.observe(1.0, 100, 0, 11_000, learn=False)  # creep of 1 kB a step
+        p.last_peak = 50_000  # what the allocator holds now
+        return p
+
+    for after in (2, 0):
+        p = policy(after)
+        assert not p.held_over(None)  # size 1: 50 kB + max(1 kB creep) under the budget
+        p._switch("explore", Setting(4, 2, 0), None, "size up")
+        assert p.held_over(None) == bool(after)  # 50 kB + 40 kB (400 units) over 80 kB
+        for _ in range(2):
+            p.observe(1.0, 400, 0, None)
+        assert not p.held_over(None)  # two steps on: the creep again
+        p.workload_changed("fanout a -> b")
+        assert p.held_over(None) == bool(after)

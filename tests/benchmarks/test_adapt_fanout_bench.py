@@ -64,6 +64,9 @@ def test_first_pass_and_alternating_rounds(monkeypatch, tmp_path):
     assert "**Best fixed seed batch size within budget: 256**" in md
     assert f"over 3 interleaved rounds: {iv['ratio']:.2f}x** (geometric mean)" in md
     assert "over the 64 MiB budget: 1 of 3" in md
+    over = [r for r in rd["pairs"] if not r["adaptive_within"]]  # where the run over the budget peaked
+    assert len(over) == 1 and over[0]["adaptive_peak_step"]["peak_mib"] == 50.0 and over[0]["adaptive_log"]
+    assert f"- Round {over[0]['round']}, adaptive over the budget: peak 50.0 MiB at step 0" in md
     assert "## The adaptive run's switches (first pass)" in md and "| 1 | 0 | [5, 5] | explore | 128 | 256 |" in md
     assert (tmp_path / "f.png").exists()
     # the work model's table: the fixed runs' full batches (here only 128's) against the model on the same graph
