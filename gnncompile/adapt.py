@@ -890,6 +890,7 @@ class Policy:
         self.rates.clear()
         self.backoff.clear()
         self.worse.clear()
+        self._shrunk_from = None  # a shrink under the old workload holds nothing under the new one
         self.streak = self.rest = 0
         self.deferred = None
         self._since_up = self.growth_after_up  # the next batches' work is not the creep's (rise_ahead)

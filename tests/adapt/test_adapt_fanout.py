@@ -566,7 +566,9 @@ def test_a_trial_shrunk_for_memory_backs_off_like_a_refusal():
     """A trial whose step measured over the budget (not a clean reading: the model learns nothing,
     so the size still looks as if it fits) is shrunk at once; the shrink counts as a refusal of
     that trial (its back-off), so the next window does not try it again at once. Without the
-    back-off (the rule before; the test can fail) the same trial followed every window."""
+    back-off (the rule before; the test can fail) the same trial followed every window. Past
+    the back-off the size shrunk from stays held while the batches keep their density (the
+    shrink hold, as a refused trial's); a new workload forgets both, and the climb tries it."""
     p = Policy([1, 2], [2], [0], Setting(1, 2, 0), 1_000_000, 0.0, 0.05, 1, lambda s, k: 100 * s.size)
     e = p.observe(1.0, 100, 0, 10_000)  # clean: 100 bytes per unit; the climb tries 2 at once
     assert e["kind"] == "explore" and p.current.size == 2
@@ -575,7 +577,12 @@ def test_a_trial_shrunk_for_memory_backs_off_like_a_refusal():
     assert p._backing_off(Setting(2, 2, 0))
     got = [p.observe(1.0, 100, 0, 10_000) for _ in range(4)]
     assert got[:2] == [None, None]  # the step left out, then the back-off's window
-    assert any(e is not None and e["kind"] == "explore" for e in got[2:])  # the back-off over: tried again
+    assert p.windows >= p.backoff[(Setting(1, 2, 0), Setting(2, 2, 0))][0]  # the back-off is over ...
+    assert p._measured_worse(Setting(2, 2, 0))  # ... but the shrink hold keeps 2 out at this density
+    assert all(e is None for e in got[2:])
+    p.workload_changed("fanout [4] -> [8]", climb=True)
+    got = [p.observe(1.0, 100, 0, 10_000) for _ in range(3)]
+    assert any(e is not None and e["kind"] == "explore" for e in got)  # a new workload: tried again
 
 
 def test_the_release_guard_counts_the_next_batch_after_a_size_up_or_a_new_workload():
@@ -603,3 +610,16 @@ def test_the_release_guard_counts_the_next_batch_after_a_size_up_or_a_new_worklo
         assert not p.held_over(None)  # two steps on: the creep again
         p.workload_changed("fanout a -> b")
         assert p.held_over(None) == bool(after)
+
+
+def test_a_shrink_just_before_a_new_workload_holds_nothing_under_it():
+    """The shrink hold is recorded at the first full window after the shrink; a change of
+    workload in between (a new fanout) forgets it, as it forgets the refusals: the batches it
+    was measured on are gone. Without the reset the hold landed on the new fanout's density."""
+    p = Policy([1, 2], [2], [0], Setting(1, 2, 0), 1_000_000, 0.0, 0.05, 1, lambda s, k: 100 * s.size)
+    p.observe(1.0, 100, 0, 10_000)  # the climb tries 2
+    assert p.observe(1.0, 200, 0, 2_000_000, learn=False)["kind"] == "shrink"
+    p.workload_changed("fanout [4] -> [8]", climb=True)
+    p.observe(1.0, 100, 0, 10_000)
+    p.observe(1.0, 100, 0, 10_000)
+    assert not p._measured_worse(Setting(2, 2, 0))
