@@ -135,6 +135,27 @@ def batch_size_rule(settings: Dict[str, Any], wl: Dict[str, Any]) -> Dict[str, A
     return rule
 
 
+#: what the profile says of a bf16 choice (settings.precision = 'bf16'): applied only where the
+#: user opts in (gnncompile.settings: a profile's 'bf16' is dropped otherwise)
+PRECISION_OPT_IN = ("choices['precision'] = 'bf16' (or GNNCOMPILE_PRECISION=bf16) in the program that "
+                    "loads the profile; without it the profile's other settings apply in float32")
+
+
+def precision_rule(settings: Dict[str, Any], wl: Dict[str, Any]) -> Dict[str, Any]:
+    """The profile's statement of its precision: whether the study searched bf16 (tune
+    --allow-bf16) and, when the chosen settings gather bfloat16, that they compute in lower
+    precision and only under the user's opt-in (the measured speed assumed it)."""
+    rule: Dict[str, Any] = {"precision": settings.get("precision") or "fp32",
+                            "bf16_searched": bool(wl.get("allow_bf16"))}
+    if rule["precision"] == "bf16":
+        rule.update(opt_in=True, applied_only_with=PRECISION_OPT_IN,
+                    computes=("the fused spmm's sum / mean gather bfloat16 features (x rounded to 8 "
+                              "significant bits, fp32 accumulation, float32 output): each output element "
+                              "within 2^-8 of the sum of its |terms|; every other op in float32"),
+                    accuracy="check your model's accuracy in bf16 (benchmarks/bf16.py --profile)")
+    return rule
+
+
 def study_name(w: Workload, props: Optional[dict] = None, batch_size: Optional[int] = 128,
                batch_range: Optional[Tuple[int, int]] = None) -> str:
     p = _device.detect() if props is None else props
@@ -620,7 +641,8 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
                                              "noise": result.get("noise"),
                                              "confirm_runs": result.get("confirm"),
                                              "default_settings": _DEFAULTS_LABEL.get(w.kind, "kernel defaults")},
-                         extra={"batch_size_rule": batch_size_rule(s, wl)})
+                         extra={"batch_size_rule": batch_size_rule(s, wl),
+                                "precision_rule": precision_rule(s, wl)})
     target = _profile_target(out, doc)
     if guard is not None:
         guard.check_interrupt()  # interrupted: no profile (KeyboardInterrupt)

@@ -64,3 +64,13 @@ def test_the_command_line_flag():
     assert tune_cli._workload(Workload, args).allow_bf16 is True
     args = p.parse_args(["tune", "--workload", "graphs"])
     assert tune_cli._workload(Workload, args).allow_bf16 is False
+
+
+def test_profile_states_its_precision_and_the_opt_in():
+    rule = study_mod.precision_rule({"precision": "bf16"}, {"kind": "fullgraph", "allow_bf16": True})
+    assert rule["precision"] == "bf16" and rule["bf16_searched"] and rule["opt_in"] is True
+    assert "GNNCOMPILE_PRECISION=bf16" in rule["applied_only_with"] and "2^-8" in rule["computes"]
+    # fp32 chosen (or nothing searched): no opt-in needed, and it says whether bf16 was searched
+    assert study_mod.precision_rule({"precision": None}, {"allow_bf16": True}) == {"precision": "fp32",
+                                                                                   "bf16_searched": True}
+    assert study_mod.precision_rule({"precision": "fp32"}, {}) == {"precision": "fp32", "bf16_searched": False}
