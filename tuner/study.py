@@ -182,6 +182,29 @@ def block_budget_choices(props: Mapping[str, Any]) -> List[int]:
     return [0] + sorted({max(1, kib // 4), max(1, kib // 2), kib})
 
 
+#: the spmm's prefetch distances (CPU knobs[1], edges read ahead) a trial may pick: 0 is the
+#: kernels' own rule by row width (native/cpu/glue.h: 32 edges for rows under 512 bytes, such as
+#: 64 float32 or bfloat16 features, else 4), which the explicit distances cannot express: without it
+#: every trial of a 64-wide full-graph GCN read 2-16 edges ahead while its defaults read 32
+#: (benchmarks/results/tuning_fullgraph_bf16_zen4_s59.md)
+PREFETCH_CHOICES = [0, 2, 4, 8, 16]
+#: the choices before 0 was added: a study whose trials already hold them keeps them (Optuna
+#: refuses another set of choices for a parameter of an existing study)
+LEGACY_PREFETCH_CHOICES = [2, 4, 8, 16]
+
+
+def prefetch_choices(trial) -> List[int]:
+    """PREFETCH_CHOICES, or the choices the trial's study already recorded for prefetch_distance
+    (a study begun before 0 was a choice resumes with LEGACY_PREFETCH_CHOICES)."""
+    study = getattr(trial, "study", None)
+    if study is not None:
+        for t in study.get_trials(deepcopy=False):
+            d = t.distributions.get("prefetch_distance")
+            if d is not None and hasattr(d, "choices"):
+                return list(d.choices)
+    return list(PREFETCH_CHOICES)
+
+
 def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             batch_range: Optional[Tuple[int, int]], max_workers: int) -> Dict[str, Any]:
     """The settings of one trial."""
@@ -221,7 +244,7 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             s["knobs"] = [lanes, rows, 0, items]
         else:
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16]),
-                          trial.suggest_categorical("prefetch_distance", [2, 4, 8, 16]),
+                          trial.suggest_categorical("prefetch_distance", prefetch_choices(trial)),
                           trial.suggest_categorical("block_budget_kib", block_budget_choices(props))]
         # the compiler for the rest of the graph: which one wins depends on the model and the
         # graph sizes (benchmarks/results/inner_rule.md; earlier measurements in
