@@ -15,7 +15,7 @@
   the profile's ``batch_size_rule`` says whether it was tuned and the learning-rate rescaling
   that goes with it, :func:`batch_size_rule`), pool size
   (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
-  kernel knobs (``chunks_per_thread``, ``prefetch_distance`` and the spmm's ``block_budget_kib``, :func:`block_budget_choices`, on CPU; lanes per row, rows per block and items per group on CUDA) and
+  kernel knobs (``chunks_per_thread``, ``prefetch_distance`` (:data:`PREFETCH_CHOICES`, 0: the kernels' rule by row width) and the spmm's ``block_budget_kib``, :func:`block_budget_choices`, on CPU; lanes per row, rows per block and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
   A data-parallel neighbor workload (``Workload(ranks=N)``, N > 1: each trial is N gloo rank
   processes, :func:`tuner.workloads.measure`) searches threads per rank, up to CPUs / N, and
