@@ -26,6 +26,12 @@ nodes, half for training); each compiled fp32 and bf16, test accuracy at the las
 largest relative difference of one forward of the untrained model (max |bf16 - fp32| / max
 |fp32|, over the output logits).
 
+With ``--profile PROFILE.json`` (a tuning profile, e.g. one ``gnncompile tune --allow-bf16`` wrote)
+the accuracy runs use that profile's compile settings (knobs, inner compiler, spmm implementation)
+on both sides, fp32 against bf16, instead of the defaults with the eager inner compiler: the check
+of a tuned setting's accuracy. ``--model sage`` trains 2-layer GraphSAGE (mean aggregation) in the
+accuracy runs instead of GCN (the teacher stays a GCN). ``--name`` is the stem of the result files.
+
 Writes benchmarks/results/bf16.{json,md,png}. The CPU's model and whether it has bfloat16
 instructions (avx512_bf16 / amx_bf16) are recorded: without them every conversion is done in
 software (shifts and rounding in the kernel, torch's conversion for the casts).
@@ -174,12 +180,58 @@ class GCN(torch.nn.Module):
         return self.c2(x, ei)
 
 
-def _compile(model, precision: str, inner: str = "auto"):
-    s = dict(SETTINGS[precision])
+class SAGE(torch.nn.Module):
+    """2-layer GraphSAGE (mean aggregation), as GCN above."""
+
+    def __init__(self, F: int, hidden: int, C: int, dropout: float = 0.5):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.c1, self.c2, self.dropout = SAGEConv(F, hidden), SAGEConv(hidden, C), dropout
+
+    def forward(self, x, ei):
+        x = Fn.dropout(x, self.dropout, self.training)
+        x = self.c1(x, ei).relu()
+        x = Fn.dropout(x, self.dropout, self.training)
+        return self.c2(x, ei)
+
+
+MODELS = {"gcn": GCN, "sage": SAGE}
+
+
+def profile_settings(path: Path) -> dict:
+    """The compile settings of a tuning profile that the accuracy runs apply on both sides: its
+    knobs, inner compiler and spmm implementation, and the precision it chose (recorded only:
+    each side sets its own)."""
+    from gnncompile import profiles
+
+    doc = profiles.read(path)
+    st = doc.get("settings") if isinstance(doc, dict) else None
+    if not isinstance(st, dict):
+        raise ValueError(f"{path}: not a profile (no settings)")
+    return {"path": str(path), "knobs": st.get("knobs"), "inner": st.get("inner"),
+            "spmm_impl": st.get("spmm_impl"), "precision": st.get("precision"),
+            "precision_rule": doc.get("precision_rule"), "workload": doc.get("workload")}
+
+
+def settings_for(precision: str, inner: str = "auto", tuned: Optional[dict] = None) -> dict:
+    """gnncompile.compile's settings: SETTINGS[precision], with a profile's knobs, inner compiler
+    and spmm implementation where ``tuned`` (profile_settings) is given, else ``inner``."""
+    s = {"choices": dict(SETTINGS[precision]["choices"])}
+    if tuned is not None:
+        inner = tuned.get("inner") or "auto"
+        if tuned.get("spmm_impl"):
+            s["choices"]["spmm_impl"] = tuned["spmm_impl"]
+        if tuned.get("knobs") is not None:
+            s["knobs"] = {"cpu": list(tuned["knobs"])}
     if inner != "auto":
-        s = {**s, "inner": inner}
+        s["inner"] = inner
+    return s
+
+
+def _compile(model, precision: str, inner: str = "auto", tuned: Optional[dict] = None):
     torch._dynamo.reset()
-    return gnncompile.compile(model, profile=None, settings=s)
+    return gnncompile.compile(model, profile=None, settings=settings_for(precision, inner, tuned))
 
 
 def _explain_gathers(compiled, *args) -> int:
@@ -262,12 +314,13 @@ def teacher_task(N: int, F: int = 64, C: int = 8, seed: int = 123):
     return x, ei, y, train, ~train
 
 
-def train_eval(data, hidden: int, precision: str, seed: int, epochs: int) -> dict:
+def train_eval(data, hidden: int, precision: str, seed: int, epochs: int, model_name: str = "gcn",
+               tuned: Optional[dict] = None) -> dict:
     x, ei, y, train, test = data
     C = int(y.max()) + 1
     torch.manual_seed(seed)
-    model = GCN(x.shape[1], hidden, C)
-    compiled = _compile(model, precision, inner="eager")
+    model = MODELS[model_name](x.shape[1], hidden, C)
+    compiled = _compile(model, precision, inner="eager", tuned=tuned)
     opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=5e-4)
     for _ in range(epochs):
         model.train()
@@ -281,33 +334,34 @@ def train_eval(data, hidden: int, precision: str, seed: int, epochs: int) -> dic
             "gathers_bf16": _explain_gathers(compiled, x, ei) if precision == "bf16" else 0}
 
 
-def forward_diff(data, hidden: int) -> dict:
+def forward_diff(data, hidden: int, model_name: str = "gcn", tuned: Optional[dict] = None) -> dict:
     x, ei = data[0], data[1]
     C = int(data[2].max()) + 1
     torch.manual_seed(0)
-    model = GCN(x.shape[1], hidden, C).eval()
+    model = MODELS[model_name](x.shape[1], hidden, C).eval()
     outs = {}
     with torch.no_grad():
         for p in ("fp32", "bf16"):
-            outs[p] = _compile(model, p, inner="eager")(x, ei)
+            outs[p] = _compile(model, p, inner="eager", tuned=tuned)(x, ei)
     d = (outs["bf16"] - outs["fp32"]).abs()
     return {"max_abs_diff_over_max_abs": float(d.max() / outs["fp32"].abs().max()),
             "rel_norm_diff": float(d.norm() / outs["fp32"].norm()),
             "bitwise_equal": bool(torch.equal(outs["bf16"], outs["fp32"]))}
 
 
-def accuracy(name: str, data, hidden: int, seeds: int, epochs: int) -> dict:
+def accuracy(name: str, data, hidden: int, seeds: int, epochs: int, model_name: str = "gcn",
+             tuned: Optional[dict] = None) -> dict:
     res = {"task": name, "nodes": int(data[0].shape[0]), "edges": int(data[1].shape[1]), "hidden": hidden,
-           "epochs": epochs, "seeds": list(range(seeds))}
+           "epochs": epochs, "seeds": list(range(seeds)), "model": model_name}
     for p in ("fp32", "bf16"):
-        runs = [train_eval(data, hidden, p, s, epochs) for s in range(seeds)]
+        runs = [train_eval(data, hidden, p, s, epochs, model_name, tuned) for s in range(seeds)]
         accs = [r["test_acc"] for r in runs]
         res[p] = {"acc": accs, "mean": statistics.mean(accs), "spread": max(accs) - min(accs),
                   "stdev": statistics.stdev(accs) if len(accs) > 1 else 0.0}
         if p == "bf16":
             res["gathers_bf16"] = runs[0]["gathers_bf16"]
         print(f"{name} {p}: test accuracy {[f'{a:.3f}' for a in accs]}", flush=True)
-    res["forward"] = forward_diff(data, hidden)
+    res["forward"] = forward_diff(data, hidden, model_name, tuned)
     return res
 
 
@@ -349,8 +403,14 @@ def table(p: dict) -> str:
                   "| fp32 | bf16 (opt-in) | speedup | spmm gathering bf16 (explain) |", "|---|---|---|---|",
                   f"| {gs['fp32_s'] * 1e3:.1f} | {gs['bf16_s'] * 1e3:.1f} | {gs['speedup']:.2f}x | {gs['gathers_bf16']} |",
                   ""]
+    tuned = p.get("tuned")
     if p["accuracy"] or p["skipped"]:
-        lines += ["### Accuracy: 2-layer GCN, test accuracy at the last epoch (mean [min, max] over seeds)", ""]
+        model = {"gcn": "GCN", "sage": "GraphSAGE"}.get(p.get("model", "gcn"), p.get("model"))
+        lines += [f"### Accuracy: 2-layer {model}, test accuracy at the last epoch (mean [min, max] over seeds)", ""]
+        if tuned:
+            lines += [f"Both sides compiled with the tuned profile `{tuned['path']}`'s settings (knobs "
+                      f"{tuned['knobs']}, inner {tuned['inner'] or 'auto'}, spmm_impl {tuned['spmm_impl'] or 'auto'}; "
+                      f"its precision: {tuned['precision'] or 'fp32'}), fp32 against bf16.", ""]
     if p["accuracy"]:
         lines += ["| task | nodes | edges | epochs | seeds | fp32 | bf16 | bf16 - fp32 (mean) | "
                   "forward: max diff / max abs | forward: rel. norm diff |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -400,8 +460,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--cora-raw", type=Path, default=CORA_RAW)
     ap.add_argument("--synthetic-nodes", type=int, default=10_000, help="the teacher task's graph (0: skip)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="the accuracy runs use this tuning profile's knobs, inner compiler and spmm implementation")
+    ap.add_argument("--model", choices=sorted(MODELS), default="gcn", help="the accuracy runs' model (default gcn)")
+    ap.add_argument("--name", default="bf16", help="stem of the result files (default bf16)")
     ap.add_argument("--out", type=Path, default=_common.RESULTS)
     args = ap.parse_args(argv)
+    try:
+        tuned = profile_settings(args.profile) if args.profile is not None else None
+    except (ValueError, OSError) as e:  # ProfileError is a ValueError
+        ap.error(f"--profile: {e}")
     if not gnncompile.info()["native"]:
         print("the native kernels are not loaded: nothing to measure", file=sys.stderr)
         return 2
@@ -425,13 +493,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(why)
         skipped.append(why)
     else:
-        acc.append(accuracy("Cora", cora, 16, args.seeds, args.epochs))
+        acc.append(accuracy("Cora", cora, 16, args.seeds, args.epochs, args.model, tuned))
     if args.synthetic_nodes:
-        acc.append(accuracy("power-law teacher", teacher_task(args.synthetic_nodes), 64, args.seeds, args.epochs))
+        acc.append(accuracy("power-law teacher", teacher_task(args.synthetic_nodes), 64, args.seeds, args.epochs,
+                            args.model, tuned))
     payload = {"machine": _common.machine(), "cpu": cpu_record(), "command": _common.command("bf16", argv),
                "repeats": args.repeats, "degree": args.degree, "loadavg_before_after": [before, _common.loadavg()],
-               "ops": ops_res, "gcn_step": gs, "accuracy": acc, "skipped": skipped}
-    _common.write_results(args.out, "bf16", payload, table, plot if ops_res else None)
+               "ops": ops_res, "gcn_step": gs, "accuracy": acc, "skipped": skipped,
+               "model": args.model, "tuned": tuned}
+    _common.write_results(args.out, args.name, payload, table, plot if ops_res else None)
     return 0
 
 

@@ -15,7 +15,7 @@
   the profile's ``batch_size_rule`` says whether it was tuned and the learning-rate rescaling
   that goes with it, :func:`batch_size_rule`), pool size
   (on a neighbor workload the prefetch depth, searched only with workers), num_workers, persistent workers, pin memory (CUDA only), threads, and the
-  kernel knobs (``chunks_per_thread``, ``prefetch_distance`` and the spmm's ``block_budget_kib``, :func:`block_budget_choices`, on CPU; lanes per row, rows per block and items per group on CUDA) and
+  kernel knobs (``chunks_per_thread``, ``prefetch_distance`` (:data:`PREFETCH_CHOICES`, 0: the kernels' rule by row width) and the spmm's ``block_budget_kib``, :func:`block_budget_choices`, on CPU; lanes per row, rows per block and items per group on CUDA) and
   the inner compiler (one of :data:`gnncompile.compiler.INNERS`) when the workload is compiled.
   A data-parallel neighbor workload (``Workload(ranks=N)``, N > 1: each trial is N gloo rank
   processes, :func:`tuner.workloads.measure`) searches threads per rank, up to CPUs / N, and
@@ -135,6 +135,27 @@ def batch_size_rule(settings: Dict[str, Any], wl: Dict[str, Any]) -> Dict[str, A
     return rule
 
 
+#: what the profile says of a bf16 choice (settings.precision = 'bf16'): applied only where the
+#: user opts in (gnncompile.settings: a profile's 'bf16' is dropped otherwise)
+PRECISION_OPT_IN = ("choices['precision'] = 'bf16' (or GNNCOMPILE_PRECISION=bf16) in the program that "
+                    "loads the profile; without it the profile's other settings apply in float32")
+
+
+def precision_rule(settings: Dict[str, Any], wl: Dict[str, Any]) -> Dict[str, Any]:
+    """The profile's statement of its precision: whether the study searched bf16 (tune
+    --allow-bf16) and, when the chosen settings gather bfloat16, that they compute in lower
+    precision and only under the user's opt-in (the measured speed assumed it)."""
+    rule: Dict[str, Any] = {"precision": settings.get("precision") or "fp32",
+                            "bf16_searched": bool(wl.get("allow_bf16"))}
+    if rule["precision"] == "bf16":
+        rule.update(opt_in=True, applied_only_with=PRECISION_OPT_IN,
+                    computes=("the fused spmm's sum / mean gather bfloat16 features (x rounded to 8 "
+                              "significant bits, fp32 accumulation, float32 output): each output element "
+                              "within 2^-8 of the sum of its |terms|; every other op in float32"),
+                    accuracy="check your model's accuracy in bf16 (benchmarks/bf16.py --profile)")
+    return rule
+
+
 def study_name(w: Workload, props: Optional[dict] = None, batch_size: Optional[int] = 128,
                batch_range: Optional[Tuple[int, int]] = None) -> str:
     p = _device.detect() if props is None else props
@@ -159,6 +180,29 @@ def block_budget_choices(props: Mapping[str, Any]) -> List[int]:
     l3 = props.get("l3_bytes") if isinstance(props, Mapping) else None
     kib = (int(l3) if isinstance(l3, int) and not isinstance(l3, bool) and l3 > 0 else 16 << 20) // 1024
     return [0] + sorted({max(1, kib // 4), max(1, kib // 2), kib})
+
+
+#: the spmm's prefetch distances (CPU knobs[1], edges read ahead) a trial may pick: 0 is the
+#: kernels' own rule by row width (native/cpu/glue.h: 32 edges for rows under 512 bytes, such as
+#: 64 float32 or bfloat16 features, else 4), which the explicit distances cannot express: without it
+#: every trial of a 64-wide full-graph GCN read 2-16 edges ahead while its defaults read 32
+#: (benchmarks/results/tuning_fullgraph_bf16_zen4_s59.md)
+PREFETCH_CHOICES = [0, 2, 4, 8, 16]
+#: the choices before 0 was added: a study whose trials already hold them keeps them (Optuna
+#: refuses another set of choices for a parameter of an existing study)
+LEGACY_PREFETCH_CHOICES = [2, 4, 8, 16]
+
+
+def prefetch_choices(trial) -> List[int]:
+    """PREFETCH_CHOICES, or the choices the trial's study already recorded for prefetch_distance
+    (a study begun before 0 was a choice resumes with LEGACY_PREFETCH_CHOICES)."""
+    study = getattr(trial, "study", None)
+    if study is not None:
+        for t in study.get_trials(deepcopy=False):
+            d = t.distributions.get("prefetch_distance")
+            if d is not None and hasattr(d, "choices"):
+                return list(d.choices)
+    return list(PREFETCH_CHOICES)
 
 
 def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
@@ -200,7 +244,7 @@ def suggest(trial, w: Workload, props: dict, batch_size: Optional[int],
             s["knobs"] = [lanes, rows, 0, items]
         else:
             s["knobs"] = [trial.suggest_categorical("chunks_per_thread", [1, 2, 4, 8, 16]),
-                          trial.suggest_categorical("prefetch_distance", [2, 4, 8, 16]),
+                          trial.suggest_categorical("prefetch_distance", prefetch_choices(trial)),
                           trial.suggest_categorical("block_budget_kib", block_budget_choices(props))]
         # the compiler for the rest of the graph: which one wins depends on the model and the
         # graph sizes (benchmarks/results/inner_rule.md; earlier measurements in
@@ -620,7 +664,8 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
                                              "noise": result.get("noise"),
                                              "confirm_runs": result.get("confirm"),
                                              "default_settings": _DEFAULTS_LABEL.get(w.kind, "kernel defaults")},
-                         extra={"batch_size_rule": batch_size_rule(s, wl)})
+                         extra={"batch_size_rule": batch_size_rule(s, wl),
+                                "precision_rule": precision_rule(s, wl)})
     target = _profile_target(out, doc)
     if guard is not None:
         guard.check_interrupt()  # interrupted: no profile (KeyboardInterrupt)

@@ -49,3 +49,53 @@ def test_a_tiny_run_writes_consistent_results(tmp_path):
     f = a["forward"]
     assert not f["bitwise_equal"] and 0 < f["max_abs_diff_over_max_abs"] < 0.05
     assert "| power-law teacher | 600 |" in md
+
+
+def _profile(tmp_path, settings, **extra):
+    from gnncompile import profiles
+
+    doc = profiles.make(gnncompile.hardware.detect("cpu"), {"kind": "fullgraph", "model": "sage"},
+                        settings, tuned=2.0, default=1.0, unit="epochs/s", extra=extra)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_profile_settings_go_to_both_sides(tmp_path):
+    rule = {"precision": "bf16", "opt_in": True}
+    path = _profile(tmp_path, {"knobs": [2, 8, 0], "inner": "eager", "spmm_impl": "native", "precision": "bf16"},
+                    precision_rule=rule)
+    tuned = bf16.profile_settings(path)
+    assert tuned["knobs"] == [2, 8, 0] and tuned["inner"] == "eager" and tuned["precision"] == "bf16"
+    assert tuned["precision_rule"] == rule and tuned["path"] == str(path)
+    for p in ("fp32", "bf16"):
+        s = bf16.settings_for(p, tuned=tuned)
+        assert s["knobs"] == {"cpu": [2, 8, 0]} and s["inner"] == "eager"
+        assert s["choices"]["spmm_impl"] == "native" and s["choices"]["guard"] == "off"
+        assert s["choices"].get("precision", "fp32") == p  # each side its own precision, not the profile's
+    assert "precision" not in bf16.SETTINGS["fp32"]["choices"]  # the shared table is not modified
+    # without a profile: the defaults, the inner compiler as asked
+    assert bf16.settings_for("bf16", inner="eager") == {"choices": dict(bf16.SETTINGS["bf16"]["choices"]),
+                                                        "inner": "eager"}
+    assert "knobs" not in bf16.settings_for("fp32")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SystemExit):
+        bf16.main(["--profile", str(bad), "--nodes", "--gcn-nodes", "0"])
+
+
+@NATIVE
+def test_accuracy_runs_with_a_profile_and_sage(tmp_path):
+    path = _profile(tmp_path, {"knobs": [2, 8, 0], "inner": "eager", "spmm_impl": "native", "precision": "bf16"})
+    out = tmp_path / "out"
+    rc = bf16.main(["--nodes", "--gcn-nodes", "0", "--epochs", "2", "--seeds", "1", "--synthetic-nodes", "400",
+                    "--cora-raw", str(tmp_path / "none"), "--profile", str(path), "--model", "sage",
+                    "--name", "bf16_tuned", "--out", str(out)])
+    assert rc == 0
+    p = json.loads((out / "bf16_tuned.json").read_text())
+    md = (out / "bf16_tuned.md").read_text()
+    assert p["model"] == "sage" and p["tuned"]["knobs"] == [2, 8, 0] and p["ops"] == [] and p["gcn_step"] is None
+    (a,) = p["accuracy"]
+    assert a["model"] == "sage" and a["gathers_bf16"] >= 2  # SAGE's mean aggregations gather bf16
+    assert not a["forward"]["bitwise_equal"]
+    assert "2-layer GraphSAGE" in md and str(path) in md and "knobs [2, 8, 0]" in md

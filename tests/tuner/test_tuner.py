@@ -70,6 +70,7 @@ def test_cli_tune_writes_profile_that_compile_uses(tmp_path, capsys):
     assert doc["throughput"]["default"] == summary["default"]
     assert doc["settings"]["batch_size"] == 16
     assert doc["batch_size_rule"] == {"tuned": False, "batch_size": 16}  # not asked to tune it
+    assert doc["precision_rule"] == {"precision": "fp32", "bf16_searched": False}  # not allowed bf16
     # compile takes the profile's knobs and records the profile
     m = gnncompile.compile(torch.nn.Linear(2, 2), profile=str(path))
     assert m.gnncompile_profile.path == str(path)

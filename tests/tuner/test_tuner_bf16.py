@@ -64,3 +64,37 @@ def test_the_command_line_flag():
     assert tune_cli._workload(Workload, args).allow_bf16 is True
     args = p.parse_args(["tune", "--workload", "graphs"])
     assert tune_cli._workload(Workload, args).allow_bf16 is False
+
+
+def test_profile_states_its_precision_and_the_opt_in():
+    rule = study_mod.precision_rule({"precision": "bf16"}, {"kind": "fullgraph", "allow_bf16": True})
+    assert rule["precision"] == "bf16" and rule["bf16_searched"] and rule["opt_in"] is True
+    assert "GNNCOMPILE_PRECISION=bf16" in rule["applied_only_with"] and "2^-8" in rule["computes"]
+    # fp32 chosen (or nothing searched): no opt-in needed, and it says whether bf16 was searched
+    assert study_mod.precision_rule({"precision": None}, {"allow_bf16": True}) == {"precision": "fp32",
+                                                                                   "bf16_searched": True}
+    assert study_mod.precision_rule({"precision": "fp32"}, {}) == {"precision": "fp32", "bf16_searched": False}
+
+
+def test_prefetch_choices_hold_the_kernels_rule_and_old_studies_resume():
+    props = gnncompile.hardware.detect("cpu")
+    # 0: the kernels' own distance by row width (32 edges for 64-wide rows), a choice of new studies
+    assert 0 in study_mod.PREFETCH_CHOICES and set(study_mod.LEGACY_PREFETCH_CHOICES) < set(study_mod.PREFETCH_CHOICES)
+    s = study_mod.suggest(optuna.trial.FixedTrial({**FIXED, "prefetch_distance": 0}), _w(), props, 64, None, 2)
+    assert s["knobs"] == [4, 0, 0]
+    study = optuna.create_study(direction="maximize")
+    t = study.ask()
+    study_mod.suggest(t, _w(), props, 64, None, 2)
+    assert list(t.distributions["prefetch_distance"].choices) == study_mod.PREFETCH_CHOICES
+    # a study begun with the earlier choices keeps them (another set would be refused by Optuna)
+    old = optuna.create_study(direction="maximize")
+    old.add_trial(optuna.trial.create_trial(
+        params={"prefetch_distance": 8}, value=1.0,
+        distributions={"prefetch_distance": optuna.distributions.CategoricalDistribution(
+            study_mod.LEGACY_PREFETCH_CHOICES)}))
+    t = old.ask()
+    study_mod.suggest(t, _w(), props, 64, None, 2)
+    assert list(t.distributions["prefetch_distance"].choices) == study_mod.LEGACY_PREFETCH_CHOICES
+    old.tell(t, 1.0)  # accepted: the same distribution as the study's first trial
+    with pytest.raises(ValueError):  # what the legacy choices avoid
+        old.ask({"prefetch_distance": optuna.distributions.CategoricalDistribution(study_mod.PREFETCH_CHOICES)})
