@@ -562,6 +562,13 @@ class Policy:
         #: (recent rises: 21 MiB), to 4.5 MiB over the budget, and 256 seeds at the first steps
         #: of fanout [40, 40] (1.6x the work of [20, 20]) crossed it by 0.5 MiB
         self.growth_after_up = 0
+        #: a size shrunk from is held like a refused trial at the density of the first full window
+        #: after the shrink (the graph loader's). Off for the neighbor loader, which keeps the
+        #: shrunk trial's back-off alone: its peaks at one size jump 20-57 MiB from step to step
+        #: (adapt_fanout_zen4_s59_merged_rises.md), so a shrink says little of the size, and with
+        #: the hold on (adapt_fanout_zen4_s59_merged) a run jumped to 128 seeds at [40, 40] and
+        #: stayed there for 4 epochs
+        self.hold_shrunk = True
         self._since_up = 0
         self._expected_growth: Optional[int] = None
         #: ``room(setting)``: (steps left in this epoch, steps of a whole epoch) under ``setting``
@@ -726,7 +733,7 @@ class Policy:
             self.backoff[key] = (self.windows + wait, wait)
         self.trial = None
         self.streak = self.rest = 0
-        self._shrunk_from = self.current
+        self._shrunk_from = self.current if self.hold_shrunk else None
         return self._switch("shrink", Setting(pick, self.current.pool_size, self.current.num_workers), None, reason)
 
     def jump_to_fit(self, reason: str) -> Optional[Dict[str, Any]]:
@@ -1614,6 +1621,7 @@ class AdaptiveNeighborLoader(_Adaptive):
         self.policy.clean_misses = True
         self.policy.growth_ahead = False  # see Policy.growth_ahead
         self.policy.growth_after_up = 2  # see Policy.growth_after_up
+        self.policy.hold_shrunk = False  # see Policy.hold_shrunk
         if trials_in_epoch:
             self.policy.room = self._room
         self.work_model = bool(work_model)

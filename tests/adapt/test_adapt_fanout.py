@@ -623,3 +623,18 @@ def test_a_shrink_just_before_a_new_workload_holds_nothing_under_it():
     p.observe(1.0, 100, 0, 10_000)
     p.observe(1.0, 100, 0, 10_000)
     assert not p._measured_worse(Setting(2, 2, 0))
+
+
+def test_the_neighbor_loader_does_not_hold_a_size_shrunk_from():
+    """The graph loader's policy holds a size shrunk from at that density (``hold_shrunk``); the
+    neighbor loader's turns the hold off and keeps the shrunk trial's back-off alone, so the
+    size is tried again once the back-off is over. With the hold on (the test can fail) it is not."""
+    def run(hold):
+        p = Policy([1, 2], [2], [0], Setting(1, 2, 0), 1_000_000, 0.0, 0.05, 1, lambda s, k: 100 * s.size)
+        p.hold_shrunk = hold
+        p.observe(1.0, 100, 0, 10_000)  # the climb tries 2
+        assert p.observe(1.0, 200, 0, 2_000_000, learn=False)["kind"] == "shrink"
+        got = [p.observe(1.0, 100, 0, 10_000) for _ in range(5)]
+        return any(e is not None and e["kind"] == "explore" for e in got)
+    assert run(hold=False) and not run(hold=True)
+    assert AdaptiveNeighborLoader(_graph(), [2, 2], sizes=[32], memory=None).policy.hold_shrunk is False
