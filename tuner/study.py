@@ -662,7 +662,9 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
     result["noise"] = dict(noise, confirm=load, loaded=bool(noise.get("loaded")) or is_loaded,
                            default_spread=_noise.spread(default_runs), rounds=done_rounds)
     if is_loaded:
-        result["noise"]["excluded"] = [n for n in ivs if not eligible(n, True)]
+        # trials by number, ablations by name
+        result["noise"]["excluded"] = [n if n >= 0 else _describe(by_number[n])
+                                       for n in ivs if not eligible(n, True)]
     result["confirm"] = {"tuned": runs[top.number] if top is not None else [], "default": default_runs,
                          "candidates": [_candidate_record(t, runs, med, ivs) for t in cands]}
     return top
@@ -697,7 +699,7 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
         elif not _noise.faster_with_confidence(iv):
             excluded = (result.get("noise") or {}).get("excluded")
             if iv is None and excluded:
-                why = (f"the machine was loaded and every candidate re-measured (trials {excluded}) "
+                why = (f"the machine was loaded and every candidate re-measured ({excluded}) "
                        "changed the thread count, which a busy core biases")
             elif iv is None:
                 why = "no candidate was re-measured against them before the timeout"
