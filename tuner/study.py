@@ -487,6 +487,51 @@ def _candidates(ranked: list, top: int) -> list:
     return cands
 
 
+class _Ablation:
+    """A confirmation candidate that is not a trial: the defaults with one dimension (a top-level
+    setting, ``dimension``) of trial ``source`` (the study's best) changed to that trial's value.
+    A multi-dimension winner of the trials is partly noise (one short measurement each); its
+    ablations show whether a single dimension carries the gain (on the GCN full-graph workload
+    here, bf16 alone re-measured 1.18x the defaults, the best trial with three more changed
+    dimensions 1.04x). ``number`` is a negative key, distinct from every trial's."""
+
+    def __init__(self, number: int, source: Any, dimension: str, settings: Dict[str, Any]) -> None:
+        self.number, self.source, self.dimension = number, source, dimension
+        self.value = None
+        self.user_attrs = {"settings": settings}
+
+
+# the settings an ablation changes alone: the compiler's (the loader's settings only mean
+# something together, with the loader itself, which the defaults keep)
+ABLATION_DIMS = ("threads", "knobs", "inner", "spmm_impl", "precision")
+
+
+def _ablations(best: Any, defaults: Dict[str, Any], cands: list) -> list:
+    """The defaults with each single compiler setting (``ABLATION_DIMS``) of ``best`` that
+    differs from them changed to ``best``'s value, one :class:`_Ablation` per such setting (in the settings' order), except
+    those equal to a candidate already in ``cands`` (or to ``best`` itself: a one-dimension
+    trial)."""
+    seen = {repr(sorted(_settings_of(t).items())) for t in cands}
+    seen.add(repr(sorted(_settings_of(best).items())))
+    out = []
+    for k, v in _settings_of(best).items():
+        if k not in ABLATION_DIMS or defaults.get(k) == v:
+            continue
+        s = dict(defaults, **{k: v})
+        key = repr(sorted(s.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(_Ablation(-1 - len(out), best, k, s))
+    return out
+
+
+def _describe(t: Any) -> str:
+    if isinstance(t, _Ablation):
+        return f"ablation {t.dimension!r} of trial {t.source.number}"
+    return f"trial {t.number}"
+
+
 def _notify(callbacks, event: str, *args) -> None:
     """Calls ``cb.<event>(*args)`` on the callbacks that have it (the CLI's progress bar:
     ``begin(finished_trials)`` once the study is open, ``phase(text)`` during re-measurement)."""
@@ -564,7 +609,8 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
         left = guard.remaining() if guard is not None else None
         if left is not None and took and expected(key) > left:
             return False
-        _notify(callbacks, "phase", f"re-measuring {'the defaults' if key is None else f'trial {key}'} ({label})")
+        what = 'the defaults' if key is None else _describe(by_number[key])
+        _notify(callbacks, "phase", f"re-measuring {what} ({label})")
         t0 = clock()
         value = measure(w, settings, device=device)[0]
         took[key] = clock() - t0
@@ -616,13 +662,24 @@ def _confirm(w: Workload, cands: list, defaults: Dict[str, Any], rounds: int, de
     result["noise"] = dict(noise, confirm=load, loaded=bool(noise.get("loaded")) or is_loaded,
                            default_spread=_noise.spread(default_runs), rounds=done_rounds)
     if is_loaded:
-        result["noise"]["excluded"] = [n for n in ivs if not eligible(n, True)]
+        # trials by number, ablations by name
+        result["noise"]["excluded"] = [n if n >= 0 else _describe(by_number[n])
+                                       for n in ivs if not eligible(n, True)]
     result["confirm"] = {"tuned": runs[top.number] if top is not None else [], "default": default_runs,
-                         "candidates": [{"trial": t.number, "trial_value": float(t.value),
-                                         "runs": runs[t.number], "median": med.get(t.number),
-                                         "ratio": ivs.get(t.number)}
-                                        for t in cands]}
+                         "candidates": [_candidate_record(t, runs, med, ivs) for t in cands]}
     return top
+
+
+def _candidate_record(t: Any, runs: dict, med: dict, ivs: dict) -> Dict[str, Any]:
+    """A re-measured candidate, for the result and the profile: a trial (``ablation`` None) or
+    an ablation of the best trial (``trial``: that trial's number, ``ablation``: the one setting
+    changed from the defaults, ``settings``; no ``trial_value``, it was never a trial)."""
+    if isinstance(t, _Ablation):
+        return {"trial": t.source.number, "ablation": t.dimension, "settings": _settings_of(t),
+                "trial_value": None, "runs": runs[t.number], "median": med.get(t.number),
+                "ratio": ivs.get(t.number)}
+    return {"trial": t.number, "ablation": None, "trial_value": float(t.value), "runs": runs[t.number],
+            "median": med.get(t.number), "ratio": ivs.get(t.number)}
 
 
 def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: dict, best,
@@ -642,7 +699,7 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
         elif not _noise.faster_with_confidence(iv):
             excluded = (result.get("noise") or {}).get("excluded")
             if iv is None and excluded:
-                why = (f"the machine was loaded and every candidate re-measured (trials {excluded}) "
+                why = (f"the machine was loaded and every candidate re-measured ({excluded}) "
                        "changed the thread count, which a busy core biases")
             elif iv is None:
                 why = "no candidate was re-measured against them before the timeout"
@@ -651,15 +708,22 @@ def _write_profile(optuna, study, w: Workload, props: dict, wl: dict, result: di
                        f"interval {_fmt_interval(iv)}")
             chosen = f"defaults ({why})"
             s = dict(defaults)
-    result["chosen"] = chosen
+    ablation = None
+    if isinstance(best, _Ablation):
+        ablation = {"of_trial": best.source.number, "dimension": best.dimension}
+        if chosen == "best trial":
+            chosen = (f"ablation of trial {best.source.number}: the defaults with only "
+                      f"{best.dimension!r} changed")
+    result["chosen"], result["ablation"] = chosen, ablation
     s.pop("loader", None)
     counts = {st.name.lower(): 0 for st in optuna.trial.TrialState}
     for t in study.get_trials(deepcopy=False):
         counts[t.state.name.lower()] += 1
     doc = _profiles.make(props, wl, s, tuned=result["tuned"], default=result["default"],
                          unit=w.unit, study={"name": result["name"], "storage": _redact(result["storage"]),
-                                             "best_trial": best.number, "trials": counts,
-                                             "chosen": chosen,
+                                             "best_trial": getattr(best, "source", best).number,
+                                             "trials": counts, "chosen": chosen,
+                                             "ablation": ablation,
                                              "ratio": result.get("ratio"),
                                              "noise": result.get("noise"),
                                              "confirm_runs": result.get("confirm"),
@@ -853,8 +917,11 @@ def tune(w: Workload, trials: int = 20, timeout: Optional[float] = None, storage
     epochs/s in five runs of a 5-step workload here; a loader worker that costs 10% measured
     faster than none in one study), so the settings the profile holds, and the tuned and default
     throughputs it records, come from ``confirm_rounds`` rounds that re-measure the
-    ``confirm_top`` best trials (distinct settings) and the defaults in turn: the highest
-    median wins.
+    ``confirm_top`` best trials (distinct settings), the ablations of the best of them (the
+    defaults with one of its settings changed, one candidate per setting that differs from the
+    defaults; the result's and the profile's ``confirm_runs.candidates`` name them by
+    ``ablation``) and the defaults in turn: the highest ratio to the defaults leads, and the
+    profile holds it when that ratio is above 1 with confidence (else the defaults).
 
     ``timeout`` (seconds) bounds the whole call and is used: trials, re-measurements, profile
     and plots (module docstring, "timeout"). Ctrl-C raises KeyboardInterrupt out of this call
@@ -921,7 +988,12 @@ def _tune(guard, w, trials, storage, out, name, batch_size, batch_range, memory_
             # threads look faster), so that a gain from the other settings can still be shown
             pool = [t for t in ranked if _keeps_load_sensitive(_settings_of(t), defaults)]
             result["noise"]["skipped_trials"] = [t.number for t in ranked if t not in pool][:confirm_top]
-        best = _confirm(w, _candidates(pool, confirm_top), defaults, confirm_rounds, device, result,
+        cands = _candidates(pool, confirm_top)
+        if cands and confirm_top > 0:
+            # the defaults with each single setting of the leading trial (dimensions of a noisy
+            # multi-dimension winner that carry no gain may hide the one that does)
+            cands = cands + _ablations(cands[0], defaults, cands)
+        best = _confirm(w, cands, defaults, confirm_rounds, device, result,
                         guard, trial_s, callbacks) or best
         if result.get("no_profile"):
             warnings.warn(f"gnncompile tune: {result['no_profile']}", NoProfileWarning)

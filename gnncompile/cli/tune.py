@@ -219,6 +219,8 @@ def run(args) -> int:
     summary["elapsed_s"] = round(res["elapsed_s"], 2)
     if res.get("chosen"):
         summary["chosen"] = res["chosen"]
+    if res.get("ablation"):
+        summary["ablation"] = res["ablation"]
     if res.get("ratio"):
         summary["ratio"] = res["ratio"]
     if res.get("noise"):

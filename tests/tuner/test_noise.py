@@ -150,6 +150,9 @@ def test_noisy_candidate_is_remeasured_and_the_defaults_kept(tmp_path, monkeypat
         return 110.0 if calls["cand"] % 2 else 90.0
 
     monkeypatch.setattr(study_mod, "measure", _measure_by(value_of))
+    # no ablations: this stand-in measures every PyG-loader setting as the defaults, so the best
+    # trial's ablation (its thread count alone) would tie them exactly and lead, with no spread
+    monkeypatch.setattr(study_mod, "_ablations", lambda best, defaults, cands: [])
     _fixed_trials(monkeypatch, [2, 3])
     res = tune(_tiny(), trials=2, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
                confirm_top=1, confirm_rounds=2)
@@ -230,7 +233,8 @@ def test_load_in_the_remeasurement_only_excludes_a_fewer_threads_candidate(tmp_p
     _fixed_trials(monkeypatch, [2, 3], threads_by_pool={2: 1, 3: 2})
     res = tune(_tiny(), trials=2, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
                confirm_top=1, confirm_rounds=2)
-    assert res["noise"]["loaded"] and res["noise"]["excluded"] == [0]
+    # trial 0 (1 thread) and its ablation that changes only the thread count
+    assert res["noise"]["loaded"] and res["noise"]["excluded"] == [0, "ablation 'threads' of trial 0"]
     doc = json.loads(res["profile_path"].read_text())
     assert doc["study"]["chosen"].startswith("defaults (the machine was loaded and every candidate")
     assert doc["settings"]["threads"] == 2

@@ -135,13 +135,68 @@ def test_profile_holds_the_candidate_that_remeasures_fastest(tmp_path, monkeypat
     res = tune(_tiny(), trials=6, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
                confirm_top=3, confirm_rounds=2)
     cands = res["confirm"]["candidates"]
-    assert [c["trial_value"] for c in cands] == [106.0, 105.0, 104.0]  # the study's top 3
-    assert [c["median"] for c in cands] == [120.0, 120.0, 200.0]
+    trials = [c for c in cands if c["ablation"] is None]  # after them: the best trial's ablations
+    assert cands[:3] == trials
+    assert [c["trial_value"] for c in trials] == [106.0, 105.0, 104.0]  # the study's top 3
+    assert [c["median"] for c in trials] == [120.0, 120.0, 200.0]
     assert res["best"]["pool_size"] == 2 and res["tuned"] == 200.0 and res["default"] == 50.0
     doc = json.loads(res["profile_path"].read_text())
     assert doc["settings"]["pool_size"] == 2 and doc["study"]["best_trial"] == 2
     assert doc["throughput"]["tuned"] == 200.0 and doc["throughput"]["default"] == 50.0
     assert doc["study"]["confirm_runs"]["candidates"] == cands
+
+
+def test_an_ablation_of_the_best_trial_is_confirmed_when_one_setting_carries_the_gain(tmp_path, monkeypatch):
+    # A stand-in measurement where bf16 alone carries the gain (1.2x) and the other compiler
+    # settings are noise: inside the study non-default knobs and torch_sparse look faster, so the
+    # best trial changes them too; re-measured they are slower (x0.9, x0.95). The best trial
+    # re-measures at most 1.2 * 0.9 = 1.08x the defaults; the defaults with only its precision
+    # changed (an ablation) 1.2x: the profile must hold that one, and say it is an ablation.
+    from gnncompile.hardware import device as hw
+
+    default_knobs = list(hw.default_settings(hw.detect())["knobs"])
+    calls = {"n": 0}
+
+    def fake(w, s, report=None, **kw):
+        calls["n"] += 1
+        bf16 = s.get("precision") == "bf16"
+        knobs = list(s.get("knobs") or default_knobs) != default_knobs
+        sparse = s.get("spmm_impl") == "torch_sparse"
+        if report is not None:  # a trial
+            v = 100.0 * (1.2 if bf16 else 1.0) * (1.1 if knobs else 1.0) * (1.05 if sparse else 1.0)
+            report(0, v)
+        else:  # re-measured: a little noise, so that the intervals are not points
+            v = (100.0 * (1.2 if bf16 else 1.0) * (0.9 if knobs else 1.0) * (0.95 if sparse else 1.0)
+                 * (1.0 + 0.004 * (calls["n"] % 3 - 1)))
+        return v, 0
+
+    monkeypatch.setattr(study_mod, "measure", fake)
+    monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **kw: optuna.pruners.NopPruner())
+    w = Workload(kind="graphs", model="gin", num_graphs=120, min_nodes=3, max_nodes=8, hidden=8,
+                 layers=2, num_features=4, warmup=1, steps=2, chunks=2, compiled=True, allow_bf16=True)
+    res = tune(w, trials=10, storage=f"sqlite:///{tmp_path / 's.db'}", out=tmp_path, plots=False,
+               seed=0, confirm_top=2, confirm_rounds=3)
+    cands = res["confirm"]["candidates"]
+    best_trial = cands[0]
+    assert best_trial["ablation"] is None
+    best_settings = res["study"].trials[best_trial["trial"]].user_attrs["settings"]
+    assert best_settings["precision"] == "bf16" and list(best_settings["knobs"]) != default_knobs
+    ablations = {c["ablation"]: c for c in cands if c["ablation"] is not None}
+    # one per compiler setting of the best trial that differs from the defaults
+    differing = {k for k in ("threads", "knobs", "inner", "spmm_impl", "precision")
+                 if best_settings[k] != {"threads": torch.get_num_threads(), "knobs": default_knobs}.get(k)}
+    assert set(ablations) == differing
+    for k, c in ablations.items():
+        assert c["trial"] == best_trial["trial"] and c["trial_value"] is None and c["settings"][k] == best_settings[k]
+    assert ablations["precision"]["ratio"]["low"] > 1.15
+    assert best_trial["ratio"]["high"] < 1.1
+    # the profile holds the ablation: bf16, the default knobs, confirmed above 1
+    assert res["ablation"] == {"of_trial": best_trial["trial"], "dimension": "precision"}
+    assert "ablation" in res["chosen"]
+    doc = json.loads(res["profile_path"].read_text())
+    assert doc["settings"]["precision"] == "bf16" and list(doc["settings"]["knobs"]) == default_knobs
+    assert doc["study"]["ablation"] == res["ablation"] and doc["study"]["best_trial"] == best_trial["trial"]
+    assert doc["study"]["ratio"]["low"] > 1.15
 
 
 def _wait_for(pred, timeout, proc=None):
