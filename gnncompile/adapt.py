@@ -55,8 +55,9 @@ The policy (:class:`Policy`, deterministic given the measurements):
   measurement (its window pays the larger batches' one-time costs: the heap's growth, the
   release guard's clean starts) or on a shortened trial window, reading at least
   ``Policy.PROVISIONAL_FLOOR`` (0.9x) the current rate; the second refusal holds the full 64.
-  A size shrunk from (predicted over the line, or measured over the budget) is held the same
-  way, from the size shrunk to, at the density of its first full window there.
+  The graph loader holds a size shrunk from (predicted over the line, or measured over the
+  budget) the same way, from the size shrunk to, at the density of its first full window there
+  (``Policy.hold_shrunk``; the neighbor loader keeps only the shrunk trial's back-off).
   Refusals in a row make it measure 1, 2, 4 ... (at most ``Policy.STREAK_CAP``) windows before
   its next trial. The climb: from the start, only sizes up are tried, and a size up kept is
   followed at the same step by the next trial up (the trial's window was its measurement), so
@@ -728,9 +729,7 @@ class Policy:
                 pick = s
                 break
         if self.trial is not None:  # a trial shrunk for memory is a refusal: its back-off, as a revert's
-            key = (self.trial[0], self.current)
-            wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
-            self.backoff[key] = (self.windows + wait, wait)
+            self._back_off((self.trial[0], self.current))
         self.trial = None
         self.streak = self.rest = 0
         self._shrunk_from = self.current if self.hold_shrunk else None
@@ -868,8 +867,7 @@ class Policy:
                         self.climbing = False
                 return e
             key = (prev, self.current)
-            wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
-            self.backoff[key] = (self.windows + wait, wait)
+            self._back_off(key)
             provisional = self._trial_provisional and gain >= self.PROVISIONAL_FLOOR
             hold = self.PROVISIONAL_WINDOWS if provisional else self.WORSE_WINDOWS
             if prev_density is not None:
@@ -911,6 +909,12 @@ class Policy:
         self._reset_window()
         return None
 
+    def _back_off(self, key: Tuple[Setting, Setting]) -> None:
+        """A refusal of the trial ``key`` (from, to): its next try waits twice as many windows
+        as the last wait (1, 2, 4 ... 64)."""
+        wait = min(64, 2 * self.backoff.get(key, (0, 1))[1])
+        self.backoff[key] = (self.windows + wait, wait)
+
     def _backing_off(self, cand: Setting) -> bool:
         retry = self.backoff.get((self.current, cand))
         return (retry is not None and self.windows < retry[0]) or self._measured_worse(cand)
@@ -925,7 +929,7 @@ class Policy:
         provisional refusal: a size up refused on its first or a shortened measurement)."""
         got = self.worse.get((self.current, cand))
         now = self.density
-        if got is None or now is None or self.windows - got[1] > (got[2] if len(got) > 2 else self.WORSE_WINDOWS):
+        if got is None or now is None or self.windows - got[1] > got[2]:
             return False
         was = got[0]
 
