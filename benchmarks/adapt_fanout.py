@@ -1,7 +1,8 @@
 """Runtime adaptation under a growing fanout: AdaptiveNeighborLoader vs every fixed seed batch size, a memory budget.
 
     python -m benchmarks adapt_fanout                  # the first pass: every fixed size, seeds, adaptive
-    python -m benchmarks adapt_fanout --rounds 8       # then 7 more rounds of best fixed vs adaptive
+    python -m benchmarks adapt_fanout --rounds 4       # then 3 more rounds of every fixed size within budget vs adaptive
+    python -m benchmarks adapt_fanout --more-rounds NAME --rounds 5   # 4 more rounds after NAME's (a second locked stretch)
     python -m benchmarks adapt_fanout --quick          # a small graph, for a smoke test
 
 Workload: node classification with neighbor sampling. Graph: ``power_law_graph(--nodes,
@@ -37,11 +38,16 @@ gnncompile's block cache of freed large allocations is off in every run (``--buf
 ``$GNNCOMPILE_BUFFER_CACHE``): neighbor batches change shape every step, so the cache missed
 and its idle blocks stayed resident next to the step's fresh ones, doubling the peak of a step
 without a clean start (512 seeds a batch: 149 MiB above base with it, 115 MiB without, at the
-same speed); under an RSS budget it is memory the budget cannot steer. The best whose measured peak stays within the budget over the whole run runs
+same speed); under an RSS budget it is memory the budget cannot steer. The loader's batch guard
+(``--batch-guard``, default on, in every run: a step starts clean when the memory held plus the
+sampled batch's modelled growth would cross the budget; see AdaptiveNeighborLoader) covers the
+rises of the peak without a clean start that the creep guard cannot foresee (s60). ``--mmap-threshold``
+sets MALLOC_MMAP_THRESHOLD_ in every run (a measurement of the allocator's share, not a default). The best whose measured peak stays within the budget over the whole run runs
 again with seeds 1 .. ``--seeds``-1 (model initialisation and seed order: the loss noise).
 Adaptive: the adaptive loader over ``--sizes``, starting at the smallest, ``--window`` steps
-per measurement, 5% hysteresis, 10% margin, rates in seeds per second, no learning-rate
-rescaling (the lr is the same in every run).
+per measurement, 5% hysteresis, 10% margin, rates in seeds per second; learning-rate rescaling
+``--lr-scaling`` (default none: the lr is the same in every run; 'sqrt' / 'linear' scale the
+adaptive run's lr by the size over the first size's, or its square root).
 
 Throughput: seeds per second over all epochs (sampling, measuring, adapting included;
 compilation and warm-up excluded). Loss: the mean loss per seed of each epoch; the adaptive
@@ -52,10 +58,13 @@ Work per seed: the fixed runs' measured nodes + edges per seed of their full bat
 and fanout, against ``gnncompile.adapt.NeighborWorkModel`` computed on the same graph (and the
 change of fanout: measured ratio, the model's, the fanouts' bound's).
 
-``--rounds R`` (R > 1): R - 1 more rounds of the best fixed size (seed 0) and the adaptive
-run, fresh processes, the order alternating; the ratio adaptive / best fixed is the
-geometric mean of the R paired ratios with its 95% Student's t interval, and the budget
-check covers every adaptive run. Writes benchmarks/results/<--out, default
+``--rounds R`` (R > 1): R - 1 more rounds of every fixed size that stayed within the budget in
+the first pass (seed 0; until s59 only the best of them) and the adaptive run, fresh processes,
+the order reversed every other round; the ratio adaptive / fixed, for each of those sizes, is the
+geometric mean of the R paired ratios with its 95% Student's t interval, the budget check covers
+every run, and the table names the sizes within the budget in every round and the fastest of
+them (a size on the budget's edge in the first pass is no longer the only comparison).
+``--more-rounds NAME --rounds R``: R - 1 further rounds after those in NAME.json (its arguments). Writes benchmarks/results/<--out, default
 adapt_fanout[_quick]>.{json,md,png}.
 """
 from __future__ import annotations
@@ -68,6 +77,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -150,11 +160,14 @@ def child(spec) -> dict:
         # memory held would cross the budget) keeps the allocator's creep out of its peak as in
         # the adaptive run
         L = AdaptiveNeighborLoader(data, sched[0], input_nodes=train, sizes=[spec["size"]], shuffle=True,
-                                   seed=spec["seed"], memory="rss", memory_budget=budget)
+                                   seed=spec["seed"], memory="rss", memory_budget=budget,
+                                   batch_guard=spec.get("batch_guard", True))
     else:
+        lr_scaling = spec.get("lr_scaling")
         L = AdaptiveNeighborLoader(data, sched[0], input_nodes=train, sizes=sizes, start=Setting(min(sizes), 2, 0),
                                    shuffle=True, seed=spec["seed"], memory="rss", memory_budget=budget,
-                                   window=spec["window"])
+                                   window=spec["window"], batch_guard=spec.get("batch_guard", True),
+                                   optimizer=opt if lr_scaling else None, lr_scaling=lr_scaling)
     epoch_s = []
     t0 = time.perf_counter()
     for fan in sched:
@@ -180,10 +193,12 @@ def child(spec) -> dict:
                     "work_per_seed": sum(h["nodes"] + h["edges"] for h in hist if h["epoch"] == e)
                     / max(1, sum(h["graphs"] for h in hist if h["epoch"] == e))}
                    for e in range(E)],
-        # per step: seeds, loss, size, nodes, edges, seconds, peak above base (MiB), a clean start (0/1), epoch
+        # per step: seeds, loss, size, nodes, edges, seconds, peak above base (MiB), a clean start (0/1), epoch,
+        # the resident set at the step's start above base (MiB)
         "curve": [[h["graphs"], h["loss"], h["size"], h["nodes"], h["edges"], round(h["seconds"], 6),
-                   round((h["peak"] - base) / 2**20, 1), int(h["clean"]), h["epoch"]] for h in hist],
-        "releases": L.releases,
+                   round((h["peak"] - base) / 2**20, 1), int(h["clean"]), h["epoch"],
+                   round((h["base"] - base) / 2**20, 1)] for h in hist],
+        "releases": L.releases, "batch_releases": L.batch_releases, "batch_drops": L.batch_drops,
         "log": L.log,
     }
 
@@ -249,6 +264,8 @@ def _run(spec, timeout):
     cmd = _common.module_command("adapt_fanout") + ["--child", json.dumps(spec)]
     env = _common.timing_env(spec["threads"])
     env["GNNCOMPILE_BUFFER_CACHE"] = spec.get("buffer_cache", "off")
+    if spec.get("mmap_threshold") is not None:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(int(spec["mmap_threshold"]))
     return _common.run_child(cmd, env, timeout)
 
 
@@ -273,7 +290,10 @@ def markdown(p: dict) -> str:
              f"{a['budget_mib']} MiB of peak RSS above the resident set after warm-up (gnncompile's block cache: "
              f"{a.get('buffer_cache', 'auto')}). Adaptive: seed batch sizes "
              f"{'/'.join(map(str, a['sizes']))} (starting at the smallest), window {a['window']}, rates in seeds/s, "
-             f"no learning-rate rescaling.\n",
+             f"learning-rate rescaling: {a.get('lr_scaling') or 'none'}. Batch guard (a clean start when the memory "
+             f"held plus the sampled batch's modelled growth would cross the budget): "
+             f"{'on' if a.get('batch_guard', False) else 'off'}, in every run. Allocator: "
+             f"{'MALLOC_MMAP_THRESHOLD_=' + str(a['mmap_threshold']) if a.get('mmap_threshold') is not None else 'glibc defaults'}.\n",
              "## First pass: every fixed seed batch size, the adaptive run\n",
              "| run | seeds per batch | seed | seeds/s | wall s | steps | peak above base MiB | within budget | "
              "last-epoch loss | seeds/s per fanout |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -317,7 +337,7 @@ def markdown(p: dict) -> str:
                                 [_fan(ad["epochs"][e]["fanout"]) for e in range(len(lc["gaps"]))])
     rd = p.get("rounds")
     if rd:
-        lines += ["", "## Interleaved rounds: best fixed size vs adaptive", "",
+        lines += ["", "## Interleaved rounds: fixed sizes vs adaptive (the best fixed size's columns)", "",
                   "| round | order | fixed seeds/s | adaptive seeds/s | adaptive / fixed | adaptive peak above base MiB | "
                   "fixed peak MiB | adaptive last-epoch loss | fixed last-epoch loss |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -335,6 +355,25 @@ def markdown(p: dict) -> str:
             span = f"[{iv['low']:.2f}, {iv['high']:.2f}]" if iv.get("low") is not None else "(one pair: no interval)"
             lines.append(f"- **Adaptive / best fixed ({s['best']['size']}) over {iv['pairs']} interleaved rounds: "
                          f"{iv['ratio']:.2f}x** (geometric mean), 95% interval {span}; median {rd['median']:.2f}x.")
+        vs = rd.get("vs_size") or {}
+        if vs:
+            inside = rd.get("within_all_rounds") or []
+            lines += ["", "### Adaptive against every fixed size the rounds ran (those within the budget in the first "
+                      "pass)", "",
+                      "| fixed seeds per batch | rounds | fixed runs over the budget | fixed largest peak MiB | fixed "
+                      "seeds/s (geometric mean) | adaptive / fixed | 95% interval | median | fixed last-epoch loss |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for v in vs.values():
+                r = v["ratio"] or {}
+                span = f"[{r['low']:.2f}, {r['high']:.2f}]" if r.get("low") is not None else ""
+                lines.append(f"| {v['size']} | {v['runs']} | {v['over_budget']} | {v['max_peak_above_base_mib']:.0f} | "
+                             f"{v['geomean_seeds_per_s']:.0f} | {r.get('ratio', float('nan')):.2f}x | {span} | "
+                             f"{v['median']:.2f}x | {v['loss_min']:.4f} - {v['loss_max']:.4f} |")
+            bw = rd.get("best_within_all")
+            lines += ["", f"- Fixed sizes within the budget in every round: "
+                      f"{', '.join(map(str, inside)) if inside else 'none'}"
+                      + (f"; the fastest of them: **{bw}**, adaptive / {bw}: **{vs[str(bw)]['ratio']['ratio']:.2f}x**"
+                         if bw is not None and vs[str(bw)]['ratio'] else "") + "."]
         lines.append(f"- Adaptive runs over the {a['budget_mib']} MiB budget: {rd['adaptive_over_budget']} of "
                      f"{rd['adaptive_runs']} (largest peak {rd['adaptive_max_peak_above_base_mib']:.0f} MiB above "
                      f"base); best fixed runs over it: {rd['fixed_over_budget']} of {rd['adaptive_runs']}. Last-epoch "
@@ -372,49 +411,93 @@ def markdown(p: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rounds(base: dict, first: dict, rounds: int, timeout: float) -> dict:
-    """Rounds 2..R of the best fixed size (seed 0) and the adaptive run, fresh processes, the
-    order alternating; round 1 is the first pass's runs."""
+def _row(k: int, order: str, best_size: int, got: dict) -> dict:
+    """One round's record: the adaptive run against the best fixed size (``fixed_*``, as
+    before) and every fixed size of the round (``fixed_by_size``); ``got`` maps 'adaptive' and
+    each size to its run."""
+    err = next((r["error"] for r in got.values() if "error" in r), None)
+    row = {"round": k, "order": order, "error": err}
+    if err is not None:
+        return row
+    for side, r in (("fixed", got[best_size]), ("adaptive", got["adaptive"])):
+        for key in ("seeds_per_s", "peak_above_base_mib", "last_epoch_loss"):
+            row[f"{side}_{key}"] = r[key]
+        row[f"{side}_within"] = _within(r)
+        row[f"{side}_peak_step"] = _peak_step(r)
+    row["adaptive_log"] = got["adaptive"].get("log")
+    row["adaptive_releases"] = got["adaptive"].get("releases")
+    row["fixed_by_size"] = {str(v): {"seeds_per_s": r["seeds_per_s"], "peak_above_base_mib": r["peak_above_base_mib"],
+                                     "last_epoch_loss": r["last_epoch_loss"], "within": _within(r),
+                                     "releases": r.get("releases"), "peak_step": _peak_step(r)}
+                            for v, r in got.items() if v != "adaptive"}
+    return row
+
+
+def _summarise(pairs: list, sizes: list, best_size: int) -> dict:
+    """The rounds' figures: the adaptive run against the first pass's best fixed size
+    (``ratio``, ``median``) and against every fixed size the rounds ran (``vs_size``: its ratio
+    with the interval, its runs over the budget); ``within_all_rounds``: the sizes none of whose
+    runs crossed the budget; ``best_within_all``: the fastest of them (geometric mean of its
+    seeds/s over the rounds)."""
     from gnncompile.tuner import noise
 
-    specs = {"fixed": dict(base, mode="fixed", size=first["fixed"]["size"], seed=0),
-             "adaptive": dict(base, mode="adaptive", seed=0)}
-    pairs = [{"round": 1, "order": "fixed > adaptive", **first}]
-    for k in range(2, rounds + 1):
-        order = ["fixed", "adaptive"] if k % 2 else ["adaptive", "fixed"]
-        got = {side: _run(specs[side], timeout) for side in order}
-        print(f"round {k}: " + ", ".join(f"{side} {got[side].get('seeds_per_s', got[side].get('error'))}"
-                                         for side in order), file=sys.stderr)
-        pairs.append({"round": k, "order": " > ".join(order), **got})
-    ok = [p for p in pairs if all("error" not in p[side] for side in ("fixed", "adaptive"))]
-    out = {"pairs": []}
-    for p in pairs:
-        err = next((p[s]["error"] for s in ("fixed", "adaptive") if "error" in p[s]), None)
-        row = {"round": p["round"], "order": p["order"], "error": err}
-        if err is None:
-            for side in ("fixed", "adaptive"):
-                for k in ("seeds_per_s", "peak_above_base_mib", "last_epoch_loss"):
-                    row[f"{side}_{k}"] = p[side][k]
-                row[f"{side}_within"] = _within(p[side])
-                row[f"{side}_peak_step"] = _peak_step(p[side])
-            row["adaptive_log"] = p["adaptive"].get("log")
-        out["pairs"].append(row)
-    out["ratio"] = noise.ratio_interval([p["adaptive"]["seeds_per_s"] for p in ok],
-                                        [p["fixed"]["seeds_per_s"] for p in ok])
-    out["median"] = statistics.median(p["adaptive"]["seeds_per_s"] / p["fixed"]["seeds_per_s"] for p in ok) \
-        if ok else None
-    ads, fxs = [p["adaptive"] for p in ok], [p["fixed"] for p in ok]
+    ok = [p for p in pairs if not p.get("error")]
+    out = {"pairs": pairs, "sizes": sizes, "best_size": best_size,
+           "ratio": noise.ratio_interval([p["adaptive_seeds_per_s"] for p in ok], [p["fixed_seeds_per_s"] for p in ok]),
+           "median": statistics.median(p["adaptive_seeds_per_s"] / p["fixed_seeds_per_s"] for p in ok) if ok else None}
+    vs = {}
+    for v in sizes:
+        rs = [(p["adaptive_seeds_per_s"], p["fixed_by_size"][str(v)]) for p in ok if str(v) in p.get("fixed_by_size", {})]
+        if not rs:
+            continue
+        vs[str(v)] = {"size": v, "runs": len(rs),
+                      "ratio": noise.ratio_interval([a for a, _ in rs], [f["seeds_per_s"] for _, f in rs]),
+                      "median": statistics.median(a / f["seeds_per_s"] for a, f in rs),
+                      "geomean_seeds_per_s": statistics.geometric_mean(f["seeds_per_s"] for _, f in rs),
+                      "over_budget": sum(not f["within"] for _, f in rs),
+                      "max_peak_above_base_mib": max(f["peak_above_base_mib"] for _, f in rs),
+                      "loss_min": min(f["last_epoch_loss"] for _, f in rs),
+                      "loss_max": max(f["last_epoch_loss"] for _, f in rs)}
+    out["vs_size"] = vs
+    out["within_all_rounds"] = [v["size"] for v in vs.values() if v["over_budget"] == 0]
+    inside = [v for v in vs.values() if v["over_budget"] == 0]
+    out["best_within_all"] = max(inside, key=lambda v: v["geomean_seeds_per_s"])["size"] if inside else None
+    ads = [p for p in ok]
     out.update({
-        "adaptive_max_peak_above_base_mib": max((a["peak_above_base_mib"] for a in ads), default=None),
-        "adaptive_over_budget": sum(not _within(a) for a in ads),
+        "adaptive_max_peak_above_base_mib": max((a["adaptive_peak_above_base_mib"] for a in ads), default=None),
+        "adaptive_over_budget": sum(not a["adaptive_within"] for a in ads),
         "adaptive_runs": len(ads),
-        "fixed_over_budget": sum(not _within(f) for f in fxs),
-        "adaptive_loss_min": min((a["last_epoch_loss"] for a in ads), default=None),
-        "adaptive_loss_max": max((a["last_epoch_loss"] for a in ads), default=None),
-        "fixed_loss_min": min((f["last_epoch_loss"] for f in fxs), default=None),
-        "fixed_loss_max": max((f["last_epoch_loss"] for f in fxs), default=None),
+        "fixed_over_budget": sum(not a["fixed_within"] for a in ads),
+        "adaptive_loss_min": min((a["adaptive_last_epoch_loss"] for a in ads), default=None),
+        "adaptive_loss_max": max((a["adaptive_last_epoch_loss"] for a in ads), default=None),
+        "fixed_loss_min": min((a["fixed_last_epoch_loss"] for a in ads), default=None),
+        "fixed_loss_max": max((a["fixed_last_epoch_loss"] for a in ads), default=None),
     })
     return out
+
+
+def _rounds(base: dict, first: dict, rounds: int, timeout: float, sizes: list, best_size: int,
+            before: Optional[list] = None) -> dict:
+    """Rounds of every fixed size in ``sizes`` (the first pass's sizes within the budget; seed
+    0) and the adaptive run, fresh processes, the order reversed every other round; round 1 is
+    the first pass's runs (``first``: 'adaptive' and each size's run). ``before``: the rows of
+    rounds already run (``--more-rounds``): R - 1 more follow them."""
+    specs = {v: dict(base, mode="fixed", size=v, seed=0) for v in sizes}
+    specs["adaptive"] = dict(base, mode="adaptive", seed=0)
+    pairs = list(before) if before else [_row(1, "fixed > adaptive", best_size, first)]
+    k0 = len(pairs)
+    for k in range(k0 + 1, k0 + rounds):
+        order = sorted(sizes) + ["adaptive"]
+        if k % 2 == 0:
+            order = order[::-1]
+        got = {}
+        for side in order:
+            got[side] = _run(specs[side], timeout)
+        label = " > ".join("adaptive" if side == "adaptive" else f"fixed {side}" for side in order)
+        print(f"round {k}: " + ", ".join(f"{side} {got[side].get('seeds_per_s', got[side].get('error'))}"
+                                         for side in order), file=sys.stderr)
+        pairs.append(_row(k, label, best_size, got))
+    return _summarise(pairs, sizes, best_size)
 
 
 def _peak_step(r: dict):
@@ -517,7 +600,18 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds of best fixed vs adaptive (the first is the first pass)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of every fixed size within the budget in the first pass and the adaptive run (the "
+                         "first is the first pass)")
+    ap.add_argument("--more-rounds", default=None, metavar="NAME",
+                    help="no first pass: load results NAME.json (its arguments, first pass and rounds), run --rounds - "
+                         "1 more rounds after its own, write NAME again (or --out): a second locked stretch")
+    ap.add_argument("--batch-guard", choices=("on", "off"), default="on",
+                    help="AdaptiveNeighborLoader(batch_guard=...) in every run, fixed and adaptive (default on)")
+    ap.add_argument("--lr-scaling", choices=("none", "sqrt", "linear"), default="none",
+                    help="the adaptive runs' learning-rate rescaling (default none)")
+    ap.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES",
+                    help="MALLOC_MMAP_THRESHOLD_ of every run (default: glibc's dynamic threshold)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--results-dir", type=Path, default=_common.RESULTS)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -531,6 +625,21 @@ def main(argv=None) -> int:
         ap.error(f"--seeds must be >= 2 (the noise needs a second seed), got {args.seeds}")
     if args.epochs_per_fanout < 1:
         ap.error("--epochs-per-fanout must be >= 1")
+    if args.more_rounds:
+        path = args.results_dir / f"{args.more_rounds}.json"
+        if not path.exists():
+            ap.error(f"--more-rounds: {path} does not exist")
+        p = json.loads(path.read_text())
+        if not p.get("rounds") or "pairs" not in p["rounds"] or "sizes" not in p["rounds"]:
+            ap.error(f"{path} has no rounds to continue from (run --rounds >= 2 first)")
+        if args.rounds < 2:
+            ap.error("--more-rounds needs --rounds >= 2 (R - 1 more rounds)")
+        rd = p["rounds"]
+        p["rounds"] = _rounds(p["args"], {}, args.rounds, args.timeout, rd["sizes"], rd["best_size"], rd["pairs"])
+        p["command"] += f"; then {_common.command('adapt_fanout', argv)}"
+        p["loadavg_before_after"][1] = _common.loadavg()
+        _common.write_results(args.results_dir, args.out or args.more_rounds, p, markdown, plot)
+        return 0
     try:
         fanouts = _fanouts(args.fanouts)
     except ValueError as e:
@@ -540,7 +649,9 @@ def main(argv=None) -> int:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     base = {"nodes": args.nodes, "edges": args.edges, "train": args.train, "fanouts": fanouts,
             "epochs_per_fanout": args.epochs_per_fanout, "budget_mib": args.budget_mib, "threads": args.threads,
-            "sizes": sizes, "window": args.window, "seeds": args.seeds, "buffer_cache": args.buffer_cache}
+            "sizes": sizes, "window": args.window, "seeds": args.seeds, "buffer_cache": args.buffer_cache,
+            "batch_guard": args.batch_guard == "on", "lr_scaling": None if args.lr_scaling == "none" else args.lr_scaling,
+            "mmap_threshold": args.mmap_threshold}
     load0 = _common.loadavg()
     fixed = []
     for v in sizes:
@@ -576,7 +687,11 @@ def main(argv=None) -> int:
                 summary["loss"] = loss_check(adaptive, seeds)
         payload["summary"] = summary
         if args.rounds > 1 and best is not None:
-            payload["rounds"] = _rounds(base, {"fixed": best, "adaptive": adaptive}, args.rounds, args.timeout)
+            inside = [r for r in fixed if "error" not in r and _within(r)]
+            first = {r["size"]: r for r in inside}
+            first["adaptive"] = adaptive
+            payload["rounds"] = _rounds(base, first, args.rounds, args.timeout, [r["size"] for r in inside],
+                                        best["size"])
     payload["loadavg_before_after"][1] = _common.loadavg()
     payload["work_model"] = work_table(base, fixed)
     name = args.out or ("adapt_fanout_quick" if args.quick else "adapt_fanout")

@@ -177,6 +177,10 @@ class MemoryProbe:
         reading); False where the probe cannot."""
         return False
 
+    def next_clean(self) -> bool:
+        """Whether the next step will start clean already (scheduled or asked for)."""
+        return False
+
 
 class CudaMemory(MemoryProbe):
     """Peak allocated CUDA memory (reset at each step's start) and the allocated bytes at the start."""
@@ -258,6 +262,9 @@ class RssMemory(MemoryProbe):
             return False
         self._force = True
         return True
+
+    def next_clean(self) -> bool:
+        return self._trim is not None and (self._force or self._n % self.trim_every == 0)
 
 
 class FnMemory(MemoryProbe):
@@ -1598,7 +1605,19 @@ class AdaptiveNeighborLoader(_Adaptive):
     where the work model predicts the new fanout's batches the size goes straight to the largest
     predicted to fit (:meth:`Policy.jump_to_fit`, a 'jump' entry); False: the size stays (shrunk
     before the next batch when predicted over the line) and the policy goes on from there, as
-    before. Other arguments as
+    before. ``batch_guard`` (default True; under a budget with a memory measure): each batch
+    is checked once sampled, before it is yielded, from its own nodes and edges (the memory
+    model's growth of that batch, :class:`NodeEdgeMemoryModel`): when the memory held now plus
+    that growth would cross the budget, the step starts clean (counted in ``releases`` and
+    ``batch_releases``); when even a clean start (the last clean reading's start, plus the
+    growth and ``Policy.excess``) would cross it, the batch is dropped unyielded (its seeds not
+    consumed; ``batch_drops``) and the size shrinks (a 'shrink' entry), the rest of the epoch
+    re-planned. On the adapt_fanout benchmark (Zen 4, s60) a step's peak stayed under the
+    memory at its start plus its batch's clean growth in every one of about 1600 steps
+    without a clean start, while the rises of the peak that the creep guard (``Policy.held_over``)
+    watches jumped by 20-74 MiB at one size and fanout: the allocator's (the batches' nodes and
+    edges vary by 1-2.4% there; see benchmarks/results/adapt_fanout_rises_zen4_s60b.md).
+    ``batch_guard=False``: the creep guard alone, as before. Other arguments as
     :class:`AdaptiveLoader`; ``loader_kwargs`` go to ``NeighborLoader`` (replace, directed,
     disjoint, ...)."""
 
@@ -1608,11 +1627,14 @@ class AdaptiveNeighborLoader(_Adaptive):
                  margin: float = 0.1, min_gain: float = 0.05, window: int = 8, optimizer: Any = None,
                  lr_scaling: Optional[str] = None, device=None, clock: Callable[[], float] = time.perf_counter,
                  work_model: bool = True, trials_in_epoch: bool = True, jump_at_change: bool = True,
-                 **loader_kwargs) -> None:
+                 batch_guard: bool = True, **loader_kwargs) -> None:
         for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "distributed", "num_replicas", "rank"):
             if k in loader_kwargs:
                 raise ValueError(f"AdaptiveNeighborLoader chooses {k} itself")
         self.jump_at_change = bool(jump_at_change)
+        self.batch_guard = bool(batch_guard)
+        self.batch_releases = 0  # steps the batch guard started clean
+        self.batch_drops = 0  # sampled batches the batch guard dropped (the size shrunk before them)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"AdaptiveNeighborLoader: seed must be an int, got {seed!r}")
         super().__init__(sizes=sizes, pool_sizes=pool_sizes, num_workers=num_workers, start=start,
@@ -1836,6 +1858,39 @@ class AdaptiveNeighborLoader(_Adaptive):
     def _more_to_come(self) -> bool:
         return self._pos < self._share.numel()
 
+    def _guard_batch(self, seeds: int, nodes: int, edges: int) -> bool:
+        """The batch guard (``batch_guard``) on a sampled batch before it is yielded: True when
+        the batch is dropped (the size shrunk); may ask for a clean start."""
+        pol, probe = self.policy, self.probe
+        if not self.batch_guard or probe is None or pol.budget is None:
+            return False
+        work = Work(nodes, edges)
+        g = pol.model.growth(work)
+        if g is None:
+            return False
+        clean_peak = pol._predict_work(work)
+        if clean_peak is not None and clean_peak > pol.budget and self.setting.size > self.sizes[0] \
+                and _dist() is None:
+            entry = pol._shrunk(f"the sampled batch ({seeds} seeds: {nodes} nodes, {edges} edges) predicted at "
+                                f"{clean_peak / 2**20:.1f} MiB from a clean start, over the budget "
+                                f"{pol.budget / 2**20:.1f} MiB")
+            if entry is not None:
+                self.batch_drops += 1
+                self._record(entry)
+                nxt = pol.before_step()
+                if nxt is not None:
+                    self._record(nxt)
+                return True
+        if probe.next_clean():
+            return False
+        now = probe.current()
+        if now is not None and now + int(g) > pol.budget and probe.release_next():
+            self.releases += 1
+            self.batch_releases += 1
+            log.debug("adapt: step %d starts clean: %.1f MiB held + the batch's growth %.1f MiB over the budget",
+                      self.step, now / 2**20, g / 2**20)
+        return False
+
     def _loader(self, seeds: torch.Tensor):
         from .data import NeighborLoader
 
@@ -1869,6 +1924,8 @@ class AdaptiveNeighborLoader(_Adaptive):
                     self._per_seed, self._estimated = [], False
                 self._per_seed.append((seeds, (nodes + edges) / max(1, seeds)))
                 del self._per_seed[:-64]
+                if self._guard_batch(seeds, nodes, edges):
+                    break  # dropped: the size shrank, the rest of the epoch is planned again from _pos
                 if self.device is not None:
                     batch = batch.to(self.device, non_blocking=True)
                 self._begin({"graphs": seeds, "nodes": nodes, "edges": edges})

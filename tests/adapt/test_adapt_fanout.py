@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from gnncompile.adapt import AdaptiveNeighborLoader, MemoryModel, NodeEdgeMemoryModel, Policy, Setting, Work
+from gnncompile.adapt import AdaptiveNeighborLoader, MemoryModel, MemoryProbe, NodeEdgeMemoryModel, Policy, Setting, Work
 from gnncompile.data import power_law_graph
 
 with warnings.catch_warnings():
@@ -638,3 +638,88 @@ def test_the_neighbor_loader_does_not_hold_a_size_shrunk_from():
         return any(e is not None and e["kind"] == "explore" for e in got)
     assert run(hold=False) and not run(hold=True)
     assert AdaptiveNeighborLoader(_graph(), [2, 2], sizes=[32], memory=None).policy.hold_shrunk is False
+
+
+class _HeldProbe(MemoryProbe):
+    """A probe whose memory held between steps is ``held`` (and so is each step's peak); it
+    records the clean starts asked for."""
+
+    name = "held"
+
+    def __init__(self, held):
+        super().__init__()
+        self.held, self.asked, self._force = held, 0, False
+
+    def start(self):
+        self.clean, self._force, self.base = self._force, False, 0
+
+    def peak(self):
+        return self.held
+
+    def current(self):
+        return self.held
+
+    def release_next(self):
+        self.asked += 1
+        self._force = True
+        return True
+
+    def next_clean(self):
+        return self._force
+
+
+def test_the_batch_guard_starts_a_step_clean_from_the_sampled_batch():
+    """Memory held at 9 MB of a 10 MB budget, a model of 20 kB per unit of nodes + edges: every
+    sampled batch's growth (over 1 MB) would cross the budget from the memory held, so the batch
+    guard starts its step clean; with ``batch_guard=False`` (the test can fail) nothing does (the
+    creep guard has no rise to go on)."""
+    def run(guard):
+        probe = _HeldProbe(9_000_000)
+        L = AdaptiveNeighborLoader(_graph(), [4, 4], sizes=[32], memory=probe, memory_budget=10_000_000,
+                                   clock=Clock(), batch_guard=guard, work_model=False)
+        L.policy.model.observe(Work(50, 50), 2_000_000)
+        for b in L:
+            assert _work(b) * 20_000 > 1_000_000
+            L.step_done()
+        return L, probe
+
+    L, probe = run(True)
+    steps = len(L.history)
+    assert steps > 3 and L.batch_releases == steps and probe.asked == steps
+    assert all(h["clean"] for h in L.history)
+    L, probe = run(False)
+    assert L.batch_releases == 0 and probe.asked == 0
+    assert not any(h["clean"] for h in L.history)
+
+
+def test_the_batch_guard_drops_a_batch_over_the_budget_and_shrinks_before_it():
+    """The first 64-seed batch, once sampled, is predicted over the budget from a clean start
+    (its own nodes and edges); the guard drops it unyielded, shrinks to 16 and samples the
+    epoch's seeds again from there: every seed yielded once, the first batch of 16. Without the
+    guard (the test can fail) the 64-seed batch runs."""
+    d = _graph()
+    works = {}
+    for size in (16, 64):
+        L = AdaptiveNeighborLoader(d, [4, 4], sizes=[size], memory=None, clock=Clock())
+        works[size] = max(_work(b) for b in L)
+    assert works[64] > 2 * works[16]
+    budget = 1000 * (works[16] + works[64]) // 2  # 1 kB per unit: 64 seeds over it, 16 under
+
+    def run(guard):
+        L = AdaptiveNeighborLoader(d, [4, 4], sizes=[16, 64], start=Setting(64, 2, 0), memory=lambda: 0,
+                                   memory_budget=budget, margin=0.0, clock=Clock(), batch_guard=guard,
+                                   work_model=False)
+        L.policy.model.observe(Work(5, 5), 10_000)
+        got = []
+        for b in L:
+            got.append(b.n_id[:int(b.batch_size)].tolist())
+            L.step_done()
+        return L, got
+
+    L, got = run(True)
+    assert len(got[0]) == 16 and L.batch_drops == 1
+    assert L.log[0]["kind"] == "shrink" and "sampled batch" in L.log[0]["reason"]
+    seeds = [s for g in got for s in g]
+    assert sorted(seeds) == list(range(d.num_nodes))
+    L, got = run(False)
+    assert len(got[0]) == 64 and L.batch_drops == 0

@@ -47,14 +47,20 @@ def test_first_pass_and_alternating_rounds(monkeypatch, tmp_path):
     monkeypatch.setattr(adapt_fanout, "_run", fake)
     assert adapt_fanout.main(["--quick", "--sizes", "128,256,512", "--seeds", "2", "--rounds", "3",
                               "--budget-mib", "64", "--results-dir", str(tmp_path), "--out", "f"]) == 0
-    B, A = ("fixed", 256, 0), ("adaptive", None, 0)
-    assert fake.calls == [("fixed", 128, 0), B, ("fixed", 512, 0), ("fixed", 256, 1), A,
-                          A, B,   # round 2: adaptive first
-                          B, A]   # round 3
+    S, B, A = ("fixed", 128, 0), ("fixed", 256, 0), ("adaptive", None, 0)
+    assert fake.calls == [S, B, ("fixed", 512, 0), ("fixed", 256, 1), A,
+                          A, B, S,   # round 2: adaptive first, every size within the budget (not 512)
+                          S, B, A]   # round 3
     p = json.loads((tmp_path / "f.json").read_text())
     assert p["summary"]["best"]["size"] == 256  # 512 is faster but over the budget
     rd = p["rounds"]
-    assert [r["order"] for r in rd["pairs"]] == ["fixed > adaptive", "adaptive > fixed", "fixed > adaptive"]
+    assert [r["order"] for r in rd["pairs"]] == ["fixed > adaptive", "adaptive > fixed 256 > fixed 128",
+                                                 "fixed 128 > fixed 256 > adaptive"]
+    assert rd["sizes"] == [128, 256] and set(rd["vs_size"]) == {"128", "256"}
+    r128 = [r["adaptive_seeds_per_s"] / r["fixed_by_size"]["128"]["seeds_per_s"] for r in rd["pairs"]]
+    assert rd["vs_size"]["128"]["ratio"]["ratio"] == pytest.approx(math.exp(sum(map(math.log, r128)) / 3))
+    assert rd["vs_size"]["256"]["ratio"]["ratio"] == pytest.approx(rd["ratio"]["ratio"])
+    assert rd["within_all_rounds"] == [128, 256] and rd["best_within_all"] == 256
     ratios = [r["adaptive_seeds_per_s"] / r["fixed_seeds_per_s"] for r in rd["pairs"]]
     iv = rd["ratio"]
     assert iv["pairs"] == 3 and iv["ratio"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 3))
@@ -74,6 +80,17 @@ def test_first_pass_and_alternating_rounds(monkeypatch, tmp_path):
     assert {r["size"] for r in rows} == {128} and len(rows) == len(p["args"]["fanouts"])
     assert all(r["measured"] == pytest.approx(300 / 128) and r["model"] > 0 for r in rows)
     assert "## Work per seed: measured vs the work model" in md and "| 128 | 2.3 / " in md
+    assert "Fixed sizes within the budget in every round: 128, 256; the fastest of them: **256**" in md
+    # a second locked stretch: 2 more rounds after the file's 3, the same sizes, the order going on alternating
+    fake.calls.clear()
+    assert adapt_fanout.main(["--more-rounds", "f", "--rounds", "3", "--results-dir", str(tmp_path)]) == 0
+    assert fake.calls == [A, B, S, S, B, A]
+    q = json.loads((tmp_path / "f.json").read_text())
+    assert [r["round"] for r in q["rounds"]["pairs"]] == [1, 2, 3, 4, 5]
+    assert q["rounds"]["ratio"]["pairs"] == 5 and q["rounds"]["vs_size"]["128"]["runs"] == 5
+    assert "then python -m benchmarks adapt_fanout --more-rounds f" in q["command"]
+    with pytest.raises(SystemExit):
+        adapt_fanout.main(["--more-rounds", "nothing", "--rounds", "3", "--results-dir", str(tmp_path)])
 
 
 def test_bad_fanouts_are_refused(tmp_path):
