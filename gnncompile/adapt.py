@@ -91,6 +91,10 @@ The policy (:class:`Policy`, deterministic given the measurements):
   counted in ``adapter.releases``, ``clean`` in each history record). Batches that grow step
   after step leave freed blocks too small for the next ones, and between clean readings the
   resident set had crept over the budget that way.
+  The neighbor loader also checks each batch once sampled, from its own nodes and edges
+  (``batch_guard``, :class:`AdaptiveNeighborLoader`): the memory held plus that batch's
+  modelled growth over the budget starts the step clean, and a batch predicted over the budget
+  even from a clean start is dropped unyielded and the size shrunk.
 * Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
   ``'sqrt'`` set each param group's lr to its initial value times (size / first size) or its
   square root at every size switch.

@@ -113,24 +113,34 @@ def test_a_growing_fanout_shrinks_the_batch_before_it_crosses_the_budget(scale, 
     at [10, 10]. After the change the work per seed is predicted by the work model (or, with
     work_model=False, scaled by the fanouts' bounds), so the first batch under the new fanout
     is predicted over the line and the size shrinks before it: no peak over the budget.
-    Without either (the test can fail) the first batch under [10, 10] is taken at 128 seeds,
-    over the budget."""
+    Without either and without the batch guard (the test can fail) the first batch under [10, 10]
+    is taken at 128 seeds, over the budget; with the batch guard alone that batch, once sampled,
+    is predicted over the budget from its own nodes and edges and dropped, the size shrunk."""
     if not scale:
         monkeypatch.setattr(AdaptiveNeighborLoader, "_fanout_bound", staticmethod(lambda nn: None))
         monkeypatch.setattr(AdaptiveNeighborLoader, "set_num_neighbors", _unscaled_set)
     d = _graph(n=2000, e=40000)
-    clock, state = Clock(), {}
     budget = 400_000
-    L = AdaptiveNeighborLoader(d, [2, 2], sizes=[16, 32, 64, 128], start=Setting(128, 2, 0), window=2,
-                               memory=lambda: 100 * state["work"], memory_budget=budget, margin=0.1, clock=clock,
-                               work_model=scale == "model")
-    for fan in ([2, 2], [10, 10]):
-        if fan != [2, 2]:
-            L.set_num_neighbors(fan)
-        for b in L:
-            state["work"] = _work(b)
-            clock.t += int(b.batch_size) / 1000.0
-            L.step_done()
+
+    def run(guard):
+        clock, state = Clock(), {}
+        L = AdaptiveNeighborLoader(d, [2, 2], sizes=[16, 32, 64, 128], start=Setting(128, 2, 0), window=2,
+                                   memory=lambda: 100 * state["work"], memory_budget=budget, margin=0.1, clock=clock,
+                                   work_model=scale == "model", batch_guard=guard)
+        for fan in ([2, 2], [10, 10]):
+            if fan != [2, 2]:
+                L.set_num_neighbors(fan)
+            for b in L:
+                state["work"] = _work(b)
+                clock.t += int(b.batch_size) / 1000.0
+                L.step_done()
+        return L
+
+    if not scale:
+        G = run(True)
+        assert max(h["peak"] for h in G.history) <= budget and G.batch_drops >= 1
+        assert any(e["kind"] == "shrink" and "sampled batch" in e["reason"] for e in G.log)
+    L = run(bool(scale))
     first_new = next(h for h in L.history if h["epoch"] == 1)
     big_at_new = 100 * max(h["nodes"] + h["edges"] for h in L.history if h["epoch"] == 1 and h["size"] == 128) \
         if any(h["epoch"] == 1 and h["size"] == 128 for h in L.history) else None
