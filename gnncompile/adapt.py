@@ -1617,10 +1617,12 @@ class AdaptiveNeighborLoader(_Adaptive):
     growth and ``Policy.excess``) would cross it, the batch is dropped unyielded (its seeds not
     consumed; ``batch_drops``) and the size shrinks (a 'shrink' entry), the rest of the epoch
     re-planned. On the adapt_fanout benchmark (Zen 4, s60) a step's peak stayed under the
-    memory at its start plus its batch's clean growth in every one of about 1600 steps
-    without a clean start, while the rises of the peak that the creep guard (``Policy.held_over``)
-    watches jumped by 20-74 MiB at one size and fanout: the allocator's (the batches' nodes and
-    edges vary by 1-2.4% there; see benchmarks/results/adapt_fanout_rises_zen4_s60b.md).
+    memory at its start plus its batch's clean growth in each of 1642 steps without a clean
+    start, while such a step's own growth reached 46-74 MiB at one size and fanout, without
+    warning from the rises before it that the creep guard (``Policy.held_over``) watches: the
+    allocator's, not the batch's (its nodes and edges vary by 0.3-2.4% there; see
+    benchmarks/results/adapt_fanout_rises_zen4_s60b.md). It starts 20-40% of the steps clean there
+    (a clean step costs 1.4-2x).
     ``batch_guard=False``: the creep guard alone, as before. Other arguments as
     :class:`AdaptiveLoader`; ``loader_kwargs`` go to ``NeighborLoader`` (replace, directed,
     disjoint, ...)."""
