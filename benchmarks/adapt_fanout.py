@@ -39,9 +39,11 @@ gnncompile's block cache of freed large allocations is off in every run (``--buf
 and its idle blocks stayed resident next to the step's fresh ones, doubling the peak of a step
 without a clean start (512 seeds a batch: 149 MiB above base with it, 115 MiB without, at the
 same speed); under an RSS budget it is memory the budget cannot steer. The loader's batch guard
-(``--batch-guard``, default on, in every run: a step starts clean when the memory held plus the
-sampled batch's modelled growth would cross the budget; see AdaptiveNeighborLoader) covers the
-rises of the peak without a clean start that the creep guard cannot foresee (s60). ``--mmap-threshold``
+(``--batch-guard``, default on here, in every run; the library's opt-in ``batch_guard=True``: a
+step starts clean when the memory held plus the sampled batch's modelled growth would cross the
+budget; see AdaptiveNeighborLoader) covers the rises of the peak without a clean start that the
+creep guard cannot foresee (s60), at a price: 0.69x the seeds/s of 512 seeds a batch, 0.76x the
+adaptive run's, in interleaved pairs (adapt_fanout_rises_zen4_s60b.md). ``--mmap-threshold``
 sets MALLOC_MMAP_THRESHOLD_ in every run (a measurement of the allocator's share, not a default). The best whose measured peak stays within the budget over the whole run runs
 again with seeds 1 .. ``--seeds``-1 (model initialisation and seed order: the loss noise).
 Adaptive: the adaptive loader over ``--sizes``, starting at the smallest, ``--window`` steps
@@ -161,12 +163,12 @@ def child(spec) -> dict:
         # the adaptive run
         L = AdaptiveNeighborLoader(data, sched[0], input_nodes=train, sizes=[spec["size"]], shuffle=True,
                                    seed=spec["seed"], memory="rss", memory_budget=budget,
-                                   batch_guard=spec.get("batch_guard", True))
+                                   batch_guard=spec.get("batch_guard", False))
     else:
         lr_scaling = spec.get("lr_scaling")
         L = AdaptiveNeighborLoader(data, sched[0], input_nodes=train, sizes=sizes, start=Setting(min(sizes), 2, 0),
                                    shuffle=True, seed=spec["seed"], memory="rss", memory_budget=budget,
-                                   window=spec["window"], batch_guard=spec.get("batch_guard", True),
+                                   window=spec["window"], batch_guard=spec.get("batch_guard", False),
                                    optimizer=opt if lr_scaling else None, lr_scaling=lr_scaling)
     epoch_s = []
     t0 = time.perf_counter()

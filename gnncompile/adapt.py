@@ -91,8 +91,8 @@ The policy (:class:`Policy`, deterministic given the measurements):
   counted in ``adapter.releases``, ``clean`` in each history record). Batches that grow step
   after step leave freed blocks too small for the next ones, and between clean readings the
   resident set had crept over the budget that way.
-  The neighbor loader also checks each batch once sampled, from its own nodes and edges
-  (``batch_guard``, :class:`AdaptiveNeighborLoader`): the memory held plus that batch's
+  The neighbor loader can also check each batch once sampled, from its own nodes and edges
+  (``batch_guard=True``, an opt-in that costs clean starts, :class:`AdaptiveNeighborLoader`): the memory held plus that batch's
   modelled growth over the budget starts the step clean, and a batch predicted over the budget
   even from a clean start is dropped unyielded and the size shrunk.
 * Learning rate: ``lr_scaling=None`` (default) leaves the optimizer alone; ``'linear'`` /
@@ -1609,7 +1609,7 @@ class AdaptiveNeighborLoader(_Adaptive):
     where the work model predicts the new fanout's batches the size goes straight to the largest
     predicted to fit (:meth:`Policy.jump_to_fit`, a 'jump' entry); False: the size stays (shrunk
     before the next batch when predicted over the line) and the policy goes on from there, as
-    before. ``batch_guard`` (default True; under a budget with a memory measure): each batch
+    before. ``batch_guard`` (default False: an opt-in; under a budget with a memory measure): each batch
     is checked once sampled, before it is yielded, from its own nodes and edges (the memory
     model's growth of that batch, :class:`NodeEdgeMemoryModel`): when the memory held now plus
     that growth would cross the budget, the step starts clean (counted in ``releases`` and
@@ -1621,9 +1621,10 @@ class AdaptiveNeighborLoader(_Adaptive):
     start, while such a step's own growth reached 46-74 MiB at one size and fanout, without
     warning from the rises before it that the creep guard (``Policy.held_over``) watches: the
     allocator's, not the batch's (its nodes and edges vary by 0.3-2.4% there; see
-    benchmarks/results/adapt_fanout_rises_zen4_s60b.md). It starts 20-40% of the steps clean there
-    (a clean step costs 1.4-2x).
-    ``batch_guard=False``: the creep guard alone, as before. Other arguments as
+    benchmarks/results/adapt_fanout_rises_zen4_s60b.md). Its price: it starts 21-70% of the steps
+    clean there (a clean step costs 1.4-2x), and in interleaved pairs (s60b, e6) the 512-seed
+    runs ran at 0.69x the seeds/s without it and the adaptive runs at 0.76x, hence an opt-in.
+    ``batch_guard=False`` (the default): the creep guard alone, as before. Other arguments as
     :class:`AdaptiveLoader`; ``loader_kwargs`` go to ``NeighborLoader`` (replace, directed,
     disjoint, ...)."""
 
@@ -1633,7 +1634,7 @@ class AdaptiveNeighborLoader(_Adaptive):
                  margin: float = 0.1, min_gain: float = 0.05, window: int = 8, optimizer: Any = None,
                  lr_scaling: Optional[str] = None, device=None, clock: Callable[[], float] = time.perf_counter,
                  work_model: bool = True, trials_in_epoch: bool = True, jump_at_change: bool = True,
-                 batch_guard: bool = True, **loader_kwargs) -> None:
+                 batch_guard: bool = False, **loader_kwargs) -> None:
         for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "distributed", "num_replicas", "rank"):
             if k in loader_kwargs:
                 raise ValueError(f"AdaptiveNeighborLoader chooses {k} itself")

@@ -140,7 +140,7 @@ def test_a_growing_fanout_shrinks_the_batch_before_it_crosses_the_budget(scale, 
         G = run(True)
         assert max(h["peak"] for h in G.history) <= budget and G.batch_drops >= 1
         assert any(e["kind"] == "shrink" and "sampled batch" in e["reason"] for e in G.log)
-    L = run(bool(scale))
+    L = run(False)
     first_new = next(h for h in L.history if h["epoch"] == 1)
     big_at_new = 100 * max(h["nodes"] + h["edges"] for h in L.history if h["epoch"] == 1 and h["size"] == 128) \
         if any(h["epoch"] == 1 and h["size"] == 128 for h in L.history) else None
@@ -676,6 +676,10 @@ class _HeldProbe(MemoryProbe):
 
     def next_clean(self):
         return self._force
+
+
+def test_the_batch_guard_is_an_opt_in():
+    assert AdaptiveNeighborLoader(_graph(), [2, 2], sizes=[32], memory=None).batch_guard is False
 
 
 def test_the_batch_guard_starts_a_step_clean_from_the_sampled_batch():
