@@ -43,7 +43,8 @@ same speed); under an RSS budget it is memory the budget cannot steer. The loade
 step starts clean when the memory held plus the sampled batch's modelled growth would cross the
 budget; see AdaptiveNeighborLoader) covers the rises of the peak without a clean start that the
 creep guard cannot foresee (s60), at a price: 0.69x the seeds/s of 512 seeds a batch, 0.76x the
-adaptive run's, in interleaved pairs (adapt_fanout_rises_zen4_s60b.md). ``--mmap-threshold``
+adaptive run's, in two interleaved pairs each, less across whole invocations (about 5-30% in all;
+adapt_fanout_rises_zen4_s60b.md). ``--mmap-threshold``
 sets MALLOC_MMAP_THRESHOLD_ in every run (a measurement of the allocator's share, not a default). The best whose measured peak stays within the budget over the whole run runs
 again with seeds 1 .. ``--seeds``-1 (model initialisation and seed order: the loss noise).
 Adaptive: the adaptive loader over ``--sizes``, starting at the smallest, ``--window`` steps
