@@ -52,6 +52,10 @@ per measurement, 5% hysteresis, 10% margin, rates in seeds per second; learning-
 ``--lr-scaling`` (default none: the lr is the same in every run; 'sqrt' / 'linear' scale the
 adaptive run's lr by the size over the first size's, or its square root).
 
+Ceiling: from the first pass, each fanout at the fixed size that trained it fastest among those
+within the budget at that fanout, switched for free (``oracle``): what no choice of sizes beats,
+against the best fixed size over the whole run.
+
 Throughput: seeds per second over all epochs (sampling, measuring, adapting included;
 compilation and warm-up excluded). Loss: the mean loss per seed of each epoch; the adaptive
 run (seed 0) is within the noise in an epoch when its gap to the mean of the best fixed
@@ -281,6 +285,35 @@ def _fan(f) -> str:
     return "[" + ", ".join(map(str, f)) + "]"
 
 
+def oracle(fixed: list, budget_mib: float, best_size: Optional[int]) -> Optional[dict]:
+    """The ceiling of adaptation on this run's first pass: each fanout at the fixed size that
+    trained it fastest (seconds over its epochs) among those whose every epoch at that fanout
+    peaked within the budget, switching for free at a change of fanout, no trial or measurement.
+    Against the best fixed size within the budget over the whole run (``best_size``): the ratio
+    no adaptive run on this workload and budget can beat by choosing sizes."""
+    per = {}
+    for r in fixed:
+        if "error" in r:
+            continue
+        for e in r["epochs"]:
+            d = per.setdefault(tuple(e["fanout"]), {}).setdefault(r["size"], [0.0, 0.0])
+            d[0] += e["seconds"]
+            d[1] = max(d[1], e["peak_above_base_mib"])
+    choice, total, best_total = [], 0.0, 0.0
+    for f, sizes in per.items():
+        ok = {v: t for v, (t, peak) in sizes.items() if peak <= budget_mib}
+        if not ok or best_size not in sizes:
+            return None
+        v = min(ok, key=ok.get)
+        choice.append({"fanout": list(f), "size": v, "seconds": ok[v], "best_fixed_seconds": sizes[best_size][0]})
+        total += ok[v]
+        best_total += sizes[best_size][0]
+    if not choice or total <= 0:
+        return None
+    return {"choice": choice, "seconds": total, "best_fixed_seconds": best_total, "ratio": best_total / total,
+            "best_size": best_size}
+
+
 def markdown(p: dict) -> str:
     a = p["args"]
     sched = ", ".join(f"{_fan(f)} x{a['epochs_per_fanout']}" for f in a["fanouts"])
@@ -323,6 +356,12 @@ def markdown(p: dict) -> str:
                          f"{s['adaptive_seeds_per_s']:.0f} seeds/s = **{s['speedup']:.2f}x** it.")
         lines.append(f"- Adaptive peak {s['adaptive_peak_above_base_mib']:.0f} MiB above base (budget "
                      f"{a['budget_mib']} MiB: {'within' if s['adaptive_within_budget'] else 'OVER'}).")
+        o = oracle(p["fixed"], a["budget_mib"], b["size"]) if b else None
+        if o:
+            picks = ", ".join(f"{_fan(c['fanout'])} at {c['size']}" for c in o["choice"])
+            lines.append(f"- Ceiling (first pass): each fanout at its fastest fixed size within the budget ({picks}), "
+                         f"switching for free, trains in {o['seconds']:.2f} s against {o['best_fixed_seconds']:.2f} s "
+                         f"for {o['best_size']}: **{o['ratio']:.2f}x**, the most any choice of sizes reaches here.")
         ad = p["adaptive"]
         lines += ["", "### Per epoch (first pass): the adaptive run and the best fixed size", "",
                   "| epoch | fanout | adaptive sizes | adaptive seeds/s | adaptive peak MiB | adaptive work/seed | "
@@ -685,6 +724,7 @@ def main(argv=None) -> int:
                                "peak_above_base_mib": best["peak_above_base_mib"]}
             summary["best_run"] = {"epochs": best["epochs"]}
             summary["speedup"] = adaptive["seeds_per_s"] / best["seeds_per_s"]
+            summary["ceiling"] = oracle(fixed, args.budget_mib, best["size"])
             seeds = [best] + [r for r in repeats if "error" not in r]
             if len(seeds) >= 2:
                 summary["loss"] = loss_check(adaptive, seeds)

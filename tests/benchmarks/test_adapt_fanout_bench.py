@@ -98,3 +98,19 @@ def test_bad_fanouts_are_refused(tmp_path):
         adapt_fanout.main(["--fanouts", "5,5;10", "--results-dir", str(tmp_path)])
     with pytest.raises(SystemExit):
         adapt_fanout.main(["--fanouts", "0,5", "--results-dir", str(tmp_path)])
+
+
+def _epochs(rows):
+    return [{"fanout": f, "seconds": t, "peak_above_base_mib": m} for f, t, m in rows]
+
+
+def test_ceiling_takes_each_fanouts_fastest_size_within_budget():
+    small = {"size": 256, "epochs": _epochs([([5, 5], 2.0, 40), ([40, 40], 4.0, 90)])}
+    mid = {"size": 512, "epochs": _epochs([([5, 5], 1.0, 60), ([40, 40], 3.0, 120)])}
+    big = {"size": 1024, "epochs": _epochs([([5, 5], 0.5, 80), ([40, 40], 2.0, 200)])}  # over at [40, 40] only
+    o = adapt_fanout.oracle([small, mid, big, {"error": "x"}], 128, 512)
+    assert [(c["fanout"], c["size"]) for c in o["choice"]] == [([5, 5], 1024), ([40, 40], 512)]
+    assert o["seconds"] == 3.5 and o["best_fixed_seconds"] == 4.0
+    assert abs(o["ratio"] - 4.0 / 3.5) < 1e-12
+    # a budget no size meets at one fanout: no ceiling
+    assert adapt_fanout.oracle([small, mid, big], 30, 512) is None
