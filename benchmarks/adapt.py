@@ -191,9 +191,11 @@ def child(spec) -> dict:
     # what the whole-model speed guard kept (compiled or eager), timed on which calls: it races
     # once, on the first calls after the pieces decided (the adaptive run's are its smallest
     # batches), and that decision holds for every later size (adapt_steps_zen4_s60a.md)
-    whole = [d for d in getattr(cmodel, "guard_decisions", lambda: [])() if d.piece.startswith("the whole model")]
+    decisions = getattr(cmodel, "guard_decisions", lambda: [])()
     model_guard = [{"kept": d.kept, "recheck": bool(d.recheck), "compiled_ms": d.rewritten_ms,
-                    "eager_ms": d.unrewritten_ms} for d in whole]
+                    "eager_ms": d.unrewritten_ms} for d in decisions if d.piece.startswith("the whole model")]
+    # and each piece's per size class (nodes, edges of the calls it raced on, the form kept)
+    piece_guard = [[d.nodes, d.edges, d.kept] for d in decisions if not d.piece.startswith("the whole model")]
     hist = L.history
     return {
         "mode": spec["mode"], "by": by, "size": spec.get("size"), "seed": spec["seed"], "wall_s": wall,
@@ -208,6 +210,7 @@ def child(spec) -> dict:
         "releases": L.releases,
         "log": L.log,
         "model_guard": model_guard,
+        "piece_guard": piece_guard,
     }
 
 
@@ -426,6 +429,7 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float, prior: list = 
                 **{f"{side}_releases": got[side].get("releases") for side in sides},
                 # the whole-model guard's last decision (compiled / eager), where recorded
                 **{f"{side}_model_kept": _model_kept(got[side]) for side in sides},
+                **{f"{side}_piece_guard": got[side].get("piece_guard") for side in sides},
                 # the adaptive run's switches and per step (size, work, peak above base MiB, clean):
                 # what an overshoot of the budget is diagnosed from
                 "adaptive_log": a.get("log"),

@@ -110,12 +110,14 @@ def child(spec) -> dict:
                          round((h["peak"] - base) / 2**20, 1)])
     wall = time.perf_counter() - t0
     L.close()
-    whole = [d for d in cmodel.guard_decisions() if d.piece.startswith("the whole model")]
+    decisions = cmodel.guard_decisions()
+    whole = [d for d in decisions if d.piece.startswith("the whole model")]
     return {"mode": spec["mode"], "wall_s": wall, "graphs_per_s": spec["epochs"] * len(ds) / wall,
             "releases": L.releases, "rows": rows,
             "log": [[e["step"], e["kind"], e["from"]["size"], e["to"]["size"]] for e in L.log],
             "model_guard": [{"kept": d.kept, "recheck": bool(d.recheck), "compiled_ms": d.rewritten_ms,
-                             "eager_ms": d.unrewritten_ms} for d in whole]}
+                             "eager_ms": d.unrewritten_ms} for d in whole],
+            "piece_guard": [[d.nodes, d.edges, d.kept] for d in decisions if not d.piece.startswith("the whole model")]}
 
 
 def summary(r: dict) -> dict:
@@ -138,8 +140,6 @@ def summary(r: dict) -> dict:
             "plain_faults": med(plain, 9, 1), "plain_user_ms": med(plain, 10), "done_ms": med(rows, 8),
             "get_ms": med(rows, 6), "seconds_8192": sum(x[5] for x in rows), "per_size": per_size,
             "model_kept": r["model_guard"][0]["kept"] if r.get("model_guard") else None,
-            "model_ratio": (r["model_guard"][0]["eager_ms"] / r["model_guard"][0]["compiled_ms"]
-                            if r.get("model_guard") and r["model_guard"][0]["compiled_ms"] else None),
             "rechecked": any(d["recheck"] for d in r.get("model_guard", []))}
 
 
@@ -153,7 +153,7 @@ def markdown(p: dict) -> str:
              "nodes, history (fixed 8192 after 9 untimed steps at each of 1024-16384). Step figures: 8192-node "
              "steps of epochs 1 on (the same batches in every mode), the training step alone (batch in hand to "
              "loss back), medians.\n",
-             "| round | mode | graphs/s | releases | whole model kept (eager / compiled at its race) | 8192 steps "
+             "| round | mode | graphs/s | releases | guard: whole model kept (compiled / eager median call at its race); pieces per class (nodes/edges raced on) | 8192 steps "
              "(clean) | step ms, not clean | step ms, clean | faults, not clean | user ms, not clean | step_done "
              "ms | s at 8192 | s at other sizes |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -166,8 +166,10 @@ def markdown(p: dict) -> str:
             continue
         s = r["summary"]
         other = sum(v[1] for k, v in s["per_size"].items() if k != "8192")
-        kept = "" if s["model_kept"] is None else (f"{s['model_kept']} ({f(s['model_ratio'], '.2f')}x)"
-                                                    + (", re-checked" if s["rechecked"] else ""))
+        g = r.get("model_guard") or []
+        kept = "" if not g else (f"{g[0]['kept']} ({f(g[0]['compiled_ms'], '.1f')} / {f(g[0]['eager_ms'], '.1f')} ms)"
+                                 + (", re-checked" if s["rechecked"] else ""))
+        kept += "; pieces: " + ", ".join(f"{n}/{e} {k}" for n, e, k in r.get("piece_guard") or [])
         lines.append(f"| {r['round']} | {r['mode']} | {r['graphs_per_s']:.0f} | {r['releases']} | {kept} | "
                      f"{s['steps_8192']} ({s['clean_8192']}) | {f(s['plain_ms'])} | {f(s['clean_ms'])} | "
                      f"{f(s['plain_faults'], '.0f')} | {f(s['plain_user_ms'])} | {f(s['done_ms'], '.2f')} | "
