@@ -50,6 +50,13 @@ size at each size switch: measured on Zen 4 it made 2 of 5 runs stall at chance 
 epochs, adapt_zen4_s55_sqrt). The first pass also runs the adaptive loader of the other kind
 once (reported, not in the rounds).
 
+Each run also records what the compiler's speed guards kept (``model_guard``: the whole model,
+compiled or eager, raced once on its first calls after the pieces decided; ``piece_guard``: each
+piece's form per size class, with the nodes / edges of the calls it raced on; in the rounds as
+``<side>_model_kept`` / ``<side>_piece_guard``): the adaptive run's first calls are its smallest
+batches, and a class decided on 4096-node batches also covers its 8192-node ones
+(adapt_zen4_s60a, adapt_steps_zen4_s60a).
+
 Throughput: graphs per second over the ``--epochs`` epochs, everything included (loading,
 measuring, adapting; compilation and warm-up excluded, the same in every run). Loss: the mean
 loss per graph of each epoch and the loss curve against graphs seen; the adaptive run (seed 0)

@@ -86,6 +86,7 @@ def child(spec) -> dict:
     else:
         L = AdaptiveLoader(ds, by="nodes", sizes=[8192], memory="rss", memory_budget=budget)
     rows = []
+    huge = []  # AnonHugePages (MiB) at each epoch's end: how much of the heap huge pages back
     t0 = time.perf_counter()
     for epoch in range(spec["epochs"]):
         it = iter(L)
@@ -107,17 +108,30 @@ def child(spec) -> dict:
             # minor faults, user s, system s (the training step), peak above base MiB
             rows.append([epoch, h["size"], h["nodes"], h["edges"], int(h["clean"]), h["seconds"], tb - ta, tc - tb,
                          td - tc, rc.ru_minflt - ra.ru_minflt, rc.ru_utime - ra.ru_utime, rc.ru_stime - ra.ru_stime,
-                         round((h["peak"] - base) / 2**20, 1)])
+                         round((h["peak"] - base) / 2**20, 1), rc.ru_nivcsw - ra.ru_nivcsw])
+        huge.append(_anon_huge_mib())
     wall = time.perf_counter() - t0
     L.close()
     decisions = cmodel.guard_decisions()
     whole = [d for d in decisions if d.piece.startswith("the whole model")]
     return {"mode": spec["mode"], "wall_s": wall, "graphs_per_s": spec["epochs"] * len(ds) / wall,
-            "releases": L.releases, "rows": rows,
+            "releases": L.releases, "rows": rows, "anon_huge_mib": huge,
             "log": [[e["step"], e["kind"], e["from"]["size"], e["to"]["size"]] for e in L.log],
             "model_guard": [{"kept": d.kept, "recheck": bool(d.recheck), "compiled_ms": d.rewritten_ms,
                              "eager_ms": d.unrewritten_ms} for d in whole],
             "piece_guard": [[d.nodes, d.edges, d.kept] for d in decisions if not d.piece.startswith("the whole model")]}
+
+
+def _anon_huge_mib():
+    """The process's anonymous memory backed by transparent huge pages, MiB (None where unknown)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 def summary(r: dict) -> dict:
@@ -138,7 +152,7 @@ def summary(r: dict) -> dict:
         s[1] += x[5]
     return {"steps_8192": len(rows), "clean_8192": len(clean), "plain_ms": med(plain, 7), "clean_ms": med(clean, 7),
             "plain_faults": med(plain, 9, 1), "plain_user_ms": med(plain, 10), "done_ms": med(rows, 8),
-            "get_ms": med(rows, 6), "seconds_8192": sum(x[5] for x in rows), "per_size": per_size,
+            "get_ms": med(rows, 6), "preempted": sum(x[13] for x in rows if len(x) > 13), "seconds_8192": sum(x[5] for x in rows), "per_size": per_size,
             "model_kept": r["model_guard"][0]["kept"] if r.get("model_guard") else None,
             "rechecked": any(d["recheck"] for d in r.get("model_guard", []))}
 
@@ -155,14 +169,15 @@ def markdown(p: dict) -> str:
              "loss back), medians.\n",
              "| round | mode | graphs/s | releases | guard: whole model kept (compiled / eager median call at its race); pieces per class (nodes/edges raced on) | 8192 steps "
              "(clean) | step ms, not clean | step ms, clean | faults, not clean | user ms, not clean | step_done "
-             "ms | s at 8192 | s at other sizes |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ms | s at 8192 | s at other sizes | involuntary switches at 8192 | huge pages MiB (epoch ends) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt=".1f"):
         return "" if v is None else format(v, fmt)
 
     for r in p["runs"]:
         if "error" in r:
-            lines.append(f"| {r['round']} | {r['mode']} | error: {r['error'][:80]} |" + " |" * 10)
+            lines.append(f"| {r['round']} | {r['mode']} | error: {r['error'][:80]} |" + " |" * 12)
             continue
         s = r["summary"]
         other = sum(v[1] for k, v in s["per_size"].items() if k != "8192")
@@ -173,7 +188,8 @@ def markdown(p: dict) -> str:
         lines.append(f"| {r['round']} | {r['mode']} | {r['graphs_per_s']:.0f} | {r['releases']} | {kept} | "
                      f"{s['steps_8192']} ({s['clean_8192']}) | {f(s['plain_ms'])} | {f(s['clean_ms'])} | "
                      f"{f(s['plain_faults'], '.0f')} | {f(s['plain_user_ms'])} | {f(s['done_ms'], '.2f')} | "
-                     f"{s['seconds_8192']:.2f} | {other:.2f} |")
+                     f"{s['seconds_8192']:.2f} | {other:.2f} | {s['preempted']} | "
+                     + "/".join(f(v, ".0f") for v in r.get("anon_huge_mib") or []) + " |")
     lines += ["", "Adaptive runs' switches (step, kind, from, to):", ""]
     for r in p["runs"]:
         if r.get("mode") == "adaptive" and "log" in r:
