@@ -50,6 +50,13 @@ size at each size switch: measured on Zen 4 it made 2 of 5 runs stall at chance 
 epochs, adapt_zen4_s55_sqrt). The first pass also runs the adaptive loader of the other kind
 once (reported, not in the rounds).
 
+Each run also records what the compiler's speed guards kept (``model_guard``: the whole model,
+compiled or eager, raced once on its first calls after the pieces decided; ``piece_guard``: each
+piece's form per size class, with the nodes / edges of the calls it raced on; in the rounds as
+``<side>_model_kept`` / ``<side>_piece_guard``): the adaptive run's first calls are its smallest
+batches, and a class decided on 4096-node batches also covers its 8192-node ones
+(adapt_zen4_s60a, adapt_steps_zen4_s60a).
+
 Throughput: graphs per second over the ``--epochs`` epochs, everything included (loading,
 measuring, adapting; compilation and warm-up excluded, the same in every run). Loss: the mean
 loss per graph of each epoch and the loss curve against graphs seen; the adaptive run (seed 0)
@@ -188,6 +195,14 @@ def child(spec) -> dict:
     wall = time.perf_counter() - t0
     L.close()
     graphs = spec["epochs"] * len(ds)
+    # what the whole-model speed guard kept (compiled or eager), timed on which calls: it races
+    # once, on the first calls after the pieces decided (the adaptive run's are its smallest
+    # batches), and that decision holds for every later size (adapt_steps_zen4_s60a.md)
+    decisions = getattr(cmodel, "guard_decisions", lambda: [])()
+    model_guard = [{"kept": d.kept, "recheck": bool(d.recheck), "compiled_ms": d.rewritten_ms,
+                    "eager_ms": d.unrewritten_ms} for d in decisions if d.piece.startswith("the whole model")]
+    # and each piece's per size class (nodes, edges of the calls it raced on, the form kept)
+    piece_guard = [[d.nodes, d.edges, d.kept] for d in decisions if not d.piece.startswith("the whole model")]
     hist = L.history
     return {
         "mode": spec["mode"], "by": by, "size": spec.get("size"), "seed": spec["seed"], "wall_s": wall,
@@ -201,6 +216,8 @@ def child(spec) -> dict:
                    round((h["peak"] - base) / 2**20, 1), int(h["clean"])] for h in hist],
         "releases": L.releases,
         "log": L.log,
+        "model_guard": model_guard,
+        "piece_guard": piece_guard,
     }
 
 
@@ -211,6 +228,13 @@ def _epoch_losses(hist, epochs):
         hs = [h for h in hist if h["epoch"] == e]
         out.append(sum(h["loss"] * h["graphs"] for h in hs) / max(1, sum(h["graphs"] for h in hs)))
     return out
+
+
+def _model_kept(r):
+    """What the whole-model speed guard of run ``r`` kept last ('compiled' / 'eager'; None: no
+    record, or no decision)."""
+    g = r.get("model_guard")
+    return g[-1]["kept"] if g else None
 
 
 def _run(spec, timeout):
@@ -366,6 +390,10 @@ def markdown(p: dict) -> str:
                      f"{rd['adaptive_runs']} (largest peak {rd['adaptive_max_peak_above_base_mib']:.0f} MiB above "
                      f"base); the best fixed runs over it: {rd['fixed_over_budget']}. Adaptive last-epoch losses "
                      f"over the rounds: {rd['adaptive_loss_min']:.4f} - {rd['adaptive_loss_max']:.4f}.")
+        me = rd.get("model_eager") or {}
+        if any(n for _, n in me.values()):
+            lines.append("- Runs whose whole-model speed guard kept the model as written (eager) for the rest of the "
+                         "run: " + ", ".join(f"{k} {e} of {n}" for k, (e, n) in me.items() if n) + ".")
     for key, title in (("adaptive", "The adaptive run's switches"), ("adaptive_other", "The other adaptive run's switches")):
         ad = p.get(key)
         if not ad or "log" not in ad:
@@ -406,6 +434,9 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float, prior: list = 
         return {"round": rnd, "order": " > ".join(order),
                 **{f"{side}_{k}": got[side].get(k) for side in sides for k in fields},
                 **{f"{side}_releases": got[side].get("releases") for side in sides},
+                # the whole-model guard's last decision (compiled / eager), where recorded
+                **{f"{side}_model_kept": _model_kept(got[side]) for side in sides},
+                **{f"{side}_piece_guard": got[side].get("piece_guard") for side in sides},
                 # the adaptive run's switches and per step (size, work, peak above base MiB, clean):
                 # what an overshoot of the budget is diagnosed from
                 "adaptive_log": a.get("log"),
@@ -440,6 +471,9 @@ def _rounds(base: dict, first: dict, rounds: int, timeout: float, prior: list = 
         "fixed_over_budget": sum(over(p, side) for p in ok for side in sides if side != "adaptive"),
         "adaptive_loss_min": min(losses, default=None),
         "adaptive_loss_max": max(losses, default=None),
+        # per side: the runs whose whole-model guard kept the model as written (eager), of those recorded
+        "model_eager": {side: [sum(p.get(f"{side}_model_kept") == "eager" for p in ok),
+                               sum(p.get(f"{side}_model_kept") is not None for p in ok)] for side in sides},
     })
     return out
 
