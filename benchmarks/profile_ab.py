@@ -18,9 +18,9 @@ machine is marked, its ratio is not a quiet measurement.
 
 Before each child and after each round a probe reads the machine's state: the cache-line round
 trip between the first two CPUs (:func:`benchmarks._common.core_latency_ns`). On a virtual machine
-the host moves the vCPUs, and a multi-threaded step's speed follows (on the project's 2-vCPU Zen 4
-guest the neighbor step ran about 1.4x slower while the round trip read 330-440 ns instead of
-about 150, for tens of seconds at a time, whatever the settings:
+the host may move the vCPUs apart, and a multi-threaded step's speed follows (on the project's 2-vCPU Zen 4
+guest the neighbor step ran about 1.25-1.5x slower while the round trip read 330-530 ns instead of
+120-200, for tens of seconds at a time, whatever the settings:
 benchmarks/results/neighbor_states_zen4_s60.md). The result also gives the ratio over the rounds
 whose probes stayed within :data:`STATE_TOLERANCE` of each other (both sides in one state); the
 headline ratio counts every round.

@@ -3,8 +3,8 @@
 // `runs` runs of `n` round trips. Used by benchmarks/profile_ab.py (benchmarks/_common.py
 // core_latency_ns builds it) as a probe of the machine's state between the fresh processes of
 // an A/B: on the 2-vCPU KVM guest of the project's Zen 4 figures the two vCPUs' round trip moves
-// between about 50, 150 and 330-440 ns over tens of seconds (the host moving the vCPUs), and the
-// neighbor workload's 2-thread step runs about 1.4x slower while it is 330-440
+// between about 120-200 ns (50 at times) and 330-530 ns over tens of seconds (presumably the host moving the
+// vCPUs), and the neighbor workload's 2-thread step runs 1.25-1.5x slower while it is far
 // (benchmarks/results/neighbor_states_zen4_s60.md).
 //
 //   g++ -O2 -pthread benchmarks/native/core_latency.cpp -o /tmp/core_latency && /tmp/core_latency 0 1
