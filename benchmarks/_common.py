@@ -156,6 +156,57 @@ def run_child(cmd: list, env: dict, timeout: float, tail_chars: int = 500, cwd: 
     return {"error": f"rc {p.returncode}: {tail[0][:tail_chars]}", "command": " ".join(cmd)}
 
 
+CORE_LATENCY_SRC = Path(__file__).resolve().parent / "native" / "core_latency.cpp"
+
+
+def _core_latency_binary() -> Optional[Path]:
+    """benchmarks/native/core_latency.cpp built once per source version (in the temp folder, with
+    $CXX, c++ or g++); None where no compiler builds it."""
+    import hashlib
+    import shutil
+    import subprocess
+    import tempfile
+
+    src = CORE_LATENCY_SRC.read_bytes()
+    out = Path(tempfile.gettempdir()) / f"gnncompile-core-latency-{hashlib.sha1(src).hexdigest()[:12]}"
+    if out.exists():
+        return out
+    for cxx in [os.environ.get("CXX"), "c++", "g++"]:
+        if not cxx or not shutil.which(cxx):
+            continue
+        tmp = out.with_name(out.name + f".{os.getpid()}")
+        try:
+            r = subprocess.run([cxx, "-O2", "-pthread", str(CORE_LATENCY_SRC), "-o", str(tmp)],
+                               capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0:
+            os.replace(tmp, out)
+            return out
+    return None
+
+
+def core_latency_ns(cpus: Optional[Sequence[int]] = None, n: int = 20000, runs: int = 3) -> Optional[float]:
+    """The cache-line round trip between two CPUs in ns (benchmarks/native/core_latency.cpp: the
+    median of ``runs`` runs of ``n`` round trips), between the first two CPUs this process may
+    run on unless ``cpus`` names them; a probe of where a virtual machine's host placed its
+    vCPUs. None with fewer than two CPUs, no compiler or a failed run."""
+    import subprocess
+
+    cpus = list(cpus) if cpus is not None else sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        return None
+    exe = _core_latency_binary()
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([str(exe), str(cpus[0]), str(cpus[1]), str(n), str(runs)],
+                           capture_output=True, text=True, timeout=60)
+        return float(r.stdout) if r.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
 def process_tree(pid: int) -> List[int]:
     """``pid`` and its descendants (Linux /proc; children before they are lost to a parent's
     exit): torchrun starts each rank in a session of its own, so killing the launcher's process

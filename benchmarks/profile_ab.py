@@ -16,6 +16,15 @@ result per profile: the geometric mean of the rounds' paired ratios (profile / d
 processes' CPU use over the run (:class:`gnncompile.tuner.noise.LoadProbe`): a run on a loaded
 machine is marked, its ratio is not a quiet measurement.
 
+Before each child and after each round a probe reads the machine's state: the cache-line round
+trip between the first two CPUs (:func:`benchmarks._common.core_latency_ns`). On a virtual machine
+the host may move the vCPUs apart, and a multi-threaded step's speed follows (on the project's 2-vCPU Zen 4
+guest the neighbor step ran about 1.25-1.5x slower while the round trip read 330-530 ns instead of
+120-200, for tens of seconds at a time, whatever the settings:
+benchmarks/results/neighbor_states_zen4_s60.md). The result also gives the ratio over the rounds
+whose probes stayed within :data:`STATE_TOLERANCE` of each other (both sides in one state); the
+headline ratio counts every round.
+
 A profile whose batch size was tuned (``batch_size_rule.tuned``) trains another optimisation than
 its defaults (another batch size); it is refused unless ``--allow-tuned-batch``, and the table
 says so. ``--target R`` marks each profile's ratio against R (met when the interval's low end is
@@ -124,9 +133,26 @@ def _measure_child(workload: Dict[str, Any], settings: Dict[str, Any], folder: P
     return _common.run_child(cmd, _common.timing_env(), timeout=timeout)
 
 
+#: a round counts as run in one machine state when its probes (before, between and after its two
+#: children) are within this factor of each other
+STATE_TOLERANCE = 1.5
+
+
+def state_matched(probes: List[List[Optional[float]]], tolerance: float = STATE_TOLERANCE) -> List[int]:
+    """The rounds (indices) whose core-latency probes all read and lie within ``tolerance`` of each
+    other: the machine stayed in one state while both sides ran."""
+    out = []
+    for i, p in enumerate(probes):
+        if p and all(x is not None and x > 0 for x in p) and max(p) <= tolerance * min(p):
+            out.append(i)
+    return out
+
+
 def ab(doc: Dict[str, Any], rounds: int, steps: Optional[int] = None, warmup: Optional[int] = None,
-       allow_tuned_batch: bool = False, timeout: float = 900.0, log=print) -> Dict[str, Any]:
-    """The A/B of one profile document (module docstring)."""
+       allow_tuned_batch: bool = False, timeout: float = 900.0, log=print,
+       probe=_common.core_latency_ns) -> Dict[str, Any]:
+    """The A/B of one profile document (module docstring). ``probe``: a function of no arguments
+    read before each child and after each round (the machine's state; None: no probe)."""
     import tempfile
 
     from gnncompile.tuner import noise
@@ -137,28 +163,41 @@ def ab(doc: Dict[str, Any], rounds: int, steps: Optional[int] = None, warmup: Op
     runs: Dict[str, List[float]] = {"defaults": [], "profile": []}
     extra: Dict[str, List[Dict[str, Any]]] = {"defaults": [], "profile": []}
     errors: List[str] = []
-    with tempfile.TemporaryDirectory(prefix="gnncompile-ab-") as tmp, noise.LoadProbe() as probe:
+    state: List[List[Optional[float]]] = []  # per round: the probes before, between, after
+    with tempfile.TemporaryDirectory(prefix="gnncompile-ab-") as tmp, noise.LoadProbe() as load:
         for r in range(rounds):
             order = ("defaults", "profile") if r % 2 == 0 else ("profile", "defaults")
-            got = {}
+            got, probes = {}, []
             for side in order:
+                probes.append(probe() if probe else None)
                 res = _measure_child(p["workload"], p[side], Path(tmp), f"{r}-{side}", timeout)
                 if "error" in res:
                     errors.append(f"round {r} {side}: {res['error']}")
                 got[side] = res
+            probes.append(probe() if probe else None)
             if all("rate" in got[s] for s in got):
                 for side in runs:
                     runs[side].append(float(got[side]["rate"]))
                     extra[side].append(got[side])
+                state.append(probes)
                 log(f"  round {r} ({' then '.join(order)}): defaults {runs['defaults'][-1]:.4g}, "
                     f"profile {runs['profile'][-1]:.4g} {p['unit']} "
-                    f"({runs['profile'][-1] / runs['defaults'][-1]:.3f}x)")
+                    f"({runs['profile'][-1] / runs['defaults'][-1]:.3f}x)"
+                    + (f"; core latency {', '.join('-' if x is None else f'{x:.0f}' for x in probes)} ns"
+                       if probe else ""))
             else:
                 log(f"  round {r}: failed: {'; '.join(errors[-2:])}")
     iv = noise.ratio_interval(runs["profile"], runs["defaults"])
+    matched = state_matched(state) if probe else []
+    one_state = None
+    if len(matched) >= 2:
+        one_state = noise.ratio_interval([runs["profile"][i] for i in matched],
+                                         [runs["defaults"][i] for i in matched])
     return {**p, "runs": runs, "children": extra, "errors": errors, "interval": iv,
-            "load": probe.report, "loaded": noise.loaded(probe.report),
-            "spread": {k: noise.spread(v) for k, v in runs.items()}}
+            "load": load.report, "loaded": noise.loaded(load.report),
+            "spread": {k: noise.spread(v) for k, v in runs.items()},
+            "state": {"core_latency_ns": state, "tolerance": STATE_TOLERANCE, "matched_rounds": matched,
+                      "interval_matched": one_state} if probe else None}
 
 
 def verdict(res: Dict[str, Any], target: Optional[float]) -> str:
@@ -296,6 +335,21 @@ def _markdown(r: Dict[str, Any]) -> str:
         lines.append(f"- {Path(res['profile_path']).name}: chosen {res.get('chosen')!r}; tuning run ratio "
                      f"{tr.get('ratio', float('nan')):.3f}" if tr else
                      f"- {Path(res['profile_path']).name}: chosen {res.get('chosen')!r}; no ratio recorded")
+    states = [res for res in r["results"] if res.get("state")]
+    if states:
+        lines += ["", "The machine's state: the cache-line round trip between the first two CPUs "
+                  "(`benchmarks/native/core_latency.cpp`), read before each child and after each round; "
+                  f"a round whose probes lie within {STATE_TOLERANCE}x of each other ran both sides in one "
+                  "state. The ratio over those rounds only (not the headline ratio above, which counts every "
+                  "round):", ""]
+        for res in states:
+            st = res["state"]
+            m, iv = st["matched_rounds"], st.get("interval_matched")
+            probes = "; ".join("/".join("-" if x is None else f"{x:.0f}" for x in p) for p in st["core_latency_ns"])
+            text = (f"{iv['ratio']:.3f}x [{iv['low']:.3f}, {iv['high']:.3f}]" if iv and iv.get("low") is not None
+                    else "fewer than two such rounds")
+            lines.append(f"- {Path(res['profile_path']).name}: {len(m)} of {len(st['core_latency_ns'])} rounds "
+                         f"in one state ({m}): {text}; probes (ns) per round: {probes}")
     errs = [e for res in r["results"] for e in res.get("errors", [])]
     if errs:
         lines += ["", "Failed children:", ""] + [f"- {e}" for e in errs]

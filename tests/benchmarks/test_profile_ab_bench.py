@@ -74,6 +74,30 @@ def test_a_tiny_run_measures_both_sides_in_child_processes(tmp_path):
     assert [c["threads"] for c in res["children"]["profile"]] == [1, 1]
     md = (tmp_path / "profile_ab.md").read_text()
     assert "p.json" in md and "loader 'pyg' -> 'pooled'" in md
+    # the machine's state: three probes a round (before each child, after the round)
+    st = res["state"]
+    assert len(st["core_latency_ns"]) == 2 and all(len(p) == 3 for p in st["core_latency_ns"])
+    assert "rounds in one state" in md
+
+
+def test_state_matched_keeps_the_rounds_whose_probes_agree():
+    probes = [[150.0, 160.0, 140.0], [150.0, 400.0, 390.0], [380.0, 420.0, 350.0], [150.0, None, 150.0], []]
+    assert profile_ab.state_matched(probes) == [0, 2]
+    assert profile_ab.state_matched(probes, tolerance=3.0) == [0, 1, 2]
+
+
+def test_core_latency_probe_reads_a_round_trip_or_none():
+    import os
+    import shutil
+
+    from benchmarks import _common
+
+    if len(os.sched_getaffinity(0)) < 2 or not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("needs two CPUs and a C++ compiler")
+    ns = _common.core_latency_ns(n=2000, runs=1)
+    assert ns is not None and 1.0 < ns < 1e6
+    # a CPU this process may not run on: no reading, no exception
+    assert _common.core_latency_ns([0, 4096], n=10, runs=1) is None
 
 
 def test_per_kind_options():
