@@ -380,3 +380,22 @@ def cuda_peak_bytes(fn: Callable[[], object]) -> int:
     peak = torch.cuda.max_memory_allocated() - base
     del out
     return int(peak)
+
+
+def add_neighbor_workload(ap) -> None:
+    """The neighbor-sampling SAGE workload's arguments, shared by the neighbor benchmarks (the tuner's
+    neighbor study's defaults: 100k nodes, 1M edges, fanout 10 5, hidden 64, 16 features, batch 1024)."""
+    ap.add_argument("--num-nodes", type=int, default=100000)
+    ap.add_argument("--num-edges", type=int, default=1000000)
+    ap.add_argument("--fanout", type=int, nargs="+", default=[10, 5])
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--num-features", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=1024)
+
+
+def record_and_write(folder, name: str, stem: str, argv, result: dict, markdown: Callable[[dict], str],
+                     load_before) -> None:
+    """Stamp ``result`` with the command, CPU, machine and load average before / now, then write it."""
+    result.update(command=command(name, argv), cpu=cpu_model(), machine=machine(),
+                  loadavg_before_after=[load_before, loadavg()])
+    write_results(folder, stem, result, markdown)

@@ -159,12 +159,7 @@ def markdown(r: Dict[str, Any]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks neighbor_order", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--num-nodes", type=int, default=100000)
-    ap.add_argument("--num-edges", type=int, default=1000000)
-    ap.add_argument("--fanout", type=int, nargs="+", default=[10, 5])
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--num-features", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=1024)
+    _common.add_neighbor_workload(ap)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--steps", type=int, default=80, help="steps per arm and round")
     ap.add_argument("--warmup", type=int, default=5)
@@ -175,9 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--rounds, --steps and --batch-size must be >= 1, --fanout two hops")
     before = _common.loadavg()
     r = run(args)
-    r.update(command=_common.command("neighbor_order", argv), cpu=_common.cpu_model(),
-             machine=_common.machine(), loadavg_before_after=[before, _common.loadavg()])
-    _common.write_results(args.folder, args.out, r, markdown)
+    _common.record_and_write(args.folder, "neighbor_order", args.out, argv, r, markdown, before)
     return 0
 
 

@@ -348,12 +348,7 @@ def markdown(r: Dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks neighbor_states", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-nodes", type=int, default=100000)
-    ap.add_argument("--num-edges", type=int, default=1000000)
-    ap.add_argument("--fanout", type=int, nargs="+", default=[10, 5])
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--num-features", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=1024)
+    _common.add_neighbor_workload(ap)
     ap.add_argument("--procs", type=int, default=8, help="fresh processes per variant")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--warmup", type=int, default=5)
@@ -374,9 +369,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     before = _common.loadavg()
     r = run(args)
-    r.update(command=_common.command("neighbor_states", argv), cpu=_common.cpu_model(),
-             machine=_common.machine(), loadavg_before_after=[before, _common.loadavg()])
-    _common.write_results(args.folder, args.out, r, markdown)
+    _common.record_and_write(args.folder, "neighbor_states", args.out, argv, r, markdown, before)
     return 0
 
 

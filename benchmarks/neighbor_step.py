@@ -215,12 +215,7 @@ def markdown(r: Dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks neighbor_step", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-nodes", type=int, default=100000)
-    ap.add_argument("--num-edges", type=int, default=1000000)
-    ap.add_argument("--fanout", type=int, nargs="+", default=[10, 5])
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--num-features", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=1024)
+    _common.add_neighbor_workload(ap)
     ap.add_argument("--threads", type=int, nargs="+", default=None,
                     help="thread counts the chunks alternate (default: torch's count, then 1)")
     ap.add_argument("--chunks", type=int, default=24)
@@ -241,9 +236,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--chunks, --steps and --threads must be >= 1")
     before = _common.loadavg()
     r = run(args)
-    r.update(command=_common.command("neighbor_step", argv), cpu=_common.cpu_model(),
-             machine=_common.machine(), loadavg_before_after=[before, _common.loadavg()])
-    _common.write_results(args.folder, args.out, r, markdown)
+    _common.record_and_write(args.folder, "neighbor_step", args.out, argv, r, markdown, before)
     return 0
 
 
