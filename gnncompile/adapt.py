@@ -1380,9 +1380,6 @@ class AdaptiveLoader(_Adaptive):
         g = torch.Generator().manual_seed((self.seed * 1000003 + epoch) % (2**63))
         return torch.randperm(n, generator=g).tolist()
 
-    def _measure(self, gid: int) -> int:
-        return 1 if self.by == "graphs" else (self._node_counts if self.by == "nodes" else self._edge_counts)[gid]
-
     def plan(self, size: int, start: int, steps: Optional[int] = None) -> List[List[List[int]]]:
         """The steps from position ``start`` of this epoch's order under ``size``: per step, one
         batch (list of graph ids) per rank. Graphs go round-robin to the ranks; a step ends when
