@@ -504,7 +504,7 @@ def _summarise(pairs: list, sizes: list, best_size: int) -> dict:
     out["within_all_rounds"] = [v["size"] for v in vs.values() if v["over_budget"] == 0]
     inside = [v for v in vs.values() if v["over_budget"] == 0]
     out["best_within_all"] = max(inside, key=lambda v: v["geomean_seeds_per_s"])["size"] if inside else None
-    ads = [p for p in ok]
+    ads = ok
     out.update({
         "adaptive_max_peak_above_base_mib": max((a["adaptive_peak_above_base_mib"] for a in ads), default=None),
         "adaptive_over_budget": sum(not a["adaptive_within"] for a in ads),
